@@ -1,0 +1,28 @@
+# The README's commands. `make test` is what CI runs (.ci/run); it sets itself up first.
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: all setup test lint demo bench clean
+
+all: test
+
+setup:
+	@bash tests/bootstrap.sh
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: lint
+	$(BIN)/pytest
+
+demo: setup
+	@for s in A11 A12 A13 A14 S31 S32 S33 T5; do \
+		$(BIN)/gmd-admin gm --scenario $$s || exit 1; echo; \
+	done
+
+bench: setup
+	$(BIN)/python bench/accounting.py --vms 100000 --hosts 5000
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,1 @@
+"""The entry points: argument parsing and wiring only. Nothing imports this package."""

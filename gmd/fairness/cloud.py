@@ -1,0 +1,225 @@
+"""The Greediness Metric for a whole cloud interval: every host at once, no loop over hosts.
+
+``fairness-model.md`` Sec. 2-3: each host is its own pool (VMs can only take from the host
+they run on), endowments are ``equal`` or by ``flavor``, and every term is normalized by one
+customer's share of the *cloud's* supply ``s_i = S_i / N`` so that greediness earned on a big
+host and on a small one add up to a comparable customer total ``G_c``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from gmd.fairness._validate import (
+    Labels,
+    as_float_array,
+    as_index_array,
+    check_amounts,
+    check_gamma,
+    check_shape,
+    resource_weights,
+)
+from gmd.fairness.greediness import normalized_terms, pool_offsets
+from gmd.fairness.segments import segment_count, segment_sum
+
+EndowmentMode = Literal["equal", "flavor"]
+ConsumerMode = Literal["vm", "customer"]
+ENDOWMENT_MODES: tuple[str, ...] = ("equal", "flavor")
+CONSUMER_MODES: tuple[str, ...] = ("vm", "customer")
+
+
+@dataclass(frozen=True)
+class CloudInterval:
+    """What the ledger knows about one accounting interval, as arrays.
+
+    ``use`` (VMs × m) is what each VM consumed in the interval; ``supply`` (hosts × m) is
+    ``capacity × interval`` of each host; ``host_of_vm``/``customer_of_vm`` index into hosts and
+    customers. ``configured`` (VMs × m) is each VM's flavor (vCPU-seconds, RAM byte-seconds, QoS
+    limits) for ``flavor`` endowments, NaN where the flavor sets no amount (then the VM gets an
+    equal split of that resource). Names are optional and only make error messages precise.
+    """
+
+    use: object
+    supply: object
+    host_of_vm: object
+    customer_of_vm: object
+    n_customers: int | None = None
+    configured: object | None = None
+    resources: Sequence[str] | None = None
+    hosts: Sequence[str] | None = None
+    vms: Sequence[str] | None = None
+
+
+@dataclass(frozen=True)
+class CloudGreediness:
+    """The engine's answer for one interval.
+
+    Consumers are VMs (``consumer="vm"``) or one (host, customer) pair each
+    (``consumer="customer"``); ``consumer_of_vm`` maps VMs to them. Per-host arrays α, β, κ
+    are (hosts × m). ``customer_greediness`` is ``G_c``, the sum over the customer's consumers,
+    and ``customer_terms`` its per-resource breakdown.
+    """
+
+    consumer_mode: str
+    consumer_of_vm: np.ndarray
+    consumer_host: np.ndarray
+    consumer_customer: np.ndarray
+    use: np.ndarray
+    endowment: np.ndarray
+    offsets: np.ndarray
+    terms: np.ndarray
+    greediness: np.ndarray
+    over: np.ndarray
+    ceded: np.ndarray
+    credit: np.ndarray
+    share: np.ndarray
+    active_customers: int
+    customer_greediness: np.ndarray
+    customer_terms: np.ndarray
+
+    @property
+    def vm_greediness(self) -> np.ndarray:
+        """``g_j`` per VM; only defined when VMs are the consumers."""
+        if self.consumer_mode != "vm":
+            raise ValueError("per-VM greediness exists only with consumer='vm'")
+        return self.greediness
+
+
+@dataclass(frozen=True)
+class _Checked:
+    use: np.ndarray
+    supply: np.ndarray
+    host_of: np.ndarray
+    customer_of: np.ndarray
+    n_customers: int
+    configured: np.ndarray | None
+    cols: Labels
+
+
+def _check(interval: CloudInterval, need_configured: bool) -> _Checked:
+    use = as_float_array("use", interval.use, 2)
+    n, m = use.shape
+    if m == 0:
+        raise ValueError("use must have at least one resource column")
+    cols = Labels("resource", interval.resources, m)
+    vms = Labels("VM", interval.vms, n)
+    supply = as_float_array("supply", interval.supply, 2)
+    if supply.shape[1:] != (m,):
+        raise ValueError(f"supply must be hosts × {m} resources, got shape {supply.shape}")
+    n_hosts = supply.shape[0]
+    hosts = Labels("host", interval.hosts, n_hosts)
+    check_amounts("supply", supply, hosts, cols, positive=True)
+    check_amounts("use", use, vms, cols)
+    host_of = as_index_array("host_of_vm", interval.host_of_vm, n, n_hosts, "host")
+    customer_of_raw = np.asarray(interval.customer_of_vm)
+    if interval.n_customers is None:
+        n_customers = int(customer_of_raw.max()) + 1 if customer_of_raw.size else 0
+    else:
+        n_customers = int(interval.n_customers)
+    customer_of = as_index_array(
+        "customer_of_vm", customer_of_raw, n, max(n_customers, 0), "customer"
+    )
+    configured = None
+    if need_configured:
+        if interval.configured is None:
+            raise ValueError("endowment='flavor' needs the VMs' configured amounts (configured)")
+        configured = as_float_array("configured", interval.configured, 2)
+        check_shape("configured", configured, (n, m), "VMs × resources, as use")
+        check_amounts("configured", configured, vms, cols, allow_nan=True)
+    return _Checked(use, supply, host_of, customer_of, n_customers, configured, cols)
+
+
+def flavor_endowment(
+    configured: np.ndarray, supply: np.ndarray, host_of: np.ndarray
+) -> np.ndarray:
+    """``e_ij = v_ij · min(1, r_i / Σ_k v_ik)`` per host; NaN ``v_ij`` means an equal split.
+
+    Scaling down on an overcommitted host keeps endowments within what the host can give, so
+    that a VM on a host sold twice over is not called greedy for using half its flavor.
+    """
+    n_hosts = supply.shape[0]
+    per_host = segment_count(host_of, n_hosts)
+    equal_split = supply / np.maximum(per_host, 1)[:, None]
+    v = np.where(np.isnan(configured), equal_split[host_of], configured)
+    total = segment_sum(v, host_of, n_hosts)
+    scale = np.where(total > supply, supply / np.where(total > 0, total, 1.0), 1.0)
+    return v * scale[host_of]
+
+
+def cloud_greediness(
+    interval: CloudInterval,
+    *,
+    gamma: float = 0.5,
+    endowment: EndowmentMode = "flavor",
+    consumer: ConsumerMode = "vm",
+    weights: object | None = None,
+    share: object | None = None,
+) -> CloudGreediness:
+    """Greediness of every consumer on every host of one interval, and each customer's sum.
+
+    ``share`` overrides the cloud-wide per-customer share ``s_i`` (default: the cloud's total
+    supply divided by the number of customers with a VM in the interval).
+    """
+    if endowment not in ENDOWMENT_MODES:
+        raise ValueError(f"endowment = {endowment!r}; choose one of {', '.join(ENDOWMENT_MODES)}")
+    if consumer not in CONSUMER_MODES:
+        raise ValueError(f"consumer = {consumer!r}; choose one of {', '.join(CONSUMER_MODES)}")
+    c = _check(interval, endowment == "flavor")
+    g = check_gamma(gamma)
+    n, m = c.use.shape
+    n_hosts = c.supply.shape[0]
+    w = resource_weights(weights, m, c.cols)
+
+    active = int(np.count_nonzero(segment_count(c.customer_of, c.n_customers)))
+    if share is None:
+        s = c.supply.sum(axis=0) / max(active, 1)
+    else:
+        s = as_float_array("share", share, 1)
+        check_shape("share", s, (m,), "one amount per resource")
+        check_amounts("share", s, None, c.cols, positive=True)
+
+    if consumer == "vm":
+        consumer_of = np.arange(n, dtype=np.intp)
+        consumer_host, consumer_customer = c.host_of, c.customer_of
+        use = c.use
+    else:
+        key = c.host_of.astype(np.int64) * max(c.n_customers, 1) + c.customer_of
+        uniq, consumer_of = np.unique(key, return_inverse=True)
+        consumer_of = consumer_of.astype(np.intp).ravel()
+        consumer_host = (uniq // max(c.n_customers, 1)).astype(np.intp)
+        consumer_customer = (uniq % max(c.n_customers, 1)).astype(np.intp)
+        use = segment_sum(c.use, consumer_of, uniq.size)
+    k = use.shape[0]
+
+    if endowment == "equal":
+        per_host = segment_count(consumer_host, n_hosts)
+        e = (c.supply / np.maximum(per_host, 1)[:, None])[consumer_host]
+    else:
+        vm_e = flavor_endowment(c.configured, c.supply, c.host_of)
+        e = vm_e if consumer == "vm" else segment_sum(vm_e, consumer_of, k)
+
+    off = pool_offsets(use, e, consumer_host, n_hosts, g)
+    terms = normalized_terms(off.offsets, s, w)
+    gm = terms.sum(axis=1)
+    return CloudGreediness(
+        consumer_mode=consumer,
+        consumer_of_vm=consumer_of,
+        consumer_host=consumer_host,
+        consumer_customer=consumer_customer,
+        use=use,
+        endowment=e,
+        offsets=off.offsets,
+        terms=terms,
+        greediness=gm,
+        over=off.over,
+        ceded=off.ceded,
+        credit=off.credit,
+        share=s,
+        active_customers=active,
+        customer_greediness=segment_sum(gm, consumer_customer, c.n_customers),
+        customer_terms=segment_sum(terms, consumer_customer, c.n_customers),
+    )

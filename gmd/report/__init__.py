@@ -1,0 +1,1 @@
+"""Reading results and showing them: tables, CSV and JSON for operators. Never writes a ledger."""

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Makes a fresh Debian machine (root) ready for `make test` and `make demo`, and costs almost
+# nothing when run again: Debian packages are installed only when missing, the virtualenv is
+# made once, and pip runs only when pyproject.toml or the wanted extras changed.
+# Every failure ends with one line saying what could not be installed, not a stack trace.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${VENV:-.venv}
+EXTRAS=${GMD_EXTRAS:-dev}
+PYTHON=${PYTHON:-python3}
+
+die() {
+    echo "gmd setup: $*" >&2
+    exit 1
+}
+
+apt_updated=0
+# need_apt PACKAGE...: install the Debian packages among PACKAGE that are not installed yet.
+need_apt() {
+    local missing=() pkg
+    for pkg in "$@"; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' ||
+            missing+=("$pkg")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    command -v apt-get >/dev/null ||
+        die "Debian packages missing (${missing[*]}) and no apt-get here: install them by hand"
+    [ "$(id -u)" -eq 0 ] ||
+        die "Debian packages missing (${missing[*]}): run as root, or: sudo apt-get install ${missing[*]}"
+    if [ "$apt_updated" -eq 0 ]; then
+        echo "gmd setup: apt-get update" >&2
+        apt-get update -qq >/dev/null 2>&1 ||
+            die "apt-get update failed: are Debian's package mirrors reachable?"
+        apt_updated=1
+    fi
+    echo "gmd setup: installing Debian packages: ${missing[*]}" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        "${missing[@]}" >/dev/null 2>&1 ||
+        die "could not install Debian packages: ${missing[*]} (try: apt-get install ${missing[*]})"
+}
+
+# Python >= 3.11 with venv and pip: Debian 12's python3 is 3.11, but venv is a separate package.
+if ! command -v "$PYTHON" >/dev/null 2>&1; then
+    need_apt python3 python3-venv
+    PYTHON=python3
+fi
+"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
+    die "$PYTHON is $("$PYTHON" -V 2>&1); gmd needs Python >= 3.11 (set PYTHON=/path/to/python3.11)"
+"$PYTHON" -c 'import venv, ensurepip' >/dev/null 2>&1 || need_apt python3-venv
+
+# The virtualenv: remade when missing or broken (a machine whose Python moved).
+if ! "$VENV/bin/python" -c 'import sys' >/dev/null 2>&1; then
+    echo "gmd setup: creating $VENV with $("$PYTHON" -V 2>&1)" >&2
+    rm -rf "$VENV"
+    "$PYTHON" -m venv "$VENV" || die "could not create the virtualenv $VENV with $PYTHON"
+fi
+
+# The package and its extras, reinstalled only when what pip would install changed.
+stamp="$VENV/.gmd-installed"
+want="$(cat pyproject.toml | sha256sum | cut -d' ' -f1) extras=$EXTRAS"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    echo "gmd setup: installing gmd[$EXTRAS] into $VENV" >&2
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null 2>&1 ||
+        echo "gmd setup: (pip could not upgrade itself; going on with $("$VENV/bin/pip" -V))" >&2
+    # Some machines' pip configuration names local mirrors that may be absent: keep the log
+    # readable by dropping pip's warnings about them, but keep its exit status.
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[$EXTRAS]" 2>&1 |
+        grep -v "^WARNING: Location 'file:" >&2
+    if [ "${PIPESTATUS[0]}" -ne 0 ]; then
+        die "could not install gmd[$EXTRAS] and its dependencies with pip (see above): is PyPI reachable?"
+    fi
+    echo "$want" >"$stamp"
+fi
+exit 0
