@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -30,7 +30,7 @@ app = typer.Typer(
 EXIT_BAD_INPUT = 2
 
 
-class Format(str, Enum):
+class Format(StrEnum):
     table = "table"
     csv = "csv"
     json = "json"
@@ -50,7 +50,9 @@ def _fail(message: str) -> typer.Exit:
 def gm_command(
     supply: Annotated[
         str | None,
-        typer.Option(help="Supply of each resource, comma-separated (e.g. 6,12).", metavar="AMOUNTS"),
+        typer.Option(
+            help="Supply of each resource, comma-separated (e.g. 6,12).", metavar="AMOUNTS"
+        ),
     ] = None,
     use: Annotated[
         list[str] | None,

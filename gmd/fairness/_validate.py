@@ -77,10 +77,7 @@ def check_amounts(
         return
     where = np.argwhere(bad)[0]
     value = float(arr[tuple(where)])
-    if rows is None:
-        place = cols(int(where[0]))
-    else:
-        place = f"{rows(int(where[0]))}, {cols(int(where[1]))}"
+    place = cols(int(where[0])) if rows is None else f"{rows(int(where[0]))}, {cols(int(where[1]))}"
     if not np.isfinite(value):
         why = "is not a finite number"
     elif positive and value == 0:

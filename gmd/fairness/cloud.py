@@ -133,9 +133,7 @@ def _check(interval: CloudInterval, need_configured: bool) -> _Checked:
     return _Checked(use, supply, host_of, customer_of, n_customers, configured, cols)
 
 
-def flavor_endowment(
-    configured: np.ndarray, supply: np.ndarray, host_of: np.ndarray
-) -> np.ndarray:
+def flavor_endowment(configured: np.ndarray, supply: np.ndarray, host_of: np.ndarray) -> np.ndarray:
     """``e_ij = v_ij · min(1, r_i / Σ_k v_ik)`` per host; NaN ``v_ij`` means an equal split.
 
     Scaling down on an overcommitted host keeps endowments within what the host can give, so

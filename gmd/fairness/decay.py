@@ -33,5 +33,7 @@ def decayed_balance(
     if b.shape != inc.shape:
         raise ValueError(f"balance {b.shape} and increment {inc.shape} differ in shape")
     if not np.all(np.isfinite(inc)):
-        raise ValueError(f"increment holds a non-finite value at {np.argwhere(~np.isfinite(inc))[0]}")
+        raise ValueError(
+            f"increment holds a non-finite value at {np.argwhere(~np.isfinite(inc))[0]}"
+        )
     return b * decay_factor(elapsed_s, half_life_s) + inc

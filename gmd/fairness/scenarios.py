@@ -32,7 +32,9 @@ def _q1(name: str, c1: float, c2: float, c3: tuple[float, float]) -> Scenario:
 
 
 def _q3(name: str, use: tuple[tuple[float, ...], ...], remainder: tuple[float, ...]) -> Scenario:
-    supply = tuple(sum(col) + rest for col, rest in zip(zip(*use, strict=True), remainder, strict=True))
+    supply = tuple(
+        sum(col) + rest for col, rest in zip(zip(*use, strict=True), remainder, strict=True)
+    )
     return Scenario(
         name,
         f"GM paper Q3, scenario {name} (Table 3)",

@@ -16,7 +16,7 @@ def segment_sum(values: np.ndarray, index: np.ndarray, size: int) -> np.ndarray:
     """
     if values.ndim == 1:
         return np.bincount(index, weights=values, minlength=size)[:size]
-    n, m = values.shape
+    _n, m = values.shape
     flat = (index[:, None] * m + np.arange(m)).ravel()
     return np.bincount(flat, weights=values.ravel(), minlength=size * m)[: size * m].reshape(
         size, m
