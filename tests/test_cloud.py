@@ -116,7 +116,7 @@ def test_weights_scale_terms() -> None:
         ({"use": [[1.0, 2.0]] * 4 + [[1.0, -2.0]]}, {}, r"use for VM 'vm4', resource 'memory'"),
         ({"use": [[1.0, 2.0]] * 4 + [[np.nan, 1.0]]}, {}, "VM 'vm4', resource 'cpu'.*finite"),
         ({"supply": [[8.0, 32.0], [0.0, 16.0]]}, {}, "host 'cmp-b', resource 'cpu'.*zero"),
-        ({"host_of_vm": [0, 0, 0, 1, 2]}, {}, r"host_of_vm\[4\] = 2 is not a host index"),
+        ({"host_of_vm": [0, 0, 0, 1, 2]}, {}, r"host_of_vm\[4\] = 2 names no host"),
         ({"customer_of_vm": [0, 1, 2, 0, 3]}, {}, r"customer_of_vm\[4\] = 3"),
         ({"configured": None}, {"endowment": "flavor"}, "needs the VMs' configured"),
         ({"configured": [[1.0, np.inf]] * 5}, {}, "configured for VM 'vm0', resource 'memory'"),

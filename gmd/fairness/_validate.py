@@ -50,7 +50,9 @@ def as_index_array(name: str, value: object, count: int, bound: int, target: str
     bad = np.flatnonzero((arr < 0) | (arr >= bound))
     if bad.size:
         j = int(bad[0])
-        raise ValueError(f"{name}[{j}] = {arr[j]} is not a {target} index (0..{bound - 1})")
+        raise ValueError(
+            f"{name}[{j}] = {arr[j]} names no {target}: there are {bound}, indexed 0..{bound - 1}"
+        )
     return arr
 
 

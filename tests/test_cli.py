@@ -1,0 +1,114 @@
+"""The installed console scripts, run as an operator runs them."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gmd.fairness import greediness
+
+BIN = Path(sys.executable).parent
+
+
+def run(*args: str, script: str = "gmd-admin") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / script), *args], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+Q1_A12 = ["--supply", "6,12", "--use", "c1=3,0", "--use", "c2=0,6", "--use", "c3=3,6"]
+
+
+def test_gm_table_ranks_greediest_first() -> None:
+    out = run("gm", *Q1_A12)
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stdout.splitlines() if line.startswith("│")]
+    assert [line.split("│")[2].strip() for line in lines] == ["c3", "c1", "c2"]
+    assert "0.5000" in lines[0]
+    assert "credit factor" in out.stdout
+
+
+def test_gm_json_matches_the_engine() -> None:
+    out = run("gm", *Q1_A12, "--gamma", "1", "--format", "json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    by_name = {c["consumer"]: c for c in doc["consumers"]}
+    want = greediness([[3, 0], [0, 6], [3, 6]], [6, 12], gamma=1.0)
+    assert [by_name[n]["gm"] for n in ("c1", "c2", "c3")] == pytest.approx(want, abs=1e-12)
+    assert by_name["c1"]["offset_r2"] == pytest.approx(-4.0)
+    assert doc["credit_factor"] == {"r1": 1.0, "r2": 1.0}
+    assert by_name["c3"]["drf"] == pytest.approx(0.5)
+
+
+def test_gm_csv_parses_back_to_the_same_numbers() -> None:
+    out = run("gm", "--scenario", "S32", "--format", "csv")
+    assert out.returncode == 0, out.stderr
+    rows = list(csv.DictReader(io.StringIO(out.stdout)))
+    assert [r["consumer"] for r in rows] == ["c3", "c1", "c2"]
+    assert float(rows[1]["gm"]) == pytest.approx(1 / 36, abs=1e-15)
+    assert float(rows[0]["gm"]) == pytest.approx(1 / 9, abs=1e-15)
+    assert rows[0]["drf_rank"] == "1" and rows[1]["price_rank"] == "1"
+
+
+def test_gm_reads_a_csv_file_with_endowments(tmp_path: Path) -> None:
+    f = tmp_path / "host.csv"
+    f.write_text(
+        "consumer,cpu,ram\n"
+        "# a comment line\n"
+        "supply,8,32\n"
+        "web,6,10\nbatch,1,10\n"
+        "endowment:web,4,16\nendowment:batch,4,16\n"
+    )
+    out = run("gm", "--csv", str(f), "--format", "json", "--gamma", "0.5")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    want = greediness([[6, 10], [1, 10]], [8, 32], 0.5, endowment=[[4, 16], [4, 16]])
+    got = {c["consumer"]: c["gm"] for c in doc["consumers"]}
+    assert [got["web"], got["batch"]] == pytest.approx(want, abs=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--supply", "6,12", "--use", "c1=3,-1"], "use for consumer 'c1', resource 'r2'"),
+        (["--supply", "6,x", "--use", "c1=3,1"], "--supply: amount 2 is 'x', not a number"),
+        (["--supply", "6,12", "--use", "c1=3"], "consumer 'c1' has 1 amounts for 2 resources"),
+        (["--supply", "6,12", "--use", "3,1"], "write NAME=AMOUNT"),
+        (["--supply", "6,0", "--use", "c1=3,1"], "supply for resource 'r2' = 0.0 is zero"),
+        (["--supply", "6,12", "--use", "c1=nan,1"], "not a finite number"),
+        (["--use", "c1=3,1"], "--use needs --supply"),
+        (["--scenario", "S99"], "unknown scenario 'S99'"),
+        ([], "give exactly one of --scenario, --csv or --use"),
+        (["--csv", "/nonexistent/x.csv"], "/nonexistent/x.csv: cannot read"),
+    ],
+)
+def test_gm_bad_input_exits_2_with_a_message(args: list[str], message: str) -> None:
+    out = run("gm", *args)
+    assert out.returncode == 2
+    assert message in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_gm_gamma_out_of_range_is_a_usage_error() -> None:
+    out = run("gm", *Q1_A12, "--gamma", "1.5")
+    assert out.returncode == 2
+    assert "--gamma" in out.stderr
+
+
+@pytest.mark.parametrize("script", ["gmd-agent", "gmd-daemon"])
+def test_unbuilt_services_say_so(script: str) -> None:
+    out = run(script=script)
+    assert out.returncode == 1
+    assert "not built yet" in out.stderr
+
+
+def test_help_explains() -> None:
+    out = run("gm", "--help")
+    assert out.returncode == 0
+    assert "Greediness Metric" in out.stdout and "--gamma" in out.stdout
