@@ -112,6 +112,10 @@ def gm_command(
     sources = sum(x is not None for x in (scenario, csv_file)) + bool(use)
     if sources != 1:
         raise _fail("give exactly one of --scenario, --csv or --use (with --supply)")
+    if resources is not None and not use:
+        raise _fail(
+            "--resources names the columns of --supply/--use; CSV files name them in the header"
+        )
     try:
         if scenario is not None:
             if scenario not in SCENARIOS:
