@@ -85,6 +85,16 @@ def test_customer_consumer_mode_sums_vms_per_host() -> None:
     assert r.greediness[0] == pytest.approx(1.0 / (2 * 6.0), abs=1e-12)
 
 
+def test_given_endowments_are_used_as_they_are() -> None:
+    flavor = cloud_greediness(two_hosts(), endowment="flavor")
+    given = cloud_greediness(two_hosts(configured=None), endowment=flavor.endowment)
+    np.testing.assert_allclose(given.greediness, flavor.greediness, atol=1e-15)
+    with pytest.raises(ValueError, match="endowment for VM 'vm1', resource 'cpu'"):
+        cloud_greediness(two_hosts(), endowment=[[1.0, 1.0], [-1.0, 1.0]] + [[1.0, 1.0]] * 3)
+    with pytest.raises(ValueError, match=r"endowment must have shape \(5, 2\)"):
+        cloud_greediness(two_hosts(), endowment=[[1.0, 1.0]])
+
+
 def test_single_host_cloud_is_the_paper() -> None:
     """One host whose VMs are all different customers: exactly Eq. 1."""
     use = [[4, 2, 4], [1, 4, 3], [1, 6, 2]]

@@ -152,21 +152,27 @@ def cloud_greediness(
     interval: CloudInterval,
     *,
     gamma: float = 0.5,
-    endowment: EndowmentMode = "flavor",
+    endowment: EndowmentMode | object = "flavor",
     consumer: ConsumerMode = "vm",
     weights: object | None = None,
     share: object | None = None,
 ) -> CloudGreediness:
     """Greediness of every consumer on every host of one interval, and each customer's sum.
 
+    ``endowment`` is a mode (``"equal"``, ``"flavor"``) or the VMs' endowments themselves
+    (VMs × m), e.g. as recorded in the ledger when an interval is re-accounted.
     ``share`` overrides the cloud-wide per-customer share ``s_i`` (default: the cloud's total
     supply divided by the number of customers with a VM in the interval).
     """
-    if endowment not in ENDOWMENT_MODES:
-        raise ValueError(f"endowment = {endowment!r}; choose one of {', '.join(ENDOWMENT_MODES)}")
+    mode = endowment if isinstance(endowment, str) else "given"
+    if mode not in (*ENDOWMENT_MODES, "given"):
+        raise ValueError(
+            f"endowment = {endowment!r}; choose one of {', '.join(ENDOWMENT_MODES)} "
+            "or give the VMs' endowments as an array"
+        )
     if consumer not in CONSUMER_MODES:
         raise ValueError(f"consumer = {consumer!r}; choose one of {', '.join(CONSUMER_MODES)}")
-    c = _check(interval, endowment == "flavor")
+    c = _check(interval, mode == "flavor")
     g = check_gamma(gamma)
     n, m = c.use.shape
     n_hosts = c.supply.shape[0]
@@ -193,11 +199,16 @@ def cloud_greediness(
         use = segment_sum(c.use, consumer_of, uniq.size)
     k = use.shape[0]
 
-    if endowment == "equal":
+    if mode == "equal":
         per_host = segment_count(consumer_host, n_hosts)
         e = (c.supply / np.maximum(per_host, 1)[:, None])[consumer_host]
     else:
-        vm_e = flavor_endowment(c.configured, c.supply, c.host_of)
+        if mode == "flavor":
+            vm_e = flavor_endowment(c.configured, c.supply, c.host_of)
+        else:
+            vm_e = as_float_array("endowment", endowment, 2)
+            check_shape("endowment", vm_e, (n, m), "VMs × resources, as use")
+            check_amounts("endowment", vm_e, Labels("VM", interval.vms, n), c.cols)
         e = vm_e if consumer == "vm" else segment_sum(vm_e, consumer_of, k)
 
     off = pool_offsets(use, e, consumer_host, n_hosts, g)
