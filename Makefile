@@ -13,8 +13,10 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# The tests use a real PostgreSQL: tests/postgres.sh starts a private cluster and prints its URL.
 test: lint
-	$(BIN)/pytest
+	@GMD_WITH_POSTGRES=1 bash tests/bootstrap.sh
+	@url=$$(bash tests/postgres.sh) && GMD_TEST_POSTGRES_URL=$$url $(BIN)/pytest
 
 demo: setup
 	@for s in A11 A12 A13 A14 S31 S32 S33 T5; do \

@@ -7,7 +7,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 VENV=${VENV:-.venv}
-EXTRAS=${GMD_EXTRAS:-dev}
+EXTRAS=${GMD_EXTRAS:-dev,postgres}
 PYTHON=${PYTHON:-python3}
 
 die() {
@@ -48,6 +48,9 @@ fi
 "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
     die "$PYTHON is $("$PYTHON" -V 2>&1); gmd needs Python >= 3.11 (set PYTHON=/path/to/python3.11)"
 "$PYTHON" -c 'import venv, ensurepip' >/dev/null 2>&1 || need_apt python3-venv
+
+# The servers the tests talk to (tests/postgres.sh starts a private cluster), when asked for.
+[ "${GMD_WITH_POSTGRES:-0}" = 1 ] && need_apt postgresql
 
 # The virtualenv: remade when missing or broken (a machine whose Python moved).
 if ! "$VENV/bin/python" -c 'import sys' >/dev/null 2>&1; then

@@ -112,3 +112,30 @@ def test_help_explains() -> None:
     out = run("gm", "--help")
     assert out.returncode == 0
     assert "Greediness Metric" in out.stdout and "--gamma" in out.stdout
+
+
+def test_db_upgrade_and_current(tmp_path: Path, database_url: str) -> None:
+    cfg = tmp_path / "gmd.toml"
+    cfg.write_text(f'[database]\nurl = "{database_url}"\n')
+    out = run("--config", str(cfg), "db", "current")
+    assert out.returncode == 1 and "run `gmd-admin db upgrade`" in out.stdout
+    out = run("--config", str(cfg), "db", "upgrade")
+    assert out.returncode == 0, out.stderr
+    assert "schema upgraded from empty to" in out.stdout
+    out = run("--config", str(cfg), "db", "upgrade")
+    assert out.returncode == 0 and "already at schema revision" in out.stdout
+    out = run("--config", str(cfg), "db", "current")
+    assert out.returncode == 0 and "(head)" in out.stdout
+
+
+def test_db_commands_report_bad_config_and_dead_database(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[accounting]\ngamma = 2\n")
+    out = run("--config", str(bad), "db", "current")
+    assert out.returncode == 2 and "accounting.gamma" in out.stderr
+    dead = tmp_path / "dead.toml"
+    dead.write_text('[database]\nurl = "postgresql+psycopg://gmd:pw@127.0.0.1:1/gmd"\n')
+    out = run("--config", str(dead), "db", "current")
+    assert out.returncode == 1
+    assert "127.0.0.1:1/gmd" in out.stderr and "pw@" not in out.stderr
+    assert "Traceback" not in out.stderr

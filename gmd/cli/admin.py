@@ -8,8 +8,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import SQLAlchemyError
 
+from gmd.config import Config, ConfigError
+from gmd.config import load as load_config
 from gmd.fairness.scenarios import SCENARIOS
+from gmd.ledger import migrate
 from gmd.report.calculator import (
     Situation,
     judge,
@@ -21,7 +26,7 @@ from gmd.report.render import csv_text, json_text, table_text
 
 app = typer.Typer(
     name="gmd-admin",
-    help="Operate gmd: judge situations with the Greediness Metric (more commands to come).",
+    help="Operate gmd: the ledger database, and the Greediness Metric calculator.",
     no_args_is_help=True,
     add_completion=False,
     rich_markup_mode=None,
@@ -37,8 +42,85 @@ class Format(StrEnum):
 
 
 @app.callback()
-def _root() -> None:
+def _root(
+    ctx: typer.Context,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            envvar="GMD_CONFIG",
+            help="Configuration file (default /etc/gmd/gmd.toml).",
+            metavar="FILE",
+        ),
+    ] = None,
+) -> None:
     """Operate gmd."""
+    ctx.obj = config
+
+
+def _load_config(ctx: typer.Context) -> Config:
+    try:
+        return load_config(ctx.obj)
+    except ConfigError as exc:
+        raise _fail(str(exc)) from None
+
+
+db_app = typer.Typer(
+    help="The ledger database: create it and upgrade its schema.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+app.add_typer(db_app, name="db")
+
+
+def _engine(ctx: typer.Context) -> Engine:
+    return migrate.engine_for(_load_config(ctx).database_url)
+
+
+def _db_error(engine: Engine, exc: Exception) -> typer.Exit:
+    url = engine.url.render_as_string(hide_password=True)
+    typer.echo(f"gmd-admin: error: database {url}: {exc}", err=True)
+    return typer.Exit(1)
+
+
+@db_app.command("upgrade")
+def db_upgrade(
+    ctx: typer.Context,
+    revision: Annotated[str, typer.Option(help="Target schema revision.")] = "head",
+) -> None:
+    """Create the ledger or bring its schema up to date (safe to run again)."""
+    engine = _engine(ctx)
+    try:
+        before = migrate.current(engine)
+        migrate.upgrade(engine, revision)
+        after = migrate.current(engine)
+    except (SQLAlchemyError, OSError) as exc:
+        raise _db_error(engine, exc) from None
+    finally:
+        engine.dispose()
+    url = engine.url.render_as_string(hide_password=True)
+    if before == after:
+        typer.echo(f"{url}: already at schema revision {after}")
+    else:
+        typer.echo(f"{url}: schema upgraded from {before or 'empty'} to {after}")
+
+
+@db_app.command("current")
+def db_current(ctx: typer.Context) -> None:
+    """Show the ledger's schema revision; exit 0 when it is the newest, 1 when not."""
+    engine = _engine(ctx)
+    try:
+        rev = migrate.current(engine)
+    except (SQLAlchemyError, OSError) as exc:
+        raise _db_error(engine, exc) from None
+    finally:
+        engine.dispose()
+    head = migrate.head()
+    if rev == head:
+        typer.echo(f"{rev} (head)")
+        return
+    typer.echo(f"{rev or 'empty'} (newest is {head}: run `gmd-admin db upgrade`)")
+    raise typer.Exit(1)
 
 
 def _fail(message: str) -> typer.Exit:

@@ -1,0 +1,212 @@
+"""One validated configuration object, loaded once at start.
+
+Read from ``/etc/gmd/gmd.toml``, or the path in ``--config`` / ``GMD_CONFIG``. Every error
+names the file and the key (``gmd.toml: accounting.gamma = 1.5: must be in [0, 1]``) because
+an operator who mistyped a value at 3 a.m. should not have to read a traceback.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gmd.fairness.cloud import CONSUMER_MODES, ENDOWMENT_MODES
+from gmd.fairness.decay import DEFAULT_HALF_LIFE_S
+from gmd.fairness.directcontr import UTILITIES
+
+DEFAULT_PATH = Path("/etc/gmd/gmd.toml")
+RESOURCES_COMBINED = ("cpu", "memory", "disk", "network")
+RESOURCES_SPLIT = ("cpu", "memory", "disk_read", "disk_write", "network_rx", "network_tx")
+
+
+class ConfigError(ValueError):
+    """A configuration value is wrong; the message names the file and the key."""
+
+
+def default_state_dir() -> Path:
+    """``/var/lib/gmd`` for root (the packaged service), ``./var`` for anyone else."""
+    return Path("/var/lib/gmd") if os.geteuid() == 0 else Path("var").resolve()
+
+
+def default_database_url() -> str:
+    return f"sqlite:///{default_state_dir() / 'ledger.db'}"
+
+
+@dataclass(frozen=True)
+class AccountingConfig:
+    interval_s: int = 60
+    grace_s: int = 30
+    gamma: float = 0.5
+    endowment: str = "flavor"
+    consumer: str = "vm"
+    half_life_s: float | None = DEFAULT_HALF_LIFE_S
+    utility: str = "psi_double_prime"
+    split_io: bool = False
+    weights: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def resources(self) -> tuple[str, ...]:
+        return RESOURCES_SPLIT if self.split_io else RESOURCES_COMBINED
+
+    def weight_vector(self) -> list[float]:
+        return [self.weights.get(r, 1.0) for r in self.resources]
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    name: str
+    owner: str
+    token_sha256: str | None = None
+
+
+@dataclass(frozen=True)
+class Config:
+    path: Path | None
+    database_url: str
+    accounting: AccountingConfig
+    default_owner: str = "operator"
+    hosts: dict[str, HostConfig] = field(default_factory=dict)
+    organization_customers: dict[str, str] = field(default_factory=dict)
+
+    def owner_of(self, host: str) -> str:
+        """The organization that contributed ``host``: configured, else the default owner."""
+        h = self.hosts.get(host)
+        return h.owner if h is not None else self.default_owner
+
+
+class _Reader:
+    """Walks one TOML table, remembering which keys were used to reject unknown ones."""
+
+    def __init__(self, source: str, prefix: str, table: dict[str, Any]) -> None:
+        self.source, self.prefix, self.table = source, prefix, table
+        self.used: set[str] = set()
+
+    def fail(self, key: str, message: str) -> ConfigError:
+        where = f"{self.prefix}{key}" if key else self.prefix.rstrip(".")
+        return ConfigError(f"{self.source}: {where}: {message}")
+
+    def get(self, key: str, kind: type | tuple[type, ...], default: Any) -> Any:
+        self.used.add(key)
+        if key not in self.table:
+            return default
+        value = self.table[key]
+        if kind in (int, float) and isinstance(value, bool):
+            raise self.fail(key, f"expected a number, got {value!r}")
+        if kind is float and isinstance(value, int):
+            value = float(value)
+        if not isinstance(value, kind):
+            expected = (
+                kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+            )
+            raise self.fail(key, f"expected {expected}, got {value!r}")
+        return value
+
+    def number(self, key: str, default: float, low: float, high: float = math.inf) -> float:
+        value = self.get(key, float, default)
+        if not (math.isfinite(value) and low <= value <= high):
+            bound = f"[{low:g}, {high:g}]" if math.isfinite(high) else f"[{low:g}, ∞)"
+            raise self.fail(key, f"{value!r} is not in {bound}")
+        return value
+
+    def choice(self, key: str, default: str, choices: tuple[str, ...]) -> str:
+        value = self.get(key, str, default)
+        if value not in choices:
+            raise self.fail(key, f"{value!r} is not one of {', '.join(choices)}")
+        return value
+
+    def sub(self, key: str) -> _Reader:
+        return _Reader(self.source, f"{self.prefix}{key}.", self.get(key, dict, {}))
+
+    def done(self) -> None:
+        unknown = sorted(set(self.table) - self.used)
+        if unknown:
+            raise self.fail(unknown[0], "unknown key (misspelt?)")
+
+
+def parse(document: dict[str, Any], source: str = "<config>", path: Path | None = None) -> Config:
+    """Validate a parsed TOML document into a :class:`Config`."""
+    root = _Reader(source, "", document)
+
+    db = root.sub("database")
+    url = db.get("url", str, None) or default_database_url()
+    if not url.startswith(("sqlite:", "postgresql")):
+        raise db.fail("url", f"{url!r}: use sqlite:///PATH or postgresql+psycopg://...")
+    db.done()
+
+    acc = root.sub("accounting")
+    interval = acc.number("interval_s", 60, 1, 86400)
+    if interval != int(interval):
+        raise acc.fail("interval_s", f"{interval!r} is not a whole number of seconds")
+    half_life = acc.get("half_life_s", (int, float, str), DEFAULT_HALF_LIFE_S)
+    if half_life == "none":
+        half_life = None
+    elif isinstance(half_life, (str, bool)) or not half_life > 0:
+        raise acc.fail("half_life_s", f'{half_life!r}: give seconds > 0, or "none"')
+    utility = acc.choice("utility", "psi_double_prime", UTILITIES)
+    split = acc.get("split_io", bool, False)
+    resources = RESOURCES_SPLIT if split else RESOURCES_COMBINED
+    weights_reader = acc.sub("weights")
+    weights = {r: weights_reader.number(r, 1.0, 0.0) for r in resources}
+    weights_reader.done()
+    accounting = AccountingConfig(
+        interval_s=int(interval),
+        grace_s=int(acc.number("grace_s", 30, 0, 86400)),
+        gamma=acc.number("gamma", 0.5, 0.0, 1.0),
+        endowment=acc.choice("endowment", "flavor", ENDOWMENT_MODES),
+        consumer=acc.choice("consumer", "vm", CONSUMER_MODES),
+        half_life_s=None if half_life is None else float(half_life),
+        utility=utility,
+        split_io=split,
+        weights=weights,
+    )
+    if not any(weights.values()):
+        raise acc.fail("weights", "are all zero: at least one resource must count")
+    acc.done()
+
+    orgs = root.sub("organizations")
+    default_owner = orgs.get("default_owner", str, "operator")
+    customers_reader = orgs.sub("customers")
+    org_customers = {name: customers_reader.get(name, str, None) for name in customers_reader.table}
+    customers_reader.done()
+    orgs.done()
+
+    hosts_reader = root.sub("hosts")
+    hosts = {}
+    for name in hosts_reader.table:
+        h = hosts_reader.sub(name)
+        token = h.get("token_sha256", str, None)
+        if token is not None and (
+            len(token) != 64 or not all(c in "0123456789abcdef" for c in token)
+        ):
+            raise h.fail("token_sha256", "must be 64 lowercase hex digits (sha256sum of the token)")
+        hosts[name] = HostConfig(name, h.get("owner", str, default_owner), token)
+        h.done()
+    hosts_reader.done()
+    root.done()
+    return Config(path, url, accounting, default_owner, hosts, org_customers)
+
+
+def load(path: str | os.PathLike[str] | None = None) -> Config:
+    """Load the configuration: ``path``, else ``$GMD_CONFIG``, else ``/etc/gmd/gmd.toml``.
+
+    A missing default file means "all defaults"; a missing file that was asked for is an error.
+    """
+    explicit = path if path is not None else os.environ.get("GMD_CONFIG")
+    p = Path(explicit) if explicit else DEFAULT_PATH
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        if explicit:
+            raise ConfigError(f"{p}: no such configuration file") from None
+        return parse({}, str(p))
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read: {exc.strerror}") from None
+    try:
+        document = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p}: not valid TOML: {exc}") from None
+    return parse(document, str(p), p)

@@ -1,0 +1,1 @@
+"""The ledger: what gmd remembers. SQLAlchemy models, the store, interval accounting."""

@@ -1,0 +1,202 @@
+"""The ledger's tables (SQLAlchemy 2). Alembic migrations in ``migrations/`` create them.
+
+Amounts are per interval in the resources' own units (core-seconds, byte-seconds, bytes), as
+the agents measured them, so that re-accounting an interval from its samples gives the same
+rows. Host capacity is kept per interval for the same reason: a host that grew does not
+rewrite the past. Ledger rows hold the engine's results and the DirectContr sums they came
+from, so that a balance can be explained from the rows alone.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    Double,
+    Enum,
+    ForeignKey,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    func,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class IntervalState(enum.StrEnum):
+    open = "open"
+    closed = "closed"
+    accounted = "accounted"
+
+
+class Organization(Base):
+    """Whoever contributed hosts; may also be a customer (then ``customer_id`` is set)."""
+
+    __tablename__ = "organizations"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), unique=True)
+    customer_id: Mapped[int | None] = mapped_column(ForeignKey("customers.id"))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class Customer(Base):
+    """Whoever the flat rate is sold to: an OpenStack project, named by its uuid."""
+
+    __tablename__ = "customers"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), unique=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class Host(Base):
+    __tablename__ = "hosts"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), unique=True)
+    organization_id: Mapped[int] = mapped_column(ForeignKey("organizations.id"))
+    last_seen_s: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class Vm(Base):
+    """A libvirt domain; its flavor is kept per sample (it can be resized)."""
+
+    __tablename__ = "vms"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    uuid: Mapped[str] = mapped_column(String(64), unique=True)
+    customer_id: Mapped[int] = mapped_column(ForeignKey("customers.id"), index=True)
+    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"))
+    created_s: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class Interval(Base):
+    """An accounting period ``[start_s, start_s + length_s)``, open → closed → accounted."""
+
+    __tablename__ = "intervals"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    start_s: Mapped[int] = mapped_column(BigInteger, unique=True)
+    length_s: Mapped[int] = mapped_column(Integer)
+    state: Mapped[IntervalState] = mapped_column(
+        Enum(IntervalState, name="interval_state", native_enum=False, length=16),
+        default=IntervalState.open,
+    )
+    accounted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Batch(Base):
+    """One agent POST; its key makes a retried batch count once."""
+
+    __tablename__ = "batches"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    key: Mapped[str] = mapped_column(String(128), unique=True)
+    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"))
+    interval_id: Mapped[int] = mapped_column(ForeignKey("intervals.id"), index=True)
+    received_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
+    samples: Mapped[int] = mapped_column(Integer)
+
+
+class HostInterval(Base):
+    """A host's capacity during one interval (its supply is capacity × length)."""
+
+    __tablename__ = "host_intervals"
+    interval_id: Mapped[int] = mapped_column(ForeignKey("intervals.id"), primary_key=True)
+    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"), primary_key=True)
+    organization_id: Mapped[int] = mapped_column(ForeignKey("organizations.id"))
+    cpu_cores: Mapped[float] = mapped_column(Double)
+    memory_bytes: Mapped[float] = mapped_column(Double)
+    disk_bytes_per_s: Mapped[float] = mapped_column(Double)
+    network_bytes_per_s: Mapped[float] = mapped_column(Double)
+
+
+class Sample(Base):
+    """What one VM used in one interval, with the flavor it had (NaN-free: NULL = none)."""
+
+    __tablename__ = "samples"
+    __table_args__ = (UniqueConstraint("interval_id", "vm_id"),)
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    interval_id: Mapped[int] = mapped_column(ForeignKey("intervals.id"))
+    vm_id: Mapped[int] = mapped_column(ForeignKey("vms.id"))
+    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"))
+    batch_id: Mapped[int] = mapped_column(ForeignKey("batches.id"), index=True)
+    cpu_s: Mapped[float] = mapped_column(Double)
+    memory_byte_s: Mapped[float] = mapped_column(Double)
+    disk_read_bytes: Mapped[float] = mapped_column(Double)
+    disk_write_bytes: Mapped[float] = mapped_column(Double)
+    network_rx_bytes: Mapped[float] = mapped_column(Double)
+    network_tx_bytes: Mapped[float] = mapped_column(Double)
+    flavor_vcpus: Mapped[float | None] = mapped_column(Double)
+    flavor_memory_bytes: Mapped[float | None] = mapped_column(Double)
+    flavor_disk_bytes_per_s: Mapped[float | None] = mapped_column(Double)
+    flavor_network_bytes_per_s: Mapped[float | None] = mapped_column(Double)
+    late: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class CustomerLedger(Base):
+    """A customer's standing after one interval."""
+
+    __tablename__ = "customer_ledger"
+    interval_id: Mapped[int] = mapped_column(ForeignKey("intervals.id"), primary_key=True)
+    customer_id: Mapped[int] = mapped_column(ForeignKey("customers.id"), primary_key=True)
+    greediness: Mapped[float] = mapped_column(Double)
+    balance: Mapped[float] = mapped_column(Double)
+    utility_work: Mapped[float] = mapped_column(Double)
+    utility_moment: Mapped[float] = mapped_column(Double)
+    utility: Mapped[float] = mapped_column(Double)
+    vms: Mapped[int] = mapped_column(Integer)
+
+
+class CustomerResourceLedger(Base):
+    """One resource's term of a customer's interval greediness (they sum to it)."""
+
+    __tablename__ = "customer_resource_ledger"
+    interval_id: Mapped[int] = mapped_column(ForeignKey("intervals.id"), primary_key=True)
+    customer_id: Mapped[int] = mapped_column(ForeignKey("customers.id"), primary_key=True)
+    resource: Mapped[str] = mapped_column(String(16), primary_key=True)
+    term: Mapped[float] = mapped_column(Double)
+
+
+class OrganizationLedger(Base):
+    """An organization's DirectContr standing after one interval."""
+
+    __tablename__ = "organization_ledger"
+    interval_id: Mapped[int] = mapped_column(ForeignKey("intervals.id"), primary_key=True)
+    organization_id: Mapped[int] = mapped_column(ForeignKey("organizations.id"), primary_key=True)
+    contribution_work: Mapped[float] = mapped_column(Double)
+    contribution_moment: Mapped[float] = mapped_column(Double)
+    contribution: Mapped[float] = mapped_column(Double)
+    utility: Mapped[float] = mapped_column(Double)
+    priority: Mapped[float] = mapped_column(Double)
+
+
+class EnforcementAction(Base):
+    """Something gmd did or would do (dry-run) to a customer's VMs or quotas, and why."""
+
+    __tablename__ = "enforcement_actions"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    customer_id: Mapped[int | None] = mapped_column(ForeignKey("customers.id"), index=True)
+    host_id: Mapped[int | None] = mapped_column(ForeignKey("hosts.id"))
+    kind: Mapped[str] = mapped_column(String(32))
+    status: Mapped[str] = mapped_column(String(16))
+    dry_run: Mapped[bool] = mapped_column(Boolean)
+    before: Mapped[str | None] = mapped_column(Text)
+    after: Mapped[str | None] = mapped_column(Text)
+    reason: Mapped[str] = mapped_column(Text)

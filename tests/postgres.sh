@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Starts (or finds running) a private PostgreSQL cluster for the tests, on 127.0.0.1:$PGPORT,
+# owned by the postgres user (the server refuses to run as root). Safe to run again.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+PGPORT=${GMD_TEST_PGPORT:-54329}
+DATA="$(pwd)/var/pgtest"
+die() {
+    echo "gmd test postgres: $*" >&2
+    exit 1
+}
+
+bindir=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
+[ -n "$bindir" ] && [ -x "$bindir/initdb" ] ||
+    die "no PostgreSQL server found under /usr/lib/postgresql (apt-get install postgresql)"
+
+as_pg() {
+    if [ "$(id -u)" -eq 0 ]; then
+        su postgres -s /bin/sh -c "$*"
+    else
+        sh -c "$*"
+    fi
+}
+
+mkdir -p "$DATA"
+[ "$(id -u)" -eq 0 ] && chown postgres: "$DATA"
+if [ ! -f "$DATA/PG_VERSION" ]; then
+    as_pg "'$bindir/initdb' -D '$DATA' -A trust -U postgres" >"$DATA.initdb.log" 2>&1 ||
+        die "initdb failed; see $DATA.initdb.log"
+fi
+if ! as_pg "'$bindir/pg_ctl' -D '$DATA' status" >/dev/null 2>&1; then
+    as_pg "'$bindir/pg_ctl' -D '$DATA' -w -t 30 -l '$DATA/server.log' \
+        -o \"-c listen_addresses=127.0.0.1 -p $PGPORT -k '$DATA' -c fsync=off\" start" \
+        >/dev/null || die "the server did not start; see $DATA/server.log"
+fi
+echo "postgresql+psycopg://postgres@127.0.0.1:$PGPORT/postgres"

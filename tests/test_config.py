@@ -1,0 +1,99 @@
+"""The configuration file: defaults, and errors that name the file and the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gmd.config import RESOURCES_SPLIT, ConfigError, load, parse
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "gmd.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_when_the_default_file_is_absent(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GMD_CONFIG", raising=False)
+    monkeypatch.setattr("gmd.config.DEFAULT_PATH", Path("/nonexistent/gmd.toml"))
+    cfg = load()
+    assert cfg.accounting.gamma == 0.5
+    assert cfg.accounting.interval_s == 60
+    assert cfg.accounting.endowment == "flavor"
+    assert cfg.accounting.half_life_s == 7 * 86400
+    assert cfg.database_url.startswith("sqlite:///") and cfg.database_url.endswith("ledger.db")
+
+
+def test_a_full_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(
+        tmp_path,
+        """
+[database]
+url = "postgresql+psycopg://gmd@db/gmd"
+[accounting]
+interval_s = 300
+gamma = 0.4
+endowment = "equal"
+half_life_s = "none"
+split_io = true
+utility = "psi"
+weights = { cpu = 2, network_rx = 0 }
+[organizations]
+default_owner = "ops"
+customers = { lab = "5f0c1b" }
+[hosts.cmp1]
+owner = "lab"
+token_sha256 = "%s"
+"""
+        % ("ab" * 32),
+    )
+    monkeypatch.setenv("GMD_CONFIG", str(path))
+    cfg = load()
+    assert cfg.path == path
+    assert cfg.accounting.resources == RESOURCES_SPLIT
+    assert cfg.accounting.weight_vector() == [2.0, 1.0, 1.0, 1.0, 0.0, 1.0]
+    assert cfg.accounting.half_life_s is None
+    assert cfg.owner_of("cmp1") == "lab" and cfg.owner_of("cmp9") == "ops"
+    assert cfg.organization_customers == {"lab": "5f0c1b"}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[accounting]\ngamma = 1.5\n", r"accounting\.gamma: 1\.5 is not in \[0, 1\]"),
+        ("[accounting]\ngama = 0.5\n", "accounting.gama: unknown key"),
+        ("[acounting]\n", "acounting: unknown key"),
+        ("[accounting]\nendowment = 'fair'\n", "accounting.endowment: 'fair' is not one of"),
+        ("[accounting]\ninterval_s = 'x'\n", "accounting.interval_s: expected float"),
+        ("[accounting]\ninterval_s = 0.5\n", r"accounting\.interval_s: 0\.5 is not in \[1"),
+        ("[accounting]\nhalf_life_s = -1\n", "accounting.half_life_s: -1: give seconds > 0"),
+        ("[accounting]\nweights = { cpu = -1 }\n", r"accounting\.weights\.cpu: -1\.0 is not in"),
+        ("[accounting]\nweights = { gpu = 1 }\n", "accounting.weights.gpu: unknown key"),
+        (
+            "[accounting]\nweights = { cpu = 0, memory = 0, disk = 0, network = 0 }\n",
+            "accounting.weights: are all zero",
+        ),
+        ("[database]\nurl = 'mysql://x'\n", "database.url: 'mysql://x'"),
+        ("[hosts.cmp1]\ntoken_sha256 = 'secret'\n", "hosts.cmp1.token_sha256: must be 64"),
+        ("[accounting\n", "not valid TOML"),
+    ],
+)
+def test_errors_name_file_and_key(tmp_path: Path, text: str, message: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError, match=message) as err:
+        load(path)
+    assert str(path) in str(err.value)
+
+
+def test_asked_for_file_must_exist(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such configuration file"):
+        load(tmp_path / "missing.toml")
+
+
+def test_the_example_file_loads_with_the_defaults() -> None:
+    example = Path(__file__).resolve().parents[1] / "etc" / "gmd.toml"
+    cfg = load(example)
+    assert cfg.accounting == parse({}).accounting
+    assert cfg.default_owner == "operator" and cfg.hosts == {}
