@@ -29,20 +29,19 @@ if [ ! -f "$DATA/PG_VERSION" ]; then
     as_pg "'$bindir/initdb' -D '$DATA' -A trust -U postgres" >"$DATA.initdb.log" 2>&1 ||
         die "initdb failed; see $DATA.initdb.log"
 fi
-# A port nobody listens on (another checkout's test cluster may hold the first), kept in
-# $DATA/gmd-port so that a running cluster is found again.
+# A running cluster is found again through its postmaster.pid (line 4: the port); a new one
+# takes a port nobody listens on, since another checkout's test cluster may hold the first.
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-if as_pg "'$bindir/pg_ctl' -D '$DATA' status" >/dev/null 2>&1 && [ -f "$DATA/gmd-port" ]; then
-    PGPORT=$(cat "$DATA/gmd-port")
+if as_pg "'$bindir/pg_ctl' -D '$DATA' status" >/dev/null 2>&1; then
+    PGPORT=$(sed -n 4p "$DATA/postmaster.pid")
 else
     for _ in $(seq 20); do
         port_free "$PGPORT" && break
         PGPORT=$((PGPORT + 1))
     done
     port_free "$PGPORT" || die "no free port for the test server near ${GMD_TEST_PGPORT:-54329}"
-    echo "$PGPORT" >"$DATA/gmd-port"
-    as_pg "'$bindir/pg_ctl' -D '$DATA' -w -t 30 -l '$DATA/server.log' \
-        -o \"-c listen_addresses=127.0.0.1 -p $PGPORT -k '$DATA' -c fsync=off\" start" \
+    as_pg "'$bindir/pg_ctl' -D '$DATA' -w -t 30 -l '$DATA/server.log' \\
+        -o \\"-c listen_addresses=127.0.0.1 -p $PGPORT -k '$DATA' -c fsync=off\\" start" \\
         >/dev/null || die "the server did not start; see $DATA/server.log"
 fi
 echo "postgresql+psycopg://postgres@127.0.0.1:$PGPORT/postgres"
