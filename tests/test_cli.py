@@ -139,3 +139,11 @@ def test_db_commands_report_bad_config_and_dead_database(tmp_path: Path) -> None
     assert out.returncode == 1
     assert "127.0.0.1:1/gmd" in out.stderr and "pw@" not in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_db_unusable_url_is_a_config_error_without_the_password(tmp_path: Path) -> None:
+    cfg = tmp_path / "gmd.toml"
+    cfg.write_text('[database]\nurl = "postgresql+nodriver://gmd:secret@db/gmd"\n')
+    out = run("--config", str(cfg), "db", "upgrade")
+    assert out.returncode == 2
+    assert "gmd:***@db/gmd" in out.stderr and "secret" not in out.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from enum import StrEnum
 from pathlib import Path
@@ -74,7 +75,12 @@ app.add_typer(db_app, name="db")
 
 
 def _engine(ctx: typer.Context) -> Engine:
-    return migrate.engine_for(_load_config(ctx).database_url)
+    url = _load_config(ctx).database_url
+    try:
+        return migrate.engine_for(url)
+    except (SQLAlchemyError, OSError) as exc:
+        shown = re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", url)
+        raise _fail(f"database url {shown!r}: {exc}") from None
 
 
 def _db_error(engine: Engine, exc: Exception) -> typer.Exit:
@@ -111,11 +117,11 @@ def db_current(ctx: typer.Context) -> None:
     engine = _engine(ctx)
     try:
         rev = migrate.current(engine)
+        head = migrate.head()
     except (SQLAlchemyError, OSError) as exc:
         raise _db_error(engine, exc) from None
     finally:
         engine.dispose()
-    head = migrate.head()
     if rev == head:
         typer.echo(f"{rev} (head)")
         return

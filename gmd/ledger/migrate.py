@@ -9,7 +9,7 @@ from alembic import command
 from alembic.config import Config as AlembicConfig
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine
 
 
@@ -60,7 +60,6 @@ def engine_for(url: str) -> Engine:
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(url)
     if engine.dialect.name == "sqlite":
-        from sqlalchemy import event
 
         @event.listens_for(engine, "connect")
         def _fk_on(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
