@@ -40,8 +40,9 @@ else
         PGPORT=$((PGPORT + 1))
     done
     port_free "$PGPORT" || die "no free port for the test server near ${GMD_TEST_PGPORT:-54329}"
-    as_pg "'$bindir/pg_ctl' -D '$DATA' -w -t 30 -l '$DATA/server.log' \\
-        -o \\"-c listen_addresses=127.0.0.1 -p $PGPORT -k '$DATA' -c fsync=off\\" start" \\
+    opts="-c listen_addresses=127.0.0.1 -p $PGPORT -k $DATA -c fsync=off"
+    as_pg "'$bindir/pg_ctl' -D '$DATA' -w -t 30 -l '$DATA/server.log' -o '$opts' start" \
         >/dev/null || die "the server did not start; see $DATA/server.log"
+    port_free "$PGPORT" && die "the server is not listening on $PGPORT; see $DATA/server.log"
 fi
 echo "postgresql+psycopg://postgres@127.0.0.1:$PGPORT/postgres"
