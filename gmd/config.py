@@ -94,7 +94,8 @@ class _Reader:
         if key not in self.table:
             return default
         value = self.table[key]
-        if kind in (int, float) and isinstance(value, bool):
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if isinstance(value, bool) and bool not in kinds and {int, float} & set(kinds):
             raise self.fail(key, f"expected a number, got {value!r}")
         if kind is float and isinstance(value, int):
             value = float(value)
@@ -144,7 +145,7 @@ def parse(document: dict[str, Any], source: str = "<config>", path: Path | None 
     half_life = acc.get("half_life_s", (int, float, str), DEFAULT_HALF_LIFE_S)
     if half_life == "none":
         half_life = None
-    elif isinstance(half_life, (str, bool)) or not half_life > 0:
+    elif isinstance(half_life, str) or not half_life > 0:
         raise acc.fail("half_life_s", f'{half_life!r}: give seconds > 0, or "none"')
     utility = acc.choice("utility", "psi_double_prime", UTILITIES)
     split = acc.get("split_io", bool, False)

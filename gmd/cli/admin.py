@@ -34,6 +34,7 @@ app = typer.Typer(
 )
 
 EXIT_BAD_INPUT = 2
+EXIT_UNAVAILABLE = 1
 
 
 class Format(StrEnum):
@@ -74,19 +75,21 @@ db_app = typer.Typer(
 app.add_typer(db_app, name="db")
 
 
+def _shown(url: str) -> str:
+    """The database URL with its password masked, for messages and logs."""
+    return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", url)
+
+
 def _engine(ctx: typer.Context) -> Engine:
     url = _load_config(ctx).database_url
     try:
         return migrate.engine_for(url)
     except (SQLAlchemyError, OSError) as exc:
-        shown = re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", url)
-        raise _fail(f"database url {shown!r}: {exc}") from None
+        raise _fail(f"database url {_shown(url)!r}: {exc}") from None
 
 
 def _db_error(engine: Engine, exc: Exception) -> typer.Exit:
-    url = engine.url.render_as_string(hide_password=True)
-    typer.echo(f"gmd-admin: error: database {url}: {exc}", err=True)
-    return typer.Exit(1)
+    return _fail(f"database {_shown(str(engine.url))}: {exc}", EXIT_UNAVAILABLE)
 
 
 @db_app.command("upgrade")
@@ -104,7 +107,7 @@ def db_upgrade(
         raise _db_error(engine, exc) from None
     finally:
         engine.dispose()
-    url = engine.url.render_as_string(hide_password=True)
+    url = _shown(str(engine.url))
     if before == after:
         typer.echo(f"{url}: already at schema revision {after}")
     else:
@@ -129,9 +132,9 @@ def db_current(ctx: typer.Context) -> None:
     raise typer.Exit(1)
 
 
-def _fail(message: str) -> typer.Exit:
+def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
     typer.echo(f"gmd-admin: error: {message}", err=True)
-    return typer.Exit(EXIT_BAD_INPUT)
+    return typer.Exit(code)
 
 
 @app.command("gm")

@@ -191,11 +191,12 @@ def cloud_greediness(
         consumer_host, consumer_customer = c.host_of, c.customer_of
         use = c.use
     else:
-        key = c.host_of.astype(np.int64) * max(c.n_customers, 1) + c.customer_of
+        stride = max(c.n_customers, 1)
+        key = c.host_of.astype(np.int64) * stride + c.customer_of
         uniq, consumer_of = np.unique(key, return_inverse=True)
         consumer_of = consumer_of.astype(np.intp).ravel()
-        consumer_host = (uniq // max(c.n_customers, 1)).astype(np.intp)
-        consumer_customer = (uniq % max(c.n_customers, 1)).astype(np.intp)
+        consumer_host = (uniq // stride).astype(np.intp)
+        consumer_customer = (uniq % stride).astype(np.intp)
         use = segment_sum(c.use, consumer_of, uniq.size)
     k = use.shape[0]
 
