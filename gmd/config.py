@@ -57,6 +57,20 @@ class AccountingConfig:
 
 
 @dataclass(frozen=True)
+class DaemonConfig:
+    bind: str = "0.0.0.0"
+    port: int = 8470
+    auth: str = "token"
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    clock_skew_s: int = 300
+    max_batch_vms: int = 5000
+    max_body_bytes: int = 16 * 1024 * 1024
+    accounting: bool = True
+    account_every_s: float = 10.0
+
+
+@dataclass(frozen=True)
 class HostConfig:
     name: str
     owner: str
@@ -68,6 +82,7 @@ class Config:
     path: Path | None
     database_url: str
     accounting: AccountingConfig
+    daemon: DaemonConfig = field(default_factory=DaemonConfig)
     default_owner: str = "operator"
     hosts: dict[str, HostConfig] = field(default_factory=dict)
     organization_customers: dict[str, str] = field(default_factory=dict)
@@ -168,6 +183,8 @@ def parse(document: dict[str, Any], source: str = "<config>", path: Path | None 
         raise acc.fail("weights", "are all zero: at least one resource must count")
     acc.done()
 
+    daemon = _daemon(root.sub("daemon"), path)
+
     orgs = root.sub("organizations")
     default_owner = orgs.get("default_owner", str, "operator")
     customers_reader = orgs.sub("customers")
@@ -188,7 +205,40 @@ def parse(document: dict[str, Any], source: str = "<config>", path: Path | None 
         h.done()
     hosts_reader.done()
     root.done()
-    return Config(path, url, accounting, default_owner, hosts, org_customers)
+    return Config(path, url, accounting, daemon, default_owner, hosts, org_customers)
+
+
+def _daemon(d: _Reader, path: Path | None) -> DaemonConfig:
+    def existing_file(key: str) -> Path | None:
+        value = d.get(key, str, None)
+        if value is None:
+            return None
+        p = Path(value)
+        if not p.is_absolute() and path is not None:
+            p = path.parent / p
+        if not p.is_file():
+            raise d.fail(key, f"{value!r}: no such file")
+        return p
+
+    cert, key = existing_file("tls_cert"), existing_file("tls_key")
+    if (cert is None) != (key is None):
+        raise d.fail(
+            "tls_cert" if cert is None else "tls_key", "give tls_cert and tls_key together"
+        )
+    config = DaemonConfig(
+        bind=d.get("bind", str, "0.0.0.0"),
+        port=int(d.number("port", 8470, 0, 65535)),
+        auth=d.choice("auth", "token", ("token", "none")),
+        tls_cert=cert,
+        tls_key=key,
+        clock_skew_s=int(d.number("clock_skew_s", 300, 0, 86400)),
+        max_batch_vms=int(d.number("max_batch_vms", 5000, 1, 1_000_000)),
+        max_body_bytes=int(d.number("max_body_bytes", 16 * 1024 * 1024, 1024, 2**31)),
+        accounting=d.get("accounting", bool, True),
+        account_every_s=d.number("account_every_s", 10.0, 0.1, 3600),
+    )
+    d.done()
+    return config
 
 
 def load(path: str | os.PathLike[str] | None = None) -> Config:

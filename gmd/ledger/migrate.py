@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from alembic import command
@@ -11,6 +12,8 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine
+
+_WRITER = "gmd_writer"
 
 
 def migrations_dir() -> Path:
@@ -28,18 +31,37 @@ def _config() -> AlembicConfig:
     return cfg
 
 
-def upgrade(engine: Engine, revision: str = "head") -> None:
+def _migrate(engine: Engine, step: Callable[[AlembicConfig], None]) -> None:
+    """Run one Alembic command in a transaction of its own.
+
+    SQLite rebuilds a table to alter it, which foreign keys forbid while they are enforced;
+    they are switched off for the migration (outside any transaction, where SQLite honours the
+    pragma) and the result is checked with ``foreign_key_check`` before it is committed.
+    """
     cfg = _config()
-    with engine.begin() as conn:
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, revision)
+    with engine.connect() as conn:
+        sqlite = conn.dialect.name == "sqlite"
+        if sqlite:
+            conn.connection.driver_connection.execute("PRAGMA foreign_keys=OFF")
+        try:
+            with conn.begin():
+                cfg.attributes["connection"] = conn
+                step(cfg)
+                if sqlite:
+                    broken = conn.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+                    if broken:
+                        raise RuntimeError(f"migration left dangling references: {broken[:5]}")
+        finally:
+            if sqlite:
+                conn.connection.driver_connection.execute("PRAGMA foreign_keys=ON")
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    _migrate(engine, lambda cfg: command.upgrade(cfg, revision))
 
 
 def downgrade(engine: Engine, revision: str) -> None:
-    cfg = _config()
-    with engine.begin() as conn:
-        cfg.attributes["connection"] = conn
-        command.downgrade(cfg, revision)
+    _migrate(engine, lambda cfg: command.downgrade(cfg, revision))
 
 
 def current(engine: Engine) -> str | None:
@@ -55,14 +77,37 @@ def head() -> str:
 
 
 def engine_for(url: str) -> Engine:
-    """An engine for the ledger; SQLite files get their directory made and foreign keys on."""
-    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url)
-    if engine.dialect.name == "sqlite":
+    """An engine for the ledger.
 
-        @event.listens_for(engine, "connect")
-        def _fk_on(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
-            dbapi_conn.execute("PRAGMA foreign_keys=ON")
+    SQLite files get their directory made, foreign keys on, WAL (readers such as
+    ``gmd-admin standings`` never block the daemon) and a busy timeout. Transactions are begun
+    by us rather than by the driver, so that writers can ask for ``BEGIN IMMEDIATE`` through
+    :func:`writer`: a deferred transaction that reads and then writes can fail at once with
+    "database is locked" instead of waiting its turn.
+    """
+    memory = url in ("sqlite://", "sqlite:///:memory:")
+    if url.startswith("sqlite:///") and not memory:
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    if not url.startswith("sqlite"):
+        return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 60})
+
+    @event.listens_for(engine, "connect")
+    def _configure(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+        dbapi_conn.isolation_level = None
+        dbapi_conn.execute("PRAGMA foreign_keys=ON")
+        dbapi_conn.execute("PRAGMA busy_timeout=60000")
+        if not memory:
+            dbapi_conn.execute("PRAGMA journal_mode=WAL")
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn) -> None:  # type: ignore[no-untyped-def]
+        immediate = conn.get_execution_options().get(_WRITER, False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
     return engine
+
+
+def writer(engine: Engine) -> Engine:
+    """The same engine, beginning SQLite transactions as writers (no-op elsewhere)."""
+    return engine.execution_options(**{_WRITER: True})

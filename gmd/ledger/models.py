@@ -97,14 +97,16 @@ class Interval(Base):
         default=IntervalState.open,
     )
     accounted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    ledger_rows: Mapped[int | None] = mapped_column(Integer)
 
 
 class Batch(Base):
-    """One agent POST; its key makes a retried batch count once."""
+    """One agent POST; its key makes a retried batch count once, its digest catches key reuse."""
 
     __tablename__ = "batches"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     key: Mapped[str] = mapped_column(String(128), unique=True)
+    digest: Mapped[str] = mapped_column(String(64))
     host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"))
     interval_id: Mapped[int] = mapped_column(ForeignKey("intervals.id"), index=True)
     received_at: Mapped[datetime] = mapped_column(
@@ -127,14 +129,25 @@ class HostInterval(Base):
 
 
 class Sample(Base):
-    """What one VM used in one interval, with the flavor it had (NaN-free: NULL = none)."""
+    """What one VM used on one host in one interval, with its owner and flavor then.
+
+    Several batches for the same VM, host and interval add up (an agent restarted mid-interval
+    sends the rest under a new key). Samples that arrive after their interval closed are kept
+    in rows of their own with ``late`` set, so that accounting, and re-accounting, read exactly
+    the on-time rows. Flavor amounts are NULL where the flavor sets none.
+    """
 
     __tablename__ = "samples"
-    __table_args__ = (UniqueConstraint("interval_id", "vm_id"),)
+    __table_args__ = (
+        UniqueConstraint(
+            "interval_id", "host_id", "vm_id", "late", name="uq_samples_interval_host_vm_late"
+        ),
+    )
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
     interval_id: Mapped[int] = mapped_column(ForeignKey("intervals.id"))
     vm_id: Mapped[int] = mapped_column(ForeignKey("vms.id"))
     host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"))
+    customer_id: Mapped[int] = mapped_column(ForeignKey("customers.id"))
     batch_id: Mapped[int] = mapped_column(ForeignKey("batches.id"), index=True)
     cpu_s: Mapped[float] = mapped_column(Double)
     memory_byte_s: Mapped[float] = mapped_column(Double)
@@ -154,12 +167,15 @@ class CustomerLedger(Base):
 
     __tablename__ = "customer_ledger"
     interval_id: Mapped[int] = mapped_column(ForeignKey("intervals.id"), primary_key=True)
-    customer_id: Mapped[int] = mapped_column(ForeignKey("customers.id"), primary_key=True)
+    customer_id: Mapped[int] = mapped_column(
+        ForeignKey("customers.id"), primary_key=True, index=True
+    )
     greediness: Mapped[float] = mapped_column(Double)
     balance: Mapped[float] = mapped_column(Double)
     utility_work: Mapped[float] = mapped_column(Double)
     utility_moment: Mapped[float] = mapped_column(Double)
     utility: Mapped[float] = mapped_column(Double)
+    priority: Mapped[float] = mapped_column(Double)
     vms: Mapped[int] = mapped_column(Integer)
 
 

@@ -1,0 +1,1 @@
+"""The daemon's HTTP API: agents post samples and fetch plans; Prometheus scrapes /metrics."""

@@ -1,0 +1,338 @@
+"""The daemon's HTTP API (FastAPI): routes, error bodies, body-size limit, lifespan.
+
+Every refusal is a 4xx whose JSON body says what is wrong and where (``detail``, and for
+validation failures one line per problem in ``errors``), and nothing of a refused batch is
+written. A database that cannot be reached is a 503, which tells agents to spool and retry.
+"""
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+import numpy as np
+from fastapi import Depends, FastAPI, Header, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import Engine, text
+from sqlalchemy.exc import SQLAlchemyError
+
+from gmd.config import Config
+from gmd.ingest.auth import AuthError, TokenAuth
+from gmd.ingest.metrics import DaemonMetrics
+from gmd.ingest.schema import BatchReceipt, HostPlan, Problem, SampleBatch, batch_problems
+from gmd.ledger import migrate
+from gmd.ledger.accounting import RunReport
+from gmd.ledger.schedule import Accountant
+from gmd.ledger.store import BatchRecord, KeyReused, LedgerStore
+
+log = logging.getLogger(__name__)
+
+
+class Refused(Exception):
+    def __init__(self, status: int, detail: str, errors: list[str] | None = None) -> None:
+        super().__init__(detail)
+        self.status, self.detail, self.errors = status, detail, errors or []
+
+
+def _record(batch: SampleBatch) -> BatchRecord:
+    nan = float("nan")
+    vms = batch.vms
+    return BatchRecord(
+        key=batch.key,
+        digest=batch.digest(),
+        host=batch.host,
+        interval_start_s=batch.interval_start_s,
+        interval_s=batch.interval_s,
+        capacity=(
+            batch.capacity.cpu_cores,
+            batch.capacity.memory_bytes,
+            batch.capacity.disk_bytes_per_s,
+            batch.capacity.network_bytes_per_s,
+        ),
+        vm_uuids=[v.uuid for v in vms],
+        customers=[v.customer for v in vms],
+        use=np.array(
+            [
+                (
+                    v.cpu_s,
+                    v.memory_byte_s,
+                    v.disk_read_bytes,
+                    v.disk_write_bytes,
+                    v.network_rx_bytes,
+                    v.network_tx_bytes,
+                )
+                for v in vms
+            ],
+            dtype=np.float64,
+        ).reshape(len(vms), 6),
+        flavor=np.array(
+            [
+                tuple(
+                    nan if a is None else a
+                    for a in (
+                        v.flavor.vcpus,
+                        v.flavor.memory_bytes,
+                        v.flavor.disk_bytes_per_s,
+                        v.flavor.network_bytes_per_s,
+                    )
+                )
+                for v in vms
+            ],
+            dtype=np.float64,
+        ).reshape(len(vms), 4),
+        created_s=[v.created_s for v in vms],
+    )
+
+
+def _where(loc: tuple[Any, ...]) -> str:
+    parts = [p for p in loc if p != "body"]
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "body"
+
+
+def _validation_problem(exc: RequestValidationError) -> Refused:
+    errors = []
+    for e in exc.errors():
+        if e.get("type") == "json_invalid":
+            ctx = e.get("ctx") or {}
+            return Refused(400, f"malformed JSON: {ctx.get('error', e.get('msg'))}")
+        where = _where(tuple(e.get("loc", ())))
+        given = e.get("input")
+        shown = "" if isinstance(given, dict | list) else f" (got {json.dumps(given)[:60]})"
+        if e.get("type") == "extra_forbidden":
+            errors.append(f"{where}: unknown field")
+        else:
+            errors.append(f"{where}: {e.get('msg')}{shown}")
+    first = errors[0] if errors else "invalid request"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return Refused(422, f"invalid batch: {first}{more}", errors)
+
+
+class BodyLimit:
+    """Refuse bodies over ``limit`` bytes with 413 before they are read into memory."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            await self._refuse(send, int(declared))
+            return
+        seen = 0
+
+        async def counted() -> dict[str, Any]:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise _TooLarge(seen)
+            return message
+
+        try:
+            await self.app(scope, counted, send)
+        except _TooLarge as exc:
+            await self._refuse(send, exc.size)
+
+    async def _refuse(self, send: Any, size: int) -> None:
+        body = json.dumps(
+            {"detail": f"request body of {size}+ bytes exceeds the limit of {self.limit}"}
+        ).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [(b"content-type", b"application/json")],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+class _TooLarge(Exception):
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+
+def create_app(
+    config: Config,
+    engine: Engine,
+    *,
+    clock: Callable[[], float] = time.time,
+    accountant: bool | None = None,
+) -> FastAPI:
+    """The daemon as an ASGI app. The accountant runs in its lifespan unless disabled."""
+    metrics = DaemonMetrics()
+    store = LedgerStore(engine, config.owner_of, config.organization_customers)
+    auth = TokenAuth(
+        {h.name: h.token_sha256 for h in config.hosts.values() if h.token_sha256},
+        required=config.daemon.auth == "token",
+    )
+    run_accountant = config.daemon.accounting if accountant is None else accountant
+
+    def counted(report: RunReport) -> None:
+        for seconds in report.seconds:
+            metrics.intervals.inc()
+            metrics.accounting_seconds.observe(seconds)
+        if report.accounted:
+            metrics.last_accounted.set(report.accounted[-1])
+
+    scheduler = Accountant(
+        engine,
+        config.accounting,
+        config.daemon.account_every_s,
+        on_run=counted,
+        on_error=lambda _exc: metrics.accounting_errors.inc(),
+    )
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        store.sync_organizations({config.default_owner} | {h.owner for h in config.hosts.values()})
+        if run_accountant:
+            scheduler.start()
+        try:
+            yield
+        finally:
+            scheduler.stop()
+
+    app = FastAPI(
+        title="gmd-daemon",
+        summary="Greediness Metric daemon: agents post VM usage, fetch throttling plans.",
+        version="1",
+        lifespan=lifespan,
+        responses={
+            400: {"model": Problem},
+            401: {"model": Problem},
+            403: {"model": Problem},
+            409: {"model": Problem},
+            413: {"model": Problem},
+            422: {"model": Problem},
+            503: {"model": Problem},
+        },
+    )
+    app.state.metrics = metrics
+    app.state.store = store
+    app.state.accountant = scheduler
+
+    @app.exception_handler(Refused)
+    async def _refused(request: Request, exc: Refused) -> JSONResponse:
+        if exc.status < 500:
+            log.warning(
+                "%s %s refused (%d): %s", request.method, request.url.path, exc.status, exc.detail
+            )
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        return JSONResponse(
+            Problem(detail=exc.detail, errors=exc.errors).model_dump(),
+            status_code=exc.status,
+            headers=headers,
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        metrics.batches.labels("rejected").inc()
+        return await _refused(request, _validation_problem(exc))
+
+    @app.exception_handler(AuthError)
+    async def _unauthorized(request: Request, exc: AuthError) -> JSONResponse:
+        if request.url.path.startswith("/v1/samples"):
+            metrics.batches.labels("rejected").inc()
+        return await _refused(request, Refused(exc.status, str(exc)))
+
+    @app.exception_handler(SQLAlchemyError)
+    async def _database(request: Request, exc: SQLAlchemyError) -> JSONResponse:
+        log.error("%s %s: ledger database error: %s", request.method, request.url.path, exc)
+        return await _refused(
+            request, Refused(503, f"ledger database unavailable: {type(exc).__name__}")
+        )
+
+    def caller(authorization: Annotated[str | None, Header()] = None) -> str | None:
+        """The host the bearer token belongs to, checked before the body is validated."""
+        return auth.host_of(authorization)
+
+    Caller = Annotated[str | None, Depends(caller)]
+
+    @app.post("/v1/samples", response_model=BatchReceipt)
+    def post_samples(batch: SampleBatch, host: Caller) -> BatchReceipt:
+        """Store one host's usage for one interval. A retry with the same key is acknowledged
+        again and counted once."""
+        started = time.perf_counter()
+        auth.check_host(host, batch.host)
+        problems = batch_problems(
+            batch,
+            interval_s=config.accounting.interval_s,
+            now_s=clock(),
+            clock_skew_s=config.daemon.clock_skew_s,
+            max_vms=config.daemon.max_batch_vms,
+        )
+        if problems:
+            metrics.batches.labels("rejected").inc()
+            status = 413 if any(" VMs in one batch" in p for p in problems) else 422
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise Refused(
+                status, f"batch {batch.key} from {batch.host}: {problems[0]}{more}", problems
+            )
+        try:
+            result = store.ingest(_record(batch), clock())
+        except KeyReused as exc:
+            metrics.batches.labels("rejected").inc()
+            raise Refused(409, str(exc)) from None
+        metrics.batches.labels(result.status).inc()
+        if result.status == "accepted":
+            metrics.samples.labels("on_time").inc(result.samples - result.late)
+            metrics.samples.labels("late").inc(result.late)
+            if result.late:
+                log.warning(
+                    "batch %s from %s: %d samples for interval %d arrived after it closed;"
+                    " kept as late, the ledger is unchanged",
+                    batch.key,
+                    batch.host,
+                    result.late,
+                    batch.interval_start_s,
+                )
+        metrics.ingest_seconds.observe(time.perf_counter() - started)
+        return BatchReceipt(
+            status=result.status, key=batch.key, samples=result.samples, late=result.late
+        )
+
+    @app.get("/v1/plan/{host}", response_model=HostPlan)
+    def get_plan(host: str, caller_host: Caller) -> HostPlan:
+        """The throttling plan for the VMs on ``host`` (empty until enforcement exists)."""
+        auth.check_host(caller_host, host)
+        return HostPlan(host=host, generated_s=int(clock()))
+
+    @app.get("/healthz")
+    def healthz() -> JSONResponse:
+        """200 when the ledger database answers and its schema is current, else 503."""
+        try:
+            with engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+            revision = migrate.current(engine)
+        except SQLAlchemyError as exc:
+            return JSONResponse(
+                {"status": "unavailable", "detail": f"database: {type(exc).__name__}"}, 503
+            )
+        head = migrate.head()
+        ok = revision == head
+        return JSONResponse(
+            {"status": "ok" if ok else "degraded", "schema": revision, "expected_schema": head},
+            200 if ok else 503,
+        )
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    def prometheus_metrics() -> PlainTextResponse:
+        return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def with_body_limit(app: FastAPI, limit: int) -> BodyLimit:
+    """The app behind the body-size guard (what uvicorn serves)."""
+    return BodyLimit(app, limit)

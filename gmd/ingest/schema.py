@@ -1,0 +1,117 @@
+"""What an agent posts and what the daemon answers: the wire format of ``/v1``.
+
+Pydantic checks shapes and types, and rejects unknown fields, negative or non-finite amounts;
+:func:`batch_problems` checks what needs the daemon's configuration (interval length, clock).
+Amounts are what the agent measured over the interval, in the resources' own units.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+Amount = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+Name = Annotated[str, StringConstraints(min_length=1, max_length=255, pattern=r"^[^\x00-\x1f]+$")]
+Key = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[!-~]+$")]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Capacity(Strict):
+    """What the host offers per second: its supply in an interval is this × the length."""
+
+    cpu_cores: Positive
+    memory_bytes: Positive
+    disk_bytes_per_s: Positive
+    network_bytes_per_s: Positive
+
+
+class Flavor(Strict):
+    """What the VM was configured with; a missing amount means "an equal split"."""
+
+    vcpus: Positive | None = None
+    memory_bytes: Positive | None = None
+    disk_bytes_per_s: Positive | None = None
+    network_bytes_per_s: Positive | None = None
+
+
+class VmUsage(Strict):
+    uuid: Name
+    customer: Name
+    cpu_s: Amount
+    memory_byte_s: Amount
+    disk_read_bytes: Amount
+    disk_write_bytes: Amount
+    network_rx_bytes: Amount
+    network_tx_bytes: Amount
+    flavor: Flavor = Flavor()
+    created_s: Annotated[int, Field(ge=0)] | None = None
+
+
+class SampleBatch(Strict):
+    """One host's usage in one interval. ``key`` makes a retry count once."""
+
+    key: Key
+    host: Name
+    interval_start_s: Annotated[int, Field(ge=0)]
+    interval_s: Annotated[int, Field(gt=0)]
+    capacity: Capacity
+    vms: list[VmUsage]
+
+    def digest(self) -> str:
+        """A hash of the content, to tell a retry (same content) from a reused key."""
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()
+
+
+class BatchReceipt(BaseModel):
+    status: Literal["accepted", "duplicate"]
+    key: str
+    samples: int = Field(description="VMs in the batch")
+    late: int = Field(0, description="of which arrived after their interval closed")
+
+
+class Problem(BaseModel):
+    """Every 4xx and 5xx body: what is wrong, in one sentence, and where."""
+
+    detail: str
+    errors: list[str] = []
+
+
+class HostPlan(BaseModel):
+    host: str
+    generated_s: int
+    vms: list[dict[str, object]] = []
+
+
+def batch_problems(
+    batch: SampleBatch, *, interval_s: int, now_s: float, clock_skew_s: int, max_vms: int
+) -> list[str]:
+    """What makes a well-formed batch unacceptable here; empty when it is fine."""
+    problems = []
+    if batch.interval_s != interval_s:
+        problems.append(
+            f"interval_s = {batch.interval_s}, but this daemon accounts {interval_s} s intervals"
+        )
+    elif batch.interval_start_s % interval_s:
+        problems.append(
+            f"interval_start_s = {batch.interval_start_s} is not a multiple of {interval_s}"
+        )
+    end = batch.interval_start_s + batch.interval_s
+    if end > now_s + clock_skew_s:
+        problems.append(
+            f"interval ends at {end}, {end - now_s:.0f} s in the future (allowed clock skew:"
+            f" {clock_skew_s} s): is {batch.host}'s clock right?"
+        )
+    if len(batch.vms) > max_vms:
+        problems.append(f"{len(batch.vms)} VMs in one batch; at most {max_vms}")
+    seen: set[str] = set()
+    for i, vm in enumerate(batch.vms):
+        if vm.uuid in seen:
+            problems.append(f"vms[{i}]: VM {vm.uuid} appears twice in the batch")
+        seen.add(vm.uuid)
+    return problems
