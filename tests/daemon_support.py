@@ -1,0 +1,160 @@
+"""Helpers for daemon tests: configurations, a real uvicorn server in a thread, batches."""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import uvicorn
+
+from gmd.config import Config, parse
+from gmd.ingest.app import create_app, with_body_limit
+from gmd.ledger import migrate
+
+INTERVAL_S = 60
+
+
+def token_of(host: str) -> str:
+    return f"token-for-{host}"
+
+
+def make_config(url: str, hosts: dict[str, str] | None = None, **sections: Any) -> Config:
+    """A configuration for ``url``; ``hosts`` maps host → owner, each with its test token."""
+    doc: dict[str, Any] = {
+        "database": {"url": url},
+        "accounting": {"interval_s": INTERVAL_S, "grace_s": 0},
+        "daemon": {"account_every_s": 0.2},
+    }
+    for name, table in sections.items():
+        doc.setdefault(name, {}).update(table)
+    doc["hosts"] = {
+        h: {"owner": owner, "token_sha256": hashlib.sha256(token_of(h).encode()).hexdigest()}
+        for h, owner in (hosts or {}).items()
+    }
+    return parse(doc, "test.toml")
+
+
+def aligned_past(intervals_ago: int) -> int:
+    """The start of the interval that began ``intervals_ago`` intervals before the current."""
+    return (int(time.time()) // INTERVAL_S - intervals_ago) * INTERVAL_S
+
+
+@dataclass
+class Daemon:
+    url: str
+    app: Any
+    server: uvicorn.Server
+    thread: threading.Thread
+    engine: Any = field(repr=False, default=None)
+
+
+@contextmanager
+def serving(config: Config, *, accountant: bool = False, clock: Any = None) -> Iterator[Daemon]:
+    """The daemon's app on a real socket on 127.0.0.1, in a thread; stopped on exit."""
+    engine = migrate.engine_for(config.database_url)
+    if migrate.current(engine) is None:
+        migrate.upgrade(engine)
+    kwargs = {"accountant": accountant}
+    if clock is not None:
+        kwargs["clock"] = clock
+    app = create_app(config, engine, **kwargs)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(
+            with_body_limit(app, config.daemon.max_body_bytes), log_level="warning", lifespan="on"
+        )
+    )
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("test daemon did not start")
+        time.sleep(0.01)
+    try:
+        yield Daemon(f"http://127.0.0.1:{port}", app, server, thread, engine)
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+        engine.dispose()
+
+
+USE_FIELDS = (
+    "cpu_s",
+    "memory_byte_s",
+    "disk_read_bytes",
+    "disk_write_bytes",
+    "network_rx_bytes",
+    "network_tx_bytes",
+)
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    name: str
+    cpu_cores: float = 16
+    memory_bytes: float = 64e9
+    disk_bytes_per_s: float = 500e6
+    network_bytes_per_s: float = 1.25e9
+
+    @property
+    def capacity(self) -> dict[str, float]:
+        return {
+            "cpu_cores": self.cpu_cores,
+            "memory_bytes": self.memory_bytes,
+            "disk_bytes_per_s": self.disk_bytes_per_s,
+            "network_bytes_per_s": self.network_bytes_per_s,
+        }
+
+
+def batch(
+    host: HostSpec,
+    start_s: int,
+    vms: list[dict[str, Any]],
+    key: str | None = None,
+) -> dict[str, Any]:
+    return {
+        "key": key or f"{host.name}:{start_s}",
+        "host": host.name,
+        "interval_start_s": start_s,
+        "interval_s": INTERVAL_S,
+        "capacity": host.capacity,
+        "vms": vms,
+    }
+
+
+def random_vms(
+    rng: np.random.Generator, host: HostSpec, uuids: list[str], owners: list[str]
+) -> list[dict[str, Any]]:
+    """Plausible use for each VM: up to 1.5× its flavor, some flavors missing."""
+    out = []
+    for uuid, owner in zip(uuids, owners, strict=True):
+        vcpus = float(rng.integers(1, 5))
+        ram = float(rng.integers(1, 9)) * 2e9
+        vm: dict[str, Any] = {
+            "uuid": uuid,
+            "customer": owner,
+            "cpu_s": float(rng.uniform(0, 1.5) * vcpus * INTERVAL_S),
+            "memory_byte_s": float(rng.uniform(0.1, 1.2) * ram * INTERVAL_S),
+            "disk_read_bytes": float(rng.uniform(0, 0.05) * host.disk_bytes_per_s * INTERVAL_S),
+            "disk_write_bytes": float(rng.uniform(0, 0.05) * host.disk_bytes_per_s * INTERVAL_S),
+            "network_rx_bytes": float(rng.uniform(0, 0.02) * host.network_bytes_per_s * INTERVAL_S),
+            "network_tx_bytes": float(rng.uniform(0, 0.02) * host.network_bytes_per_s * INTERVAL_S),
+            "flavor": {"vcpus": vcpus, "memory_bytes": ram} if rng.random() < 0.8 else {},
+        }
+        out.append(vm)
+    return out
+
+
+def auth(host: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token_of(host)}"}

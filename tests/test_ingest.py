@@ -1,0 +1,320 @@
+"""POST /v1/samples over real HTTP into real SQLite and PostgreSQL: what is accepted, what is
+refused with which message, and that a refused batch leaves no trace."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import sqlalchemy as sa
+
+from gmd.ledger.accounting import account_due
+from tests.daemon_support import (
+    INTERVAL_S,
+    Daemon,
+    HostSpec,
+    aligned_past,
+    auth,
+    batch,
+    make_config,
+    serving,
+)
+
+H1, H2 = HostSpec("cmp-1"), HostSpec("cmp-2")
+TABLES = ("batches", "samples", "customers", "vms", "intervals", "host_intervals")
+
+
+def vm(uuid: str, customer: str = "proj-a", cpu_s: float = 30.0, **extra: Any) -> dict[str, Any]:
+    return {
+        "uuid": uuid,
+        "customer": customer,
+        "cpu_s": cpu_s,
+        "memory_byte_s": 1e9 * INTERVAL_S,
+        "disk_read_bytes": 1e6,
+        "disk_write_bytes": 2e6,
+        "network_rx_bytes": 3e6,
+        "network_tx_bytes": 4e6,
+        "flavor": {"vcpus": 2, "memory_bytes": 4e9},
+        **extra,
+    }
+
+
+@pytest.fixture
+def daemon(database_url: str) -> Iterator[Daemon]:
+    config = make_config(
+        database_url,
+        {H1.name: "operator", H2.name: "lab"},
+        daemon={"max_batch_vms": 3, "max_body_bytes": 4096, "clock_skew_s": 120},
+    )
+    with serving(config) as d:
+        yield d
+
+
+def counts(d: Daemon) -> dict[str, int]:
+    with d.engine.connect() as conn:
+        return {t: conn.execute(sa.text(f"SELECT count(*) FROM {t}")).scalar_one() for t in TABLES}
+
+
+def post(d: Daemon, body: Any, host: str = H1.name, **kw: Any) -> httpx.Response:
+    headers = {**auth(host), **kw.pop("headers", {})}
+    if isinstance(body, bytes | str):
+        headers["Content-Type"] = "application/json"
+        return httpx.post(f"{d.url}/v1/samples", content=body, headers=headers, **kw)
+    # json.dumps writes NaN/Infinity tokens for non-finite floats, as a careless agent would.
+    return httpx.post(
+        f"{d.url}/v1/samples",
+        content=json.dumps(body),
+        headers={**headers, "Content-Type": "application/json"},
+        **kw,
+    )
+
+
+def good(start: int | None = None) -> dict[str, Any]:
+    return batch(H1, aligned_past(3) if start is None else start, [vm("vm-1"), vm("vm-2", "b")])
+
+
+def test_a_batch_is_stored_once_and_acknowledged_twice(daemon: Daemon) -> None:
+    body = good()
+    first = post(daemon, body)
+    assert first.status_code == 200, first.text
+    assert first.json() == {"status": "accepted", "key": body["key"], "samples": 2, "late": 0}
+    after_first = counts(daemon)
+    again = post(daemon, body)
+    assert again.status_code == 200
+    assert again.json()["status"] == "duplicate"
+    assert counts(daemon) == after_first
+    assert after_first["samples"] == 2 and after_first["batches"] == 1
+    with daemon.engine.connect() as conn:
+        cpu = conn.execute(sa.text("SELECT sum(cpu_s) FROM samples")).scalar_one()
+    assert cpu == 60.0
+
+
+def test_two_batches_for_one_vm_and_interval_add_up(daemon: Daemon) -> None:
+    """An agent restarted mid-interval sends the rest under a new key: both parts count."""
+    start = aligned_past(3)
+    assert post(daemon, batch(H1, start, [vm("vm-1", cpu_s=10)], key="a")).status_code == 200
+    assert post(daemon, batch(H1, start, [vm("vm-1", cpu_s=5)], key="b")).status_code == 200
+    with daemon.engine.connect() as conn:
+        rows = conn.execute(sa.text("SELECT cpu_s, disk_read_bytes FROM samples")).all()
+    assert [tuple(r) for r in rows] == [(15.0, 2e6)]
+
+
+REFUSALS = [
+    pytest.param(b'{"key": "k", "host": ', 400, "malformed JSON", id="malformed-json"),
+    pytest.param(
+        lambda b: b.update(colour="blue"), 422, "colour: unknown field", id="unknown-field"
+    ),
+    pytest.param(
+        lambda b: b["vms"][1].update(gpu_s=1),
+        422,
+        "vms[1].gpu_s: unknown field",
+        id="unknown-vm-field",
+    ),
+    pytest.param(
+        lambda b: b["vms"][1].update(cpu_s=-3.0),
+        422,
+        "vms[1].cpu_s: Input should be greater",
+        id="negative",
+    ),
+    pytest.param(
+        lambda b: b["vms"][0].update(network_rx_bytes=float("nan")),
+        422,
+        "vms[0].network_rx_bytes: Input should be a finite number",
+        id="nan",
+    ),
+    pytest.param(
+        lambda b: b["vms"][0].update(memory_byte_s=float("inf")),
+        422,
+        "vms[0].memory_byte_s: Input should be a finite number",
+        id="infinite",
+    ),
+    pytest.param(
+        lambda b: b["vms"][0].update(cpu_s="lots"),
+        422,
+        "vms[0].cpu_s: Input should be a valid number",
+        id="wrong-type",
+    ),
+    pytest.param(
+        lambda b: b["capacity"].update(cpu_cores=0),
+        422,
+        "capacity.cpu_cores: Input should be greater than 0",
+        id="zero-capacity",
+    ),
+    pytest.param(lambda b: b.pop("capacity"), 422, "capacity: Field required", id="missing-field"),
+    pytest.param(
+        lambda b: b.update(interval_start_s=aligned_past(-5)),
+        422,
+        "in the future",
+        id="clock-skew",
+    ),
+    pytest.param(
+        lambda b: b.update(interval_s=30),
+        422,
+        "this daemon accounts 60 s intervals",
+        id="interval-length",
+    ),
+    pytest.param(
+        lambda b: b.update(interval_start_s=b["interval_start_s"] + 7),
+        422,
+        "not a multiple of 60",
+        id="misaligned",
+    ),
+    pytest.param(
+        lambda b: b["vms"].append(dict(b["vms"][0])), 422, "VM vm-1 appears twice", id="vm-twice"
+    ),
+    pytest.param(
+        lambda b: b["vms"].extend([vm("vm-3"), vm("vm-4")]),
+        413,
+        "4 VMs in one batch; at most 3",
+        id="too-many-vms",
+    ),
+    pytest.param(
+        lambda b: b["vms"][0].update(uuid="x" * 5000),
+        413,
+        "exceeds the limit of 4096",
+        id="body-too-large",
+    ),
+]
+
+
+@pytest.mark.parametrize(("change", "status", "message"), REFUSALS)
+def test_bad_batches_are_refused_with_a_reason_and_leave_nothing(
+    daemon: Daemon, change: Any, status: int, message: str
+) -> None:
+    if isinstance(change, bytes):
+        body: Any = change
+    else:
+        body = copy.deepcopy(good())
+        change(body)
+    before = counts(daemon)
+    response = post(daemon, body)
+    assert response.status_code == status, response.text
+    assert message in response.json()["detail"]
+    assert counts(daemon) == before == dict.fromkeys(TABLES, 0)
+
+
+def test_a_reused_key_with_other_content_is_a_conflict(daemon: Daemon) -> None:
+    body = good()
+    assert post(daemon, body).status_code == 200
+    before = counts(daemon)
+    changed = copy.deepcopy(body)
+    changed["vms"][0]["cpu_s"] = 31.0
+    response = post(daemon, changed)
+    assert response.status_code == 409
+    assert f"batch key {body['key']!r} was already used" in response.json()["detail"]
+    assert counts(daemon) == before
+    with daemon.engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT sum(cpu_s) FROM samples")).scalar_one() == 60.0
+
+
+@pytest.mark.parametrize(
+    ("headers", "status", "message"),
+    [
+        ({"Authorization": ""}, 401, "missing Authorization"),
+        ({"Authorization": "Basic dTpw"}, 401, "must be 'Bearer TOKEN'"),
+        ({"Authorization": "Bearer guessed"}, 401, "matches no host"),
+        (auth(H2.name), 403, "belongs to host 'cmp-2', not 'cmp-1'"),
+    ],
+    ids=["missing", "not-bearer", "unknown-token", "other-host"],
+)
+def test_tokens_are_checked_per_host(
+    daemon: Daemon, headers: dict[str, str], status: int, message: str
+) -> None:
+    response = post(daemon, good(), headers=headers)
+    assert response.status_code == status
+    assert message in response.json()["detail"]
+    if status == 401:
+        assert response.headers["WWW-Authenticate"] == "Bearer"
+    assert counts(daemon) == dict.fromkeys(TABLES, 0)
+
+
+def test_samples_after_their_interval_closed_are_kept_as_late(daemon: Daemon) -> None:
+    start = aligned_past(3)
+    assert post(daemon, good(start)).status_code == 200
+    report = account_due(daemon.engine, make_config("sqlite://").accounting)
+    assert start in report.accounted
+    with daemon.engine.connect() as conn:
+        ledger_before = conn.execute(sa.text("SELECT * FROM customer_ledger ORDER BY 2")).all()
+    late = post(daemon, batch(H1, start, [vm("vm-1", cpu_s=12)], key="late-one"))
+    assert late.json() == {"status": "accepted", "key": "late-one", "samples": 1, "late": 1}
+    with daemon.engine.connect() as conn:
+        rows = conn.execute(
+            sa.text("SELECT cpu_s, late FROM samples WHERE vm_id = 1 ORDER BY late")
+        ).all()
+        ledger_after = conn.execute(sa.text("SELECT * FROM customer_ledger ORDER BY 2")).all()
+    assert [(r[0], bool(r[1])) for r in rows] == [(30.0, False), (12.0, True)]
+    assert ledger_after == ledger_before
+
+
+def test_samples_before_the_ledger_frontier_are_late(daemon: Daemon) -> None:
+    """A spool replayed after accounting went past its interval: stored, flagged, not counted."""
+    assert post(daemon, good(aligned_past(3))).status_code == 200
+    account_due(daemon.engine, make_config("sqlite://").accounting)
+    old = aligned_past(10)
+    response = post(daemon, batch(H1, old, [vm("vm-1")], key="from-the-spool"))
+    assert response.json()["late"] == 1
+    with daemon.engine.connect() as conn:
+        state = conn.execute(
+            sa.text("SELECT state, ledger_rows FROM intervals WHERE start_s = :s"), {"s": old}
+        ).one()
+    assert tuple(state) == ("accounted", 0)
+
+
+def test_unknown_host_without_auth_is_owned_by_the_default_owner(database_url: str) -> None:
+    config = make_config(
+        database_url, daemon={"auth": "none"}, organizations={"default_owner": "ops"}
+    )
+    with serving(config) as d:
+        response = post(d, batch(HostSpec("stray"), aligned_past(2), [vm("v")]), headers={})
+        assert response.status_code == 200, response.text
+        with d.engine.connect() as conn:
+            owner = conn.execute(
+                sa.text(
+                    "SELECT o.name FROM hosts h JOIN organizations o ON o.id = h.organization_id"
+                    " WHERE h.name = 'stray'"
+                )
+            ).scalar_one()
+    assert owner == "ops"
+
+
+def test_health_plan_and_metrics(daemon: Daemon) -> None:
+    health = httpx.get(f"{daemon.url}/healthz")
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+    plan = httpx.get(f"{daemon.url}/v1/plan/{H1.name}", headers=auth(H1.name))
+    assert plan.status_code == 200
+    assert plan.json()["host"] == H1.name and plan.json()["vms"] == []
+    assert httpx.get(f"{daemon.url}/v1/plan/{H1.name}", headers=auth(H2.name)).status_code == 403
+    post(daemon, good())
+    post(daemon, good())
+    post(daemon, b"{")
+    text = httpx.get(f"{daemon.url}/metrics").text
+    assert 'gmd_ingest_batches_total{outcome="accepted"} 1.0' in text
+    assert 'gmd_ingest_batches_total{outcome="duplicate"} 1.0' in text
+    assert 'gmd_ingest_batches_total{outcome="rejected"} 1.0' in text
+    assert 'gmd_ingest_samples_total{timing="on_time"} 2.0' in text
+
+
+def test_openapi_describes_the_batch(daemon: Daemon) -> None:
+    spec = httpx.get(f"{daemon.url}/openapi.json").json()
+    schema = spec["components"]["schemas"]["SampleBatch"]
+    assert schema["additionalProperties"] is False
+    assert {"key", "host", "interval_start_s", "interval_s", "capacity", "vms"} <= set(
+        schema["properties"]
+    )
+
+
+def test_a_broken_database_is_a_503_that_tells_the_agent_to_retry(tmp_path: Any) -> None:
+    """The ledger cannot be written: batches get 503 (agents spool them), nothing half-stored."""
+    config = make_config(f"sqlite:///{tmp_path / 'ledger.db'}", {H1.name: "operator"})
+    with serving(config) as d:
+        with d.engine.begin() as conn:
+            conn.execute(sa.text("DROP TABLE samples"))
+        response = post(d, good())
+        assert response.status_code == 503
+        assert "ledger database unavailable" in response.json()["detail"]
+        with d.engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT count(*) FROM batches")).scalar_one() == 0
