@@ -235,7 +235,7 @@ def _daemon(d: _Reader, path: Path | None) -> DaemonConfig:
         max_batch_vms=int(d.number("max_batch_vms", 5000, 1, 1_000_000)),
         max_body_bytes=int(d.number("max_body_bytes", 16 * 1024 * 1024, 1024, 2**31)),
         accounting=d.get("accounting", bool, True),
-        account_every_s=d.number("account_every_s", 10.0, 0.1, 3600),
+        account_every_s=d.number("account_every_s", 10.0, 0.01, 3600),
     )
     d.done()
     return config

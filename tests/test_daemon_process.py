@@ -1,0 +1,240 @@
+"""gmd-daemon as a real process: killed mid-accounting, and two of them on one PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import sqlalchemy as sa
+
+from gmd.ledger import migrate
+from gmd.ledger.accounting import compute_rows
+from gmd.ledger.store import BatchRecord, LedgerStore
+from tests.daemon_support import INTERVAL_S, aligned_past, make_config
+
+DAEMON = Path(sys.executable).with_name("gmd-daemon")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_config(path: Path, url: str, port: int) -> Path:
+    path.write_text(
+        f'[database]\nurl = "{url}"\n'
+        f"[accounting]\ninterval_s = {INTERVAL_S}\ngrace_s = 0\n"
+        f'[daemon]\nauth = "none"\nbind = "127.0.0.1"\nport = {port}\naccount_every_s = 0.05\n'
+    )
+    return path
+
+
+@contextmanager
+def daemon_process(config: Path, port: int, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [str(DAEMON), "--config", str(config)], stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"gmd-daemon did not come up:\n{log.read_text()}")
+            time.sleep(0.05)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def seed(url: str, starts: list[int], hosts: int, vms_per_host: int, customers: int) -> None:
+    """Samples written through the store (the API's own write path), without HTTP overhead."""
+    engine = migrate.engine_for(url)
+    migrate.upgrade(engine)
+    store = LedgerStore(engine, lambda h: "operator" if h.endswith(("0", "2", "4")) else "lab")
+    rng = np.random.default_rng(5)
+    for start in starts:
+        for h in range(hosts):
+            n = vms_per_host
+            uuids = [f"vm-{h}-{j}" for j in range(n)]
+            store.ingest(
+                BatchRecord(
+                    key=f"h{h}:{start}",
+                    digest="seeded",
+                    host=f"h{h}",
+                    interval_start_s=start,
+                    interval_s=INTERVAL_S,
+                    capacity=(64.0, 256e9, 1e9, 1.25e9),
+                    vm_uuids=uuids,
+                    customers=[f"proj-{(h * n + j) % customers}" for j in range(n)],
+                    use=rng.uniform(0, 1, (n, 6)) * [60 * 4, 8e9 * 60, 1e9, 1e9, 1e8, 1e8],
+                    flavor=np.tile([2.0, 4e9, np.nan, np.nan], (n, 1)),
+                    created_s=[None] * n,
+                )
+            )
+    engine.dispose()
+
+
+def interval_state(engine: sa.Engine, start: int) -> tuple[str, int]:
+    with engine.connect() as conn:
+        state = conn.execute(
+            sa.text("SELECT state FROM intervals WHERE start_s = :s"), {"s": start}
+        ).scalar_one()
+        rows = conn.execute(
+            sa.text(
+                "SELECT count(*) FROM customer_ledger l JOIN intervals i ON i.id = l.interval_id"
+                " WHERE i.start_s = :s"
+            ),
+            {"s": start},
+        ).scalar_one()
+    return state, rows
+
+
+def accounting_now(engine: sa.Engine) -> bool:
+    """Is a daemon inside an accounting transaction? PostgreSQL: the advisory lock is held;
+    SQLite: the writer lock is (nothing else writes during this test)."""
+    if engine.dialect.name == "postgresql":
+        with engine.connect() as conn:
+            return bool(
+                conn.execute(
+                    sa.text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")
+                ).scalar_one()
+            )
+    path = engine.url.database
+    import sqlite3
+
+    probe = sqlite3.connect(path, timeout=0, isolation_level=None)
+    try:
+        probe.execute("BEGIN IMMEDIATE")
+        probe.execute("ROLLBACK")
+        return False
+    except sqlite3.OperationalError:
+        return True
+    finally:
+        probe.close()
+
+
+def test_sigkill_during_accounting_leaves_no_partial_interval(
+    database_url: str, tmp_path: Path
+) -> None:
+    start = aligned_past(3)
+    seed(database_url, [start], hosts=60, vms_per_host=500, customers=2000)
+    port = free_port()
+    config = write_config(tmp_path / "gmd.toml", database_url, port)
+    engine = migrate.engine_for(database_url)
+    log = tmp_path / "daemon.log"
+    try:
+        with daemon_process(config, port, log) as proc:
+            deadline = time.monotonic() + 60
+            while True:
+                state, _rows = interval_state(engine, start)
+                if state == "closed" and accounting_now(engine):
+                    proc.kill()  # SIGKILL: no cleanup, no rollback by the daemon itself
+                    proc.wait()
+                    break
+                assert state != "accounted", "accounting finished before it could be killed"
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.002)
+        state, rows = interval_state(engine, start)
+        assert (state, rows) == ("closed", 0)
+        with engine.connect() as conn:
+            for table in ("customer_resource_ledger", "organization_ledger"):
+                assert conn.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar_one() == 0
+
+        with daemon_process(config, port, log):
+            deadline = time.monotonic() + 60
+            while interval_state(engine, start)[0] != "accounted":
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.05)
+        with engine.connect() as conn:
+            interval_id = conn.execute(
+                sa.text("SELECT id FROM intervals WHERE start_s = :s"), {"s": start}
+            ).scalar_one()
+            again = compute_rows(conn, interval_id, make_config(database_url).accounting)
+            stored = conn.execute(
+                sa.text("SELECT count(*), sum(greediness) FROM customer_ledger")
+            ).one()
+        assert stored[0] == len(again.customers) == 2000
+        assert stored[1] == pytest.approx(sum(r["greediness"] for r in again.customers))
+    finally:
+        engine.dispose()
+
+
+def metric(port: int, name: str) -> float:
+    for line in httpx.get(f"http://127.0.0.1:{port}/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not exported")
+
+
+def test_two_daemons_on_one_postgresql_account_each_interval_once(
+    postgres_server_url: str, tmp_path: Path
+) -> None:
+    name = f"gmd_two_{os.getpid()}"
+    admin = sa.create_engine(postgres_server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    url = postgres_server_url.rsplit("/", 1)[0] + f"/{name}"
+    starts = [aligned_past(k) for k in range(40, 1, -1)]
+    seed(url, starts, hosts=6, vms_per_host=40, customers=25)
+    ports = [free_port(), free_port()]
+    configs = [write_config(tmp_path / f"gmd{i}.toml", url, p) for i, p in enumerate(ports)]
+    engine = migrate.engine_for(url)
+    try:
+        with (
+            daemon_process(configs[0], ports[0], tmp_path / "d0.log"),
+            daemon_process(configs[1], ports[1], tmp_path / "d1.log"),
+        ):
+            deadline = time.monotonic() + 90
+            while True:
+                with engine.connect() as conn:
+                    left = conn.execute(
+                        sa.text(
+                            "SELECT count(*) FROM intervals WHERE state != 'accounted'"
+                            " AND start_s <= :last"
+                        ),
+                        {"last": starts[-1]},
+                    ).scalar_one()
+                if left == 0:
+                    break
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            time.sleep(0.5)  # let any duplicate attempt surface in the counters
+            with engine.connect() as conn:
+                accounted = conn.execute(
+                    sa.text("SELECT count(*) FROM intervals WHERE state = 'accounted'")
+                ).scalar_one()
+            counts = [metric(p, "gmd_accounting_intervals_total") for p in ports]
+            errors = [metric(p, "gmd_accounting_errors_total") for p in ports]
+        assert accounted >= len(starts)
+        assert sum(counts) == accounted, counts
+        assert errors == [0.0, 0.0]
+        logs = (tmp_path / "d0.log").read_text() + (tmp_path / "d1.log").read_text()
+        assert "Traceback" not in logs
+    finally:
+        engine.dispose()
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
