@@ -24,10 +24,12 @@ from gmd.report.calculator import (
     situation_from_options,
 )
 from gmd.report.render import csv_text, json_text, table_text
+from gmd.report.standings import COLUMNS as STANDINGS_COLUMNS
+from gmd.report.standings import standings
 
 app = typer.Typer(
     name="gmd-admin",
-    help="Operate gmd: the ledger database, and the Greediness Metric calculator.",
+    help="Operate gmd: standings, the ledger database, and the Greediness Metric calculator.",
     no_args_is_help=True,
     add_completion=False,
     rich_markup_mode=None,
@@ -232,6 +234,60 @@ def gm_command(
         title = f"{situation.title or 'Greediness'} (γ = {gamma:g})"
         caption = f"credit factor κ = min(1, α/β): {credit}"
         sys.stdout.write(table_text(result.rows, result.columns(), title=title, caption=caption))
+
+
+class SortKey(StrEnum):
+    balance = "balance"
+    greediness = "greediness"
+    utility = "utility"
+    priority = "priority"
+    vms = "vms"
+    customer = "customer"
+
+
+@app.command("standings")
+def standings_command(
+    ctx: typer.Context,
+    sort: Annotated[
+        SortKey, typer.Option("--sort", help="Column to sort by: numbers greatest first.")
+    ] = SortKey.balance,
+    reverse: Annotated[bool, typer.Option("--reverse", help="Reverse the order.")] = False,
+    everyone: Annotated[
+        bool, typer.Option("--all", help="Also list customers without a standing (zeros).")
+    ] = False,
+    customer: Annotated[
+        str | None, typer.Option("--customer", help="Only this customer (project uuid).")
+    ] = None,
+    fmt: Annotated[Format, typer.Option("--format", help="table, csv or json.")] = Format.table,
+) -> None:
+    """Where every customer stands, like Slurm's sshare: balance (decayed sum of greediness;
+    positive = took more than its share), the last interval's GM, DirectContr utility and
+    priority (contribution − utility), and VMs, after the latest accounted interval.
+
+    Exit codes: 0 shown, 1 database unavailable, 2 bad configuration or option, 3 the
+    customer asked for has no standing.
+    """
+    engine = _engine(ctx)
+    try:
+        with engine.connect() as conn:
+            result = standings(
+                conn, sort=sort.value, reverse=reverse, everyone=everyone, customer=customer
+            )
+    except (SQLAlchemyError, OSError) as exc:
+        raise _db_error(engine, exc) from None
+    finally:
+        engine.dispose()
+    if customer is not None and not result.rows:
+        typer.echo(f"gmd-admin: customer {customer!r} has no standing in the ledger", err=True)
+        raise typer.Exit(3)
+    if fmt is Format.json:
+        sys.stdout.write(json_text(result.document()))
+    elif fmt is Format.csv:
+        sys.stdout.write(csv_text(result.rows, STANDINGS_COLUMNS))
+    else:
+        sys.stdout.write(
+            table_text(result.rows, STANDINGS_COLUMNS, title="Standings", caption=result.caption())
+        )
 
 
 def main() -> None:

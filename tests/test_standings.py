@@ -1,0 +1,120 @@
+"""gmd-admin standings on a ledger built from samples whose greediness is worked out by hand."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gmd.ledger.accounting import account_due
+from tests.daemon_support import HostSpec, aligned_past, auth, batch, make_config, serving
+
+ADMIN = Path(sys.executable).with_name("gmd-admin")
+HOST = HostSpec("cmp-1", cpu_cores=2, memory_bytes=8e9, disk_bytes_per_s=1e8)
+
+
+def idle(uuid: str, customer: str, cpu_s: float) -> dict[str, object]:
+    return {
+        "uuid": uuid,
+        "customer": customer,
+        "cpu_s": cpu_s,
+        "memory_byte_s": 0.0,
+        "disk_read_bytes": 0.0,
+        "disk_write_bytes": 0.0,
+        "network_rx_bytes": 0.0,
+        "network_tx_bytes": 0.0,
+    }
+
+
+@pytest.fixture
+def ledger_config(database_url: str, tmp_path: Path) -> Path:
+    """Two intervals on one 2-core host: a's VM uses 90 of 120 core-seconds, b's 30.
+
+    Equal endowments: 60 each. CPU: a is over by 30, b under by 30, so κ = 1 and b is
+    credited γ·30 = 15. One customer's share is 120/2 = 60 core-seconds, m = 4 resources
+    (the idle ones add nothing): G_a = 30/(4·60) = 0.125, G_b = −15/240 = −0.0625 per
+    interval; no decay, so balances 0.25 and −0.125. Work (ψ″): a 90/240 = 0.375 per interval,
+    b 0.125; all on the operator's host, so priorities are −0.75 and −0.25.
+    """
+    path = tmp_path / "gmd.toml"
+    path.write_text(
+        f'[database]\nurl = "{database_url}"\n'
+        '[accounting]\ninterval_s = 60\ngrace_s = 0\nendowment = "equal"\nhalf_life_s = "none"\n'
+        "gamma = 0.5\n"
+    )
+    config = make_config(
+        database_url,
+        {HOST.name: "operator"},
+        accounting={"endowment": "equal", "half_life_s": "none"},
+    )
+    with serving(config) as d:
+        for k in (4, 3):
+            body = batch(HOST, aligned_past(k), [idle("vm-a", "a", 90.0), idle("vm-b", "b", 30.0)])
+            assert httpx.post(f"{d.url}/v1/samples", json=body, headers=auth(HOST.name)).is_success
+        account_due(d.engine, config.accounting)
+    return path
+
+
+def admin(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(ADMIN), "--config", str(config), "standings", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_standings_json_holds_the_worked_numbers(ledger_config: Path) -> None:
+    out = admin(ledger_config, "--format", "json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["as_of_s"] == aligned_past(3) and doc["interval_s"] == 60
+    rows = {r["customer"]: r for r in doc["customers"]}
+    assert [r["customer"] for r in doc["customers"]] == ["a", "b"]  # greatest balance first
+    assert rows["a"]["balance"] == pytest.approx(0.25, abs=1e-15)
+    assert rows["b"]["balance"] == pytest.approx(-0.125, abs=1e-15)
+    assert rows["a"]["greediness"] == pytest.approx(0.125, abs=1e-15)
+    assert rows["b"]["greediness"] == pytest.approx(-0.0625, abs=1e-15)
+    assert rows["a"]["utility"] == pytest.approx(0.75, abs=1e-15)
+    assert rows["b"]["priority"] == pytest.approx(-0.25, abs=1e-15)
+    assert rows["a"]["vms"] == rows["b"]["vms"] == 1
+
+
+def test_csv_parses_back_to_the_json_numbers_and_sorting_works(ledger_config: Path) -> None:
+    as_json = json.loads(admin(ledger_config, "--format", "json").stdout)["customers"]
+    out = admin(ledger_config, "--format", "csv", "--sort", "priority")
+    assert out.returncode == 0, out.stderr
+    parsed = list(csv.DictReader(io.StringIO(out.stdout)))
+    assert [r["customer"] for r in parsed] == ["b", "a"]  # priority −0.25 above −0.75
+    by_name = {r["customer"]: r for r in as_json}
+    for row in parsed:
+        for key in ("balance", "greediness", "utility", "priority"):
+            assert float(row[key]) == by_name[row["customer"]][key]
+    reversed_ = admin(ledger_config, "--format", "csv", "--sort", "customer", "--reverse")
+    assert [r["customer"] for r in csv.DictReader(io.StringIO(reversed_.stdout))] == ["b", "a"]
+
+
+def test_table_and_errors(ledger_config: Path) -> None:
+    table = admin(ledger_config)
+    assert table.returncode == 0
+    assert "Standings" in table.stdout and "0.2500" in table.stdout and "-0.1250" in table.stdout
+    missing = admin(ledger_config, "--customer", "nobody")
+    assert missing.returncode == 3
+    assert "'nobody' has no standing" in missing.stderr
+    bad = admin(ledger_config, "--sort", "colour")
+    assert bad.returncode == 2
+
+
+def test_an_empty_ledger_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "gmd.toml"
+    path.write_text(f'[database]\nurl = "sqlite:///{tmp_path / "l.db"}"\n')
+    assert subprocess.run([str(ADMIN), "--config", str(path), "db", "upgrade"]).returncode == 0
+    out = admin(path)
+    assert out.returncode == 0
+    assert "no accounted interval yet" in out.stdout
