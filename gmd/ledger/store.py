@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Connection, Engine, Table, bindparam, func, select, update
+import orjson
+from sqlalchemy import Connection, Engine, Table, bindparam, func, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
@@ -65,6 +66,27 @@ _intervals: Table = Interval.__table__  # type: ignore[assignment]
 _organizations: Table = Organization.__table__  # type: ignore[assignment]
 _samples: Table = Sample.__table__  # type: ignore[assignment]
 _vms: Table = Vm.__table__  # type: ignore[assignment]
+
+
+_SAMPLE_KEY = ("interval_id", "host_id", "vm_id", "late")
+_PER_VM = ("vm_id", "customer_id", *USE_COLUMNS, *FLAVOR_COLUMNS)
+_PG_TYPES = {"vm_id": "integer", "customer_id": "integer"}
+# PostgreSQL takes a whole batch as one statement over arrays (unnest): one round trip and no
+# per-row statement. The arrays travel as array literals ('{1.5,2.0,null}') that the server
+# parses in C, ~50 times cheaper than the driver adapting 8,000 Python floats one by one.
+_SAMPLE_COLUMNS = (*_SAMPLE_KEY, "batch_id", "customer_id", *USE_COLUMNS, *FLAVOR_COLUMNS)
+_PG_SAMPLES = text(
+    f"INSERT INTO samples ({', '.join(_SAMPLE_COLUMNS)})"
+    " SELECT :interval_id, :host_id, v.vm_id, :late, :batch_id, v.customer_id, "
+    + ", ".join(f"v.{c}" for c in (*USE_COLUMNS, *FLAVOR_COLUMNS))
+    + " FROM unnest("
+    + ", ".join(f"CAST(:{c} AS {_PG_TYPES.get(c, 'double precision')}[])" for c in _PER_VM)
+    + f") AS v({', '.join(_PER_VM)})"
+    + f" ON CONFLICT ({', '.join(_SAMPLE_KEY)}) DO UPDATE SET "
+    + ", ".join(f"{c} = samples.{c} + excluded.{c}" for c in USE_COLUMNS)
+    + ", "
+    + ", ".join(f"{c} = excluded.{c}" for c in (*FLAVOR_COLUMNS, "customer_id"))
+)
 
 
 class KeyReused(ValueError):
@@ -366,6 +388,26 @@ class LedgerStore:
         customer_ids: dict[str, int],
         on_time: bool,
     ) -> None:
+        # A second batch for the same VM, host and interval (an agent restarted mid-interval)
+        # adds its use; owner and flavor are the latest reported.
+        if conn.dialect.name == "postgresql":
+            columns = {
+                "vm_id": _array_literal(vm_ids),
+                "customer_id": _array_literal([customer_ids[c] for c in record.customers]),
+                **{c: _array_literal(record.use[:, k]) for k, c in enumerate(USE_COLUMNS)},
+                **{c: _array_literal(record.flavor[:, k]) for k, c in enumerate(FLAVOR_COLUMNS)},
+            }
+            conn.execute(
+                _PG_SAMPLES,
+                {
+                    **columns,
+                    "interval_id": interval_id,
+                    "host_id": host_id,
+                    "batch_id": batch_id,
+                    "late": not on_time,
+                },
+            )
+            return
         use = record.use.tolist()
         flavor = [[None if v != v else v for v in row] for row in record.flavor.tolist()]
         rows = [
@@ -382,11 +424,9 @@ class LedgerStore:
             for vm_id, customer, u, f in zip(vm_ids, record.customers, use, flavor, strict=True)
         ]
         stmt = upsert(conn, _samples)
-        # A second batch for the same VM, host and interval (an agent restarted mid-interval)
-        # adds its use; owner and flavor are the latest reported.
         conn.execute(
             stmt.on_conflict_do_update(
-                index_elements=["interval_id", "host_id", "vm_id", "late"],
+                index_elements=list(_SAMPLE_KEY),
                 set_={
                     **{c: _samples.c[c] + stmt.excluded[c] for c in USE_COLUMNS},
                     **{c: stmt.excluded[c] for c in (*FLAVOR_COLUMNS, "customer_id")},
@@ -402,6 +442,19 @@ class LedgerStore:
             return set(
                 conn.execute(select(_batches.c.key).where(_batches.c.key.in_(keys))).scalars()
             )
+
+
+def _array_literal(values: np.ndarray | list[int]) -> str:
+    """A PostgreSQL array literal, NaN (no amount) as NULL.
+
+    JSON's number syntax is valid array-literal syntax, and orjson writes the shortest digits
+    that read back to the same double (and NaN as null), ten times faster than ``repr``.
+    """
+    if isinstance(values, np.ndarray):
+        text = orjson.dumps(np.ascontiguousarray(values), option=orjson.OPT_SERIALIZE_NUMPY)
+    else:
+        text = orjson.dumps(values)
+    return "{" + text[1:-1].decode() + "}"
 
 
 def _retryable(exc: DBAPIError) -> bool:

@@ -3,7 +3,8 @@
 - ``batches.digest``: the content hash that tells a retried batch from a reused key.
 - ``samples.customer_id``: who owned the VM when it was sampled (ownership can change later);
   one row per (interval, host, VM, late) so that a VM that migrated mid-interval keeps its use
-  on both hosts and late samples never merge into on-time ones.
+  on both hosts and late samples never merge into on-time ones. Only ``vm_id`` stays a foreign
+  key: per-row checks of the others cost more than the insert itself (see ``Sample``).
 - ``intervals.ledger_rows``: how many customer rows accounting wrote (NULL until accounted).
 - ``customer_ledger.priority``: the customer account's DirectContr priority.
 
@@ -23,6 +24,9 @@ revision = "0002"
 down_revision = "0001"
 branch_labels = None
 depends_on = None
+
+
+_UNCHECKED = (("interval_id", "intervals"), ("host_id", "hosts"), ("batch_id", "batches"))
 
 
 def upgrade() -> None:
@@ -56,16 +60,16 @@ def upgrade() -> None:
         batch_op.create_unique_constraint(
             "uq_samples_interval_host_vm_late", ["interval_id", "host_id", "vm_id", "late"]
         )
-        batch_op.create_foreign_key(
-            batch_op.f("fk_samples_customer_id_customers"), "customers", ["customer_id"], ["id"]
-        )
+        for column, table in _UNCHECKED:
+            batch_op.drop_constraint(f"fk_samples_{column}_{table}", type_="foreignkey")
 
 
 def downgrade() -> None:
     # Merging a migrated VM's rows back into one per (interval, VM) would lose which host they
     # came from; the old unique constraint simply cannot hold such rows, and says so.
     with op.batch_alter_table("samples", schema=None) as batch_op:
-        batch_op.drop_constraint(batch_op.f("fk_samples_customer_id_customers"), type_="foreignkey")
+        for column, table in _UNCHECKED:
+            batch_op.create_foreign_key(f"fk_samples_{column}_{table}", table, [column], ["id"])
         batch_op.drop_constraint("uq_samples_interval_host_vm_late", type_="unique")
         batch_op.create_unique_constraint(
             batch_op.f("uq_samples_interval_id"), ["interval_id", "vm_id"]

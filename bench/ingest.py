@@ -1,0 +1,188 @@
+"""Samples per second through the HTTP API into SQLite and PostgreSQL (batches of 500 VMs).
+
+    python bench/ingest.py --database postgresql --batches 400 --clients 4
+
+Starts a real ``gmd-daemon`` process (uvicorn, token auth, accountant off so that only ingest
+is measured) on a fresh ledger, warms it with one round in which every VM is seen first, then
+posts ``--batches`` prepared batches from ``--clients`` concurrent HTTP clients and times them
+until the last is acknowledged. Each host posts one batch per interval, as agents do. Without
+``--url``, PostgreSQL is the test cluster that ``tests/postgres.sh`` starts. Prints a JSON line
+last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import sqlalchemy as sa
+from ledger_accounting import postgres_url
+
+INTERVAL_S = 60
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def bodies(
+    n_hosts: int, rounds: int, vms: int, customers: int, first_s: int
+) -> list[tuple[str, bytes]]:
+    """``rounds`` intervals of one batch per host, as JSON bytes (made before timing)."""
+    rng = np.random.default_rng(3)
+    out = []
+    for r in range(rounds):
+        start = first_s + r * INTERVAL_S
+        for h in range(n_hosts):
+            use = rng.uniform(0, 1, (vms, 6)) * [120, 8e9 * 60, 1e9, 1e9, 1e8, 1e8]
+            batch = {
+                "key": f"cmp-{h}:{start}",
+                "host": f"cmp-{h}",
+                "interval_start_s": start,
+                "interval_s": INTERVAL_S,
+                "capacity": {
+                    "cpu_cores": 64,
+                    "memory_bytes": 512e9,
+                    "disk_bytes_per_s": 1e9,
+                    "network_bytes_per_s": 1.25e9,
+                },
+                "vms": [
+                    {
+                        "uuid": f"vm-{h}-{j}",
+                        "customer": f"proj-{(h * vms + j) % customers}",
+                        "cpu_s": u[0],
+                        "memory_byte_s": u[1],
+                        "disk_read_bytes": u[2],
+                        "disk_write_bytes": u[3],
+                        "network_rx_bytes": u[4],
+                        "network_tx_bytes": u[5],
+                        "flavor": {"vcpus": 2, "memory_bytes": 8e9},
+                    }
+                    for j, u in enumerate(use.tolist())
+                ],
+            }
+            out.append((f"token-{h}", json.dumps(batch).encode()))
+    return out
+
+
+def run(database: str, url: str, args: argparse.Namespace, workdir: Path) -> dict[str, object]:
+    port = free_port()
+    hosts = {
+        f"cmp-{h}": hashlib.sha256(f"token-{h}".encode()).hexdigest() for h in range(args.hosts)
+    }
+    config = workdir / f"{database}.toml"
+    config.write_text(
+        f'[database]\nurl = "{url}"\n[accounting]\ninterval_s = {INTERVAL_S}\n'
+        f'[daemon]\nbind = "127.0.0.1"\nport = {port}\naccounting = false\n'
+        + "".join(f'[hosts.{h}]\ntoken_sha256 = "{t}"\n' for h, t in hosts.items())
+    )
+    rounds = 1 + -(-args.batches // args.hosts)
+    first_s = (int(time.time()) // INTERVAL_S - rounds - 2) * INTERVAL_S
+    prepared = bodies(args.hosts, rounds, args.vms, args.customers, first_s)
+    warm, timed = prepared[: args.hosts], prepared[args.hosts : args.hosts + args.batches]
+    log = (workdir / f"{database}.log").open("wb")
+    daemon = subprocess.Popen(
+        [str(Path(sys.executable).with_name("gmd-daemon")), "--config", str(config)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                if httpx.get(f"{base}/healthz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        local = threading.local()
+
+        def post(item: tuple[str, bytes]) -> None:
+            token, body = item
+            client = getattr(local, "client", None)
+            if client is None:
+                client = local.client = httpx.Client(base_url=base, timeout=120)
+            r = client.post(
+                "/v1/samples",
+                content=body,
+                headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
+            )
+            if r.status_code != 200 or r.json()["status"] != "accepted":
+                raise RuntimeError(f"{r.status_code}: {r.text[:300]}")
+
+        with ThreadPoolExecutor(args.clients) as pool:
+            list(pool.map(post, warm))
+            t0 = time.perf_counter()
+            list(pool.map(post, timed))
+            elapsed = time.perf_counter() - t0
+        engine = sa.create_engine(url)
+        with engine.connect() as conn:
+            stored = conn.execute(sa.text("SELECT count(*) FROM samples")).scalar_one()
+        engine.dispose()
+        expected = (len(warm) + len(timed)) * args.vms
+        if stored != expected:
+            raise RuntimeError(f"{stored} samples stored, {expected} posted")
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(30)
+        log.close()
+    samples = len(timed) * args.vms
+    print(f"{database}: {samples} samples in {elapsed:.2f} s = {samples / elapsed:,.0f}/s")
+    return {
+        "samples": samples,
+        "seconds": round(elapsed, 3),
+        "samples_per_s": round(samples / elapsed),
+        "batches_per_s": round(len(timed) / elapsed, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--database", choices=("sqlite", "postgresql", "both"), default="both")
+    parser.add_argument("--url", help="PostgreSQL server URL (a database is created on it)")
+    parser.add_argument("--batches", type=int, default=400, help="timed batches")
+    parser.add_argument("--vms", type=int, default=500, help="VMs per batch")
+    parser.add_argument("--hosts", type=int, default=100)
+    parser.add_argument("--customers", type=int, default=2000)
+    parser.add_argument("--clients", type=int, default=4, help="concurrent HTTP clients")
+    args = parser.parse_args()
+
+    figures: dict[str, object] = {
+        "benchmark": "ingest",
+        "vms_per_batch": args.vms,
+        "clients": args.clients,
+        "target_samples_per_s_postgresql": 20000,
+        "cpus": os.cpu_count(),
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        if args.database in ("sqlite", "both"):
+            figures["sqlite"] = run("sqlite", f"sqlite:///{workdir / 'ledger.db'}", args, workdir)
+        if args.database in ("postgresql", "both"):
+            url, admin, name = postgres_url(args.url)
+            try:
+                figures["postgresql"] = run("postgresql", url, args, workdir)
+            finally:
+                assert admin is not None
+                with admin.connect() as conn:
+                    conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+                admin.dispose()
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,235 @@
+"""Time accounting one interval from the database, end to end: read samples, compute, write rows.
+
+    python bench/ledger_accounting.py --database postgresql --vms 100000 --hosts 5000
+
+Seeds a fresh ledger with the random cloud of ``bench/accounting.py`` (bulk inserts, not the
+API: this measures accounting, not ingest), then times :func:`account_next` on the interval,
+``--runs`` times (the interval is reopened and its rows deleted between runs), and splits one
+run into read / compute / write. Without ``--url``, PostgreSQL is the test cluster that
+``tests/postgres.sh`` starts. Prints a JSON line last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import sqlalchemy as sa
+from accounting import INTERVAL_S, random_cloud
+
+from gmd.config import parse
+from gmd.ledger import migrate
+from gmd.ledger.accounting import account_next, compute_rows, write_rows
+from gmd.ledger.models import (
+    Batch,
+    Customer,
+    Host,
+    HostInterval,
+    Interval,
+    IntervalState,
+    Organization,
+    Sample,
+    Vm,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+START_S = 1_800_000_000 - 1_800_000_000 % 60
+
+
+def postgres_url(given: str | None) -> tuple[str, sa.Engine | None, str | None]:
+    """A fresh database: on ``given`` or the test cluster; returns url, admin engine, name."""
+    server = (
+        given
+        or subprocess.run(
+            ["bash", str(REPO / "tests" / "postgres.sh")],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
+    name = f"gmd_bench_{uuid.uuid4().hex[:8]}"
+    admin = sa.create_engine(server, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    return server.rsplit("/", 1)[0] + f"/{name}", admin, name
+
+
+def seed(engine: sa.Engine, n_vms: int, n_hosts: int, n_customers: int, n_orgs: int) -> int:
+    interval, host_owner = random_cloud(n_vms, n_hosts, n_customers, n_orgs, seed=1)
+    supply = np.asarray(interval.supply) / INTERVAL_S
+    use = np.asarray(interval.use)
+    flavor = np.asarray(interval.configured) / INTERVAL_S
+    host_of = np.asarray(interval.host_of_vm)
+    customer_of = np.asarray(interval.customer_of_vm)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.insert(Organization.__table__),
+            [{"id": o + 1, "name": f"org-{o}"} for o in range(n_orgs)],
+        )
+        conn.execute(
+            sa.insert(Customer.__table__),
+            [{"id": c + 1, "name": f"proj-{c}"} for c in range(n_customers)],
+        )
+        owner_org = host_owner - n_customers + 1
+        conn.execute(
+            sa.insert(Host.__table__),
+            [
+                {"id": h + 1, "name": f"cmp-{h}", "organization_id": int(owner_org[h])}
+                for h in range(n_hosts)
+            ],
+        )
+        conn.execute(
+            sa.insert(Vm.__table__),
+            [
+                {
+                    "id": j + 1,
+                    "uuid": f"vm-{j}",
+                    "customer_id": int(customer_of[j]) + 1,
+                    "host_id": int(host_of[j]) + 1,
+                }
+                for j in range(n_vms)
+            ],
+        )
+        interval_id = conn.execute(
+            sa.insert(Interval.__table__)
+            .values(start_s=START_S, length_s=int(INTERVAL_S), state=IntervalState.closed)
+            .returning(Interval.__table__.c.id)
+        ).scalar_one()
+        conn.execute(
+            sa.insert(HostInterval.__table__),
+            [
+                {
+                    "interval_id": interval_id,
+                    "host_id": h + 1,
+                    "organization_id": int(owner_org[h]),
+                    "cpu_cores": float(supply[h, 0]),
+                    "memory_bytes": float(supply[h, 1]),
+                    "disk_bytes_per_s": float(supply[h, 2]),
+                    "network_bytes_per_s": float(supply[h, 3]),
+                }
+                for h in range(n_hosts)
+            ],
+        )
+        conn.execute(
+            sa.insert(Batch.__table__),
+            [
+                {
+                    "id": h + 1,
+                    "key": f"cmp-{h}:{START_S}",
+                    "digest": "seeded",
+                    "host_id": h + 1,
+                    "interval_id": interval_id,
+                    "samples": 0,
+                }
+                for h in range(n_hosts)
+            ],
+        )
+        conn.execute(
+            sa.insert(Sample.__table__),
+            [
+                {
+                    "interval_id": interval_id,
+                    "vm_id": j + 1,
+                    "host_id": int(host_of[j]) + 1,
+                    "customer_id": int(customer_of[j]) + 1,
+                    "batch_id": int(host_of[j]) + 1,
+                    "cpu_s": float(use[j, 0]),
+                    "memory_byte_s": float(use[j, 1]),
+                    "disk_read_bytes": float(use[j, 2]) / 2,
+                    "disk_write_bytes": float(use[j, 2]) / 2,
+                    "network_rx_bytes": float(use[j, 3]) / 2,
+                    "network_tx_bytes": float(use[j, 3]) / 2,
+                    "flavor_vcpus": float(flavor[j, 0]),
+                    "flavor_memory_bytes": float(flavor[j, 1]),
+                    "late": False,
+                }
+                for j in range(n_vms)
+            ],
+        )
+    return interval_id
+
+
+def reopen(engine: sa.Engine, interval_id: int) -> None:
+    with engine.begin() as conn:
+        for table in ("customer_resource_ledger", "customer_ledger", "organization_ledger"):
+            conn.execute(sa.text(f"DELETE FROM {table} WHERE interval_id = :i"), {"i": interval_id})
+        conn.execute(
+            sa.text("UPDATE intervals SET state = 'closed' WHERE id = :i"), {"i": interval_id}
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--database", choices=("sqlite", "postgresql"), default="postgresql")
+    parser.add_argument("--url", help="PostgreSQL server URL (a database is created on it)")
+    parser.add_argument("--vms", type=int, default=100_000)
+    parser.add_argument("--hosts", type=int, default=5_000)
+    parser.add_argument("--customers", type=int, default=2_000)
+    parser.add_argument("--orgs", type=int, default=20)
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args()
+
+    admin = name = None
+    tmp = tempfile.TemporaryDirectory()
+    if args.database == "postgresql":
+        url, admin, name = postgres_url(args.url)
+    else:
+        url = f"sqlite:///{Path(tmp.name) / 'ledger.db'}"
+    engine = migrate.engine_for(url)
+    try:
+        migrate.upgrade(engine)
+        t0 = time.perf_counter()
+        interval_id = seed(engine, args.vms, args.hosts, args.customers, args.orgs)
+        print(f"seeded {args.vms} samples in {time.perf_counter() - t0:.1f} s")
+        config = parse({"accounting": {"interval_s": int(INTERVAL_S)}}).accounting
+
+        times = []
+        for run in range(args.runs):
+            t0 = time.perf_counter()
+            assert account_next(engine, config) == START_S
+            times.append(time.perf_counter() - t0)
+            print(f"run {run + 1}: {times[-1]:.3f} s")
+            reopen(engine, interval_id)
+
+        with migrate.writer(engine).begin() as conn:
+            t0 = time.perf_counter()
+            rows = compute_rows(conn, interval_id, config)
+            t1 = time.perf_counter()
+            write_rows(conn, interval_id, rows)
+            t2 = time.perf_counter()
+        figures = {
+            "benchmark": "ledger_accounting",
+            "database": args.database,
+            "vms": args.vms,
+            "hosts": args.hosts,
+            "customers": args.customers,
+            "runs": args.runs,
+            "seconds_median": round(statistics.median(times), 3),
+            "seconds_min": round(min(times), 3),
+            "seconds_max": round(max(times), 3),
+            "read_and_compute_seconds": round(t1 - t0, 3),
+            "write_seconds": round(t2 - t1, 3),
+            "rows_written": len(rows.customers) + len(rows.resources) + len(rows.organizations),
+            "target_seconds": 5.0,
+            "cpus": os.cpu_count(),
+        }
+    finally:
+        engine.dispose()
+        if admin is not None:
+            with admin.connect() as conn:
+                conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+            admin.dispose()
+        tmp.cleanup()
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""``python -m gmd.sim``: the simulator without the admin CLI (gmd-admin simulate's options)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from gmd.sim.command import DEFAULT_POLICIES, run_simulate
+from gmd.sim.policies import policy_names
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gmd.sim", description=__doc__)
+    parser.add_argument("--trace", required=True, help="an .swf or .swf.gz job log")
+    parser.add_argument("--window", type=int, default=86400, help="sample length [s]")
+    parser.add_argument("--samples", type=int, default=10)
+    parser.add_argument("--orgs", type=int, default=5, help="number of organizations")
+    parser.add_argument(
+        "--policy",
+        action="append",
+        default=[],
+        help=f"repeatable; one of {', '.join(policy_names())} (Rand:N for N samples); "
+        f"default: {' '.join(DEFAULT_POLICIES)}",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--processors", default="equal", help="equal or zipf")
+    parser.add_argument("--total-processors", type=int, default=None)
+    parser.add_argument("--unit", type=int, default=None, help="cut jobs into pieces [s]")
+    parser.add_argument("--cloudshare", action="store_true", help="CloudShare's scoring too")
+    parser.add_argument("--no-ref", action="store_true", help="skip Ref (no Δψ/p)")
+    parser.add_argument("--assignment", default=None, help="file of 'USER ORGANIZATION' lines")
+    parser.add_argument("--format", default="table", help="table, csv or json")
+    parser.add_argument("--workers", type=int, default=None, help="default: all cores")
+    args = parser.parse_args(argv)
+    try:
+        text = run_simulate(
+            args.trace,
+            args.window,
+            args.samples,
+            args.orgs,
+            args.policy,
+            args.seed,
+            args.processors,
+            args.format,
+            args.workers,
+            True,
+            total_processors=args.total_processors,
+            unit_s=args.unit,
+            cloudshare=args.cloudshare,
+            assignment=args.assignment,
+            reference=not args.no_ref,
+        )
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

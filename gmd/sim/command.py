@@ -1,0 +1,158 @@
+"""``gmd-admin simulate`` and ``python -m gmd.sim``: options in, printable text out.
+
+The CLI layers only parse arguments and print what ``run_simulate`` returns; every bad input
+becomes a ``ValueError`` naming the option.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from pathlib import Path
+
+from gmd.report.render import FORMATS, Column, csv_text, json_text, table_text
+from gmd.sim.experiment import ExperimentConfig, ExperimentResult, run_experiment
+from gmd.sim.workload import PROCESSOR_MODES, read_assignment
+
+DEFAULT_POLICIES: tuple[str, ...] = (
+    "Ref",
+    "Rand:15",
+    "ORIG_DIRECT",
+    "REL_DIRECT",
+    "SIMPL_DIRECT",
+    "FairShare",
+    "UtFairShare",
+    "CurrFairShare",
+    "RoundRobin",
+    "RRDF",
+)
+
+
+def run_simulate(
+    trace: str | Path,
+    window_s: int,
+    samples: int,
+    organizations: int,
+    policies: Sequence[str],
+    seed: int = 0,
+    processors: str = "equal",
+    fmt: str = "table",
+    workers: int | None = None,
+    progress: bool = True,
+    *,
+    total_processors: int | None = None,
+    unit_s: int | None = None,
+    cloudshare: bool = False,
+    assignment: str | Path | None = None,
+    reference: bool = True,
+) -> str:
+    """Simulate and return the results table (or CSV/JSON) as text."""
+    trace = Path(trace)
+    if not trace.is_file():
+        raise ValueError(f"--trace {trace}: no such file")
+    if fmt not in FORMATS:
+        raise ValueError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    if processors not in PROCESSOR_MODES:
+        raise ValueError(f"--processors {processors!r}: choose one of {', '.join(PROCESSOR_MODES)}")
+    for option, value in (
+        ("--window", window_s),
+        ("--samples", samples),
+        ("--orgs", organizations),
+    ):
+        if value < 1:
+            raise ValueError(f"{option} {value}: must be at least 1")
+    if workers is not None and workers < 1:
+        raise ValueError(f"--workers {workers}: must be at least 1")
+    org_of_user = None
+    if assignment is not None:
+        org_of_user, names = read_assignment(assignment)
+        if len(names) != organizations:
+            raise ValueError(
+                f"--assignment {assignment} names {len(names)} organizations, --orgs is "
+                f"{organizations}"
+            )
+    config = ExperimentConfig(
+        trace=str(trace),
+        window_s=int(window_s),
+        samples=int(samples),
+        n_orgs=int(organizations),
+        policies=tuple(policies) or DEFAULT_POLICIES,
+        seed=int(seed),
+        processors=processors,
+        total_processors=total_processors,
+        unit_s=unit_s,
+        cloudshare=cloudshare,
+        org_of_user=org_of_user,
+        reference=reference,
+    )
+    with _progress_bar(progress and sys.stderr.isatty(), config.samples) as advance:
+        result = run_experiment(config, workers=workers, progress=advance)
+    return render(result, fmt)
+
+
+def _progress_bar(enabled: bool, total: int):  # type: ignore[no-untyped-def]
+    if not enabled:
+        return nullcontext(None)
+    from contextlib import contextmanager
+
+    from rich.progress import Progress
+
+    @contextmanager
+    def bar():  # type: ignore[no-untyped-def]
+        with Progress(transient=True) as prog:
+            task = prog.add_task("samples", total=total)
+            advance: Callable[[int, int], None] = lambda done, _n: prog.update(  # noqa: E731
+                task, completed=done
+            )
+            yield advance
+
+    return bar()
+
+
+def render(result: ExperimentResult, fmt: str) -> str:
+    rows = result.summary()
+    for row in rows:
+        for key in ("wait_s_mean", "wait_s_std"):
+            row[key.replace("_s_", "_h_")] = row[key] / 3600.0  # type: ignore[operator]
+    columns = [
+        Column("policy", "policy", justify="left"),
+        Column("unfairness_mean", "Δψ/p mean", 2),
+        Column("unfairness_std", "Δψ/p std", 2),
+        Column("wait_h_mean", "wait (h) mean", 1),
+        Column("wait_h_std", "wait (h) std", 1),
+        Column("utilization_mean", "utilization", 3),
+    ]
+    if result.config.cloudshare:
+        columns += [Column("score", "score", None), Column("score_share", "score share", 3)]
+    if fmt == "csv":
+        return csv_text(rows, columns)
+    if fmt == "json":
+        config = dataclasses.asdict(result.config)
+        config["org_of_user"] = None if config["org_of_user"] is None else "file"
+        return json_text(
+            {
+                "config": config,
+                "policies": [_finite(r) for r in rows],
+                "samples": [_finite(dataclasses.asdict(s)) for s in result.samples],
+            }
+        )
+    c = result.config
+    caption = (
+        f"{Path(c.trace).name}: {c.samples} samples of {c.window_s} s, {c.n_orgs} organizations "
+        f"({c.processors} processors), seed {c.seed}. Δψ/p: SPAA's unfairness against Ref"
+        + ("; score: CloudShare's pairwise wins." if c.cloudshare else ".")
+    )
+    return table_text(rows, columns, title="gmd simulate", caption=caption)
+
+
+def _finite(value: object) -> object:
+    """JSON has no NaN: unmeasured numbers become null."""
+    if isinstance(value, float):
+        return None if value != value or value in (float("inf"), float("-inf")) else value
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
