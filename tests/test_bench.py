@@ -32,3 +32,54 @@ def test_accounting_bench_prints_json_last() -> None:
     figures = json.loads(out.stdout.strip().splitlines()[-1])
     assert figures["vms"] == 500 and figures["runs"] == 2
     assert figures["seconds_min"] <= figures["seconds_median"] <= figures["seconds_max"]
+
+
+def run_bench(script: str, *args: str) -> dict:
+    out = subprocess.run(
+        [sys.executable, str(BENCH / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_ledger_accounting_bench_accounts_from_the_database() -> None:
+    figures = run_bench(
+        "ledger_accounting.py",
+        "--database",
+        "sqlite",
+        "--vms",
+        "2000",
+        "--hosts",
+        "50",
+        "--customers",
+        "40",
+        "--runs",
+        "2",
+    )
+    assert figures["database"] == "sqlite" and figures["vms"] == 2000
+    assert figures["rows_written"] > 40
+    assert figures["seconds_min"] <= figures["seconds_median"] <= figures["seconds_max"]
+
+
+def test_ingest_bench_posts_and_counts_every_sample() -> None:
+    figures = run_bench(
+        "ingest.py",
+        "--database",
+        "sqlite",
+        "--batches",
+        "6",
+        "--hosts",
+        "3",
+        "--vms",
+        "50",
+        "--customers",
+        "20",
+        "--clients",
+        "2",
+    )
+    assert figures["sqlite"]["samples"] == 300
+    assert figures["sqlite"]["samples_per_s"] > 0
