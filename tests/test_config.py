@@ -78,6 +78,10 @@ token_sha256 = "%s"
         ("[database]\nurl = 'mysql://x'\n", "database.url: 'mysql://x'"),
         ("[hosts.cmp1]\ntoken_sha256 = 'secret'\n", "hosts.cmp1.token_sha256: must be 64"),
         ("[accounting\n", "not valid TOML"),
+        ("[daemon]\nauth = 'maybe'\n", "daemon.auth: 'maybe' is not one of token, none"),
+        ("[daemon]\ntls_cert = 'nowhere.pem'\n", "daemon.tls_cert: 'nowhere.pem': no such file"),
+        ("[daemon]\nport = 70000\n", r"daemon\.port: 70000\.0 is not in \[0, 65535\]"),
+        ("[daemon]\nlisten = '::'\n", "daemon.listen: unknown key"),
     ],
 )
 def test_errors_name_file_and_key(tmp_path: Path, text: str, message: str) -> None:
@@ -85,6 +89,15 @@ def test_errors_name_file_and_key(tmp_path: Path, text: str, message: str) -> No
     with pytest.raises(ConfigError, match=message) as err:
         load(path)
     assert str(path) in str(err.value)
+
+
+def test_tls_needs_certificate_and_key(tmp_path: Path) -> None:
+    (tmp_path / "d.crt").write_text("x")
+    (tmp_path / "d.key").write_text("x")
+    with pytest.raises(ConfigError, match=r"daemon\.tls_key: give tls_cert and tls_key together"):
+        load(write(tmp_path, "[daemon]\ntls_cert = 'd.crt'\n"))
+    cfg = load(write(tmp_path, "[daemon]\ntls_cert = 'd.crt'\ntls_key = 'd.key'\n"))
+    assert cfg.daemon.tls_cert == tmp_path / "d.crt" and cfg.daemon.tls_key == tmp_path / "d.key"
 
 
 def test_asked_for_file_must_exist(tmp_path: Path) -> None:
@@ -96,4 +109,5 @@ def test_the_example_file_loads_with_the_defaults() -> None:
     example = Path(__file__).resolve().parents[1] / "etc" / "gmd.toml"
     cfg = load(example)
     assert cfg.accounting == parse({}).accounting
+    assert cfg.daemon == parse({}).daemon
     assert cfg.default_owner == "operator" and cfg.hosts == {}
