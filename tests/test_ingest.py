@@ -93,6 +93,15 @@ def test_a_batch_is_stored_once_and_acknowledged_twice(daemon: Daemon) -> None:
     assert cpu == 60.0
 
 
+def test_a_retry_serialized_in_another_key_order_is_still_a_duplicate(daemon: Daemon) -> None:
+    body = good()
+    assert post(daemon, body).json()["status"] == "accepted"
+    shuffled = {k: body[k] for k in reversed(list(body))}
+    shuffled["vms"] = [{k: v[k] for k in reversed(list(v))} for v in body["vms"]]
+    assert json.dumps(shuffled) != json.dumps(body)
+    assert post(daemon, shuffled).json()["status"] == "duplicate"
+
+
 def test_two_batches_for_one_vm_and_interval_add_up(daemon: Daemon) -> None:
     """An agent restarted mid-interval sends the rest under a new key: both parts count."""
     start = aligned_past(3)

@@ -27,7 +27,14 @@ from sqlalchemy.exc import SQLAlchemyError
 from gmd.config import Config
 from gmd.ingest.auth import AuthError, TokenAuth
 from gmd.ingest.metrics import DaemonMetrics
-from gmd.ingest.schema import BatchReceipt, HostPlan, Problem, SampleBatch, batch_problems
+from gmd.ingest.schema import (
+    BatchReceipt,
+    HostPlan,
+    Problem,
+    SampleBatch,
+    batch_problems,
+    digest_of,
+)
 from gmd.ledger import migrate
 from gmd.ledger.accounting import RunReport
 from gmd.ledger.schedule import Accountant
@@ -44,14 +51,14 @@ class Refused(Exception):
         self.status, self.detail, self.errors = status, detail, errors or []
 
 
-def _record(batch: SampleBatch) -> BatchRecord:
+def _record(batch: SampleBatch, digest: str) -> BatchRecord:
     nan = float("nan")
     vms = batch.vms
     no_flavor: dict[str, float | None] = {}
     flavors = [v.get("flavor") or no_flavor for v in vms]
     return BatchRecord(
         key=batch.key,
-        digest=batch.digest(),
+        digest=digest,
         host=batch.host,
         interval_start_s=batch.interval_start_s,
         interval_s=batch.interval_s,
@@ -97,8 +104,9 @@ def _validation_problem(errors: list[Any]) -> Refused:
     return Refused(422, f"invalid batch: {first}{more}", lines)
 
 
-def parse_batch(body: bytes) -> SampleBatch:
-    """The batch in a request body, or :class:`Refused` saying what is wrong and where.
+def parse_batch(body: bytes) -> tuple[SampleBatch, str]:
+    """The batch in a request body and its digest, or :class:`Refused` saying what is wrong
+    and where.
 
     orjson parses a 500-VM batch four times faster than the standard library, and is strict:
     NaN and Infinity, which some JSON writers emit for non-finite floats, are not JSON.
@@ -114,7 +122,7 @@ def parse_batch(body: bytes) -> SampleBatch:
             400, f"malformed JSON at char {exc.pos}: {exc.msg}: …{snippet}…{hint}"
         ) from None
     try:
-        return SampleBatch.model_validate(document)
+        return SampleBatch.model_validate(document), digest_of(document)
     except ValidationError as exc:
         raise _validation_problem(exc.errors()) from None
 
@@ -280,13 +288,15 @@ def create_app(
         key is acknowledged again and counted once."""
         started = time.perf_counter()
         try:
-            batch = parse_batch(await request.body())
+            batch, digest = parse_batch(await request.body())
         except Refused:
             metrics.batches.labels("rejected").inc()
             raise
-        return await run_in_threadpool(store_batch, batch, host, started)
+        return await run_in_threadpool(store_batch, batch, digest, host, started)
 
-    def store_batch(batch: SampleBatch, host: str | None, started: float) -> BatchReceipt:
+    def store_batch(
+        batch: SampleBatch, digest: str, host: str | None, started: float
+    ) -> BatchReceipt:
         auth.check_host(host, batch.host)
         problems = batch_problems(
             batch,
@@ -303,7 +313,7 @@ def create_app(
                 status, f"batch {batch.key} from {batch.host}: {problems[0]}{more}", problems
             )
         try:
-            result = store.ingest(_record(batch), clock())
+            result = store.ingest(_record(batch, digest), clock())
         except KeyReused as exc:
             metrics.batches.labels("rejected").inc()
             raise Refused(409, str(exc)) from None

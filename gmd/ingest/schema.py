@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 from typing import Annotated, Literal, NotRequired
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, with_config
 from typing_extensions import TypedDict
 
@@ -73,9 +74,14 @@ class SampleBatch(Strict):
     capacity: Capacity
     vms: list[VmUsage]
 
-    def digest(self) -> str:
-        """A hash of the content, to tell a retry (same content) from a reused key."""
-        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()
+
+def digest_of(document: object) -> str:
+    """A hash of a batch's content, to tell a retry (same content) from a reused key.
+
+    Taken over the parsed document with keys sorted, so a retry that serializes the same batch
+    in another order (a spool written by another JSON library) is still the same batch.
+    """
+    return hashlib.sha256(orjson.dumps(document, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
 class BatchReceipt(BaseModel):

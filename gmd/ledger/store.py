@@ -435,14 +435,6 @@ class LedgerStore:
             rows,
         )
 
-    def batch_keys(self, keys: Iterable[str]) -> set[str]:
-        """Which of these keys the ledger holds (for tests and the agent's replay)."""
-        keys = list(keys)
-        with self.engine.connect() as conn:
-            return set(
-                conn.execute(select(_batches.c.key).where(_batches.c.key.in_(keys))).scalars()
-            )
-
 
 def _array_literal(values: np.ndarray | list[int]) -> str:
     """A PostgreSQL array literal, NaN (no amount) as NULL.
