@@ -49,8 +49,9 @@ fi
     die "$PYTHON is $("$PYTHON" -V 2>&1); gmd needs Python >= 3.11 (set PYTHON=/path/to/python3.11)"
 "$PYTHON" -c 'import venv, ensurepip' >/dev/null 2>&1 || need_apt python3-venv
 
-# The servers the tests talk to (tests/postgres.sh starts a private cluster), when asked for.
-[ "${GMD_WITH_POSTGRES:-0}" = 1 ] && need_apt postgresql
+# What the tests need, when asked for: the PostgreSQL server (tests/postgres.sh starts a
+# private cluster) and openssl (a test makes a TLS certificate for the daemon).
+[ "${GMD_WITH_POSTGRES:-0}" = 1 ] && need_apt postgresql openssl
 
 # The virtualenv: remade when missing or broken (a machine whose Python moved).
 if ! "$VENV/bin/python" -c 'import sys' >/dev/null 2>&1; then

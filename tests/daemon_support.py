@@ -68,9 +68,14 @@ def serving(config: Config, *, accountant: bool = False, clock: Any = None) -> I
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
+    tls = config.daemon.tls_cert is not None
     server = uvicorn.Server(
         uvicorn.Config(
-            with_body_limit(app, config.daemon.max_body_bytes), log_level="warning", lifespan="on"
+            with_body_limit(app, config.daemon.max_body_bytes),
+            log_level="warning",
+            lifespan="on",
+            ssl_certfile=str(config.daemon.tls_cert) if tls else None,
+            ssl_keyfile=str(config.daemon.tls_key) if tls else None,
         )
     )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -81,7 +86,8 @@ def serving(config: Config, *, accountant: bool = False, clock: Any = None) -> I
             raise RuntimeError("test daemon did not start")
         time.sleep(0.01)
     try:
-        yield Daemon(f"http://127.0.0.1:{port}", app, server, thread, engine)
+        scheme = "https" if tls else "http"
+        yield Daemon(f"{scheme}://127.0.0.1:{port}", app, server, thread, engine)
     finally:
         server.should_exit = True
         thread.join(10)

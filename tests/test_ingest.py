@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import copy
 import json
+import ssl
+import subprocess
 from collections.abc import Iterator
 from typing import Any
 
@@ -333,3 +335,45 @@ def test_a_broken_database_is_a_503_that_tells_the_agent_to_retry(tmp_path: Any)
         assert "ledger database unavailable" in response.json()["detail"]
         with d.engine.connect() as conn:
             assert conn.execute(sa.text("SELECT count(*) FROM batches")).scalar_one() == 0
+
+
+def test_tls_when_a_certificate_is_configured(tmp_path: Any) -> None:
+    """HTTPS with the configured certificate; plain HTTP is not served on that port."""
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(tmp_path / "d.key"),
+            "-out",
+            str(tmp_path / "d.crt"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    config = make_config(
+        f"sqlite:///{tmp_path / 'ledger.db'}",
+        {H1.name: "operator"},
+        daemon={"tls_cert": str(tmp_path / "d.crt"), "tls_key": str(tmp_path / "d.key")},
+    )
+    with serving(config) as d:
+        assert d.url.startswith("https://")
+        response = httpx.post(
+            f"{d.url}/v1/samples",
+            json=good(),
+            headers=auth(H1.name),
+            verify=ssl.create_default_context(cafile=str(tmp_path / "d.crt")),
+        )
+        assert response.status_code == 200 and response.json()["status"] == "accepted"
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(d.url.replace("https", "http") + "/healthz")
