@@ -83,3 +83,9 @@ def test_ingest_bench_posts_and_counts_every_sample() -> None:
     )
     assert figures["sqlite"]["samples"] == 300
     assert figures["sqlite"]["samples_per_s"] > 0
+
+
+def test_simulate_bench_times_directcontr_and_ref() -> None:
+    figures = run_bench("simulate.py", "--jobs", "3000", "--ref-orgs", "3", "--ref-window", "20000")
+    assert figures["directcontr_jobs"] > 0 and figures["directcontr_jobs_per_s"] > 0
+    assert figures["ref"]["3"]["coalitions"] == 7
