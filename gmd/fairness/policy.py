@@ -1,0 +1,200 @@
+"""From standing to throttle level: thresholds with hysteresis, dwell time and bounded steps.
+
+A customer's *score* is its balance (the decayed sum of its greediness), optionally minus a
+weighted DirectContr priority (an organization that contributes hosts earns some slack).
+Level k > 0 is entered when the score reaches ``enter[k-1]`` and left only when it falls
+below ``leave[k-1]`` (< ``enter[k-1]``): a balance oscillating around a threshold does not
+flap. On top of that a customer stays at a level at least ``dwell_s`` and moves at most
+``max_step`` levels per decision, so a sudden spike throttles gradually and a sudden recovery
+releases gradually.
+
+Each level maps to what enforcement does (``LevelEffect``): scheduling weights (work
+conserving: they only bite on contended hosts), a hard CPU cap and disk caps from
+``cap_level`` on, and quota steps from ``quota_level`` on — never below the configured floors.
+Everything here is arrays in, arrays out: no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class LevelEffect:
+    """What level k means for a customer's VMs and quota (level 0: nothing)."""
+
+    level: int
+    weight_factor: float
+    cpu_cap_fraction: float | None
+    disk_bytes_per_s: float | None
+    quota_steps: int
+
+
+@dataclass(frozen=True)
+class ThrottlePolicy:
+    """Thresholds and effects; ``enter``/``leave`` hold one value per level above 0.
+
+    ``weight_factors[k-1]`` scales a VM's CPU and I/O weights at level k (floored at
+    ``weight_floor``); from ``cap_level`` on, a VM may use at most ``cpu_cap_fractions`` of its
+    vCPUs (floored at ``cap_floor``) and ``disk_caps_bytes_per_s``; from ``quota_level`` on,
+    the customer's quota is lowered by one step per level above it.
+    """
+
+    enter: tuple[float, ...] = (1.0, 2.0, 4.0)
+    leave: tuple[float, ...] = (0.5, 1.5, 3.0)
+    dwell_s: float = 600.0
+    max_step: int = 1
+    priority_weight: float = 0.0
+    weight_factors: tuple[float, ...] = (0.5, 0.25, 0.1)
+    weight_floor: float = 0.05
+    cap_level: int = 2
+    cpu_cap_fractions: tuple[float, ...] = (1.0, 0.75, 0.5)
+    cap_floor: float = 0.1
+    disk_caps_bytes_per_s: tuple[float | None, ...] = (None, None, None)
+    quota_level: int = 3
+
+    def __post_init__(self) -> None:
+        problems = policy_problems(self)
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    @property
+    def levels(self) -> int:
+        """The highest level."""
+        return len(self.enter)
+
+    def effect(self, level: int) -> LevelEffect:
+        if not 0 <= level <= self.levels:
+            raise ValueError(f"level {level} is not in 0..{self.levels}")
+        if level == 0:
+            return LevelEffect(0, 1.0, None, None, 0)
+        capped = level >= self.cap_level
+        return LevelEffect(
+            level=level,
+            weight_factor=max(self.weight_factors[level - 1], self.weight_floor),
+            cpu_cap_fraction=max(self.cpu_cap_fractions[level - 1], self.cap_floor)
+            if capped
+            else None,
+            disk_bytes_per_s=self.disk_caps_bytes_per_s[level - 1] if capped else None,
+            quota_steps=max(0, level - self.quota_level + 1),
+        )
+
+
+def policy_problems(p: ThrottlePolicy) -> list[str]:
+    """Everything inconsistent in a policy, as sentences naming the setting."""
+    problems = []
+    n = len(p.enter)
+    for name in ("leave", "weight_factors", "cpu_cap_fractions", "disk_caps_bytes_per_s"):
+        if len(getattr(p, name)) != n:
+            problems.append(f"{name} has {len(getattr(p, name))} values, enter has {n}")
+    if any(not math.isfinite(v) for v in (*p.enter, *p.leave)):
+        problems.append("thresholds must be finite")
+    if list(p.enter) != sorted(p.enter) or len(set(p.enter)) != n:
+        problems.append(f"enter = {list(p.enter)} must increase strictly")
+    if len(p.leave) == n:
+        for k, (e, lv) in enumerate(zip(p.enter, p.leave, strict=True), start=1):
+            if not lv < e:
+                problems.append(f"level {k}: leave {lv} must be below enter {e} (hysteresis)")
+        if list(p.leave) != sorted(p.leave):
+            problems.append(f"leave = {list(p.leave)} must increase")
+    if p.dwell_s < 0:
+        problems.append(f"dwell_s = {p.dwell_s} must be >= 0")
+    if p.max_step < 1:
+        problems.append(f"max_step = {p.max_step} must be >= 1")
+    for name in ("weight_factors", "cpu_cap_fractions"):
+        if any(not 0 < f <= 1 for f in getattr(p, name)):
+            problems.append(f"{name} must lie in (0, 1]")
+    if list(p.weight_factors) != sorted(p.weight_factors, reverse=True):
+        problems.append("weight_factors must not grow with the level")
+    if not 0 < p.weight_floor <= 1 or not 0 < p.cap_floor <= 1:
+        problems.append("weight_floor and cap_floor must lie in (0, 1]")
+    if any(c is not None and not c > 0 for c in p.disk_caps_bytes_per_s):
+        problems.append("disk caps must be > 0 (or none)")
+    for name in ("cap_level", "quota_level"):
+        if not 1 <= getattr(p, name) <= n + 1:
+            problems.append(f"{name} = {getattr(p, name)} must be in 1..{n + 1} ({n + 1}: never)")
+    return problems
+
+
+@dataclass(frozen=True)
+class LevelDecision:
+    """Levels after one decision; ``reason`` says per customer why (for the audit)."""
+
+    level: np.ndarray
+    since_s: np.ndarray
+    changed: np.ndarray
+    score: np.ndarray
+    target: np.ndarray
+    reason: list[str]
+
+
+def scores(balance: object, priority: object | None, priority_weight: float) -> np.ndarray:
+    """Balance, less ``priority_weight`` × DirectContr priority when one is given."""
+    b = np.asarray(balance, dtype=np.float64)
+    if priority is None or priority_weight == 0:
+        return b.copy()
+    return b - priority_weight * np.asarray(priority, dtype=np.float64)
+
+
+def decide_levels(
+    score: object,
+    level: object,
+    since_s: object,
+    now_s: float,
+    policy: ThrottlePolicy,
+) -> LevelDecision:
+    """Each customer's next level, from its score and its current level (held since when).
+
+    The *target* is the highest level whose ``enter`` the score reaches, or, if higher, the
+    highest level at or below the current one whose ``leave`` it still reaches (hysteresis).
+    A change waits until the current level has been held ``dwell_s`` and moves at most
+    ``max_step`` levels. NaN scores (no standing) count as 0.
+    """
+    s = np.nan_to_num(np.asarray(score, dtype=np.float64), nan=0.0)
+    cur = np.asarray(level, dtype=np.int64)
+    since = np.asarray(since_s, dtype=np.float64)
+    if not (s.shape == cur.shape == since.shape):
+        raise ValueError(f"score {s.shape}, level {cur.shape}, since_s {since.shape} differ")
+    if cur.size and (cur.min() < 0 or cur.max() > policy.levels):
+        raise ValueError(f"levels must lie in 0..{policy.levels}")
+    enter = np.asarray(policy.enter)
+    leave = np.asarray(policy.leave)
+    reached = np.searchsorted(enter, s, side="right")  # levels whose enter ≤ score
+    held = np.minimum(np.searchsorted(leave, s, side="right"), cur)  # hysteresis
+    target = np.maximum(reached, held)
+    want = np.clip(target, cur - policy.max_step, cur + policy.max_step)
+    dwelt = (now_s - since) >= policy.dwell_s
+    new = np.where(dwelt, want, cur)
+    changed = new != cur
+    reasons = [
+        _reason(float(s[i]), int(cur[i]), int(new[i]), int(target[i]), bool(dwelt[i]), policy)
+        for i in range(s.size)
+    ]
+    return LevelDecision(new, np.where(changed, now_s, since), changed, s, target, reasons)
+
+
+def _reason(score: float, cur: int, new: int, target: int, dwelt: bool, p: ThrottlePolicy) -> str:
+    if new > cur:
+        return f"score {score:.4g} ≥ enter {p.enter[new - 1]:g} of level {new}"
+    if new < cur:
+        return f"score {score:.4g} < leave {p.leave[cur - 1]:g} of level {cur}"
+    if target != cur and not dwelt:
+        return f"would move to level {target}, but level {cur} is held for {p.dwell_s:g} s first"
+    if cur > 0:
+        return f"score {score:.4g} still ≥ leave {p.leave[cur - 1]:g} of level {cur}"
+    return f"score {score:.4g} below enter {p.enter[0]:g} of level 1"
+
+
+def weights_for(factor: float, base: int = 100, low: int = 1, high: int = 10000) -> int:
+    """A cgroup v2 / libvirt ``cpu_shares`` weight: ``base × factor`` within ``[low, high]``."""
+    return int(min(max(round(base * factor), low), high))
+
+
+def cpu_cap_cores(fraction: float | None, vcpus: float | None) -> float | None:
+    """A VM's CPU cap in cores: ``fraction`` of its vCPUs (None: uncapped or vCPUs unknown)."""
+    if fraction is None or vcpus is None or not vcpus > 0:
+        return None
+    return fraction * vcpus
