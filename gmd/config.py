@@ -17,6 +17,7 @@ from typing import Any
 from gmd.fairness.cloud import CONSUMER_MODES, ENDOWMENT_MODES
 from gmd.fairness.decay import DEFAULT_HALF_LIFE_S
 from gmd.fairness.directcontr import UTILITIES
+from gmd.fairness.policy import ThrottlePolicy
 
 DEFAULT_PATH = Path("/etc/gmd/gmd.toml")
 RESOURCES_COMBINED = ("cpu", "memory", "disk", "network")
@@ -70,6 +71,18 @@ class DaemonConfig:
     account_every_s: float = 10.0
 
 
+ENFORCEMENT_MODES = ("off", "dry-run", "on")
+
+
+@dataclass(frozen=True)
+class EnforcementConfig:
+    """``mode``: "off" decides nothing; "dry-run" decides and records what it would do;
+    "on" also applies it. ``policy`` holds the thresholds and what each level does."""
+
+    mode: str = "dry-run"
+    policy: ThrottlePolicy = field(default_factory=ThrottlePolicy)
+
+
 @dataclass(frozen=True)
 class HostConfig:
     name: str
@@ -86,6 +99,7 @@ class Config:
     default_owner: str = "operator"
     hosts: dict[str, HostConfig] = field(default_factory=dict)
     organization_customers: dict[str, str] = field(default_factory=dict)
+    enforcement: EnforcementConfig = field(default_factory=EnforcementConfig)
 
     def owner_of(self, host: str) -> str:
         """The organization that contributed ``host``: configured, else the default owner."""
@@ -184,6 +198,7 @@ def parse(document: dict[str, Any], source: str = "<config>", path: Path | None 
     acc.done()
 
     daemon = _daemon(root.sub("daemon"), path)
+    enforcement = _enforcement(root.sub("enforcement"))
 
     orgs = root.sub("organizations")
     default_owner = orgs.get("default_owner", str, "operator")
@@ -205,7 +220,41 @@ def parse(document: dict[str, Any], source: str = "<config>", path: Path | None 
         h.done()
     hosts_reader.done()
     root.done()
-    return Config(path, url, accounting, daemon, default_owner, hosts, org_customers)
+    return Config(path, url, accounting, daemon, default_owner, hosts, org_customers, enforcement)
+
+
+def _numbers(r: _Reader, key: str, default: tuple[float, ...]) -> tuple[float, ...]:
+    values = r.get(key, list, list(default))
+    if not values or any(isinstance(v, bool) or not isinstance(v, int | float) for v in values):
+        raise r.fail(key, f"{values!r}: give a list of numbers, one per level")
+    return tuple(float(v) for v in values)
+
+
+def _enforcement(e: _Reader) -> EnforcementConfig:
+    d = ThrottlePolicy()
+    disk = _numbers(e, "disk_caps_bytes_per_s", tuple(c or 0.0 for c in d.disk_caps_bytes_per_s))
+    try:
+        policy = ThrottlePolicy(
+            enter=_numbers(e, "enter", d.enter),
+            leave=_numbers(e, "leave", d.leave),
+            dwell_s=e.number("dwell_s", d.dwell_s, 0, 30 * 86400),
+            max_step=int(e.number("max_step", d.max_step, 1, 100)),
+            priority_weight=e.number("priority_weight", d.priority_weight, 0),
+            weight_factors=_numbers(e, "weight_factors", d.weight_factors),
+            weight_floor=e.number("weight_floor", d.weight_floor, 0, 1),
+            cap_level=int(e.number("cap_level", d.cap_level, 1, 100)),
+            cpu_cap_fractions=_numbers(e, "cpu_cap_fractions", d.cpu_cap_fractions),
+            cap_floor=e.number("cap_floor", d.cap_floor, 0, 1),
+            disk_caps_bytes_per_s=tuple(None if c == 0 else c for c in disk),
+            quota_level=int(e.number("quota_level", d.quota_level, 1, 100)),
+        )
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise e.fail("", str(exc)) from None
+    mode = e.choice("mode", "dry-run", ENFORCEMENT_MODES)
+    e.done()
+    return EnforcementConfig(mode, policy)
 
 
 def _daemon(d: _Reader, path: Path | None) -> DaemonConfig:

@@ -82,6 +82,13 @@ token_sha256 = "%s"
         ("[daemon]\ntls_cert = 'nowhere.pem'\n", "daemon.tls_cert: 'nowhere.pem': no such file"),
         ("[daemon]\nport = 70000\n", r"daemon\.port: 70000\.0 is not in \[0, 65535\]"),
         ("[daemon]\nlisten = '::'\n", "daemon.listen: unknown key"),
+        ("[enforcement]\nmode = 'maybe'\n", "enforcement.mode: 'maybe' is not one of off"),
+        ("[enforcement]\nenter = 'x'\n", "enforcement.enter: expected list"),
+        ("[enforcement]\nenter = [1, 'a', 3]\n", "enforcement.enter: .* give a list of numbers"),
+        (
+            "[enforcement]\nleave = [1.0, 1.5, 3.0]\n",
+            r"enforcement: level 1: leave 1\.0 must be below enter 1\.0",
+        ),
     ],
 )
 def test_errors_name_file_and_key(tmp_path: Path, text: str, message: str) -> None:
@@ -110,4 +117,5 @@ def test_the_example_file_loads_with_the_defaults() -> None:
     cfg = load(example)
     assert cfg.accounting == parse({}).accounting
     assert cfg.daemon == parse({}).daemon
+    assert cfg.enforcement == parse({}).enforcement
     assert cfg.default_owner == "operator" and cfg.hosts == {}
