@@ -25,6 +25,8 @@ from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from gmd.config import Config
+from gmd.enforce.levels import after_interval
+from gmd.enforce.plans import as_documents, host_plan
 from gmd.ingest.auth import AuthError, TokenAuth
 from gmd.ingest.metrics import DaemonMetrics
 from gmd.ingest.schema import (
@@ -32,6 +34,7 @@ from gmd.ingest.schema import (
     HostPlan,
     Problem,
     SampleBatch,
+    VmPlanItem,
     batch_problems,
     digest_of,
 )
@@ -204,6 +207,7 @@ def create_app(
         config.daemon.account_every_s,
         on_run=counted,
         on_error=lambda _exc: metrics.accounting_errors.inc(),
+        after=after_interval(config.enforcement),
     )
 
     @asynccontextmanager
@@ -337,9 +341,16 @@ def create_app(
 
     @app.get("/v1/plan/{host}", response_model=HostPlan)
     def get_plan(host: str, caller_host: Caller) -> HostPlan:
-        """The throttling plan for the VMs on ``host`` (empty until enforcement exists)."""
+        """The throttling plan for the VMs on ``host``: what to set on each throttled VM."""
         auth.check_host(caller_host, host)
-        return HostPlan(host=host, generated_s=int(clock()))
+        with engine.connect() as conn:
+            plans = host_plan(conn, host, config.enforcement)
+        return HostPlan(
+            host=host,
+            generated_s=int(clock()),
+            mode=config.enforcement.mode,  # type: ignore[arg-type]
+            vms=[VmPlanItem(**p) for p in as_documents(plans)],
+        )
 
     @app.get("/healthz")
     def healthz() -> JSONResponse:

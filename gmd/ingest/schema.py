@@ -98,10 +98,26 @@ class Problem(BaseModel):
     errors: list[str] = []
 
 
+class VmPlanItem(BaseModel):
+    """What the agent sets on one VM; VMs not listed are left, or put back, as they were."""
+
+    uuid: str
+    customer: str
+    level: int
+    cpu_weight: int = Field(description="cgroup v2 / libvirt cpu_shares scale, 100 = normal")
+    io_weight: int = Field(description="blkio / io.weight scale, 100 = normal")
+    cpu_quota_cores: float | None = Field(description="hard CPU cap in cores; null: none")
+    disk_read_bytes_per_s: float | None
+    disk_write_bytes_per_s: float | None
+
+
 class HostPlan(BaseModel):
     host: str
     generated_s: int
-    vms: list[dict[str, object]] = []
+    mode: Literal["off", "dry-run", "on"] = Field(
+        description='"dry-run": log what would be done, change nothing'
+    )
+    vms: list[VmPlanItem] = []
 
 
 def batch_problems(

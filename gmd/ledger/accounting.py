@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -380,15 +380,23 @@ def _rows(
     return LedgerRows(customer_rows, resource_rows, org_rows)
 
 
-def account_next(engine: Engine, config: AccountingConfig) -> int | None:
+AfterInterval = Callable[[Connection, int, int, int], object]
+
+
+def account_next(
+    engine: Engine, config: AccountingConfig, after: AfterInterval | None = None
+) -> int | None:
     """Account the earliest closed interval, if this process holds the lock and its turn has
     come. Returns its start, or None when there was nothing to do (or another daemon is at it).
+
+    ``after(conn, interval_id, start_s, length_s)`` runs in the same transaction once the rows
+    are written (the daemon decides throttle levels there), so both land or neither.
     """
     with writer(engine).begin() as conn:
         if not take_lock(conn):
             return None
         row = conn.execute(
-            select(_intervals.c.id, _intervals.c.start_s)
+            select(_intervals.c.id, _intervals.c.start_s, _intervals.c.length_s)
             .where(_intervals.c.state == IntervalState.closed)
             .order_by(_intervals.c.start_s)
             .limit(1)
@@ -398,6 +406,8 @@ def account_next(engine: Engine, config: AccountingConfig) -> int | None:
             return None
         rows = compute_rows(conn, row.id, config)
         write_rows(conn, row.id, rows)
+        if after is not None:
+            after(conn, row.id, row.start_s, row.length_s)
         return int(row.start_s)
 
 
@@ -431,7 +441,11 @@ class RunReport:
 
 
 def account_due(
-    engine: Engine, config: AccountingConfig, now_s: float | None = None, budget_s: float = 60.0
+    engine: Engine,
+    config: AccountingConfig,
+    now_s: float | None = None,
+    budget_s: float = 60.0,
+    after: AfterInterval | None = None,
 ) -> RunReport:
     """One accountant run: close what is due, then account closed intervals in order until
     none is left or ``budget_s`` has passed (a long catch-up continues at the next run)."""
@@ -443,7 +457,7 @@ def account_due(
     began = time.monotonic()
     while time.monotonic() - began < budget_s:
         t0 = time.monotonic()
-        start = account_next(engine, config)
+        start = account_next(engine, config, after)
         if start is None:
             break
         accounted.append(start)

@@ -207,12 +207,38 @@ class OrganizationLedger(Base):
     priority: Mapped[float] = mapped_column(Double)
 
 
+class CustomerLevel(Base):
+    """A customer's throttle level now and since when: the state hysteresis and dwell need."""
+
+    __tablename__ = "customer_levels"
+    customer_id: Mapped[int] = mapped_column(ForeignKey("customers.id"), primary_key=True)
+    level: Mapped[int] = mapped_column(Integer)
+    since_s: Mapped[float] = mapped_column(Double)
+    score: Mapped[float] = mapped_column(Double)
+    interval_id: Mapped[int] = mapped_column(ForeignKey("intervals.id"))
+
+
+class QuotaOriginal(Base):
+    """A customer's compute quota before gmd first lowered it, to restore it exactly."""
+
+    __tablename__ = "quota_originals"
+    customer_id: Mapped[int] = mapped_column(ForeignKey("customers.id"), primary_key=True)
+    cloud: Mapped[str] = mapped_column(String(255), primary_key=True)
+    cores: Mapped[int] = mapped_column(Integer)
+    ram_mb: Mapped[int] = mapped_column(Integer)
+    instances: Mapped[int] = mapped_column(Integer)
+    recorded_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
+
+
 class EnforcementAction(Base):
     """Something gmd did or would do (dry-run) to a customer's VMs or quotas, and why."""
 
     __tablename__ = "enforcement_actions"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    interval_id: Mapped[int | None] = mapped_column(ForeignKey("intervals.id"), index=True)
     customer_id: Mapped[int | None] = mapped_column(ForeignKey("customers.id"), index=True)
     host_id: Mapped[int | None] = mapped_column(ForeignKey("hosts.id"))
     kind: Mapped[str] = mapped_column(String(32))

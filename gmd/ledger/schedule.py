@@ -16,7 +16,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import Engine
 
 from gmd.config import AccountingConfig
-from gmd.ledger.accounting import RunReport, account_due
+from gmd.ledger.accounting import AfterInterval, RunReport, account_due
 
 log = logging.getLogger(__name__)
 
@@ -29,14 +29,15 @@ class Accountant:
         every_s: float,
         on_run: Callable[[RunReport], None] | None = None,
         on_error: Callable[[Exception], None] | None = None,
+        after: AfterInterval | None = None,
     ) -> None:
         self.engine, self.config, self.every_s = engine, config, every_s
-        self.on_run, self.on_error = on_run, on_error
+        self.on_run, self.on_error, self.after = on_run, on_error, after
         self._scheduler = BackgroundScheduler(timezone=UTC)
 
     def run_once(self, now_s: float | None = None) -> RunReport | None:
         try:
-            report = account_due(self.engine, self.config, now_s)
+            report = account_due(self.engine, self.config, now_s, after=self.after)
         except Exception as exc:
             log.exception("accounting failed; retrying at the next run")
             if self.on_error is not None:

@@ -1,0 +1,1 @@
+"""Enforcement: plans for hosts, appliers, OpenStack quotas, audit."""

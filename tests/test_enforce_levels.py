@@ -1,0 +1,101 @@
+"""Levels decided after each accounted interval, audited, and turned into host plans."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+import sqlalchemy as sa
+
+from gmd.enforce.levels import after_interval
+from gmd.ledger.accounting import account_due
+from tests.daemon_support import HostSpec, aligned_past, auth, batch, make_config, serving
+
+HOST = HostSpec("cmp-1", cpu_cores=2, memory_bytes=8e9, disk_bytes_per_s=1e8)
+# G_a = +0.125 and G_b = −0.0625 per interval (see tests/test_standings.py), no decay:
+# a's balance is 0.125·k after k intervals.
+ENFORCEMENT = {
+    "enter": [0.2, 0.4, 0.8],
+    "leave": [0.1, 0.3, 0.6],
+    "dwell_s": 0,
+    "max_step": 1,
+    "weight_factors": [0.5, 0.25, 0.1],
+    "cap_level": 2,
+    "cpu_cap_fractions": [1.0, 0.75, 0.5],
+}
+
+
+def vm(uuid: str, customer: str, cpu_s: float) -> dict[str, Any]:
+    return {
+        "uuid": uuid,
+        "customer": customer,
+        "cpu_s": cpu_s,
+        "memory_byte_s": 0.0,
+        "disk_read_bytes": 0.0,
+        "disk_write_bytes": 0.0,
+        "network_rx_bytes": 0.0,
+        "network_tx_bytes": 0.0,
+        "flavor": {"vcpus": 2},
+    }
+
+
+def run(database_url: str, mode: str, intervals: int) -> tuple[list[Any], dict[str, Any]]:
+    config = make_config(
+        database_url,
+        {HOST.name: "operator"},
+        accounting={"endowment": "equal", "half_life_s": "none"},
+        enforcement={**ENFORCEMENT, "mode": mode},
+    )
+    with serving(config) as d:
+        for k in range(intervals, 0, -1):
+            body = batch(HOST, aligned_past(k + 1), [vm("vm-a", "a", 90.0), vm("vm-b", "b", 30.0)])
+            assert httpx.post(f"{d.url}/v1/samples", json=body, headers=auth(HOST.name)).is_success
+        account_due(d.engine, config.accounting, after=after_interval(config.enforcement))
+        with d.engine.connect() as conn:
+            actions = conn.execute(
+                sa.text(
+                    "SELECT c.name, a.kind, a.status, a.dry_run, a.before, a.after, a.reason"
+                    " FROM enforcement_actions a JOIN customers c ON c.id = a.customer_id"
+                    " JOIN intervals i ON i.id = a.interval_id ORDER BY i.start_s, a.id"
+                )
+            ).all()
+        plan = httpx.get(f"{d.url}/v1/plan/{HOST.name}", headers=auth(HOST.name)).json()
+    return actions, plan
+
+
+def test_a_greedy_customer_climbs_levels_and_its_vm_gets_a_plan(database_url: str) -> None:
+    actions, plan = run(database_url, "dry-run", 4)
+    # balances 0.125, 0.25, 0.375, 0.5 → levels 0, 1, 1, 2 (one step per decision)
+    assert [(a[0], json.loads(a[4])["level"], json.loads(a[5])["level"]) for a in actions] == [
+        ("a", 0, 1),
+        ("a", 1, 2),
+    ]
+    assert all(a[1] == "level" and a[2] == "decided" and bool(a[3]) for a in actions)
+    assert actions[0][6].startswith("score 0.25 ≥ enter 0.2 of level 1 (balance 0.25")
+    assert plan["mode"] == "dry-run"
+    assert plan["vms"] == [
+        {
+            "uuid": "vm-a",
+            "customer": "a",
+            "level": 2,
+            "cpu_weight": 25,
+            "io_weight": 25,
+            "cpu_quota_cores": 1.5,
+            "disk_read_bytes_per_s": None,
+            "disk_write_bytes_per_s": None,
+        }
+    ]
+
+
+def test_mode_off_decides_nothing(database_url: str) -> None:
+    actions, plan = run(database_url, "off", 4)
+    assert actions == []
+    assert plan["mode"] == "off" and plan["vms"] == []
+
+
+@pytest.mark.parametrize("intervals", [1])
+def test_below_the_first_threshold_nothing_happens(database_url: str, intervals: int) -> None:
+    actions, plan = run(database_url, "on", intervals)
+    assert actions == [] and plan["vms"] == [] and plan["mode"] == "on"
