@@ -13,9 +13,11 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# The tests use a real PostgreSQL: tests/postgres.sh starts a private cluster and prints its URL.
+# The tests use a real PostgreSQL (tests/postgres.sh starts a private cluster and prints its
+# URL) and a real libvirtd with QEMU (tests/libvirt.sh installs and starts them).
 test: lint
 	@GMD_WITH_POSTGRES=1 bash tests/bootstrap.sh
+	@bash tests/libvirt.sh >/dev/null
 	@url=$$(bash tests/postgres.sh) && GMD_TEST_POSTGRES_URL=$$url $(BIN)/pytest
 
 demo: setup

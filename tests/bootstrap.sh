@@ -7,7 +7,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 VENV=${VENV:-.venv}
-EXTRAS=${GMD_EXTRAS:-dev,postgres}
+EXTRAS=${GMD_EXTRAS:-dev,postgres,agent,openstack}
 PYTHON=${PYTHON:-python3}
 
 die() {
@@ -52,6 +52,11 @@ fi
 # What the tests need, when asked for: the PostgreSQL server (tests/postgres.sh starts a
 # private cluster) and openssl (a test makes a TLS certificate for the daemon).
 [ "${GMD_WITH_POSTGRES:-0}" = 1 ] && need_apt postgresql openssl
+
+# libvirt-python has no wheel: pip builds it against Debian's libvirt headers.
+case ",$EXTRAS," in
+*,agent,*) need_apt libvirt-dev pkg-config gcc ;;
+esac
 
 # The virtualenv: remade when missing or broken (a machine whose Python moved).
 if ! "$VENV/bin/python" -c 'import sys' >/dev/null 2>&1; then
