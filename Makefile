@@ -33,6 +33,7 @@ bench: setup
 	$(BIN)/python bench/ledger_accounting.py --database sqlite
 	$(BIN)/python bench/ingest.py --batches 300
 	$(BIN)/python bench/simulate.py
+	$(BIN)/python bench/agent.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

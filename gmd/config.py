@@ -219,6 +219,9 @@ def parse(document: dict[str, Any], source: str = "<config>", path: Path | None 
         hosts[name] = HostConfig(name, h.get("owner", str, default_owner), token)
         h.done()
     hosts_reader.done()
+    # [agent] belongs to gmd-agent, which validates it (gmd.agent_config); one file can serve
+    # a host that runs both.
+    root.get("agent", dict, {})
     root.done()
     return Config(path, url, accounting, daemon, default_owner, hosts, org_customers, enforcement)
 
@@ -290,10 +293,13 @@ def _daemon(d: _Reader, path: Path | None) -> DaemonConfig:
     return config
 
 
-def load(path: str | os.PathLike[str] | None = None) -> Config:
-    """Load the configuration: ``path``, else ``$GMD_CONFIG``, else ``/etc/gmd/gmd.toml``.
+def read_document(
+    path: str | os.PathLike[str] | None = None,
+) -> tuple[dict[str, Any], str, Path | None]:
+    """The parsed TOML, a name for messages, and the file (None: the default is absent).
 
-    A missing default file means "all defaults"; a missing file that was asked for is an error.
+    ``path``, else ``$GMD_CONFIG``, else ``/etc/gmd/gmd.toml``. A missing default file means
+    "all defaults"; a missing file that was asked for is an error.
     """
     explicit = path if path is not None else os.environ.get("GMD_CONFIG")
     p = Path(explicit) if explicit else DEFAULT_PATH
@@ -302,11 +308,16 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
     except FileNotFoundError:
         if explicit:
             raise ConfigError(f"{p}: no such configuration file") from None
-        return parse({}, str(p))
+        return {}, f"{p} (absent: all defaults)", None
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read: {exc.strerror}") from None
     try:
         document = tomllib.loads(raw.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{p}: not valid TOML: {exc}") from None
-    return parse(document, str(p), p)
+    return document, str(p), p
+
+
+def load(path: str | os.PathLike[str] | None = None) -> Config:
+    """The daemon's and gmd-admin's configuration (see :func:`read_document` for where)."""
+    return parse(*read_document(path))

@@ -101,13 +101,6 @@ def test_gm_gamma_out_of_range_is_a_usage_error() -> None:
     assert "--gamma" in out.stderr
 
 
-@pytest.mark.parametrize("script", ["gmd-agent"])
-def test_unbuilt_services_say_so(script: str) -> None:
-    out = run(script=script)
-    assert out.returncode == 1
-    assert "not built yet" in out.stderr
-
-
 def test_help_explains() -> None:
     out = run("gm", "--help")
     assert out.returncode == 0

@@ -119,3 +119,13 @@ def test_the_example_file_loads_with_the_defaults() -> None:
     assert cfg.daemon == parse({}).daemon
     assert cfg.enforcement == parse({}).enforcement
     assert cfg.default_owner == "operator" and cfg.hosts == {}
+
+
+def test_the_example_file_serves_the_agent_too() -> None:
+    """One gmd.toml for a host that runs both: the daemon ignores [agent], the agent reads it."""
+    from gmd.agent_config import load_agent
+
+    example = Path(__file__).resolve().parents[1] / "etc" / "gmd.toml"
+    agent = load_agent(example)
+    assert (agent.tick_s, agent.interval_s, agent.metrics_port) == (10, 60, 8471)
+    assert agent.disk_bytes_per_s == 500e6 and agent.daemon_url is None

@@ -1,10 +1,159 @@
-"""gmd-agent: samples VMs through libvirt and pushes usage to the daemon (not built yet)."""
+"""gmd-agent: samples VMs through libvirt and pushes per-interval usage to the daemon.
 
-from gmd.cli.unbuilt import not_built
+Wiring only: the loop is :class:`gmd.deliver.agent.Agent`; Prometheus metrics on ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from prometheus_client import start_http_server
+
+from gmd.agent_config import AgentConfig, load_agent
+from gmd.collect.base import Collector
+from gmd.config import DEFAULT_PATH, ConfigError
+from gmd.deliver.agent import Agent, AgentMetrics, dry_run_batch
+from gmd.deliver.client import DaemonClient
+from gmd.deliver.sender import Sender
+from gmd.deliver.spool import Spool, SpoolError
+
+log = logging.getLogger("gmd.agent")
+
+app = typer.Typer(add_completion=False, rich_markup_mode=None)
+
+
+def _libvirt_collector(config: AgentConfig) -> Collector:
+    try:
+        from gmd.collect.libvirt import LibvirtCollector
+    except ImportError as exc:
+        log.error(
+            "the libvirt Python binding is missing (%s): pip install libvirt-python"
+            " (needs the libvirt-dev package to build)",
+            exc,
+        )
+        raise typer.Exit(1) from None
+    return LibvirtCollector(
+        config.libvirt_uri,
+        default_customer=config.default_customer,
+        describe_every_s=config.describe_every_s,
+        backoff_max_s=config.reconnect_max_s,
+    )
+
+
+@app.command()
+def agent(
+    config_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            envvar="GMD_CONFIG",
+            metavar="FILE",
+            help="Configuration file (default /etc/gmd/gmd.toml); the [agent] section.",
+        ),
+    ] = None,
+    once: Annotated[bool, typer.Option("--once", help="Run one tick, then exit.")] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Print the batch one tick would send (two readings tick_s apart) as JSON on"
+            " stdout; write and send nothing. Implies --once.",
+        ),
+    ] = False,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+) -> None:
+    """Sample the VMs of this host through libvirt and send their use to gmd-daemon.
+
+    Usage is measured every agent.tick_s, summed per agent.interval_s, spooled on disk and
+    posted to agent.daemon_url; a spool left by a previous run is replayed first. Exit codes:
+    0 stopped cleanly, 1 the host or the spool cannot be used, 2 bad configuration.
+    """
+    logging.basicConfig(
+        level=log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        config = load_agent(config_path)
+    except ConfigError as exc:
+        log.error("%s", exc)
+        raise typer.Exit(2) from None
+    collector = _libvirt_collector(config)
+    if dry_run:
+        try:
+            doc, span_s = dry_run_batch(config, collector)
+        except RuntimeError as exc:
+            log.error("%s", exc)
+            raise typer.Exit(1) from None
+        finally:
+            collector.close()
+        log.info(
+            "dry run: %d VMs, use over %.2f s; nothing was sent or written", len(doc["vms"]), span_s
+        )
+        print(json.dumps(doc, indent=2))
+        return
+    where = str(config.path) if config.path else f"{DEFAULT_PATH} (absent: all defaults)"
+    if config.daemon_url is None:
+        log.error("%s: agent.daemon_url is not set: where should batches go?", where)
+        raise typer.Exit(2)
+    try:
+        spool = Spool(
+            config.spool_path,
+            max_bytes=config.spool_max_bytes,
+            max_batches=config.spool_max_batches,
+        )
+    except SpoolError as exc:
+        log.error("%s", exc)
+        raise typer.Exit(1) from None
+    client = DaemonClient(config.daemon_url, config.token, timeout_s=config.timeout_s)
+    metrics = AgentMetrics()
+    runner = Agent(config, collector, spool, Sender(spool, client), metrics)
+    server = None
+    try:
+        if once:
+            report = runner.tick()
+            if not report.reading.ok:
+                raise typer.Exit(1)
+            return
+        if config.metrics_port:
+            server, _thread = start_http_server(
+                config.metrics_port, config.metrics_bind, registry=metrics.registry
+            )
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda _n, _f: stop.set())
+        log.info(
+            "gmd-agent for host %s: libvirt %s, tick %g s, interval %d s, daemon %s, spool %s%s",
+            config.host,
+            config.libvirt_uri,
+            config.tick_s,
+            config.interval_s,
+            config.daemon_url,
+            config.spool_path,
+            f", metrics on {config.metrics_bind}:{config.metrics_port}"
+            if config.metrics_port
+            else "",
+        )
+        runner.run(stop)
+        log.info("stopping: %d batches left in the spool for the next start", spool.size()[0])
+    finally:
+        if server is not None:
+            server.shutdown()
+        spool.close()
+        client.close()
+        collector.close()
 
 
 def main() -> None:
-    not_built("gmd-agent", "the libvirt collector arrives with the agent issue")
+    app()
 
 
 if __name__ == "__main__":

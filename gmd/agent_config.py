@@ -1,0 +1,166 @@
+"""The ``[agent]`` section of ``gmd.toml``: what gmd-agent needs, validated like the rest.
+
+Read with :class:`gmd.config._Reader`, so errors name the file and the key
+(``gmd.toml: agent.tick_s: 0 is not in [0.05, 3600]``). gmd-agent reads only this section of
+the file; the other sections belong to the daemon and are validated by :mod:`gmd.config`.
+
+============================  ================================  =================================
+key                           default                           meaning
+============================  ================================  =================================
+``daemon_url``                none (required to send)           base URL of gmd-daemon, e.g.
+                                                                ``https://gmd.example.org:8470``
+``token``                     none                              this host's bearer token (give
+                                                                this or ``token_file``; without
+                                                                either, only for ``auth = none``)
+``token_file``                none                              file holding the token (relative
+                                                                to this file); keeps it out of
+                                                                the config
+``host``                      the FQDN (``socket.getfqdn()``)   this host's name in the ledger;
+                                                                must match ``[hosts.NAME]``
+``libvirt_uri``               ``"qemu:///system"``              libvirt connection (read-only)
+``tick_s``                    ``10``                            seconds between readings
+                                                                (0.05–3600, ≤ ``interval_s``)
+``interval_s``                ``60``                            accounting interval: must equal
+                                                                the daemon's
+                                                                ``accounting.interval_s``
+``spool_path``                ``/var/lib/gmd/agent-spool.db``   SQLite spool: unsent batches and
+                              (root), else ``./var/…``          the counters' baselines
+``spool_max_bytes``           ``1073741824`` (1 GiB)            spool bound; past it the oldest
+                                                                batches are dropped (logged,
+                                                                counted)
+``spool_max_batches``         ``10080`` (a week of minutes)     spool bound, in batches
+``disk_bytes_per_s``          ``500000000``                     host disk bandwidth (capacity
+                                                                the daemon divides)
+``network_bytes_per_s``       fastest physical link's speed     host network bandwidth; 1 Gbit/s
+                              (``/sys/class/net/*/speed``)      when no link reports a speed
+``default_customer``          none (→ ``"unknown"``)            customer of VMs with neither Nova
+                                                                nor gmd metadata
+``metrics_bind``              ``"127.0.0.1"``                   where ``/metrics`` listens
+``metrics_port``              ``8471``                          its port; ``0`` turns it off
+``timeout_s``                 ``10``                            HTTP timeout per request to the
+                                                                daemon
+``describe_every_s``          ``300``                           re-read each domain's XML (owner,
+                                                                flavor, devices) this often
+``reconnect_max_s``           ``60``                            longest wait between libvirt
+                                                                reconnection attempts (1 s,
+                                                                doubling)
+============================  ================================  =================================
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gmd.config import ConfigError, _Reader, default_state_dir, read_document
+
+_PRINTABLE = re.compile(r"^[!-~]+$")
+_NAME = re.compile(r"^[^\x00-\x1f]{1,255}$")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    path: Path | None
+    host: str
+    spool_path: Path
+    daemon_url: str | None = None
+    token: str | None = None
+    libvirt_uri: str = "qemu:///system"
+    tick_s: float = 10.0
+    interval_s: int = 60
+    spool_max_bytes: int = 2**30
+    spool_max_batches: int = 10080
+    disk_bytes_per_s: float = 500e6
+    network_bytes_per_s: float | None = None
+    default_customer: str | None = None
+    metrics_bind: str = "127.0.0.1"
+    metrics_port: int = 8471
+    timeout_s: float = 10.0
+    describe_every_s: float = 300.0
+    reconnect_max_s: float = 60.0
+
+
+def _relative(path: Path | None, value: str) -> Path:
+    p = Path(value)
+    if not p.is_absolute() and path is not None:
+        p = path.parent / p
+    return p
+
+
+def parse_agent(
+    document: dict[str, Any], source: str = "<config>", path: Path | None = None
+) -> AgentConfig:
+    """Validate the ``[agent]`` table of a parsed TOML document (other tables are ignored)."""
+    table = document.get("agent", {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{source}: agent: expected a table, got {table!r}")
+    a = _Reader(source, "agent.", table)
+
+    url = a.get("daemon_url", str, None)
+    if url is not None and not re.match(r"^https?://[^/\s]+", url):
+        raise a.fail("daemon_url", f"{url!r}: use http://HOST:PORT or https://HOST:PORT")
+
+    token = a.get("token", str, None)
+    token_file = a.get("token_file", str, None)
+    if token is not None and token_file is not None:
+        raise a.fail("token_file", "give token or token_file, not both")
+    key = "token"
+    if token_file is not None:
+        key = "token_file"
+        p = _relative(path, token_file)
+        try:
+            token = p.read_text().strip()
+        except OSError as exc:
+            raise a.fail("token_file", f"{str(p)!r}: cannot read: {exc.strerror}") from None
+    if token is not None and not _PRINTABLE.match(token):
+        raise a.fail(key, "the token must be printable ASCII without spaces, and not empty")
+
+    host = a.get("host", str, None) or socket.getfqdn()
+    if not _NAME.match(host):
+        raise a.fail("host", f"{host!r}: 1–255 characters, no control characters")
+    default_customer = a.get("default_customer", str, None)
+    if default_customer is not None and not _NAME.match(default_customer):
+        raise a.fail("default_customer", f"{default_customer!r}: 1–255 characters, no controls")
+
+    interval = a.number("interval_s", 60, 1, 86400)
+    if interval != int(interval):
+        raise a.fail("interval_s", f"{interval!r} is not a whole number of seconds")
+    tick = a.number("tick_s", 10.0, 0.05, 3600)
+    if tick > interval:
+        raise a.fail("tick_s", f"{tick:g} is longer than interval_s = {interval:g}")
+
+    spool = a.get("spool_path", str, None)
+    network = a.get("network_bytes_per_s", (int, float), None)
+    if network is not None and not (0 < network < float("inf")):
+        raise a.fail("network_bytes_per_s", f"{network!r} must be > 0")
+    config = AgentConfig(
+        path=path,
+        host=host,
+        spool_path=(_relative(path, spool) if spool else default_state_dir() / "agent-spool.db"),
+        daemon_url=url.rstrip("/") if url else None,
+        token=token,
+        libvirt_uri=a.get("libvirt_uri", str, "qemu:///system"),
+        tick_s=tick,
+        interval_s=int(interval),
+        spool_max_bytes=int(a.number("spool_max_bytes", 2**30, 4096, 2**50)),
+        spool_max_batches=int(a.number("spool_max_batches", 10080, 1, 10**9)),
+        disk_bytes_per_s=a.number("disk_bytes_per_s", 500e6, 1),
+        network_bytes_per_s=None if network is None else float(network),
+        default_customer=default_customer,
+        metrics_bind=a.get("metrics_bind", str, "127.0.0.1"),
+        metrics_port=int(a.number("metrics_port", 8471, 0, 65535)),
+        timeout_s=a.number("timeout_s", 10.0, 0.1, 600),
+        describe_every_s=a.number("describe_every_s", 300.0, 1, 86400),
+        reconnect_max_s=a.number("reconnect_max_s", 60.0, 1, 3600),
+    )
+    a.done()
+    return config
+
+
+def load_agent(path: str | os.PathLike[str] | None = None) -> AgentConfig:
+    """The agent's configuration, from the file :func:`gmd.config.read_document` finds."""
+    return parse_agent(*read_document(path))

@@ -1,0 +1,153 @@
+"""The agent's on-disk spool (SQLite): batches not yet acknowledged, and the agent's state.
+
+A tick writes, in one transaction, the batches it closed and the state (counter baselines,
+open intervals) they were computed from. Whatever kills the agent, the file then holds either
+both or neither: after a restart the agent measures from the baselines that match what is in
+the outbox, so no delta is lost (it was not yet in a batch: it is measured again from the old
+baseline) and none is counted twice (it is in a batch, which keeps its key until the daemon
+acknowledges it). ``synchronous=FULL`` makes the commit durable before the batch is posted.
+
+The outbox is bounded (``agent.spool_max_bytes``, ``agent.spool_max_batches``): past the bound
+the oldest batches are dropped, each with an error log line, and reported to the caller to be
+counted. A file lock keeps a second agent off the same spool, which would measure from the
+same baselines and count everything twice.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS outbox (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    key TEXT NOT NULL UNIQUE,
+    interval_start_s INTEGER NOT NULL,
+    body BLOB NOT NULL,
+    bytes INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS state (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    body BLOB NOT NULL
+);
+"""
+
+
+class SpoolError(RuntimeError):
+    """The spool file cannot be used; the message names it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Spooled:
+    seq: int
+    key: str
+    interval_start_s: int
+    body: bytes
+
+
+class Spool:
+    def __init__(self, path: Path, *, max_bytes: int, max_batches: int) -> None:
+        self.path = Path(path)
+        self.max_bytes, self.max_batches = max_bytes, max_batches
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._lock = open(f"{self.path}.lock", "a")  # noqa: SIM115 (held while open)
+        except OSError as exc:
+            raise SpoolError(f"spool {self.path}: cannot create: {exc.strerror}") from None
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._lock.close()
+            raise SpoolError(
+                f"spool {self.path} is in use by another gmd-agent (lock {self.path}.lock):"
+                " two agents on one spool would count every VM twice"
+            ) from None
+        try:
+            self._db = sqlite3.connect(self.path, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            self._lock.close()
+            raise SpoolError(f"spool {self.path}: {exc}") from None
+
+    def state(self) -> bytes | None:
+        """The state stored with the last commit, or ``None`` for a new spool."""
+        row = self._db.execute("SELECT body FROM state WHERE id = 1").fetchone()
+        return None if row is None else bytes(row[0])
+
+    def commit(self, state: bytes | None, batches: list[tuple[str, int, bytes]]) -> list[Spooled]:
+        """Store new batches ``(key, interval_start_s, body)`` and the state, atomically.
+
+        Returns the batches dropped to stay within the bounds (oldest first).
+        """
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.executemany(
+                "INSERT INTO outbox (key, interval_start_s, body, bytes) VALUES (?, ?, ?, ?)",
+                [(key, start, body, len(body)) for key, start, body in batches],
+            )
+            if state is not None:
+                db.execute(
+                    "INSERT INTO state (id, body) VALUES (1, ?)"
+                    " ON CONFLICT (id) DO UPDATE SET body = excluded.body",
+                    (state,),
+                )
+            dropped = self._trim()
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        for d in dropped:
+            log.error(
+                "spool %s is full (%d batches / %d bytes at most): dropped the oldest batch %s"
+                " (interval %d) — its usage is lost",
+                self.path,
+                self.max_batches,
+                self.max_bytes,
+                d.key,
+                d.interval_start_s,
+            )
+        return dropped
+
+    def _trim(self) -> list[Spooled]:
+        count, size = self.size()
+        dropped: list[Spooled] = []
+        if count <= self.max_batches and size <= self.max_bytes:
+            return dropped
+        for seq, key, start, body, n in self._db.execute(
+            "SELECT seq, key, interval_start_s, body, bytes FROM outbox ORDER BY seq"
+        ).fetchall():
+            if count <= self.max_batches and size <= self.max_bytes:
+                break
+            dropped.append(Spooled(seq, key, start, bytes(body)))
+            count -= 1
+            size -= n
+        self._db.executemany("DELETE FROM outbox WHERE seq = ?", [(d.seq,) for d in dropped])
+        return dropped
+
+    def oldest(self, limit: int) -> list[Spooled]:
+        rows = self._db.execute(
+            "SELECT seq, key, interval_start_s, body FROM outbox ORDER BY seq LIMIT ?", (limit,)
+        ).fetchall()
+        return [Spooled(seq, key, start, bytes(body)) for seq, key, start, body in rows]
+
+    def remove(self, seq: int) -> None:
+        self._db.execute("DELETE FROM outbox WHERE seq = ?", (seq,))
+
+    def size(self) -> tuple[int, int]:
+        """Batches waiting, and their bytes."""
+        count, size = self._db.execute(
+            "SELECT count(*), coalesce(sum(bytes), 0) FROM outbox"
+        ).fetchone()
+        return int(count), int(size)
+
+    def close(self) -> None:
+        self._db.close()
+        self._lock.close()

@@ -1,0 +1,291 @@
+"""Delivery against a real in-process daemon: spool, replay in order with original keys,
+exactly-once in the ledger across daemon outages, lost answers and agent restarts.
+
+The host is a scripted collector on a scripted clock, so every interval's amounts are known
+exactly: a VM using ``cores`` for 60 s has ``cpu_s == 60 * cores`` in the ledger, no more
+(a batch counted twice) and no less (a delta lost).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import sqlalchemy as sa
+
+from gmd.agent_config import AgentConfig, parse_agent
+from gmd.deliver.agent import Agent, AgentMetrics
+from gmd.deliver.client import DaemonClient
+from gmd.deliver.sender import Sender
+from gmd.deliver.spool import Spool, SpoolError
+from tests.agent_fixtures import ScriptedCollector, ScriptedVm
+from tests.daemon_support import Daemon, aligned_past, make_config, serving, token_of
+
+HOST = "cmp-1"
+INTERVAL_S = 60
+TICK_S = 10
+
+
+class Flaky(httpx.BaseTransport):
+    """The real HTTP transport, which can be made to fail: ``down`` refuses connections,
+    ``lose_answers`` delivers the request but loses the response (a timeout after sending)."""
+
+    def __init__(self) -> None:
+        self.real = httpx.HTTPTransport()
+        self.down = False
+        self.lose_answers = False
+        self.posts = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if self.down:
+            raise httpx.ConnectError("connection refused (test: daemon down)", request=request)
+        self.posts += 1
+        response = self.real.handle_request(request)
+        if self.lose_answers:
+            response.read()
+            raise httpx.ReadTimeout("timed out (test: answer lost)", request=request)
+        return response
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    config = make_config(f"sqlite:///{tmp_path / 'ledger.db'}", {HOST: "operator"})
+    with serving(config) as d:
+        yield d
+
+
+def agent_config(tmp_path: Path, url: str, **agent: Any) -> AgentConfig:
+    table = {
+        "daemon_url": url,
+        "token": token_of(HOST),
+        "host": HOST,
+        "tick_s": TICK_S,
+        "interval_s": INTERVAL_S,
+        "spool_path": str(tmp_path / "spool.db"),
+        "network_bytes_per_s": 1.25e9,
+        **agent,
+    }
+    return parse_agent({"agent": table}, "agent-test.toml")
+
+
+class Host:
+    """An agent on a scripted clock, wired as gmd-agent wires it."""
+
+    def __init__(self, tmp_path: Path, url: str, start_s: int, **agent: Any) -> None:
+        self.tmp_path, self.url = tmp_path, url
+        self.now = float(start_s - TICK_S)
+        self.vms = [
+            ScriptedVm("vm-a", "proj-a", cores=1.5, started_s=start_s - 500),
+            ScriptedVm("vm-b", "proj-b", cores=0.25, rss_bytes=3 * 2**30, started_s=start_s - 9),
+            ScriptedVm("vm-c", "proj-a", cores=0.0, read_bytes_per_s=0, started_s=start_s - 70),
+        ]
+        self.collector = ScriptedCollector(lambda: self.now, self.vms)
+        self.transport = Flaky()
+        self.config = agent_config(tmp_path, url, **agent)
+        self.agent: Agent | None = None
+        self.start()
+        self.ticks(1)  # the first reading, at start_s: a baseline only
+
+    def start(self) -> None:
+        spool = Spool(
+            self.config.spool_path,
+            max_bytes=self.config.spool_max_bytes,
+            max_batches=self.config.spool_max_batches,
+        )
+        client = DaemonClient(self.url, self.config.token, transport=self.transport)
+        self.agent = Agent(
+            self.config,
+            self.collector,
+            spool,
+            Sender(spool, client),
+            AgentMetrics(),
+            sys_class_net=self.tmp_path / "no-sys",
+        )
+
+    def crash(self) -> None:
+        """Gone without a word: nothing after the last committed tick is saved."""
+        assert self.agent is not None
+        self.agent.spool.close()
+        self.agent = None
+
+    def ticks(self, n: int) -> None:
+        assert self.agent is not None
+        for _ in range(n):
+            self.now += TICK_S
+            self.agent.tick(self.now)
+
+    def metric(self, name: str, **labels: str) -> float:
+        assert self.agent is not None
+        value = self.agent.metrics.registry.get_sample_value(name, labels or None)
+        return 0.0 if value is None else value
+
+
+def ledger(d: Daemon) -> tuple[dict[tuple[int, str], tuple[float, ...]], dict[int, int]]:
+    """(interval start, VM) → summed amounts, and interval start → batches."""
+    with d.engine.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT i.start_s, v.uuid, s.cpu_s, s.memory_byte_s, s.disk_read_bytes,"
+                " s.disk_write_bytes, s.network_rx_bytes, s.network_tx_bytes, s.late"
+                " FROM samples s JOIN intervals i ON i.id = s.interval_id"
+                " JOIN vms v ON v.id = s.vm_id"
+            )
+        ).all()
+        batches = conn.execute(
+            sa.text(
+                "SELECT i.start_s, count(*) FROM batches b JOIN intervals i ON i.id = b.interval_id"
+                " GROUP BY i.start_s"
+            )
+        ).all()
+    samples: dict[tuple[int, str], tuple[float, ...]] = {}
+    for start, uuid, *amounts, late in rows:
+        assert not late
+        key = (start, uuid)
+        before = samples.get(key, (0.0,) * 6)
+        samples[key] = tuple(a + b for a, b in zip(before, amounts, strict=True))
+    return samples, dict(batches)
+
+
+def expected(vm: ScriptedVm, seconds: float) -> tuple[float, ...]:
+    return (
+        vm.cores * seconds,
+        vm.rss_bytes * seconds,
+        vm.read_bytes_per_s * seconds,
+        vm.write_bytes_per_s * seconds,
+        vm.rx_bytes_per_s * seconds,
+        vm.tx_bytes_per_s * seconds,
+    )
+
+
+def assert_every_interval_exactly_once(d: Daemon, h: Host, starts: list[int]) -> None:
+    samples, _batches = ledger(d)
+    assert sorted({s for s, _ in samples}) == starts
+    for start in starts:
+        for vm in h.vms:
+            assert samples[(start, vm.uuid)] == pytest.approx(expected(vm, 60), rel=1e-12)
+
+
+def test_daemon_down_for_several_ticks_then_up(daemon: Daemon, tmp_path: Path) -> None:
+    start = aligned_past(20)
+    h = Host(tmp_path, daemon.url, start)
+    h.ticks(12)  # intervals 0 and 1 delivered as they close
+    assert h.metric("gmd_agent_batches_total", outcome="accepted") == 2
+    h.transport.down = True
+    h.ticks(24)  # intervals 2..5 close while the daemon is unreachable
+    assert h.metric("gmd_agent_spool_batches") == 4
+    assert h.metric("gmd_agent_batches_spooled_total") == 4
+    assert ledger(daemon)[1] == {start: 1, start + 60: 1}
+    h.transport.down = False
+    h.ticks(6)  # the spool is replayed, in order, then interval 6 follows
+    assert h.metric("gmd_agent_spool_batches") == 0
+    starts = [start + 60 * k for k in range(7)]
+    assert_every_interval_exactly_once(daemon, h, starts)
+    assert ledger(daemon)[1] == dict.fromkeys(starts, 1)
+    assert h.metric("gmd_agent_batches_total", outcome="accepted") == 7
+    assert h.metric("gmd_agent_samples_total") == 3 * 43
+
+
+def test_a_lost_answer_is_resent_under_its_key_and_counted_once(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    start = aligned_past(10)
+    h = Host(tmp_path, daemon.url, start)
+    h.transport.lose_answers = True
+    h.ticks(6)  # interval 0 arrives at the daemon, but the agent never hears back
+    assert h.transport.posts == 1 and h.metric("gmd_agent_spool_batches") == 1
+    h.transport.lose_answers = False
+    h.ticks(6)
+    assert h.metric("gmd_agent_batches_total", outcome="duplicate") == 1
+    assert h.metric("gmd_agent_batches_total", outcome="accepted") == 1
+    assert_every_interval_exactly_once(daemon, h, [start, start + 60])
+    assert ledger(daemon)[1] == {start: 1, start + 60: 1}
+
+
+def test_agent_crash_and_restart_lose_and_double_nothing(daemon: Daemon, tmp_path: Path) -> None:
+    start = aligned_past(20)
+    h = Host(tmp_path, daemon.url, start)
+    h.transport.down = True
+    h.ticks(15)  # two intervals spooled, half of the third measured
+    h.crash()
+    h.now += 95  # down for 95 s: the restarted agent measures the gap from its baselines
+    h.start()
+    h.ticks(1)
+    h.transport.down = False
+    h.ticks(13)
+    # 15 ticks + 95 s + 14 ticks = 385 s from the start: six whole intervals.
+    assert_every_interval_exactly_once(daemon, h, [start + 60 * k for k in range(6)])
+
+
+def test_a_rejected_batch_is_dropped_loudly_and_the_next_still_goes(
+    daemon: Daemon, tmp_path: Path, caplog: Any
+) -> None:
+    start = aligned_past(10)
+    # The daemon accounts 60 s intervals: a 30 s batch can never be accepted.
+    h = Host(tmp_path, daemon.url, start, interval_s=30)
+    with caplog.at_level(logging.ERROR, "gmd.deliver.sender"):
+        h.ticks(3)
+    assert h.metric("gmd_agent_batches_total", outcome="rejected") == 1
+    assert h.metric("gmd_agent_spool_batches") == 0
+    assert "rejected batch cmp-1/" in caplog.text and "HTTP 422" in caplog.text
+    assert "interval_s = 30, but this daemon accounts 60 s intervals" in caplog.text
+    assert ledger(daemon) == ({}, {})
+
+
+def test_a_wrong_token_keeps_batches_for_when_it_is_fixed(daemon: Daemon, tmp_path: Path) -> None:
+    start = aligned_past(10)
+    h = Host(tmp_path, daemon.url, start, token="not-the-token")
+    h.ticks(12)
+    assert h.metric("gmd_agent_spool_batches") == 2
+    assert h.metric("gmd_agent_batches_total", outcome="rejected") == 0
+    assert ledger(daemon) == ({}, {})
+
+
+def test_server_errors_keep_the_batch() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503, json={"detail": "ledger database unavailable"})
+
+    client = DaemonClient("http://daemon.invalid", "t", transport=httpx.MockTransport(handler))
+    outcome = client.post_batch(b"{}")
+    assert (outcome.kind, outcome.status, outcome.detail) == (
+        "unavailable",
+        503,
+        "ledger database unavailable",
+    )
+
+
+def test_the_spool_is_bounded_and_drops_the_oldest(tmp_path: Path, caplog: Any) -> None:
+    spool = Spool(tmp_path / "s.db", max_bytes=10_000, max_batches=3)
+    with caplog.at_level(logging.ERROR, "gmd.deliver.spool"):
+        dropped = spool.commit(b"{}", [(f"k{i}", 60 * i, b"x" * 100) for i in range(5)])
+    assert [d.key for d in dropped] == ["k0", "k1"]
+    assert [s.key for s in spool.oldest(10)] == ["k2", "k3", "k4"]
+    assert "dropped the oldest batch k0 (interval 0)" in caplog.text
+    dropped = spool.commit(None, [("big", 300, b"y" * 9_900)])
+    assert [d.key for d in dropped] == ["k2", "k3"]  # 100 + 9,900 bytes fit in 10,000
+    assert spool.size() == (2, 10_000)
+    assert spool.state() == b"{}"
+    spool.close()
+
+
+def test_one_spool_one_agent(tmp_path: Path) -> None:
+    first = Spool(tmp_path / "s.db", max_bytes=10**6, max_batches=10)
+    with pytest.raises(SpoolError, match="in use by another gmd-agent"):
+        Spool(tmp_path / "s.db", max_bytes=10**6, max_batches=10)
+    first.close()
+    Spool(tmp_path / "s.db", max_bytes=10**6, max_batches=10).close()
+
+
+def test_a_full_spool_is_counted(daemon: Daemon, tmp_path: Path) -> None:
+    start = aligned_past(10)
+    h = Host(tmp_path, daemon.url, start, spool_max_batches=2)
+    h.transport.down = True
+    h.ticks(24)
+    assert h.metric("gmd_agent_batches_total", outcome="dropped") == 2
+    h.transport.down = False
+    h.ticks(1)
+    samples, _ = ledger(daemon)
+    assert sorted({s for s, _ in samples}) == [start + 120, start + 180]

@@ -1,0 +1,54 @@
+"""Who owns a VM, from domain XML alone (the cases the test-driver node does not cover)."""
+
+from __future__ import annotations
+
+from gmd.collect.base import Flavor, Ownership
+from gmd.collect.ownership import ownership_from_xml
+
+NOVA_11 = "http://openstack.org/xmlns/libvirt/nova/1.1"
+NOVA_10 = "http://openstack.org/xmlns/libvirt/nova/1.0"
+
+
+def domain(metadata: str, memory: str = "<memory>2097152</memory>", vcpu: int = 2) -> str:
+    return (
+        f"<domain type='kvm'><name>d</name>{memory}<vcpu>{vcpu}</vcpu>"
+        f"<metadata>{metadata}</metadata></domain>"
+    )
+
+
+def test_nova_11_wins_over_10_and_gmd() -> None:
+    xml = domain(
+        f'<nova:instance xmlns:nova="{NOVA_10}"><nova:owner><nova:project uuid="old"/>'
+        f"</nova:owner></nova:instance>"
+        f'<nova:instance xmlns:nova="{NOVA_11}"><nova:owner><nova:project uuid="new"/>'
+        f"</nova:owner></nova:instance>"
+        '<gmd:vm xmlns:gmd="urn:gmd:libvirt:1" customer="mine"/>'
+    )
+    # No Nova flavor: the domain's own size is what it was configured with.
+    assert ownership_from_xml(xml) == Ownership("new", "nova/1.1", Flavor(2.0, 2 * 2**30))
+
+
+def test_nova_11_without_a_project_falls_back_to_10() -> None:
+    xml = domain(
+        f'<nova:instance xmlns:nova="{NOVA_11}"><nova:name>x</nova:name></nova:instance>'
+        f'<nova:instance xmlns:nova="{NOVA_10}"><nova:owner><nova:project uuid="p10"/>'
+        f"</nova:owner><nova:flavor><nova:vcpus>4</nova:vcpus><nova:memory>512</nova:memory>"
+        f"</nova:flavor><nova:creationTime>not a time</nova:creationTime></nova:instance>"
+    )
+    assert ownership_from_xml(xml) == Ownership("p10", "nova/1.0", Flavor(4.0, 512 * 2**20))
+
+
+def test_gmd_namespace_then_default_then_unknown() -> None:
+    gmd = domain('<gmd:vm xmlns:gmd="urn:gmd:libvirt:1" customer=" lab " memory_mib="1024"/>')
+    assert ownership_from_xml(gmd, "ops") == Ownership("lab", "gmd", Flavor(2.0, 2**30))
+    # A customer name the ledger would refuse (control characters) is no owner.
+    bad = domain('<gmd:vm xmlns:gmd="urn:gmd:libvirt:1" customer="a&#10;b"/>')
+    assert ownership_from_xml(bad, "ops").source == "default"
+    plain = domain("", memory="<memory unit='GiB'>4</memory>", vcpu=3)
+    assert ownership_from_xml(plain, "ops") == Ownership("ops", "default", Flavor(3.0, 4 * 2**30))
+    assert ownership_from_xml(plain) == Ownership("unknown", "unknown", Flavor(3.0, 4 * 2**30))
+
+
+def test_no_metadata_element_at_all() -> None:
+    xml = "<domain><name>bare</name><memory unit='MB'>1000</memory></domain>"
+    assert ownership_from_xml(xml) == Ownership("unknown", "unknown", Flavor(None, 1e9))

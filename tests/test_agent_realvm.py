@@ -1,0 +1,59 @@
+"""The agent on a real libvirtd with two TCG guests: one spinning, one idle.
+
+What gmd-agent would send for one tick (``--dry-run``'s batch), from the real collector:
+most CPU goes to the spinning guest, whose disk and network counters move, and each guest is
+owned by the Nova project in its metadata, with its flavor.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gmd.agent_config import parse_agent
+from gmd.ingest.schema import SampleBatch
+
+if TYPE_CHECKING:
+    from tests.realvm import RealGuests
+
+pytest_plugins = ("tests.realvm",)
+
+
+def test_the_agents_batch_attributes_use_to_the_right_guest(
+    real_guests: RealGuests, tmp_path
+) -> None:
+    from gmd.collect.libvirt import LibvirtCollector
+    from gmd.deliver.agent import dry_run_batch
+
+    config = parse_agent(
+        {
+            "agent": {
+                "libvirt_uri": real_guests.uri,
+                "host": "realvm-host",
+                "tick_s": 4,
+                "spool_path": str(tmp_path / "spool.db"),
+                "network_bytes_per_s": 1.25e8,
+            }
+        }
+    )
+    collector = LibvirtCollector(config.libvirt_uri)
+    try:
+        doc, span_s = dry_run_batch(config, collector)
+    finally:
+        collector.close()
+    SampleBatch.model_validate(doc)  # what the daemon would accept
+    vms = {v["uuid"]: v for v in doc["vms"]}
+    spin, idle = vms[real_guests.spin.uuid], vms[real_guests.idle.uuid]
+
+    assert spin["customer"] == real_guests.spin.project_uuid
+    assert idle["customer"] == real_guests.idle.project_uuid
+    assert spin["flavor"]["vcpus"] == 1 and spin["flavor"]["memory_bytes"] == 96 * 2**20
+
+    # The spinner burns (nearly) its one vCPU; the idle guest next to nothing.
+    assert spin["cpu_s"] > 0.25 * span_s
+    assert spin["cpu_s"] > 5 * idle["cpu_s"]
+    # The spinner reads and writes its disk and sends on its NIC; memory is resident bytes × s.
+    assert spin["disk_read_bytes"] > 0 and spin["disk_write_bytes"] > 0
+    assert spin["network_tx_bytes"] > 0
+    assert idle["disk_read_bytes"] == 0
+    assert spin["memory_byte_s"] > 0 and idle["memory_byte_s"] > 0
+    assert doc["capacity"]["cpu_cores"] >= 1
