@@ -17,10 +17,10 @@ import libvirt
 import pytest
 
 from gmd.agent_config import parse_agent
-from gmd.deliver.agent import Agent
 from gmd.collect.aggregate import AgentState, advance
 from gmd.collect.base import Flavor, Ownership
 from gmd.collect.libvirt import LibvirtCollector
+from gmd.deliver.agent import Agent
 from gmd.deliver.spool import Spool
 from tests.agent_fixtures import NODE, many_domains_node, uri
 

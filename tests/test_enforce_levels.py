@@ -99,3 +99,50 @@ def test_mode_off_decides_nothing(database_url: str) -> None:
 def test_below_the_first_threshold_nothing_happens(database_url: str, intervals: int) -> None:
     actions, plan = run(database_url, "on", intervals)
     assert actions == [] and plan["vms"] == [] and plan["mode"] == "on"
+
+
+def test_admin_shows_the_log_and_the_plan(tmp_path: Any) -> None:
+    """gmd-admin actions and enforce --plan read back exactly what the daemon decided."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    run(url, "dry-run", 4)
+    toml = tmp_path / "gmd.toml"
+    lists = {k: v for k, v in ENFORCEMENT.items() if isinstance(v, list)}
+    toml.write_text(
+        f'[database]\nurl = "{url}"\n[enforcement]\nmode = "dry-run"\n'
+        + "".join(f"{k} = {v}\n" for k, v in lists.items())
+        + "dwell_s = 0\ncap_level = 2\n"
+    )
+    admin = Path(sys.executable).with_name("gmd-admin")
+
+    def gmd_admin(*args: str) -> Any:
+        out = subprocess.run(
+            [str(admin), "--config", str(toml), *args], capture_output=True, text=True, timeout=60
+        )
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    log = gmd_admin("actions", "--format", "json", "--customer", "a")["actions"]
+    assert [(r["kind"], r["before"]["level"], r["after"]["level"]) for r in log] == [
+        ("level", 0, 1),
+        ("level", 1, 2),
+    ]
+    assert all(r["dry_run"] and r["customer"] == "a" for r in log)
+    assert gmd_admin("actions", "--format", "json", "--customer", "b")["actions"] == []
+    assert gmd_admin("actions", "--format", "json", "--to", "2000-01-01")["actions"] == []
+
+    shown = gmd_admin("enforce", "--plan", "--format", "json")
+    assert shown["mode"] == "dry-run"
+    assert [(r["customer"], r["level"], r["score"]) for r in shown["levels"]] == [("a", 2, 0.5)]
+    assert [
+        (p["host"], p["uuid"], p["cpu_weight"], p["cpu_quota_cores"]) for p in shown["plans"]
+    ] == [("cmp-1", "vm-a", 25, 1.5)]
+    bad = subprocess.run(
+        [str(admin), "--config", str(toml), "actions", "--from", "yesterday"],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2 and "'yesterday' is not a time" in bad.stderr

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import re
 import sys
+import time
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -16,6 +18,8 @@ from gmd.config import Config, ConfigError
 from gmd.config import load as load_config
 from gmd.fairness.scenarios import SCENARIOS
 from gmd.ledger import migrate
+from gmd.report.actions import COLUMNS as ACTION_COLUMNS
+from gmd.report.actions import actions as list_actions
 from gmd.report.calculator import (
     Situation,
     judge,
@@ -23,9 +27,13 @@ from gmd.report.calculator import (
     situation_from_csv,
     situation_from_options,
 )
+from gmd.report.enforcement import LEVEL_COLUMNS, PLAN_COLUMNS
+from gmd.report.enforcement import levels as enforcement_levels
+from gmd.report.enforcement import plans as enforcement_plans
 from gmd.report.render import csv_text, json_text, table_text
 from gmd.report.standings import COLUMNS as STANDINGS_COLUMNS
 from gmd.report.standings import standings
+from gmd.report.timespec import parse_time
 
 app = typer.Typer(
     name="gmd-admin",
@@ -289,6 +297,95 @@ def standings_command(
         sys.stdout.write(
             table_text(result.rows, STANDINGS_COLUMNS, title="Standings", caption=result.caption())
         )
+
+
+@app.command("actions")
+def actions_command(
+    ctx: typer.Context,
+    from_: Annotated[
+        str | None,
+        typer.Option("--from", help="Start: ISO date/time (UTC), now-7d, now-12h, Unix seconds."),
+    ] = None,
+    to: Annotated[str | None, typer.Option("--to", help="End (exclusive), same forms.")] = None,
+    customer: Annotated[
+        str | None, typer.Option("--customer", help="Only this customer (project uuid).")
+    ] = None,
+    limit: Annotated[int | None, typer.Option(help="At most this many rows.", min=1)] = None,
+    fmt: Annotated[Format, typer.Option("--format", help="table, csv or json.")] = Format.table,
+) -> None:
+    """The enforcement log: every level change, plan, host report and quota change gmd made
+    or, in dry-run, would have made — with the balance and thresholds that caused it."""
+    now = time.time()
+    try:
+        from_s = None if from_ is None else parse_time(from_, now)
+        to_s = None if to is None else parse_time(to, now)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    engine = _engine(ctx)
+    try:
+        with engine.connect() as conn:
+            rows = list_actions(conn, from_s=from_s, to_s=to_s, customer=customer, limit=limit)
+    except (SQLAlchemyError, OSError) as exc:
+        raise _db_error(engine, exc) from None
+    finally:
+        engine.dispose()
+    if fmt is Format.json:
+        sys.stdout.write(json_text({"actions": rows}))
+        return
+    flat = [
+        {k: (json.dumps(v) if isinstance(v, dict | list) else v) for k, v in r.items()}
+        for r in rows
+    ]
+    if fmt is Format.csv:
+        sys.stdout.write(csv_text(flat, ACTION_COLUMNS))
+    else:
+        caption = f"{len(rows)} action(s)" + (" — none recorded" if not rows else "")
+        sys.stdout.write(table_text(flat, ACTION_COLUMNS, title="Enforcement log", caption=caption))
+
+
+@app.command("enforce")
+def enforce_command(
+    ctx: typer.Context,
+    plan: Annotated[
+        bool,
+        typer.Option(
+            "--plan", help="Show what enforcement does now: levels, and every host's plan."
+        ),
+    ] = False,
+    host: Annotated[str | None, typer.Option(help="Only this host's plan.")] = None,
+    fmt: Annotated[Format, typer.Option("--format", help="table, csv or json.")] = Format.table,
+) -> None:
+    """Throttling as the daemon decided it after the latest accounted interval: which
+    customers are at which level, and what each host's agent is told to set on which VM.
+    Read-only; enforcement.mode says whether it is applied ("on") or only recorded."""
+    if not plan:
+        raise _fail("say what to show: --plan")
+    config = _load_config(ctx)
+    engine = _engine(ctx)
+    try:
+        with engine.connect() as conn:
+            level_rows = enforcement_levels(conn, config.enforcement)
+            plan_rows = enforcement_plans(conn, config.enforcement, host)
+    except (SQLAlchemyError, OSError) as exc:
+        raise _db_error(engine, exc) from None
+    finally:
+        engine.dispose()
+    mode = config.enforcement.mode
+    if fmt is Format.json:
+        sys.stdout.write(json_text({"mode": mode, "levels": level_rows, "plans": plan_rows}))
+    elif fmt is Format.csv:
+        sys.stdout.write(csv_text(plan_rows, PLAN_COLUMNS))
+    else:
+        note = {"off": "off: nothing is decided", "dry-run": "dry-run: recorded, not applied"}
+        sys.stdout.write(
+            table_text(
+                level_rows,
+                LEVEL_COLUMNS,
+                title=f"Throttle levels (enforcement.mode = {mode})",
+                caption=note.get(mode, "on: applied by the agents"),
+            )
+        )
+        sys.stdout.write(table_text(plan_rows, PLAN_COLUMNS, title="Host plans"))
 
 
 class Processors(StrEnum):

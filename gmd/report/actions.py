@@ -1,0 +1,96 @@
+"""The enforcement log: every action gmd took or would take (dry-run), and why."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+from sqlalchemy import Connection, Table, select
+
+from gmd.ledger.models import Customer, EnforcementAction, Host, Interval
+from gmd.report.render import Column
+
+_actions: Table = EnforcementAction.__table__  # type: ignore[assignment]
+_customers: Table = Customer.__table__  # type: ignore[assignment]
+_hosts: Table = Host.__table__  # type: ignore[assignment]
+_intervals: Table = Interval.__table__  # type: ignore[assignment]
+
+COLUMNS = (
+    Column("at", "At", None, "left"),
+    Column("interval", "Interval", None, "left"),
+    Column("customer", "Customer", None, "left"),
+    Column("host", "Host", None, "left"),
+    Column("kind", "Kind", None, "left"),
+    Column("status", "Status", None, "left"),
+    Column("dry_run", "Dry-run", None, "left"),
+    Column("before", "Before", None, "left"),
+    Column("after", "After", None, "left"),
+    Column("reason", "Reason", None, "left"),
+)
+
+
+def actions(
+    conn: Connection,
+    *,
+    from_s: float | None = None,
+    to_s: float | None = None,
+    customer: str | None = None,
+    limit: int | None = None,
+) -> list[dict[str, object]]:
+    """Actions in ``[from_s, to_s)`` (by when they were recorded), oldest first."""
+    query = (
+        select(
+            _actions.c.at,
+            _intervals.c.start_s,
+            _customers.c.name.label("customer"),
+            _hosts.c.name.label("host"),
+            _actions.c.kind,
+            _actions.c.status,
+            _actions.c.dry_run,
+            _actions.c.before,
+            _actions.c.after,
+            _actions.c.reason,
+        )
+        .outerjoin(_customers, _customers.c.id == _actions.c.customer_id)
+        .outerjoin(_hosts, _hosts.c.id == _actions.c.host_id)
+        .outerjoin(_intervals, _intervals.c.id == _actions.c.interval_id)
+        .order_by(_actions.c.at, _actions.c.id)
+    )
+    if from_s is not None:
+        query = query.where(_actions.c.at >= datetime.fromtimestamp(from_s, UTC))
+    if to_s is not None:
+        query = query.where(_actions.c.at < datetime.fromtimestamp(to_s, UTC))
+    if customer is not None:
+        query = query.where(_customers.c.name == customer)
+    if limit is not None:
+        query = query.limit(limit)
+    rows = []
+    for r in conn.execute(query):
+        at = r.at if r.at.tzinfo else r.at.replace(tzinfo=UTC)
+        rows.append(
+            {
+                "at": at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "interval": None
+                if r.start_s is None
+                else datetime.fromtimestamp(r.start_s, UTC).strftime("%Y-%m-%dT%H:%MZ"),
+                "customer": r.customer,
+                "host": r.host,
+                "kind": r.kind,
+                "status": r.status,
+                "dry_run": bool(r.dry_run),
+                "before": _compact(r.before),
+                "after": _compact(r.after),
+                "reason": r.reason,
+            }
+        )
+    return rows
+
+
+def _compact(text: str | None) -> object:
+    """JSON documents stay documents (for --format json); tables show them compactly."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
