@@ -146,3 +146,43 @@ def test_admin_shows_the_log_and_the_plan(tmp_path: Any) -> None:
         text=True,
     )
     assert bad.returncode == 2 and "'yesterday' is not a time" in bad.stderr
+
+
+def test_host_reports_land_in_the_enforcement_log(database_url: str) -> None:
+    config = make_config(database_url, {HOST.name: "operator", "cmp-2": "operator"})
+    with serving(config) as d:
+        body = batch(HOST, aligned_past(3), [vm("vm-a", "a", 90.0)])
+        assert httpx.post(f"{d.url}/v1/samples", json=body, headers=auth(HOST.name)).is_success
+        report = {
+            "generated_s": 1_800_000_000,
+            "results": [
+                {
+                    "uuid": "vm-a",
+                    "action": "apply",
+                    "ok": True,
+                    "before": {"cpu_shares": 100},
+                    "after": {"cpu_shares": 25},
+                },
+                {"uuid": "vm-gone", "action": "restore", "ok": False, "error": "no domain"},
+            ],
+        }
+        url = f"{d.url}/v1/plan/{HOST.name}/report"
+        assert httpx.post(url, json=report, headers=auth("cmp-2")).status_code == 403
+        r = httpx.post(url, json=report, headers=auth(HOST.name))
+        assert r.status_code == 200 and r.json() == {"recorded": 2}
+        bad = httpx.post(url, json={**report, "extra": 1}, headers=auth(HOST.name))
+        assert bad.status_code == 422 and "extra: unknown field" in bad.json()["detail"]
+        with d.engine.connect() as conn:
+            rows = conn.execute(
+                sa.text(
+                    "SELECT c.name, h.name, a.kind, a.status, a.dry_run, a.after, a.reason"
+                    " FROM enforcement_actions a LEFT JOIN customers c ON c.id = a.customer_id"
+                    " JOIN hosts h ON h.id = a.host_id ORDER BY a.id"
+                )
+            ).all()
+    assert [(r[0], r[1], r[2], r[3], bool(r[4])) for r in rows] == [
+        ("a", "cmp-1", "host_apply", "ok", False),
+        (None, "cmp-1", "host_restore", "failed", False),
+    ]
+    assert json.loads(rows[0][5]) == {"vm": "vm-a", "cpu_shares": 25}
+    assert rows[1][6].startswith("no domain (plan of 1800000000, reported by host cmp-1)")

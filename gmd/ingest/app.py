@@ -25,6 +25,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from gmd.config import Config
+from gmd.enforce.audit import record_host_report
 from gmd.enforce.levels import after_interval
 from gmd.enforce.plans import as_documents, host_plan
 from gmd.ingest.auth import AuthError, TokenAuth
@@ -32,6 +33,8 @@ from gmd.ingest.metrics import DaemonMetrics
 from gmd.ingest.schema import (
     BatchReceipt,
     HostPlan,
+    PlanReport,
+    PlanReportReceipt,
     Problem,
     SampleBatch,
     VmPlanItem,
@@ -351,6 +354,15 @@ def create_app(
             mode=config.enforcement.mode,  # type: ignore[arg-type]
             vms=[VmPlanItem(**p) for p in as_documents(plans)],
         )
+
+    @app.post("/v1/plan/{host}/report", response_model=PlanReportReceipt)
+    def post_plan_report(host: str, report: PlanReport, caller_host: Caller) -> PlanReportReceipt:
+        """Record, in the enforcement log, what the host's agent did with its plan."""
+        auth.check_host(caller_host, host)
+        recorded = record_host_report(
+            engine, host, report.generated_s, [r.model_dump() for r in report.results]
+        )
+        return PlanReportReceipt(recorded=recorded)
 
     @app.get("/healthz")
     def healthz() -> JSONResponse:

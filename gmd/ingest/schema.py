@@ -75,6 +75,28 @@ class SampleBatch(Strict):
     vms: list[VmUsage]
 
 
+class VmApplyResult(Strict):
+    """What an agent did (or, in dry-run, would have done) to one VM, and whether it worked."""
+
+    uuid: VmId
+    action: Literal["apply", "restore", "would_apply", "would_restore"]
+    ok: bool
+    error: Annotated[str, StringConstraints(max_length=2000)] | None = None
+    before: dict[str, float | int | str | None] = {}
+    after: dict[str, float | int | str | None] = {}
+
+
+class PlanReport(Strict):
+    """An agent's account of applying the plan it fetched (only the VMs it changed or failed)."""
+
+    generated_s: Annotated[int, Field(ge=0)]
+    results: Annotated[list[VmApplyResult], Field(max_length=10000)]
+
+
+class PlanReportReceipt(BaseModel):
+    recorded: int
+
+
 def digest_of(document: object) -> str:
     """A hash of a batch's content, to tell a retry (same content) from a reused key.
 
