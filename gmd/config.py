@@ -75,12 +75,32 @@ ENFORCEMENT_MODES = ("off", "dry-run", "on")
 
 
 @dataclass(frozen=True)
+class QuotaConfig:
+    """OpenStack compute quotas: ``cloud`` names the clouds.yaml entry ("" = no quotas).
+
+    Each step removes ``step_*`` of the original quota (a fraction), never below ``floor_*``.
+    """
+
+    cloud: str = ""
+    step_cores: float = 0.25
+    step_ram: float = 0.25
+    step_instances: float = 0.25
+    floor_cores: int = 1
+    floor_ram_mb: int = 2048
+    floor_instances: int = 1
+    every_s: float = 60.0
+    timeout_s: float = 10.0
+    retries: int = 2
+
+
+@dataclass(frozen=True)
 class EnforcementConfig:
     """``mode``: "off" decides nothing; "dry-run" decides and records what it would do;
     "on" also applies it. ``policy`` holds the thresholds and what each level does."""
 
     mode: str = "dry-run"
     policy: ThrottlePolicy = field(default_factory=ThrottlePolicy)
+    quota: QuotaConfig = field(default_factory=QuotaConfig)
 
 
 @dataclass(frozen=True)
@@ -256,8 +276,23 @@ def _enforcement(e: _Reader) -> EnforcementConfig:
     except ValueError as exc:
         raise e.fail("", str(exc)) from None
     mode = e.choice("mode", "dry-run", ENFORCEMENT_MODES)
+    q = e.sub("quota")
+    d_q = QuotaConfig()
+    quota = QuotaConfig(
+        cloud=q.get("cloud", str, ""),
+        step_cores=q.number("step_cores", d_q.step_cores, 0, 1),
+        step_ram=q.number("step_ram", d_q.step_ram, 0, 1),
+        step_instances=q.number("step_instances", d_q.step_instances, 0, 1),
+        floor_cores=int(q.number("floor_cores", d_q.floor_cores, -1, 10**9)),
+        floor_ram_mb=int(q.number("floor_ram_mb", d_q.floor_ram_mb, -1, 10**12)),
+        floor_instances=int(q.number("floor_instances", d_q.floor_instances, -1, 10**9)),
+        every_s=q.number("every_s", d_q.every_s, 1, 86400),
+        timeout_s=q.number("timeout_s", d_q.timeout_s, 0.1, 600),
+        retries=int(q.number("retries", d_q.retries, 0, 20)),
+    )
+    q.done()
     e.done()
-    return EnforcementConfig(mode, policy)
+    return EnforcementConfig(mode, policy, quota)
 
 
 def _daemon(d: _Reader, path: Path | None) -> DaemonConfig:

@@ -28,6 +28,7 @@ from gmd.config import Config
 from gmd.enforce.audit import record_host_report
 from gmd.enforce.levels import after_interval
 from gmd.enforce.plans import as_documents, host_plan
+from gmd.enforce.quota_job import QuotaReconciler
 from gmd.ingest.auth import AuthError, TokenAuth
 from gmd.ingest.metrics import DaemonMetrics
 from gmd.ingest.schema import (
@@ -216,12 +217,18 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         store.sync_organizations({config.default_owner} | {h.owner for h in config.hosts.values()})
+        quotas = None
         if run_accountant:
+            if config.enforcement.quota.cloud and config.enforcement.mode != "off":
+                quotas = QuotaReconciler(engine, config.enforcement)
+                scheduler.every(config.enforcement.quota.every_s, quotas.run, "quotas")
             scheduler.start()
         try:
             yield
         finally:
             scheduler.stop()
+            if quotas is not None:
+                quotas.close()
 
     app = FastAPI(
         title="gmd-daemon",

@@ -219,7 +219,8 @@ class CustomerLevel(Base):
 
 
 class QuotaOriginal(Base):
-    """A customer's compute quota before gmd first lowered it, to restore it exactly."""
+    """A customer's compute quota before gmd first lowered it, to restore it exactly, and how
+    many steps below it gmd holds it (``applied`` False: only decided, in dry-run)."""
 
     __tablename__ = "quota_originals"
     customer_id: Mapped[int] = mapped_column(ForeignKey("customers.id"), primary_key=True)
@@ -227,6 +228,8 @@ class QuotaOriginal(Base):
     cores: Mapped[int] = mapped_column(Integer)
     ram_mb: Mapped[int] = mapped_column(Integer)
     instances: Mapped[int] = mapped_column(Integer)
+    steps: Mapped[int] = mapped_column(Integer)
+    applied: Mapped[bool] = mapped_column(Boolean)
     recorded_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now()
     )

@@ -66,6 +66,20 @@ class Accountant:
             self.every_s,
         )
 
+    def every(self, seconds: float, job: Callable[[], object], name: str) -> None:
+        """Run ``job`` every ``seconds`` beside the accountant (never two at once); a failure
+        is logged and the job runs again at its next time."""
+
+        def guarded() -> None:
+            try:
+                job()
+            except Exception:
+                log.exception("%s failed; it runs again in %g s", name, seconds)
+
+        self._scheduler.add_job(
+            guarded, "interval", seconds=seconds, max_instances=1, coalesce=True, id=name
+        )
+
     def stop(self) -> None:
         if self._scheduler.running:
             self._scheduler.shutdown(wait=True)

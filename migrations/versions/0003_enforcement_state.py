@@ -3,7 +3,7 @@
 - ``customer_levels``: each customer's level and since when (what hysteresis and dwell need),
   and the score and interval that decided it.
 - ``quota_originals``: a customer's compute quota before gmd first lowered it, per cloud, so
-  that restoring writes back exactly what the operator had set.
+  that restoring writes back exactly what the operator had set, and the steps gmd holds.
 - ``enforcement_actions.interval_id``: the interval whose accounting led to the action.
 
 Revision ID: 0003
@@ -43,6 +43,8 @@ def upgrade() -> None:
         sa.Column("cores", sa.Integer(), nullable=False),
         sa.Column("ram_mb", sa.Integer(), nullable=False),
         sa.Column("instances", sa.Integer(), nullable=False),
+        sa.Column("steps", sa.Integer(), nullable=False),
+        sa.Column("applied", sa.Boolean(), nullable=False),
         sa.Column(
             "recorded_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False
         ),

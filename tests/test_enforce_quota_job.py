@@ -1,0 +1,169 @@
+"""Quotas follow levels: lowered when a customer reaches the quota level, the exact original
+written back when it leaves, read back every time, audited; dry-run writes nothing; a cloud
+that ignores quota writes is recorded and left alone. Real openstacksdk, fake Keystone+Nova."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import sqlalchemy as sa
+
+from gmd.config import Config
+from gmd.enforce.levels import after_interval
+from gmd.enforce.quota_job import QuotaReconciler
+from gmd.ledger.accounting import account_due
+from tests.daemon_support import HostSpec, aligned_past, auth, batch, make_config, serving
+from tests.fake_openstack import FakeOpenStack, write_clouds_yaml
+
+pytestmark = pytest.mark.filterwarnings("ignore::openstack.warnings._RemovedInSDKWarning")
+
+HOST = HostSpec("cmp-1", cpu_cores=2, memory_bytes=8e9, disk_bytes_per_s=1e8)
+DEFAULT = {"cores": 20, "ram": 51200, "instances": 10}
+
+
+def vm(uuid: str, customer: str, cpu_s: float) -> dict[str, Any]:
+    return {
+        "uuid": uuid,
+        "customer": customer,
+        "cpu_s": cpu_s,
+        "memory_byte_s": 0.0,
+        "disk_read_bytes": 0.0,
+        "disk_write_bytes": 0.0,
+        "network_rx_bytes": 0.0,
+        "network_tx_bytes": 0.0,
+    }
+
+
+@pytest.fixture
+def cloud(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOpenStack]:
+    with FakeOpenStack() as fake:
+        monkeypatch.setenv("OS_CLIENT_CONFIG_FILE", str(write_clouds_yaml(tmp_path, fake)))
+        yield fake
+
+
+def config_for(tmp_path: Path, mode: str) -> Config:
+    return make_config(
+        f"sqlite:///{tmp_path / 'ledger.db'}",
+        {HOST.name: "operator"},
+        accounting={"endowment": "equal", "half_life_s": 60},
+        enforcement={
+            "mode": mode,
+            "enter": [0.15, 0.2, 0.8],
+            "leave": [0.1, 0.15, 0.6],
+            "dwell_s": 0,
+            "quota_level": 2,
+            "quota": {"cloud": "fake", "floor_instances": 8, "timeout_s": 2, "retries": 0},
+        },
+    )
+
+
+def drive(config: Config, d: Any, a_cpu: list[float], first_ago: int) -> None:
+    """Post intervals in which a's VM uses ``a_cpu[k]`` of 120 core-seconds and b's the rest,
+    then account them (levels decided after each), and only them."""
+    for k, cpu in enumerate(a_cpu):
+        start = aligned_past(first_ago - k)
+        body = batch(HOST, start, [vm("vm-a", "proj-a", cpu), vm("vm-b", "proj-b", 120 - cpu)])
+        assert httpx.post(f"{d.url}/v1/samples", json=body, headers=auth(HOST.name)).is_success
+    end = aligned_past(first_ago - len(a_cpu))
+    account_due(d.engine, config.accounting, now_s=end, after=after_interval(config.enforcement))
+
+
+def actions(d: Any) -> list[tuple[Any, ...]]:
+    with d.engine.connect() as conn:
+        return [
+            (r[0], r[1], bool(r[2]), None if r[3] is None else json.loads(r[3]), json.loads(r[4]))
+            for r in conn.execute(
+                sa.text(
+                    "SELECT kind, status, dry_run, before, after FROM enforcement_actions"
+                    " WHERE kind LIKE 'quota%' ORDER BY id"
+                )
+            )
+        ]
+
+
+def test_lowered_at_the_quota_level_and_restored_exactly(
+    tmp_path: Path, cloud: FakeOpenStack
+) -> None:
+    config = config_for(tmp_path, "on")
+    with serving(config) as d:
+        job = QuotaReconciler(d.engine, config.enforcement)
+        # a takes 90 of 120 core-seconds, +0.125 an interval, halved every interval (60 s
+        # half-life): balances 0.125, 0.1875, 0.219, 0.234 → levels 0, 1, 2, 2
+        drive(config, d, [90.0] * 4, first_ago=20)
+        assert job.run().lowered == 1
+        # one step of 25 %: 20 → 15 cores, 51200 → 38400 MB; instances 10 → 7 floored at 8
+        assert cloud.quota("proj-a") == {**cloud.quota("proj-a"), **{"cores": 15, "ram": 38400}}
+        assert cloud.quota("proj-a")["instances"] == 8
+        assert job.run().lowered == 0  # nothing new to do: no second write
+        puts = cloud.count("PUT", "/os-quota-sets/proj-a")
+        assert puts == 1
+
+        # both take their share: a's balance halves, 0.117 < leave 0.15 → level 1, 0 steps
+        drive(config, d, [60.0] * 4, first_ago=16)
+        assert job.run().restored == 1
+        assert {k: cloud.quota("proj-a")[k] for k in DEFAULT} == DEFAULT
+        with d.engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT * FROM quota_originals")).all() == []
+        job.close()
+    assert actions(d) == [
+        ("quota_lower", "ok", False, {**DEFAULT}, {"cores": 15, "ram": 38400, "instances": 8}),
+        ("quota_restore", "ok", False, {"cores": 15, "ram": 38400, "instances": 8}, DEFAULT),
+    ]
+    assert cloud.count("PUT", "/os-quota-sets/proj-b") == 0
+
+
+def test_dry_run_reads_and_records_but_writes_nothing(tmp_path: Path, cloud: FakeOpenStack) -> None:
+    config = config_for(tmp_path, "dry-run")
+    with serving(config) as d:
+        job = QuotaReconciler(d.engine, config.enforcement)
+        drive(config, d, [90.0] * 4, first_ago=20)
+        assert job.run().would == 1
+        assert job.run().would == 0  # recorded once, not every run
+        job.close()
+        assert actions(d) == [
+            ("quota_lower", "would", True, DEFAULT, {"cores": 15, "ram": 38400, "instances": 8})
+        ]
+    assert cloud.count("PUT", "/os-quota-sets") == 0
+    assert cloud.count("GET", "/os-quota-sets/proj-a") >= 1
+
+
+def test_a_cloud_that_ignores_quota_writes_is_recorded_and_left_alone(
+    tmp_path: Path, cloud: FakeOpenStack
+) -> None:
+    cloud.unified_limits = True
+    config = config_for(tmp_path, "on")
+    with serving(config) as d:
+        job = QuotaReconciler(d.engine, config.enforcement)
+        drive(config, d, [90.0] * 4, first_ago=20)
+        assert job.run().failed == 1
+        puts = cloud.count("PUT", "/os-quota-sets/proj-a")
+        assert job.run().failed == 1  # still wanted, but the adapter refuses: no new write
+        assert cloud.count("PUT", "/os-quota-sets/proj-a") == puts
+        job.close()
+        logged = actions(d)
+    assert [(k, s) for k, s, *_ in logged] == [("quota_lower", "failed")]
+    with serving(config) as d, d.engine.connect() as conn:
+        reason = conn.execute(
+            sa.text("SELECT reason FROM enforcement_actions WHERE kind = 'quota_lower'")
+        ).scalar_one()
+    assert "not_applied" in reason
+
+
+def test_an_unreachable_cloud_is_retried_at_the_next_run(
+    tmp_path: Path, cloud: FakeOpenStack
+) -> None:
+    config = config_for(tmp_path, "on")
+    with serving(config) as d:
+        job = QuotaReconciler(d.engine, config.enforcement)
+        drive(config, d, [90.0] * 4, first_ago=20)
+        cloud.fail(503, times=None, path="")
+        assert job.run().failed == 1
+        cloud.heal()
+        assert job.run().lowered == 1
+        assert cloud.quota("proj-a")["cores"] == 15
+        job.close()
