@@ -54,10 +54,11 @@ def ledger_config(database_url: str, tmp_path: Path) -> Path:
         accounting={"endowment": "equal", "half_life_s": "none"},
     )
     with serving(config) as d:
-        for k in (4, 3):
-            body = batch(HOST, aligned_past(k), [idle("vm-a", "a", 90.0), idle("vm-b", "b", 30.0)])
+        last = aligned_past(3)
+        for start in (last - 60, last):
+            body = batch(HOST, start, [idle("vm-a", "a", 90.0), idle("vm-b", "b", 30.0)])
             assert httpx.post(f"{d.url}/v1/samples", json=body, headers=auth(HOST.name)).is_success
-        account_due(d.engine, config.accounting)
+        account_due(d.engine, config.accounting, now_s=last + 60)
     return path
 
 
@@ -74,7 +75,8 @@ def test_standings_json_holds_the_worked_numbers(ledger_config: Path) -> None:
     out = admin(ledger_config, "--format", "json")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
-    assert doc["as_of_s"] == aligned_past(3) and doc["interval_s"] == 60
+    assert doc["interval_s"] == 60 and doc["latest_accounted_s"] == doc["as_of_s"]
+    assert aligned_past(4) <= doc["as_of_s"] <= aligned_past(3)
     rows = {r["customer"]: r for r in doc["customers"]}
     assert [r["customer"] for r in doc["customers"]] == ["a", "b"]  # greatest balance first
     assert rows["a"]["balance"] == pytest.approx(0.25, abs=1e-15)
