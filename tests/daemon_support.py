@@ -17,6 +17,7 @@ import uvicorn
 from gmd.config import Config, parse
 from gmd.ingest.app import create_app, with_body_limit
 from gmd.ledger import migrate
+from gmd.ledger.store import USE_COLUMNS
 
 INTERVAL_S = 60
 
@@ -95,14 +96,13 @@ def serving(config: Config, *, accountant: bool = False, clock: Any = None) -> I
         engine.dispose()
 
 
-USE_FIELDS = (
-    "cpu_s",
-    "memory_byte_s",
-    "disk_read_bytes",
-    "disk_write_bytes",
-    "network_rx_bytes",
-    "network_tx_bytes",
-)
+def cpu_only(uuid: str, customer: str, cpu_s: float, **flavor: float) -> dict[str, Any]:
+    """A VM that used ``cpu_s`` core-seconds and nothing else (hand-worked GM examples)."""
+    vm: dict[str, Any] = {"uuid": uuid, "customer": customer, "cpu_s": cpu_s}
+    vm.update(dict.fromkeys(USE_COLUMNS[1:], 0.0))
+    if flavor:
+        vm["flavor"] = flavor
+    return vm
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,15 @@ import sqlalchemy as sa
 
 from gmd.enforce.levels import after_interval
 from gmd.ledger.accounting import account_due
-from tests.daemon_support import HostSpec, aligned_past, auth, batch, make_config, serving
+from tests.daemon_support import (
+    HostSpec,
+    aligned_past,
+    auth,
+    batch,
+    cpu_only,
+    make_config,
+    serving,
+)
 
 HOST = HostSpec("cmp-1", cpu_cores=2, memory_bytes=8e9, disk_bytes_per_s=1e8)
 # G_a = +0.125 and G_b = −0.0625 per interval (see tests/test_standings.py), no decay:
@@ -27,20 +35,6 @@ ENFORCEMENT = {
 }
 
 
-def vm(uuid: str, customer: str, cpu_s: float) -> dict[str, Any]:
-    return {
-        "uuid": uuid,
-        "customer": customer,
-        "cpu_s": cpu_s,
-        "memory_byte_s": 0.0,
-        "disk_read_bytes": 0.0,
-        "disk_write_bytes": 0.0,
-        "network_rx_bytes": 0.0,
-        "network_tx_bytes": 0.0,
-        "flavor": {"vcpus": 2},
-    }
-
-
 def run(database_url: str, mode: str, intervals: int) -> tuple[list[Any], dict[str, Any]]:
     config = make_config(
         database_url,
@@ -50,7 +44,11 @@ def run(database_url: str, mode: str, intervals: int) -> tuple[list[Any], dict[s
     )
     with serving(config) as d:
         for k in range(intervals, 0, -1):
-            body = batch(HOST, aligned_past(k + 1), [vm("vm-a", "a", 90.0), vm("vm-b", "b", 30.0)])
+            body = batch(
+                HOST,
+                aligned_past(k + 1),
+                [cpu_only("vm-a", "a", 90.0, vcpus=2), cpu_only("vm-b", "b", 30.0, vcpus=2)],
+            )
             assert httpx.post(f"{d.url}/v1/samples", json=body, headers=auth(HOST.name)).is_success
         account_due(d.engine, config.accounting, after=after_interval(config.enforcement))
         with d.engine.connect() as conn:
@@ -151,7 +149,7 @@ def test_admin_shows_the_log_and_the_plan(tmp_path: Any) -> None:
 def test_host_reports_land_in_the_enforcement_log(database_url: str) -> None:
     config = make_config(database_url, {HOST.name: "operator", "cmp-2": "operator"})
     with serving(config) as d:
-        body = batch(HOST, aligned_past(3), [vm("vm-a", "a", 90.0)])
+        body = batch(HOST, aligned_past(3), [cpu_only("vm-a", "a", 90.0, vcpus=2)])
         assert httpx.post(f"{d.url}/v1/samples", json=body, headers=auth(HOST.name)).is_success
         report = {
             "generated_s": 1_800_000_000,

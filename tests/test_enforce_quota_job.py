@@ -17,26 +17,21 @@ from gmd.config import Config
 from gmd.enforce.levels import after_interval
 from gmd.enforce.quota_job import QuotaReconciler
 from gmd.ledger.accounting import account_due
-from tests.daemon_support import HostSpec, aligned_past, auth, batch, make_config, serving
+from tests.daemon_support import (
+    HostSpec,
+    aligned_past,
+    auth,
+    batch,
+    cpu_only,
+    make_config,
+    serving,
+)
 from tests.fake_openstack import FakeOpenStack, write_clouds_yaml
 
 pytestmark = pytest.mark.filterwarnings("ignore::openstack.warnings._RemovedInSDKWarning")
 
 HOST = HostSpec("cmp-1", cpu_cores=2, memory_bytes=8e9, disk_bytes_per_s=1e8)
 DEFAULT = {"cores": 20, "ram": 51200, "instances": 10}
-
-
-def vm(uuid: str, customer: str, cpu_s: float) -> dict[str, Any]:
-    return {
-        "uuid": uuid,
-        "customer": customer,
-        "cpu_s": cpu_s,
-        "memory_byte_s": 0.0,
-        "disk_read_bytes": 0.0,
-        "disk_write_bytes": 0.0,
-        "network_rx_bytes": 0.0,
-        "network_tx_bytes": 0.0,
-    }
 
 
 @pytest.fixture
@@ -67,7 +62,9 @@ def drive(config: Config, d: Any, a_cpu: list[float], first_ago: int) -> None:
     then account them (levels decided after each), and only them."""
     for k, cpu in enumerate(a_cpu):
         start = aligned_past(first_ago - k)
-        body = batch(HOST, start, [vm("vm-a", "proj-a", cpu), vm("vm-b", "proj-b", 120 - cpu)])
+        body = batch(
+            HOST, start, [cpu_only("vm-a", "proj-a", cpu), cpu_only("vm-b", "proj-b", 120 - cpu)]
+        )
         assert httpx.post(f"{d.url}/v1/samples", json=body, headers=auth(HOST.name)).is_success
     end = aligned_past(first_ago - len(a_cpu))
     account_due(d.engine, config.accounting, now_s=end, after=after_interval(config.enforcement))

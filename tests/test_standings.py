@@ -13,23 +13,18 @@ import httpx
 import pytest
 
 from gmd.ledger.accounting import account_due
-from tests.daemon_support import HostSpec, aligned_past, auth, batch, make_config, serving
+from tests.daemon_support import (
+    HostSpec,
+    aligned_past,
+    auth,
+    batch,
+    cpu_only,
+    make_config,
+    serving,
+)
 
 ADMIN = Path(sys.executable).with_name("gmd-admin")
 HOST = HostSpec("cmp-1", cpu_cores=2, memory_bytes=8e9, disk_bytes_per_s=1e8)
-
-
-def idle(uuid: str, customer: str, cpu_s: float) -> dict[str, object]:
-    return {
-        "uuid": uuid,
-        "customer": customer,
-        "cpu_s": cpu_s,
-        "memory_byte_s": 0.0,
-        "disk_read_bytes": 0.0,
-        "disk_write_bytes": 0.0,
-        "network_rx_bytes": 0.0,
-        "network_tx_bytes": 0.0,
-    }
 
 
 @pytest.fixture
@@ -56,7 +51,7 @@ def ledger_config(database_url: str, tmp_path: Path) -> Path:
     with serving(config) as d:
         last = aligned_past(3)
         for start in (last - 60, last):
-            body = batch(HOST, start, [idle("vm-a", "a", 90.0), idle("vm-b", "b", 30.0)])
+            body = batch(HOST, start, [cpu_only("vm-a", "a", 90.0), cpu_only("vm-b", "b", 30.0)])
             assert httpx.post(f"{d.url}/v1/samples", json=body, headers=auth(HOST.name)).is_success
         account_due(d.engine, config.accounting, now_s=last + 60)
     return path

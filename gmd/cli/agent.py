@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import logging
 import signal
-import sys
 import threading
 from pathlib import Path
 from typing import Annotated
@@ -17,6 +16,7 @@ import typer
 from prometheus_client import start_http_server
 
 from gmd.agent_config import AgentConfig, load_agent
+from gmd.cli import logs
 from gmd.collect.base import Collector
 from gmd.config import DEFAULT_PATH, ConfigError
 from gmd.deliver.agent import Agent, AgentMetrics, dry_run_batch
@@ -75,12 +75,7 @@ def agent(
     posted to agent.daemon_url; a spool left by a previous run is replayed first. Exit codes:
     0 stopped cleanly, 1 the host or the spool cannot be used, 2 bad configuration.
     """
-    logging.basicConfig(
-        level=log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    logs.setup(log_level, quiet=("httpx",))
     try:
         config = load_agent(config_path)
     except ConfigError as exc:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -11,6 +10,7 @@ import typer
 import uvicorn
 from sqlalchemy.exc import SQLAlchemyError
 
+from gmd.cli import logs
 from gmd.config import ConfigError
 from gmd.config import load as load_config
 from gmd.ingest.app import create_app, with_body_limit
@@ -52,14 +52,9 @@ def serve(
     `gmd-admin db upgrade`. Exit codes: 0 stopped cleanly, 1 database unusable, 2 bad
     configuration.
     """
-    logging.basicConfig(
-        level=log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    # Their routine chatter (every scheduler tick, every schema probe) drowns what matters.
-    logging.getLogger("apscheduler").setLevel(logging.WARNING)
-    logging.getLogger("alembic.runtime.migration").setLevel(logging.WARNING)
+    # apscheduler and alembic's routine chatter (every scheduler tick, every schema probe)
+    # would drown what matters.
+    logs.setup(log_level, quiet=("apscheduler", "alembic.runtime.migration"))
     try:
         config = load_config(config_path)
     except ConfigError as exc:
