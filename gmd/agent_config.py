@@ -44,6 +44,23 @@ key                           default                           meaning
 ``reconnect_max_s``           ``60``                            longest wait between libvirt
                                                                 reconnection attempts (1 s,
                                                                 doubling)
+``enforce_backend``           ``"libvirt"``                     how the daemon's throttling plan
+                                                                is applied: ``"libvirt"`` (LIVE
+                                                                tuning), ``"cgroup"`` (cgroup
+                                                                files) or ``"none"`` (never
+                                                                fetch a plan)
+``plan_every_s``              ``30``                            fetch and apply the plan this
+                                                                often (at most once per tick;
+                                                                ``0``: every tick)
+``enforcement_state_path``    ``agent-enforcement.json`` in     the VMs' original settings
+                              the state dir (``/var/lib/gmd``   (JSON), kept to restore them
+                              as root, else ``./var``)          exactly after a restart
+``cgroup_root``               ``"/sys/fs/cgroup"``              cgroup mount (``cgroup``
+                                                                backend only)
+``cgroup_template``           per detected version: v2          a VM's cgroup below the root;
+                              ``SYSTEMD_TEMPLATE``, v1          fields ``{name}``, ``{uuid}``,
+                              ``LIBVIRT_TEMPLATE`` (see         ``{id}``, ``{machine}``,
+                              :mod:`gmd.enforce.cgroups`)       ``{machine_unit}``
 ============================  ================================  =================================
 """
 
@@ -57,6 +74,9 @@ from pathlib import Path
 from typing import Any
 
 from gmd.config import ConfigError, _Reader, default_state_dir, read_document
+from gmd.enforce.cgroups import CgroupError, VmIdentity, render_template
+
+ENFORCE_BACKENDS = ("libvirt", "cgroup", "none")
 
 _PRINTABLE = re.compile(r"^[!-~]+$")
 _NAME = re.compile(r"^[^\x00-\x1f]{1,255}$")
@@ -82,6 +102,11 @@ class AgentConfig:
     timeout_s: float = 10.0
     describe_every_s: float = 300.0
     reconnect_max_s: float = 60.0
+    enforce_backend: str = "libvirt"
+    plan_every_s: float = 30.0
+    enforcement_state_path: Path = Path("var/agent-enforcement.json")
+    cgroup_root: Path = Path("/sys/fs/cgroup")
+    cgroup_template: str | None = None
 
 
 def _relative(path: Path | None, value: str) -> Path:
@@ -137,6 +162,13 @@ def parse_agent(
     network = a.get("network_bytes_per_s", (int, float), None)
     if network is not None and not (0 < network < float("inf")):
         raise a.fail("network_bytes_per_s", f"{network!r} must be > 0")
+    state_path = a.get("enforcement_state_path", str, None)
+    template = a.get("cgroup_template", str, None)
+    if template is not None:
+        try:
+            render_template(template, VmIdentity(name="instance-00000001", uuid="u", id=1))
+        except CgroupError as exc:
+            raise a.fail("cgroup_template", str(exc)) from None
     config = AgentConfig(
         path=path,
         host=host,
@@ -156,6 +188,15 @@ def parse_agent(
         timeout_s=a.number("timeout_s", 10.0, 0.1, 600),
         describe_every_s=a.number("describe_every_s", 300.0, 1, 86400),
         reconnect_max_s=a.number("reconnect_max_s", 60.0, 1, 3600),
+        enforce_backend=a.choice("enforce_backend", "libvirt", ENFORCE_BACKENDS),
+        plan_every_s=a.number("plan_every_s", 30.0, 0, 86400),
+        enforcement_state_path=(
+            _relative(path, state_path)
+            if state_path
+            else default_state_dir() / "agent-enforcement.json"
+        ),
+        cgroup_root=_relative(path, a.get("cgroup_root", str, "/sys/fs/cgroup")),
+        cgroup_template=template,
     )
     a.done()
     return config

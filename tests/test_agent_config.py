@@ -21,6 +21,21 @@ def test_defaults() -> None:
     assert c.spool_path.name == "agent-spool.db"
     assert (c.spool_max_bytes, c.spool_max_batches) == (2**30, 10080)
     assert (c.disk_bytes_per_s, c.network_bytes_per_s) == (500e6, None)
+    assert (c.enforce_backend, c.plan_every_s) == ("libvirt", 30.0)
+    assert c.enforcement_state_path == c.spool_path.parent / "agent-enforcement.json"
+    assert (c.cgroup_root, c.cgroup_template) == (Path("/sys/fs/cgroup"), None)
+
+
+def test_enforcement_keys(tmp_path: Path) -> None:
+    (tmp_path / "gmd.toml").write_text(
+        '[agent]\nenforce_backend = "cgroup"\nplan_every_s = 0\n'
+        'enforcement_state_path = "state/enforcement.json"\ncgroup_root = "/cg"\n'
+        'cgroup_template = "machine/{machine}.libvirt-qemu"\n'
+    )
+    c = load_agent(tmp_path / "gmd.toml")
+    assert (c.enforce_backend, c.plan_every_s) == ("cgroup", 0.0)
+    assert c.enforcement_state_path == tmp_path / "state" / "enforcement.json"
+    assert (c.cgroup_root, c.cgroup_template) == (Path("/cg"), "machine/{machine}.libvirt-qemu")
 
 
 def test_other_sections_are_left_to_the_daemon() -> None:
@@ -42,6 +57,14 @@ def test_other_sections_are_left_to_the_daemon() -> None:
         ({"network_bytes_per_s": 0}, "agent.network_bytes_per_s: 0 must be > 0"),
         ({"tick": 5}, "agent.tick: unknown key (misspelt?)"),
         ({"default_customer": ""}, "agent.default_customer: ''"),
+        (
+            {"enforce_backend": "tc"},
+            "agent.enforce_backend: 'tc' is not one of libvirt, cgroup, none",
+        ),
+        ({"plan_every_s": -1}, "agent.plan_every_s: -1.0 is not in [0, 86400]"),
+        ({"cgroup_template": "../{name}"}, "agent.cgroup_template: cgroup path template"),
+        ({"cgroup_template": "{nom}"}, "agent.cgroup_template: cgroup path template '{nom}'"),
+        ({"enforcement_state_path": 5}, "agent.enforcement_state_path: expected str, got 5"),
     ],
 )
 def test_errors_name_the_file_and_key(table: dict, message: str) -> None:

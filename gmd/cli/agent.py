@@ -10,7 +10,7 @@ import logging
 import signal
 import threading
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from prometheus_client import start_http_server
@@ -24,9 +24,38 @@ from gmd.deliver.client import DaemonClient
 from gmd.deliver.sender import Sender
 from gmd.deliver.spool import Spool, SpoolError
 
+if TYPE_CHECKING:
+    from gmd.enforce.applier import PlanApplier
+
 log = logging.getLogger("gmd.agent")
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None)
+
+
+def _applier(config: AgentConfig) -> PlanApplier | None:
+    """The configured applier (``agent.enforce_backend``), or None for "none"."""
+    if config.enforce_backend == "none":
+        log.info("agent.enforce_backend = none: no throttling plan is fetched or applied")
+        return None
+    from gmd.enforce.applier import (
+        CgroupApplier,
+        EnforcementStateError,
+        LibvirtApplier,
+    )
+    from gmd.enforce.cgroups import CgroupError
+
+    try:
+        if config.enforce_backend == "cgroup":
+            return CgroupApplier(
+                config.cgroup_root,
+                config.cgroup_template,
+                state_path=config.enforcement_state_path,
+                libvirt_conn_or_uri=config.libvirt_uri,
+            )
+        return LibvirtApplier(config.libvirt_uri, state_path=config.enforcement_state_path)
+    except (EnforcementStateError, CgroupError) as exc:
+        log.error("enforcement: %s", exc)
+        raise typer.Exit(1) from None
 
 
 def _libvirt_collector(config: AgentConfig) -> Collector:
@@ -67,13 +96,26 @@ def agent(
             " stdout; write and send nothing. Implies --once.",
         ),
     ] = False,
+    restore_all: Annotated[
+        bool,
+        typer.Option(
+            "--restore-all",
+            help="Put every VM gmd throttled back to the settings it had before (from"
+            " agent.enforcement_state_path), then exit. For taking a host out of enforcement;"
+            " a running agent would throttle them again at its next plan.",
+        ),
+    ] = False,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
 ) -> None:
     """Sample the VMs of this host through libvirt and send their use to gmd-daemon.
 
     Usage is measured every agent.tick_s, summed per agent.interval_s, spooled on disk and
-    posted to agent.daemon_url; a spool left by a previous run is replayed first. Exit codes:
-    0 stopped cleanly, 1 the host or the spool cannot be used, 2 bad configuration.
+    posted to agent.daemon_url; a spool left by a previous run is replayed first. Every
+    agent.plan_every_s the host's throttling plan is fetched and applied (agent.enforce_backend);
+    stopping the agent leaves throttled VMs as they are (the originals stay on disk for the next
+    start; --restore-all puts them back). Exit codes: 0 stopped cleanly, 1 the host, the spool
+    or the enforcement state cannot be used (or --restore-all left VMs unrestored), 2 bad
+    configuration.
     """
     logs.setup(log_level, quiet=("httpx",))
     try:
@@ -81,6 +123,27 @@ def agent(
     except ConfigError as exc:
         log.error("%s", exc)
         raise typer.Exit(2) from None
+    if restore_all:
+        applier = _applier(config)
+        if applier is None:
+            return
+        try:
+            results = applier.restore_all()
+            left = applier.remembered
+        finally:
+            applier.close()
+        for r in results:
+            print(json.dumps(r.model_dump()))
+        if left:
+            log.error(
+                "%d VM(s) could not be restored (still in %s): %s",
+                len(left),
+                config.enforcement_state_path,
+                ", ".join(sorted(left)),
+            )
+            raise typer.Exit(1)
+        log.info("every VM gmd had changed is back to its original settings")
+        return
     collector = _libvirt_collector(config)
     if dry_run:
         try:
@@ -110,7 +173,22 @@ def agent(
         raise typer.Exit(1) from None
     client = DaemonClient(config.daemon_url, config.token, timeout_s=config.timeout_s)
     metrics = AgentMetrics()
-    runner = Agent(config, collector, spool, Sender(spool, client), metrics)
+    try:
+        applier = _applier(config)
+    except typer.Exit:
+        spool.close()
+        client.close()
+        collector.close()
+        raise
+    runner = Agent(
+        config,
+        collector,
+        spool,
+        Sender(spool, client),
+        metrics,
+        applier=applier,
+        plans=client if applier is not None else None,
+    )
     server = None
     try:
         if once:
@@ -126,13 +204,18 @@ def agent(
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda _n, _f: stop.set())
         log.info(
-            "gmd-agent for host %s: libvirt %s, tick %g s, interval %d s, daemon %s, spool %s%s",
+            "gmd-agent for host %s: libvirt %s, tick %g s, interval %d s, daemon %s, spool %s,"
+            " enforcement %s%s",
             config.host,
             config.libvirt_uri,
             config.tick_s,
             config.interval_s,
             config.daemon_url,
             config.spool_path,
+            f"through {config.enforce_backend} every {config.plan_every_s:g} s, state in"
+            f" {config.enforcement_state_path}"
+            if applier is not None
+            else "off",
             f", metrics on {config.metrics_bind}:{config.metrics_port}"
             if config.metrics_port
             else "",
@@ -145,6 +228,8 @@ def agent(
         spool.close()
         client.close()
         collector.close()
+        if applier is not None:
+            applier.close()
 
 
 def main() -> None:

@@ -5,6 +5,12 @@ Each tick reads the host (:mod:`gmd.collect.libvirt`), folds the reading into th
 new state in the spool in one transaction (:mod:`gmd.deliver.spool`), and only then replays
 the spool to the daemon (:mod:`gmd.deliver.sender`): a crash anywhere loses nothing, and a
 batch keeps its key until the daemon has acknowledged it, so nothing counts twice.
+
+After sending, at most once per ``plan_every_s``, the agent fetches the host's throttling plan
+and hands it to its applier (:mod:`gmd.enforce.applier`), then reports what changed or failed
+(``POST /v1/plan/{host}/report``). A plan that cannot be fetched changes nothing: the VMs keep
+their current settings until the daemon says otherwise. Reports that cannot be posted are kept
+(in memory, bounded) and posted with the next round's.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -34,10 +40,26 @@ from gmd.collect.aggregate import (
 )
 from gmd.collect.base import Collector, HostReading
 from gmd.collect.capacity import Capacity, network_bytes_per_s
+from gmd.deliver.client import PlanUnavailable, PostOutcome
 from gmd.deliver.sender import Sender
 from gmd.deliver.spool import Spool
+from gmd.ingest.schema import HostPlan, PlanReport, VmApplyResult
+
+if TYPE_CHECKING:
+    from gmd.enforce.applier import PlanApplier
 
 log = logging.getLogger("gmd.agent")
+
+MAX_PENDING_RESULTS = 10_000
+"""Unposted enforcement results kept for the next round; older ones are dropped (logged)."""
+
+
+class PlanClient(Protocol):
+    """Where plans come from and reports go (:class:`gmd.deliver.client.DaemonClient`)."""
+
+    def get_plan(self, host: str) -> HostPlan: ...
+
+    def post_report(self, host: str, report: PlanReport) -> PostOutcome: ...
 
 
 class AgentMetrics:
@@ -94,6 +116,19 @@ class AgentMetrics:
             "Unix time of the latest successful reading of the host.",
             registry=r,
         )
+        self.plan_fetches = Counter(
+            "gmd_agent_plan_fetches",
+            "Throttling plan fetches, by outcome: ok, or unavailable (settings kept as they are).",
+            ["outcome"],
+            registry=r,
+        )
+        self.enforcement_results = Counter(
+            "gmd_agent_enforcement_results",
+            "VM changes reported to the daemon, by action (apply, restore, would_apply,"
+            " would_restore) and outcome (ok, failed).",
+            ["action", "outcome"],
+            registry=r,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +137,8 @@ class TickReport:
     batches: int
     dropped: int
     waiting: int
+    enforcement: tuple[VmApplyResult, ...] = ()
+    """what the plan fetched in this tick changed or failed to change (empty: no fetch)"""
 
 
 def new_key(host: str, interval_start_s: int) -> str:
@@ -123,8 +160,13 @@ class Agent:
         *,
         sys_class_net: Path | None = None,
         key: Callable[[str, int], str] = new_key,
+        applier: PlanApplier | None = None,
+        plans: PlanClient | None = None,
     ) -> None:
         self.config, self.collector, self.spool, self.sender = config, collector, spool, sender
+        self.applier, self.plans = applier, plans
+        self._plan_due_s: float | None = None
+        self._unreported: list[tuple[int, VmApplyResult]] = []
         self.metrics = metrics or AgentMetrics()
         self._key = key
         self.state = AgentState()
@@ -187,9 +229,10 @@ class Agent:
         the next reading measures from the last good one."""
         started = time.perf_counter()
         m = self.metrics
-        capacity = self._refresh_capacity(time.time() if now_s is None else now_s)
+        now_s = time.time() if now_s is None else now_s
+        capacity = self._refresh_capacity(now_s)
         if capacity is None:
-            reading = HostReading(time.time() if now_s is None else now_s, False)
+            reading = HostReading(now_s, False)
             m.ticks.labels("host_unreadable").inc()
             m.libvirt_errors.labels("host").inc()
             return TickReport(reading, 0, 0, self._send())
@@ -224,7 +267,72 @@ class Agent:
         m.tick_seconds.observe(time.perf_counter() - started)
         waiting = self._send()
         m.spooled.inc(min(len(batches), waiting))
-        return TickReport(reading, len(batches), len(dropped), waiting)
+        enforced = self._enforce(now_s) if reading.ok else ()
+        return TickReport(reading, len(batches), len(dropped), waiting, enforced)
+
+    def _enforce(self, now_s: float) -> tuple[VmApplyResult, ...]:
+        """Fetch the plan if it is due, apply it, report; what was reported (or is kept)."""
+        if self.applier is None or self.plans is None:
+            return ()
+        if self._plan_due_s is not None and now_s < self._plan_due_s:
+            return ()
+        self._plan_due_s = now_s + self.config.plan_every_s
+        host = self.config.host
+        try:
+            plan = self.plans.get_plan(host)
+        except PlanUnavailable as exc:
+            self.metrics.plan_fetches.labels("unavailable").inc()
+            log.warning(
+                "cannot fetch the throttling plan for %s (%s): the VMs keep their current settings",
+                host,
+                exc,
+            )
+            return ()
+        self.metrics.plan_fetches.labels("ok").inc()
+        if plan.host != host:
+            log.error("the daemon sent the plan of %r when asked for %r: ignored", plan.host, host)
+            return ()
+        try:
+            results = self.applier.sync(plan)
+        except Exception:
+            log.exception(
+                "applying the plan of %d failed; retried at the next fetch", plan.generated_s
+            )
+            return ()
+        for r in results:
+            self.metrics.enforcement_results.labels(r.action, "ok" if r.ok else "failed").inc()
+        self._unreported.extend((plan.generated_s, r) for r in results)
+        if len(self._unreported) > MAX_PENDING_RESULTS:
+            lost = len(self._unreported) - MAX_PENDING_RESULTS
+            del self._unreported[:lost]
+            log.warning("%d enforcement results could not be reported and were dropped", lost)
+        self._report()
+        return tuple(results)
+
+    def _report(self) -> None:
+        """Post the unreported results, one report per plan they came from, oldest first."""
+        while self._unreported:
+            generated = self._unreported[0][0]
+            chunk = [r for g, r in self._unreported if g == generated][:MAX_PENDING_RESULTS]
+            report = PlanReport(generated_s=generated, results=chunk)
+            outcome = self.plans.post_report(self.config.host, report)  # type: ignore[union-attr]
+            if outcome.kind == "unavailable":
+                log.warning(
+                    "cannot report %d enforcement result(s) to the daemon (%s): kept for the"
+                    " next round",
+                    len(chunk),
+                    outcome.detail,
+                )
+                return
+            if outcome.kind == "rejected":
+                log.error(
+                    "the daemon refused the enforcement report of plan %d (HTTP %s: %s): dropped",
+                    generated,
+                    outcome.status,
+                    outcome.detail,
+                )
+            sent = {id(r) for r in chunk}
+            self._unreported = [(g, r) for g, r in self._unreported if id(r) not in sent]
 
     def _send(self) -> int:
         """Replay the spool; the number of batches still waiting."""

@@ -16,8 +16,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from typing import Literal
+from urllib.parse import quote
 
 import httpx
+from pydantic import ValidationError
+
+from gmd.ingest.schema import HostPlan, PlanReport
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +46,14 @@ def _detail(response: httpx.Response) -> str:
     return str(body)[:500]
 
 
+class PlanUnavailable(Exception):
+    """The plan could not be fetched (daemon down, 5xx, refused, unreadable answer): the agent
+    keeps the VMs' settings as they are. The message says why."""
+
+
 class DaemonClient:
-    """Posts batches to one daemon with the host's bearer token.
+    """Posts batches to one daemon with the host's bearer token, fetches the host's throttling
+    plan and reports what was done with it.
 
     ``transport`` is for tests (an httpx transport that fails on demand).
     """
@@ -76,6 +86,35 @@ class DaemonClient:
             except ValueError:
                 status = "accepted"
             return PostOutcome("delivered", 200, status)
+        detail = _detail(response)
+        if response.status_code >= 500 or response.status_code in RETRY_STATUSES:
+            return PostOutcome("unavailable", response.status_code, detail)
+        return PostOutcome("rejected", response.status_code, detail)
+
+    def get_plan(self, host: str) -> HostPlan:
+        """``GET /v1/plan/{host}``; raises :class:`PlanUnavailable` for anything but a valid plan
+        (the caller must then leave every VM as it is: no news is not "lift the throttles")."""
+        try:
+            response = self._http.get(f"/v1/plan/{quote(host, safe='')}")
+        except httpx.HTTPError as exc:
+            raise PlanUnavailable(f"{type(exc).__name__}: {exc}") from None
+        if response.status_code != 200:
+            raise PlanUnavailable(f"HTTP {response.status_code}: {_detail(response)}")
+        try:
+            return HostPlan.model_validate_json(response.content)
+        except ValidationError as exc:
+            raise PlanUnavailable(f"not a plan: {exc.errors()[:3]}") from None
+
+    def post_report(self, host: str, report: PlanReport) -> PostOutcome:
+        """``POST /v1/plan/{host}/report``, classified like :meth:`post_batch`."""
+        try:
+            response = self._http.post(
+                f"/v1/plan/{quote(host, safe='')}/report", content=report.model_dump_json()
+            )
+        except httpx.HTTPError as exc:
+            return PostOutcome("unavailable", None, f"{type(exc).__name__}: {exc}")
+        if response.status_code == 200:
+            return PostOutcome("delivered", 200, "recorded")
         detail = _detail(response)
         if response.status_code >= 500 or response.status_code in RETRY_STATUSES:
             return PostOutcome("unavailable", response.status_code, detail)
