@@ -144,7 +144,8 @@ def flavor_endowment(configured: np.ndarray, supply: np.ndarray, host_of: np.nda
     equal_split = supply / np.maximum(per_host, 1)[:, None]
     v = np.where(np.isnan(configured), equal_split[host_of], configured)
     total = segment_sum(v, host_of, n_hosts)
-    scale = np.where(total > supply, supply / np.where(total > 0, total, 1.0), 1.0)
+    # Divide only where the host is oversold: elsewhere a tiny total would overflow for nothing.
+    scale = np.divide(supply, total, out=np.ones_like(total), where=total > supply)
     return v * scale[host_of]
 
 
