@@ -33,6 +33,7 @@ from gmd.report.enforcement import plans as enforcement_plans
 from gmd.report.render import csv_text, json_text, table_text
 from gmd.report.standings import COLUMNS as STANDINGS_COLUMNS
 from gmd.report.standings import standings
+from gmd.report.timespec import iso as iso_time
 from gmd.report.timespec import parse_time
 
 app = typer.Typer(
@@ -386,6 +387,56 @@ def enforce_command(
             )
         )
         sys.stdout.write(table_text(plan_rows, PLAN_COLUMNS, title="Host plans"))
+
+
+@app.command("reset")
+def reset_command(
+    ctx: typer.Context,
+    customer: Annotated[str, typer.Argument(help="The customer (project uuid) to reset.")],
+    reason: Annotated[
+        str, typer.Option("--reason", help="Why; kept in the enforcement log (required).")
+    ],
+    by: Annotated[
+        str | None,
+        typer.Option("--by", help="Who asks for it (default: the login name)."),
+    ] = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+) -> None:
+    """Reset a customer's balance to zero, like sacctmgr's RawUsage=0.
+
+    The ledger keeps every past row; the reset is recorded (who, when, why, the balance
+    dropped) and the next interval accounted starts the customer from zero. Standings show 0
+    at once; the throttle level follows at the next decision (hysteresis and dwell still
+    apply). Exit codes: 0 reset, 1 database unavailable, 2 bad option or not confirmed,
+    3 unknown customer.
+    """
+    import getpass
+
+    from gmd.ledger.resets import UnknownCustomer, reset_balance
+
+    if not reason.strip():
+        raise _fail("--reason must say why (it is kept in the enforcement log)")
+    if not yes:
+        if not sys.stdin.isatty():
+            raise _fail("not on a terminal: confirm the reset with --yes")
+        if not typer.confirm(f"Reset the balance of {customer} to zero?"):
+            raise _fail("not reset")
+    requester = by or getpass.getuser()
+    engine = _engine(ctx)
+    try:
+        result = reset_balance(engine, customer, reason, requester)
+    except UnknownCustomer:
+        typer.echo(f"gmd-admin: customer {customer!r} is not in the ledger", err=True)
+        raise typer.Exit(3) from None
+    except (SQLAlchemyError, OSError) as exc:
+        raise _db_error(engine, exc) from None
+    finally:
+        engine.dispose()
+    typer.echo(
+        f"{customer}: balance {result.previous_balance:.6g} reset to 0 by {requester};"
+        f" accounting starts it from 0 at the interval of"
+        f" {iso_time(result.effective_start_s)}."
+    )
 
 
 class Processors(StrEnum):

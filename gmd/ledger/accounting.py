@@ -32,6 +32,7 @@ from gmd.fairness.decay import decay_factor
 from gmd.fairness.directcontr import DirectContrBalances, directcontr_update, normalized_work
 from gmd.ledger.migrate import writer
 from gmd.ledger.models import (
+    BalanceReset,
     CustomerLedger,
     CustomerResourceLedger,
     HostInterval,
@@ -62,6 +63,7 @@ _organizations: Table = Organization.__table__  # type: ignore[assignment]
 _customer_ledger: Table = CustomerLedger.__table__  # type: ignore[assignment]
 _resource_ledger: Table = CustomerResourceLedger.__table__  # type: ignore[assignment]
 _organization_ledger: Table = OrganizationLedger.__table__  # type: ignore[assignment]
+_resets: Table = BalanceReset.__table__  # type: ignore[assignment]
 
 
 @dataclass(frozen=True)
@@ -200,6 +202,17 @@ def compute_rows(conn: Connection, interval_id: int, config: AccountingConfig) -
             )
         ).all()
     )
+    reset = set()
+    if prev is not None:
+        # Resets made after the standing we start from was accounted (gmd-admin reset).
+        reset = set(
+            conn.execute(
+                select(_resets.c.customer_id).where(
+                    _resets.c.effective_start_s > prev.start_s,
+                    _resets.c.effective_start_s <= start_s,
+                )
+            ).scalars()
+        )
     return _rows(
         config,
         interval_id,
@@ -211,6 +224,7 @@ def compute_rows(conn: Connection, interval_id: int, config: AccountingConfig) -
         prev_customers,
         prev_orgs,
         org_customer,
+        reset,
     )
 
 
@@ -245,7 +259,9 @@ def _rows(
     prev_customers: dict[int, object],
     prev_orgs: dict[int, object],
     org_customer: dict[int, int],
+    reset: set[int],
 ) -> LedgerRows:
+    """The ledger rows of one interval; customers in ``reset`` start from a zero balance."""
     data = np.array([tuple(r) for r in samples], dtype=np.float64)  # type: ignore[arg-type]
     host_ids = data[:, 0].astype(np.int64)
     customer_ids = data[:, 1].astype(np.int64)
@@ -306,7 +322,8 @@ def _rows(
     for c, i in account_of_customer.items():
         row = prev_customers.get(c)
         if row is not None:
-            prev_balance[i] = row.balance  # type: ignore[attr-defined]
+            if c not in reset:
+                prev_balance[i] = row.balance  # type: ignore[attr-defined]
             before.utility_work[i] = row.utility_work  # type: ignore[attr-defined]
             before.utility_moment[i] = row.utility_moment  # type: ignore[attr-defined]
     for o, a in account_of_org.items():

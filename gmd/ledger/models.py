@@ -250,3 +250,21 @@ class EnforcementAction(Base):
     before: Mapped[str | None] = mapped_column(Text)
     after: Mapped[str | None] = mapped_column(Text)
     reason: Mapped[str] = mapped_column(Text)
+
+
+class BalanceReset(Base):
+    """An operator's reset of a customer's balance to zero (``gmd-admin reset``).
+
+    Ledger rows are never rewritten: the reset takes effect in the accounting of the first
+    interval not yet accounted when it was made (``effective_start_s``), which starts the
+    customer from a zero balance instead of its previous standing. The balance it threw away
+    and the reason are kept for the audit."""
+
+    __tablename__ = "balance_resets"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    customer_id: Mapped[int] = mapped_column(ForeignKey("customers.id"), index=True)
+    effective_start_s: Mapped[int] = mapped_column(BigInteger, index=True)
+    previous_balance: Mapped[float] = mapped_column(Double)
+    requested_by: Mapped[str] = mapped_column(String(255))
+    reason: Mapped[str] = mapped_column(Text)

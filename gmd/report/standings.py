@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from sqlalchemy import Connection, Table, func, select
 
 from gmd.ledger.models import Customer, CustomerLedger, Interval, IntervalState
+from gmd.ledger.resets import pending_resets
 from gmd.report.render import Column
 
 _intervals: Table = Interval.__table__  # type: ignore[assignment]
@@ -36,6 +37,8 @@ class Standings:
     interval_s: int | None
     latest_accounted_s: int | None
     rows: list[dict[str, object]]
+    reset: tuple[str, ...] = ()
+    """customers reset since (shown at 0; their next accounted interval starts from 0)"""
 
     def caption(self) -> str:
         if self.as_of_s is None:
@@ -43,6 +46,8 @@ class Standings:
         text = f"After the interval starting {iso(self.as_of_s)} ({self.interval_s} s)."
         if self.latest_accounted_s is not None and self.latest_accounted_s > self.as_of_s:
             text += f" No samples in the intervals up to {iso(self.latest_accounted_s)}."
+        if self.reset:
+            text += f" Balance reset since (shown as 0): {', '.join(self.reset)}."
         return text
 
     def document(self) -> dict[str, object]:
@@ -52,6 +57,7 @@ class Standings:
             "interval_s": self.interval_s,
             "latest_accounted_s": self.latest_accounted_s,
             "customers": self.rows,
+            "reset_since": list(self.reset),
         }
 
 
@@ -99,6 +105,13 @@ def standings(
     if customer is not None:
         query = query.where(_customers.c.name == customer)
     rows = [dict(r._mapping) for r in conn.execute(query)]
+    reset_ids = pending_resets(conn, row.start_s)
+    reset_names = set(
+        conn.execute(select(_customers.c.name).where(_customers.c.id.in_(reset_ids))).scalars()
+    )
+    for r in rows:
+        if r["customer"] in reset_names:
+            r["balance"] = 0.0
     if everyone:
         listed = {r["customer"] for r in rows}
         names = conn.execute(select(_customers.c.name)).scalars()
@@ -120,4 +133,5 @@ def standings(
         rows.sort(key=lambda r: (-float(r[sort]), str(r["customer"])))  # type: ignore[arg-type]
     if reverse:
         rows.reverse()
-    return Standings(row.start_s, row.length_s, latest, rows)
+    shown = {str(r["customer"]) for r in rows}
+    return Standings(row.start_s, row.length_s, latest, rows, tuple(sorted(reset_names & shown)))
