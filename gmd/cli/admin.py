@@ -439,6 +439,72 @@ def reset_command(
     )
 
 
+@app.command("explain")
+def explain_command(
+    ctx: typer.Context,
+    customer: Annotated[str, typer.Argument(help="The customer (project uuid) to explain.")],
+    at: Annotated[
+        str | None,
+        typer.Option(
+            "--at",
+            help="Explain the interval holding this time (ISO, now-2h, Unix seconds)."
+            " Default: the customer's latest interval with VMs.",
+        ),
+    ] = None,
+    from_: Annotated[
+        str | None,
+        typer.Option(
+            "--from", help="With --to: sum up this range and explain its greediest interval."
+        ),
+    ] = None,
+    to: Annotated[str | None, typer.Option("--to", help="End of the range (exclusive).")] = None,
+    fmt: Annotated[
+        Format, typer.Option("--format", help="table (plain text), or json; csv is refused.")
+    ] = Format.table,
+) -> None:
+    """Why a customer stands where it stands: on which hosts, VMs and resources it went over
+    its endowment in an interval, what it left unused and was credited for, how that made its
+    greediness and balance, which thresholds put it at which throttle level, and what was
+    enforced.
+
+    The interval is recomputed from its stored samples and checked against the ledger. Exit
+    codes: 0 explained, 1 database unavailable, 2 bad option, 3 unknown customer or nothing
+    to explain.
+    """
+    from gmd.report.explain import NothingToExplain, UnknownCustomer, explain, render_text
+
+    if fmt is Format.csv:
+        raise _fail("explain writes text or JSON (--format table|json), not CSV")
+    if at is not None and (from_ is not None or to is not None):
+        raise _fail("give either --at or --from/--to, not both")
+    now = time.time()
+    try:
+        at_s = None if at is None else parse_time(at, now)
+        from_s = None if from_ is None else parse_time(from_, now)
+        to_s = None if to is None else parse_time(to, now)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    config = _load_config(ctx)
+    engine = _engine(ctx)
+    try:
+        with engine.connect() as conn:
+            result = explain(conn, config, customer, at_s=at_s, from_s=from_s, to_s=to_s)
+    except UnknownCustomer:
+        typer.echo(f"gmd-admin: customer {customer!r} is not in the ledger", err=True)
+        raise typer.Exit(3) from None
+    except NothingToExplain as exc:
+        typer.echo(f"gmd-admin: nothing to explain for {customer}: {exc}", err=True)
+        raise typer.Exit(3) from None
+    except (SQLAlchemyError, OSError) as exc:
+        raise _db_error(engine, exc) from None
+    finally:
+        engine.dispose()
+    if fmt is Format.json:
+        sys.stdout.write(json_text(result.document()))
+    else:
+        sys.stdout.write(render_text(result, config.accounting.endowment))
+
+
 class Processors(StrEnum):
     equal = "equal"
     zipf = "zipf"

@@ -228,7 +228,7 @@ def compute_rows(conn: Connection, interval_id: int, config: AccountingConfig) -
     )
 
 
-def _supply_and_flavor(
+def supply_and_flavor(
     config: AccountingConfig, capacity: np.ndarray, flavor: np.ndarray, length_s: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per-second capacities and flavors → amounts per interval in the configured resources.
@@ -242,7 +242,7 @@ def _supply_and_flavor(
     return capacity * length_s, flavor * length_s
 
 
-def _use(config: AccountingConfig, raw: np.ndarray) -> np.ndarray:
+def use_amounts(config: AccountingConfig, raw: np.ndarray) -> np.ndarray:
     if config.split_io:
         return raw
     return np.column_stack([raw[:, 0], raw[:, 1], raw[:, 2] + raw[:, 3], raw[:, 4] + raw[:, 5]])
@@ -278,7 +278,7 @@ def _rows(
             "without a capacity row"
         )
     host_org = host_table[:, 1].astype(np.int64)
-    supply, configured = _supply_and_flavor(config, host_table[:, 2:], flavor, length_s)
+    supply, configured = supply_and_flavor(config, host_table[:, 2:], flavor, length_s)
 
     # Accounts: every customer with a standing or a sample, then organizations that are not
     # customers themselves (an organization that is a customer shares its customer's account).
@@ -298,7 +298,7 @@ def _rows(
 
     host_of = np.array([host_index[h] for h in host_ids.tolist()], dtype=np.intp)
     cust_of = np.array([account_of_customer[c] for c in customer_ids.tolist()], dtype=np.intp)
-    use = _use(config, raw_use)
+    use = use_amounts(config, raw_use)
     result = cloud_greediness(
         CloudInterval(
             use=use,

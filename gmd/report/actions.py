@@ -36,8 +36,10 @@ def actions(
     to_s: float | None = None,
     customer: str | None = None,
     limit: int | None = None,
+    raw: bool = False,
 ) -> list[dict[str, object]]:
-    """Actions in ``[from_s, to_s)`` (by when they were recorded), oldest first."""
+    """Actions in ``[from_s, to_s)`` (by when they were recorded), oldest first. ``raw`` adds
+    ``interval_s`` (the interval's start) and ``at_dt`` (an aware datetime) for filtering."""
     query = (
         select(
             _actions.c.at,
@@ -83,6 +85,9 @@ def actions(
                 "reason": r.reason,
             }
         )
+        if raw:
+            rows[-1]["interval_s"] = r.start_s
+            rows[-1]["at_dt"] = at
     return rows
 
 
