@@ -29,7 +29,14 @@ class ConfigError(ValueError):
 
 
 def default_state_dir() -> Path:
-    """``/var/lib/gmd`` for root (the packaged service), ``./var`` for anyone else."""
+    """Where the ledger, spool and enforcement state go when the configuration does not say.
+
+    systemd's ``StateDirectory=`` (``$STATE_DIRECTORY``, the first if several) wins, so that a
+    service running as user gmd and ``gmd-admin`` run as root agree; then ``/var/lib/gmd`` for
+    root, ``./var`` for anyone else (a checkout)."""
+    given = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
+    if given:
+        return Path(given)
     return Path("/var/lib/gmd") if os.geteuid() == 0 else Path("var").resolve()
 
 

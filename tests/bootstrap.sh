@@ -52,6 +52,9 @@ fi
 # What the tests need, when asked for: the PostgreSQL server (tests/postgres.sh starts a
 # private cluster) and openssl (a test makes a TLS certificate for the daemon).
 [ "${GMD_WITH_POSTGRES:-0}" = 1 ] && need_apt postgresql openssl
+# ...and systemd, for systemd-analyze and systemd-sysusers: tests/test_systemd.py checks the
+# unit files in systemd/ with them (no running systemd needed).
+[ "${GMD_WITH_POSTGRES:-0}" = 1 ] && need_apt systemd
 
 # libvirt-python has no wheel: pip builds it against Debian's libvirt headers.
 case ",$EXTRAS," in

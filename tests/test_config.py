@@ -129,3 +129,15 @@ def test_the_example_file_serves_the_agent_too() -> None:
     agent = load_agent(example)
     assert (agent.tick_s, agent.interval_s, agent.metrics_port) == (10, 60, 8471)
     assert agent.disk_bytes_per_s == 500e6 and agent.daemon_url is None
+
+
+def test_systemds_state_directory_is_the_default_state_dir(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from gmd.config import default_database_url, default_state_dir
+
+    monkeypatch.setenv("STATE_DIRECTORY", f"{tmp_path}/gmd:{tmp_path}/other")
+    assert default_state_dir() == tmp_path / "gmd"
+    assert default_database_url() == f"sqlite:///{tmp_path / 'gmd' / 'ledger.db'}"
+    monkeypatch.delenv("STATE_DIRECTORY")
+    assert default_state_dir() in (Path("/var/lib/gmd"), Path("var").resolve())

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import site
+import sys
+import sysconfig
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,13 +19,53 @@ from sqlalchemy.engine import Engine
 _WRITER = "gmd_writer"
 
 
-def migrations_dir() -> Path:
-    """``$GMD_MIGRATIONS``, else ``migrations/`` beside the package (the source tree)."""
+# Where a wheel install puts the migrations (pyproject.toml's [tool.setuptools.data-files]),
+# below an installation prefix; and where they are in the source tree (an editable install or
+# a checkout).
+INSTALLED_MIGRATIONS = Path("share", "gmd", "migrations")
+SOURCE_MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
+
+
+def install_prefixes() -> list[Path]:
+    """The prefixes a wheel's data files may have gone to, most specific first.
+
+    ``sys.prefix`` (a virtualenv such as /opt/gmd), the default scheme's data path (Debian's
+    pip installs into /usr/local while ``sys.prefix`` is /usr) and the user base
+    (``pip install --user``).
+    """
+    found: list[Path] = []
+    for raw in (sys.prefix, sysconfig.get_path("data"), site.getuserbase()):
+        if raw and Path(raw) not in found:
+            found.append(Path(raw))
+    return found
+
+
+def migrations_candidates() -> list[Path]:
+    """Where :func:`migrations_dir` looks, in order.
+
+    ``$GMD_MIGRATIONS`` alone when it is set (an explicit choice is never second-guessed);
+    else the source tree, then ``PREFIX/share/gmd/migrations`` for each installation prefix.
+    """
     env = os.environ.get("GMD_MIGRATIONS")
-    path = Path(env) if env else Path(__file__).resolve().parents[2] / "migrations"
-    if not (path / "env.py").is_file():
-        raise FileNotFoundError(f"{path}: no Alembic migrations here (set GMD_MIGRATIONS)")
-    return path
+    if env:
+        return [Path(env)]
+    return [SOURCE_MIGRATIONS, *(prefix / INSTALLED_MIGRATIONS for prefix in install_prefixes())]
+
+
+def migrations_dir() -> Path:
+    """The Alembic migrations directory (the first candidate with an ``env.py``).
+
+    Raises FileNotFoundError naming every place searched.
+    """
+    candidates = migrations_candidates()
+    for path in candidates:
+        if (path / "env.py").is_file():
+            return path
+    searched = ", ".join(str(p) for p in candidates)
+    raise FileNotFoundError(
+        f"no Alembic migrations (env.py) found; searched: {searched} "
+        "(reinstall gmd, or set GMD_MIGRATIONS to the migrations directory)"
+    )
 
 
 def _config() -> AlembicConfig:
