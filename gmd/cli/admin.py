@@ -389,6 +389,139 @@ def enforce_command(
         sys.stdout.write(table_text(plan_rows, PLAN_COLUMNS, title="Host plans"))
 
 
+@app.command("report")
+def report_command(
+    ctx: typer.Context,
+    from_: Annotated[
+        str,
+        typer.Option("--from", help="Start: ISO date/time (UTC), now-7d, now-12h, Unix seconds."),
+    ] = "now-7d",
+    to: Annotated[str, typer.Option("--to", help="End (exclusive), same forms.")] = "now",
+    group_by: Annotated[
+        str,
+        typer.Option(
+            "--group-by",
+            help="customer, organization, host, resource, day or week (UTC, from Monday).",
+            metavar="GROUP",
+        ),
+    ] = "customer",
+    customer: Annotated[
+        str | None,
+        typer.Option(
+            "--customer",
+            help="Only this customer (project uuid); with day or week, its rows per period.",
+        ),
+    ] = None,
+    top: Annotated[
+        int | None,
+        typer.Option("--top", help="Keep the first N rows after sorting.", min=1, metavar="N"),
+    ] = None,
+    sort: Annotated[
+        str | None,
+        typer.Option(
+            "--sort",
+            help="Column key to sort by, numbers greatest first (default: see above).",
+            metavar="COLUMN",
+        ),
+    ] = None,
+    fmt: Annotated[Format, typer.Option("--format", help="table, csv or json.")] = Format.table,
+) -> None:
+    """Usage over a range of time, like Slurm's sreport: the ledger's intervals whose start is
+    in [--from, --to), grouped by --group-by. Every number is a sum, count or last value of
+    ledger rows; CSV and JSON keep full precision.
+
+    \b
+    Columns (keys as in CSV and JSON), by --group-by:
+      customer      gm_sum (sum of greediness), gm_mean (gm_sum / accounted intervals;
+                    intervals without samples count as 0), balance, gm_<resource> (that
+                    resource's terms of gm_sum), utility, priority, contribution (if it is
+                    also an organization), throttled_s, throttle_mode, quota_changes,
+                    late_samples; sorted by gm_sum
+      organization  customer (if it is one), contribution, utility, priority, hosts,
+                    customers (served), cpu_supplied_core_s, cpu_used_core_s,
+                    late_samples; sorted by contribution
+      host          organization, vms, customers, samples, cpu_core_s, memory_byte_s,
+                    disk_bytes, network_bytes, late_samples; sorted by cpu_core_s
+      resource      gm_sum (sum of terms), over (positive terms), under (negative terms:
+                    ceded and credited), customers_over
+      day, week     intervals, empty_intervals, active_customers, gm_positive, greediest,
+                    greediest_gm, throttled_customers, actions, late_samples; with
+                    --customer: intervals, gm_sum, gm_mean, balance, throttled_s,
+                    throttle_mode, late_samples; in time order
+
+    Balance, utility, priority and contribution are those after the last interval with
+    ledger rows in the range (0 without a row there; a balance reset since shows 0).
+    throttled_s is the length of the accounted intervals that began at throttle level 1 or
+    more, dry-run decisions included (throttle_mode says which). quota_changes counts quota
+    lowerings and restorations recorded in the range. Late samples are stored but not
+    counted: tables mark rows that have some with *. Numbers sort greatest first.
+
+    Exit codes: 0 shown (also for an empty range), 1 database unavailable, 2 bad option,
+    3 unknown customer.
+    """
+    from contextlib import nullcontext
+
+    from gmd.report.usage import GROUPS, UnknownCustomer
+    from gmd.report.usage import report as usage_report
+
+    if group_by not in GROUPS:
+        raise _fail(f"cannot group by {group_by!r}; choose one of {', '.join(GROUPS)}")
+    now = time.time()
+    try:
+        from_s = parse_time(from_, now)
+        to_s = parse_time(to, now)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    if to_s <= from_s:
+        raise _fail(f"--from {iso_time(from_s)} is not before --to {iso_time(to_s)}")
+    bar = None
+    if sys.stderr.isatty():  # a progress bar only for people watching, never into pipes
+        from rich.console import Console
+        from rich.progress import Progress
+
+        bar = Progress(console=Console(stderr=True), transient=True)
+    engine = _engine(ctx)
+    try:
+        with engine.connect() as conn, bar or nullcontext():
+            task = None if bar is None else bar.add_task("report", total=None)
+
+            def progress(done: int, total: int, what: str) -> None:
+                if bar is not None and task is not None:
+                    bar.update(task, completed=done, total=total, description=what)
+
+            result = usage_report(
+                conn,
+                group_by,
+                from_s,
+                to_s,
+                customer=customer,
+                sort=sort,
+                top=top,
+                progress=None if bar is None else progress,
+            )
+    except UnknownCustomer:
+        typer.echo(f"gmd-admin: customer {customer!r} is not in the ledger", err=True)
+        raise typer.Exit(3) from None
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    except (SQLAlchemyError, OSError) as exc:
+        raise _db_error(engine, exc) from None
+    finally:
+        engine.dispose()
+    empty = result.emptiness()
+    if empty is not None:
+        typer.echo(f"gmd-admin: nothing to report: {empty}", err=True)
+    if fmt is Format.json:
+        sys.stdout.write(json_text(result.document()))
+    elif fmt is Format.csv:
+        sys.stdout.write(csv_text(result.rows, result.columns))
+    else:
+        title = f"Usage by {group_by}, {iso_time(from_s)} to {iso_time(to_s)}"
+        rows, columns, caption = result.table_rows(), result.columns, result.caption()
+        # up to 16 columns by customer: wide enough that no number is cut short
+        sys.stdout.write(table_text(rows, columns, title=title, caption=caption, width=200))
+
+
 @app.command("reset")
 def reset_command(
     ctx: typer.Context,
@@ -583,6 +716,113 @@ def simulate_command(
     except (ValueError, OSError) as exc:
         raise _fail(str(exc)) from None
     sys.stdout.write(text)
+
+
+@app.command("plot")
+def plot_command(
+    ctx: typer.Context,
+    output: Annotated[
+        Path,
+        typer.Option(
+            "--output",
+            "-o",
+            help="The picture to write: FILE.png or FILE.svg (the suffix picks the format).",
+            metavar="FILE",
+        ),
+    ],
+    from_: Annotated[
+        str | None,
+        typer.Option(
+            "--from",
+            help="Start: ISO date/time (UTC), now-7d, now-12h, Unix seconds (default: the first"
+            " accounted interval). Intervals that start from then on are drawn.",
+        ),
+    ] = None,
+    to: Annotated[
+        str | None,
+        typer.Option("--to", help="End (exclusive), same forms (default: the latest interval)."),
+    ] = None,
+    customer: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--customer",
+            help="A customer (project uuid) to draw; repeat for several. Default: the --top N.",
+            metavar="NAME",
+        ),
+    ] = None,
+    top: Annotated[
+        int | None,
+        typer.Option(
+            "--top",
+            min=1,
+            help="Without --customer: draw the N customers with the greatest balance at the end"
+            " of the range (default 5).",
+            metavar="N",
+        ),
+    ] = None,
+) -> None:
+    """Draw customers' standings over time into a PNG or SVG picture.
+
+    Three panels on one UTC time axis: (1) each customer's balance after each interval, with
+    the [enforcement] thresholds as lines ("level k enter" solid, "level k leave" dashed; with
+    priority_weight set, the score they apply to is drawn too); (2) each customer's throttle
+    level, rebuilt from the enforcement log (dry-run levels included, and marked); (3) the
+    per-resource terms of the first customer's interval greediness (cpu, memory, disk,
+    network), to see which resources made it greedy.
+
+    Exit codes: 0 written, 1 database unavailable or the file cannot be written, 2 bad
+    configuration or option (a suffix other than .png/.svg), 3 unknown customer or no
+    accounted interval in the range.
+    """
+    from gmd.report import plot as plotting
+    from gmd.report.series import EmptyRange, UnknownCustomers, collect
+
+    try:
+        fmt = plotting.output_format(output)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    if customer and top is not None:
+        raise _fail("--top chooses customers when no --customer is given: give one or the other")
+    now = time.time()
+    try:
+        from_s = None if from_ is None else parse_time(from_, now)
+        to_s = None if to is None else parse_time(to, now)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    if from_s is not None and to_s is not None and from_s >= to_s:
+        raise _fail(
+            f"--from {from_} ({iso_time(from_s)}) is not before --to {to} ({iso_time(to_s)})"
+        )
+    config = _load_config(ctx)
+    engine = _engine(ctx)
+    try:
+        with engine.connect() as conn:
+            data = collect(
+                conn,
+                customers=customer or (),
+                top=5 if top is None else top,
+                from_s=from_s,
+                to_s=to_s,
+            )
+    except (UnknownCustomers, EmptyRange) as exc:
+        typer.echo(f"gmd-admin: {exc}", err=True)
+        raise typer.Exit(3) from None
+    except (SQLAlchemyError, OSError) as exc:
+        raise _db_error(engine, exc) from None
+    finally:
+        engine.dispose()
+    figure = plotting.draw(data, config.enforcement.policy, config.enforcement.mode)
+    try:
+        plotting.save(figure, output, fmt)
+    except OSError as exc:
+        raise _fail(f"cannot write {output}: {exc}", EXIT_UNAVAILABLE) from None
+    line = data.timeline
+    quiet = [c for i, c in enumerate(data.customers) if not data.balances.present[i].any()]
+    typer.echo(
+        f"{output}: {', '.join(data.customers) or 'no customer'} over {len(line)} intervals,"
+        f" {iso_time(float(line.start_s[0]))} to {iso_time(float(line.end_s[-1]))}"
+        + (f"; no standing in the range (drawn as 0): {', '.join(quiet)}" if quiet else "")
+    )
 
 
 def main() -> None:
