@@ -61,22 +61,53 @@ key                           default                           meaning
                               ``SYSTEMD_TEMPLATE``, v1          fields ``{name}``, ``{uuid}``,
                               ``LIBVIRT_TEMPLATE`` (see         ``{id}``, ``{machine}``,
                               :mod:`gmd.enforce.cgroups`)       ``{machine_unit}``
+``collector``                 ``"libvirt"``                     where readings come from:
+                                                                ``"libvirt"`` or ``"replay"``
+                                                                (recorded traces, see
+                                                                :mod:`gmd.collect.replay`)
+``replay_dir``                none (required for ``replay``)    directory of Bitbrains traces
+                                                                ``N.csv`` (relative to this
+                                                                file)
+``replay_vms``                every ``N.csv`` in the directory  which traces: a list (``[1, 2,
+                                                                "7"]``) or ranges (``"1-10,15"``)
+``replay_customers``          ``default_customer``              a list, dealt round-robin over
+                                                                ``replay_vms`` in order, or a
+                                                                table trace → customer
+``replay_start``              ``"now-7d"``                      simulated start (ISO, ``now-3d``,
+                                                                Unix seconds); the traces' first
+                                                                row falls on it
+``replay_end``                the present                       simulated end (never past the
+                                                                present or the traces' end)
+``replay_speed``              ``"max"``                         simulated seconds per wall
+                                                                second, or ``"max"``: as fast as
+                                                                the agent goes
+``replay_offset_s``           ``0``                             start this far into the traces
+``replay_host_cores``         the VMs' provisioned cores,       the simulated host's cores
+                              summed
+``replay_host_memory_bytes``  their provisioned memory, summed  the simulated host's RAM
 ============================  ================================  =================================
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import socket
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from gmd.config import ConfigError, _Reader, default_state_dir, read_document
 from gmd.enforce.cgroups import CgroupError, VmIdentity, render_template
+from gmd.report.timespec import parse_time
 
 ENFORCE_BACKENDS = ("libvirt", "cgroup", "none")
+COLLECTORS = ("libvirt", "replay")
+_RANGE = re.compile(r"^\s*(\w+)\s*(?:-\s*(\d+)\s*)?$")
 
 _PRINTABLE = re.compile(r"^[!-~]+$")
 _NAME = re.compile(r"^[^\x00-\x1f]{1,255}$")
@@ -107,6 +138,20 @@ class AgentConfig:
     enforcement_state_path: Path = Path("var/agent-enforcement.json")
     cgroup_root: Path = Path("/sys/fs/cgroup")
     cgroup_template: str | None = None
+    collector: str = "libvirt"
+    replay_dir: Path | None = None
+    replay_vms: tuple[str, ...] = ()
+    """trace names (``N`` of ``N.csv``); empty: every trace in ``replay_dir``"""
+    replay_customers: tuple[str, ...] | Mapping[str, str] = ()
+    replay_start_s: float | None = None
+    """``None``: a week before the replay starts"""
+    replay_end_s: float | None = None
+    """``None``: the present"""
+    replay_speed: float | None = None
+    """``None``: as fast as possible"""
+    replay_offset_s: float = 0.0
+    replay_host_cores: float | None = None
+    replay_host_memory_bytes: float | None = None
 
 
 def _relative(path: Path | None, value: str) -> Path:
@@ -197,9 +242,117 @@ def parse_agent(
         ),
         cgroup_root=_relative(path, a.get("cgroup_root", str, "/sys/fs/cgroup")),
         cgroup_template=template,
+        **_replay_keys(a, path),
     )
     a.done()
     return config
+
+
+def _replay_keys(a: _Reader, path: Path | None) -> dict[str, Any]:
+    """The ``collector`` and ``replay_*`` keys. The traces' directory and files must exist
+    when the collector is ``"replay"``; the files themselves are read when the replay starts."""
+    collector = a.choice("collector", "libvirt", COLLECTORS)
+    directory = a.get("replay_dir", str, None)
+    replay_dir = None if directory is None else _relative(path, directory)
+    if collector == "replay":
+        if replay_dir is None:
+            raise a.fail("replay_dir", 'required with collector = "replay"')
+        if not replay_dir.is_dir():
+            raise a.fail("replay_dir", f"{str(replay_dir)!r} is not a directory")
+    vms = _trace_names(a, a.get("replay_vms", (list, str), None))
+    if collector == "replay" and replay_dir is not None:
+        missing = [n for n in vms if not (replay_dir / f"{n}.csv").is_file()]
+        if missing:
+            raise a.fail("replay_vms", f"no trace {missing[0]}.csv in {str(replay_dir)!r}")
+    now = time.time()
+    speed = a.get("replay_speed", (int, float, str), "max")
+    if speed == "max":
+        speed = None
+    elif isinstance(speed, str) or not (0 < speed < math.inf):
+        raise a.fail("replay_speed", f'{speed!r}: give a number > 0, or "max"')
+    cores = a.get("replay_host_cores", (int, float), None)
+    memory = a.get("replay_host_memory_bytes", (int, float), None)
+    for key, value in (("replay_host_cores", cores), ("replay_host_memory_bytes", memory)):
+        if value is not None and not (0 < value < math.inf):
+            raise a.fail(key, f"{value!r} must be > 0")
+    start, end = _moment(a, "replay_start", now), _moment(a, "replay_end", now)
+    if start is not None and end is not None and end <= start:
+        raise a.fail("replay_end", f"{end:.0f} is not after replay_start ({start:.0f})")
+    return {
+        "collector": collector,
+        "replay_dir": replay_dir,
+        "replay_vms": vms,
+        "replay_customers": _customers(a, vms),
+        "replay_start_s": start,
+        "replay_end_s": end,
+        "replay_speed": None if speed is None else float(speed),
+        "replay_offset_s": a.number("replay_offset_s", 0.0, 0),
+        "replay_host_cores": None if cores is None else float(cores),
+        "replay_host_memory_bytes": None if memory is None else float(memory),
+    }
+
+
+def _trace_names(a: _Reader, value: list[Any] | str | None) -> tuple[str, ...]:
+    """``[1, 2, "7"]`` or ``"1-10,15"`` → ``("1", …, "10", "15")``, in the order given."""
+    if value is None:
+        return ()
+    items: list[Any] = value.split(",") if isinstance(value, str) else value
+    names: list[str] = []
+    for item in items:
+        if isinstance(item, int) and not isinstance(item, bool) and item >= 0:
+            names.append(str(item))
+            continue
+        m = _RANGE.match(item) if isinstance(item, str) else None
+        if m is None:
+            raise a.fail("replay_vms", f"{item!r}: give trace numbers (1, 2) or ranges (1-10)")
+        first, last = m.groups()
+        if last is None:
+            names.append(first)
+        elif first.isdigit() and int(first) <= int(last):
+            names.extend(str(n) for n in range(int(first), int(last) + 1))
+        else:
+            raise a.fail("replay_vms", f"{item!r} is not a range like 1-10")
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise a.fail("replay_vms", f"trace {dup} is listed twice (one host runs a VM once)")
+    return tuple(names)
+
+
+def _customers(a: _Reader, vms: tuple[str, ...]) -> tuple[str, ...] | dict[str, str]:
+    """A list of customers (dealt round-robin) or a table trace → customer, names checked."""
+    value = a.get("replay_customers", (list, dict), None)
+    if value is None:
+        return ()
+    names = list(value.values()) if isinstance(value, dict) else value
+    for name in names:
+        if not (isinstance(name, str) and _NAME.match(name)):
+            raise a.fail("replay_customers", f"{name!r}: 1–255 characters, no controls")
+    if isinstance(value, list):
+        if not value:
+            raise a.fail("replay_customers", "an empty list: give at least one customer")
+        return tuple(value)
+    missing = [n for n in vms if n not in value]
+    if missing:
+        raise a.fail("replay_customers", f"no customer for trace {missing[0]} (replay_vms)")
+    return {str(k): v for k, v in value.items()}
+
+
+def _moment(a: _Reader, key: str, now_s: float) -> float | None:
+    """An instant as :func:`gmd.report.timespec.parse_time` reads it, Unix seconds, or a TOML
+    date-time (UTC unless it says otherwise)."""
+    value = a.get(key, (str, int, float, datetime), None)
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return (value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp()
+    if isinstance(value, str):
+        try:
+            return parse_time(value, now_s)
+        except ValueError as exc:
+            raise a.fail(key, str(exc)) from None
+    if not (0 <= value < math.inf):
+        raise a.fail(key, f"{value!r} is not a time")
+    return float(value)
 
 
 def load_agent(path: str | os.PathLike[str] | None = None) -> AgentConfig:

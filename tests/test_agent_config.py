@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from gmd.agent_config import load_agent, parse_agent
 from gmd.collect.capacity import link_speeds_mbit, network_bytes_per_s
 from gmd.config import ConfigError
+from tests.conftest import SHARED
 
 
 def test_defaults() -> None:
@@ -126,3 +128,86 @@ def test_no_link_speed_falls_back_to_a_gigabit_and_says_so(tmp_path: Path) -> No
     value, source = network_bytes_per_s(None, net)
     assert value == 125e6
     assert "assuming 1 Gbit/s (set agent.network_bytes_per_s)" in source
+
+
+TRACES = SHARED / "data" / "bitbrains_rnd_sample" / "2013-7"
+
+
+def test_replay_keys(tmp_path: Path) -> None:
+    (tmp_path / "traces").mkdir()
+    for n in (1, 2, 3, 5, 12):
+        (tmp_path / "traces" / f"{n}.csv").write_text("")
+    (tmp_path / "gmd.toml").write_text(
+        '[agent]\ncollector = "replay"\nreplay_dir = "traces"\nreplay_vms = "1-3,12"\n'
+        'replay_customers = ["acme", "globex"]\nreplay_start = "now-3d"\n'
+        "replay_end = 2099-01-02T03:04:05Z\nreplay_speed = 5000\nreplay_offset_s = 3600\n"
+        "replay_host_cores = 48\nreplay_host_memory_bytes = 2e11\n"
+    )
+    c = load_agent(tmp_path / "gmd.toml")
+    assert (c.collector, c.replay_dir) == ("replay", tmp_path / "traces")
+    assert c.replay_vms == ("1", "2", "3", "12")
+    assert c.replay_customers == ("acme", "globex")
+    assert c.replay_start_s == pytest.approx(time.time() - 3 * 86400, abs=60)
+    assert c.replay_end_s == 4071006245.0
+    assert (c.replay_speed, c.replay_offset_s) == (5000.0, 3600.0)
+    assert (c.replay_host_cores, c.replay_host_memory_bytes) == (48.0, 2e11)
+
+    table = {"collector": "replay", "replay_dir": str(tmp_path / "traces")}
+    c = parse_agent({"agent": {**table, "replay_vms": [5, "1"], "replay_speed": "max"}})
+    assert (c.replay_vms, c.replay_speed, c.replay_start_s, c.replay_end_s) == (
+        ("5", "1"),
+        None,
+        None,
+        None,
+    )
+    owners = {"5": "acme", "1": "globex", "99": "other-host's"}
+    c = parse_agent({"agent": {**table, "replay_vms": [5, 1], "replay_customers": owners}})
+    assert c.replay_customers == owners
+    assert parse_agent({}).collector == "libvirt"
+
+
+def test_replay_of_the_shared_traces_parses() -> None:
+    c = parse_agent(
+        {"agent": {"collector": "replay", "replay_dir": str(TRACES), "replay_vms": "1-100"}}
+    )
+    assert len(c.replay_vms) == 100
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ({"collector": "xen"}, "agent.collector: 'xen' is not one of libvirt, replay"),
+        ({"collector": "replay"}, 'agent.replay_dir: required with collector = "replay"'),
+        (
+            {"collector": "replay", "replay_dir": "/nonexistent"},
+            "agent.replay_dir: '/nonexistent' is not a directory",
+        ),
+        ({"replay_vms": "10-1"}, "agent.replay_vms: '10-1' is not a range like 1-10"),
+        ({"replay_vms": [1.5]}, "agent.replay_vms: 1.5: give trace numbers (1, 2) or ranges"),
+        ({"replay_vms": "1,2,1"}, "agent.replay_vms: trace 1 is listed twice"),
+        ({"collector": "replay", "replay_vms": [101]}, "agent.replay_vms: no trace 101.csv in"),
+        ({"replay_customers": []}, "agent.replay_customers: an empty list"),
+        ({"replay_customers": ["a", 7]}, "agent.replay_customers: 7: 1–255 characters"),
+        (
+            {"replay_vms": [1, 2], "replay_customers": {"1": "a"}},
+            "agent.replay_customers: no customer for trace 2 (replay_vms)",
+        ),
+        ({"replay_start": "yesterday"}, "agent.replay_start: 'yesterday' is not a time"),
+        ({"replay_end": -5}, "agent.replay_end: -5 is not a time"),
+        (
+            {"replay_start": "2026-01-02", "replay_end": "2026-01-01"},
+            "agent.replay_end: 1767225600 is not after replay_start (1767312000)",
+        ),
+        ({"replay_speed": 0}, 'agent.replay_speed: 0: give a number > 0, or "max"'),
+        ({"replay_speed": "fast"}, "agent.replay_speed: 'fast': give a number > 0"),
+        ({"replay_offset_s": -1}, "agent.replay_offset_s: -1.0 is not in [0, ∞)"),
+        ({"replay_host_cores": 0}, "agent.replay_host_cores: 0 must be > 0"),
+        ({"replay_dirs": "x"}, "agent.replay_dirs: unknown key (misspelt?)"),
+    ],
+)
+def test_replay_errors_name_the_file_and_key(table: dict, message: str) -> None:
+    if table.get("collector") == "replay" and "replay_vms" in table:
+        table = {**table, "replay_dir": str(TRACES)}
+    with pytest.raises(ConfigError) as err:
+        parse_agent({"agent": table}, "gmd.toml")
+    assert message in str(err.value)

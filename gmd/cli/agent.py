@@ -1,6 +1,8 @@
 """gmd-agent: samples VMs through libvirt and pushes per-interval usage to the daemon.
 
 Wiring only: the loop is :class:`gmd.deliver.agent.Agent`; Prometheus metrics on ``/metrics``.
+With ``agent.collector = "replay"`` the host is simulated from recorded traces
+(:mod:`gmd.collect.replay`): the agent replays its simulated time span, then exits.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from gmd.deliver.sender import Sender
 from gmd.deliver.spool import Spool, SpoolError
 
 if TYPE_CHECKING:
+    from gmd.collect.replay import ReplayClock, ReplayCollector
     from gmd.enforce.applier import PlanApplier
 
 log = logging.getLogger("gmd.agent")
@@ -36,6 +39,9 @@ def _applier(config: AgentConfig) -> PlanApplier | None:
     """The configured applier (``agent.enforce_backend``), or None for "none"."""
     if config.enforce_backend == "none":
         log.info("agent.enforce_backend = none: no throttling plan is fetched or applied")
+        return None
+    if config.collector == "replay":
+        log.info("agent.collector = replay: the VMs are recorded traces, no plan is applied")
         return None
     from gmd.enforce.applier import (
         CgroupApplier,
@@ -76,6 +82,17 @@ def _libvirt_collector(config: AgentConfig) -> Collector:
     )
 
 
+def _replay_collector(config: AgentConfig) -> tuple[ReplayCollector, ReplayClock]:
+    """The replay collector and its clock; exit 1 when the traces cannot be used."""
+    from gmd.collect.replay import ReplayError, replay_from_config
+
+    try:
+        return replay_from_config(config)
+    except ReplayError as exc:
+        log.error("%s", exc)
+        raise typer.Exit(1) from None
+
+
 @app.command()
 def agent(
     config_path: Annotated[
@@ -87,13 +104,21 @@ def agent(
             help="Configuration file (default /etc/gmd/gmd.toml); the [agent] section.",
         ),
     ] = None,
-    once: Annotated[bool, typer.Option("--once", help="Run one tick, then exit.")] = False,
+    once: Annotated[
+        bool,
+        typer.Option(
+            "--once",
+            help="Run one tick, then exit (with agent.collector = replay: replay the first"
+            " interval).",
+        ),
+    ] = False,
     dry_run: Annotated[
         bool,
         typer.Option(
             "--dry-run",
-            help="Print the batch one tick would send (two readings tick_s apart) as JSON on"
-            " stdout; write and send nothing. Implies --once.",
+            help="Print the batch one tick would send (two readings tick_s apart; with"
+            " agent.collector = replay, the first replayed interval) as JSON on stdout; write"
+            " and send nothing. Implies --once.",
         ),
     ] = False,
     restore_all: Annotated[
@@ -113,9 +138,11 @@ def agent(
     posted to agent.daemon_url; a spool left by a previous run is replayed first. Every
     agent.plan_every_s the host's throttling plan is fetched and applied (agent.enforce_backend);
     stopping the agent leaves throttled VMs as they are (the originals stay on disk for the next
-    start; --restore-all puts them back). Exit codes: 0 stopped cleanly, 1 the host, the spool
-    or the enforcement state cannot be used (or --restore-all left VMs unrestored), 2 bad
-    configuration.
+    start; --restore-all puts them back). With agent.collector = replay the VMs are recorded
+    traces replayed over simulated time (agent.replay_*), and the agent exits when the replay
+    is done. Exit codes: 0 stopped cleanly (or the replay is done), 1 the host, the traces, the
+    spool or the enforcement state cannot be used (or --restore-all left VMs unrestored, or a
+    replay's batches were not all delivered), 2 bad configuration.
     """
     logs.setup(log_level, quiet=("httpx",))
     try:
@@ -144,10 +171,20 @@ def agent(
             raise typer.Exit(1)
         log.info("every VM gmd had changed is back to its original settings")
         return
-    collector = _libvirt_collector(config)
+    clock: ReplayClock | None = None
+    if config.collector == "replay":
+        collector, clock = _replay_collector(config)
+    else:
+        collector = _libvirt_collector(config)
     if dry_run:
         try:
-            doc, span_s = dry_run_batch(config, collector)
+            if clock is not None:
+                from gmd.collect.replay import replay_dry_run
+
+                doc = replay_dry_run(config, collector, clock)  # type: ignore[arg-type]
+                span_s = float(config.interval_s)
+            else:
+                doc, span_s = dry_run_batch(config, collector)
         except RuntimeError as exc:
             log.error("%s", exc)
             raise typer.Exit(1) from None
@@ -191,6 +228,10 @@ def agent(
     )
     server = None
     try:
+        if once and clock is not None:
+            clock.end_s = clock.start_s + config.interval_s
+            _replay(runner, clock, None)
+            return
         if once:
             report = runner.tick()
             if not report.reading.ok:
@@ -204,10 +245,12 @@ def agent(
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda _n, _f: stop.set())
         log.info(
-            "gmd-agent for host %s: libvirt %s, tick %g s, interval %d s, daemon %s, spool %s,"
+            "gmd-agent for host %s: %s, tick %g s, interval %d s, daemon %s, spool %s,"
             " enforcement %s%s",
             config.host,
-            config.libvirt_uri,
+            f"libvirt {config.libvirt_uri}"
+            if clock is None
+            else f"replaying traces from {config.replay_dir}",
             config.tick_s,
             config.interval_s,
             config.daemon_url,
@@ -220,6 +263,9 @@ def agent(
             if config.metrics_port
             else "",
         )
+        if clock is not None:
+            _replay(runner, clock, stop)
+            return
         runner.run(stop)
         log.info("stopping: %d batches left in the spool for the next start", spool.size()[0])
     finally:
@@ -230,6 +276,34 @@ def agent(
         collector.close()
         if applier is not None:
             applier.close()
+
+
+def _replay(runner: Agent, clock: ReplayClock, stop: threading.Event | None) -> None:
+    """Replay the clock's span through the agent; exit 1 if its spool is another run's or
+    batches are left undelivered (a replay that silently misses intervals misleads)."""
+    from gmd.collect.replay import ReplayError, replay_run
+
+    try:
+        report = replay_run(runner, clock, stop=stop)
+    except ReplayError as exc:
+        log.error("%s", exc)
+        raise typer.Exit(1) from None
+    log.info(
+        "replay %s after %d ticks of simulated time (%.1f of %.1f hours): %d batches made",
+        "stopped" if report.stopped else "done",
+        report.ticks,
+        (report.reached_s - report.start_s) / 3600,
+        (report.end_s - report.start_s) / 3600,
+        report.batches,
+    )
+    if report.waiting:
+        log.error(
+            "%d batches of the replay could not be delivered (the daemon did not take them);"
+            " they are kept in %s",
+            report.waiting,
+            runner.spool.path,
+        )
+        raise typer.Exit(1)
 
 
 def main() -> None:

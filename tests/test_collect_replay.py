@@ -1,0 +1,459 @@
+"""The replay collector: Bitbrains traces read exactly, integrated into libvirt-like counters,
+mapped onto simulated time, and replayed through the real agent into a real daemon's ledger.
+
+Expected figures are computed here from the CSV rows by hand (a row's rates hold until the next
+row; an all-zero row means the VM is off), independently of gmd.collect.replay's own parsing
+and prefix sums, so a wrong integral, a lost or a doubled tick shows as a mismatch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from typer.testing import CliRunner
+
+from gmd.agent_config import AgentConfig, parse_agent
+from gmd.cli.agent import app as agent_cli
+from gmd.collect.aggregate import AgentState, advance
+from gmd.collect.base import Flavor
+from gmd.collect.replay import (
+    UUID_NAMESPACE,
+    ReplayClock,
+    ReplayCollector,
+    ReplayError,
+    TraceError,
+    deal_customers,
+    plan_clock,
+    read_trace,
+    replay_run,
+    replay_vms,
+    tick_times,
+    vm_uuid,
+)
+from gmd.deliver.agent import Agent
+from gmd.deliver.client import DaemonClient
+from gmd.deliver.sender import Sender
+from gmd.deliver.spool import Spool
+from gmd.ingest.schema import SampleBatch
+from gmd.ledger.accounting import account_due
+from tests.conftest import SHARED
+from tests.daemon_support import make_config, serving, token_of
+
+TRACES = SHARED / "data" / "bitbrains_rnd_sample" / "2013-7"
+FIRST_ROW_S = 1372629804  # every trace of the sample starts there
+PAST = 1_700_000_000  # a simulated start in the past (2023), 200 s into a 300 s interval
+
+
+# -- the hand computation ---------------------------------------------------------------------
+
+
+def rows_of(path: Path) -> list[list[float]]:
+    lines = path.read_text().splitlines()[1:]
+    return [[float(f) for f in line.split(";")] for line in lines if line.strip()]
+
+
+def integral(rows: list[list[float]], rate: Callable[[list[float]], float], t0: float, t1: float):
+    """Σ rate × the overlap of [row, next row) with [t0, t1]; the last row holds 300 s."""
+    total = 0.0
+    for i, row in enumerate(rows):
+        end = rows[i + 1][0] if i + 1 < len(rows) else row[0] + 300
+        overlap = min(end, t1) - max(row[0], t0)
+        if overlap > 0:
+            total += rate(row) * overlap
+    return total
+
+
+def cpu_s(row: list[float]) -> float:
+    return row[4] / 100 * row[1]  # usage % × cores: core-seconds per second
+
+
+def disk_bytes(row: list[float]) -> float:
+    return (row[7] + row[8]) * 1024
+
+
+def net_bytes(row: list[float]) -> float:
+    return (row[9] + row[10]) * 1024
+
+
+def cut(
+    src: Path, dest: Path, first: int, last: int, edit: Callable[[int, str], str] | None = None
+):
+    """Lines ``first``..``last`` (1-based, the header is line 1) of a real trace, behind its
+    header, optionally edited: a small real trace for an edge case."""
+    lines = src.read_text().splitlines()
+    body = lines[first - 1 : last]
+    if edit is not None:
+        body = [edit(first + i, line) for i, line in enumerate(body)]
+    dest.write_text("\n".join([lines[0], *body]) + "\n")
+    return dest
+
+
+def drive(collector: ReplayCollector, clock: ReplayClock, tick_s: float, interval_s: int):
+    """The agent's own aggregation over the whole replay, in memory: per VM, the summed use
+    of the closed intervals, and which VMs each reading listed."""
+    state, totals, listed = AgentState(), defaultdict(lambda: [0.0, 0.0, 0.0]), []
+    for t in tick_times(clock.start_s, clock.end_s, tick_s):
+        clock.now_s = t
+        reading = collector.collect()
+        listed.append((t, reading.listed))
+        result = advance(state, reading, interval_s)
+        state = result.state
+        for closed in result.closed:
+            for vm_id, vt in closed.vms.items():
+                u = vt.usage
+                totals[vm_id][0] += u.cpu_s
+                totals[vm_id][1] += u.disk_read_bytes + u.disk_write_bytes
+                totals[vm_id][2] += u.network_rx_bytes + u.network_tx_bytes
+    return totals, listed
+
+
+# -- reading ----------------------------------------------------------------------------------
+
+
+def test_a_real_trace_is_read_whole() -> None:
+    trace = read_trace(TRACES / "1.csv")
+    assert (trace.rows, trace.first_s, trace.name) == (2016, FIRST_ROW_S, "1")
+    assert trace.end_s == 1373234363 + 300  # the last row holds one typical step
+    assert len(trace.runs) == 1 and trace.runs[0].start_s == FIRST_ROW_S
+    # the largest provisioned memory of the week (8218624 KB in the first rows)
+    assert trace.flavor == Flavor(2.0, 8388608 * 1024)
+
+
+def test_counters_are_the_rows_integrated_by_hand() -> None:
+    run = read_trace(TRACES / "1.csv").runs[0]
+    # Rows 1 and 2 (300 s apart): usage 1.5 % then 0.5 % of 2 cores; 450 s in is mid-row 2.
+    t = FIRST_ROW_S + 450
+    cpu_ns, rd, wr, rx, tx = run.counters_at(t)
+    assert cpu_ns == (0.015 * 2 * 300 + 0.005 * 2 * 150) * 1e9 == 10_500_000_000
+    assert rd == round(160.86666666666667 * 1024 * 300 + 0.0 * 1024 * 150) == 49_418_240
+    assert wr == round(21.733333333333334 * 1024 * 300 + 2.3333333333333335 * 1024 * 150)
+    assert rx == round(0.26666666666666666 * 1024 * 300 + 0.2 * 1024 * 150) == 112_640
+    assert tx == round(1.4666666666666666 * 1024 * 300 + 1.0 * 1024 * 150) == 604_160
+    assert run.rss_at(t) == round(458575.4666666667 * 1024)  # the row in effect
+    # A day in, against the independent sum over 288 rows.
+    rows = rows_of(TRACES / "1.csv")
+    day = FIRST_ROW_S + 86400 + 123
+    cpu_ns, rd, wr, rx, tx = run.counters_at(day)
+    assert cpu_ns / 1e9 == pytest.approx(integral(rows, cpu_s, FIRST_ROW_S, day), rel=1e-12)
+    # whole bytes: each counter is rounded
+    assert rd + wr == pytest.approx(integral(rows, disk_bytes, FIRST_ROW_S, day), abs=1)
+    assert rx + tx == pytest.approx(integral(rows, net_bytes, FIRST_ROW_S, day), abs=1)
+    # Past the end the counters stop growing.
+    assert run.counters_at(run.end_s) == run.counters_at(run.end_s + 10**6)
+
+
+def header_and(tmp_path: Path, *rows: str) -> Path:
+    path = tmp_path / "9.csv"
+    cut(TRACES / "1.csv", path, 2, 4)
+    path.write_text(path.read_text() + "".join(r + "\n" for r in rows))
+    return path
+
+
+GOOD = "1372630704;\t2;\t5851.9989;\t23.4;\t0.4;\t8218624.0;\t78292.2;\t0.0;\t0.8;\t0.06;\t1.0"
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ("1372630704;\t2;\t5851.9989", "3 columns, expected 11 separated by ';'"),
+        (GOOD.replace("0.4;", "abc;"), "CPU usage [%] is not a number: 'abc'"),
+        (GOOD.replace("78292.2", "nan"), "memory usage [KB] is nan, not a finite number"),
+        (GOOD.replace("\t0.8;", "\t-0.8;"), "disk write [KB/s] is negative: -0.8"),
+        (
+            GOOD.replace("1372630704", "1372630000"),
+            "timestamp 1372630000 is not after line 4's 1372630404 (rows must be in time order)",
+        ),
+        (GOOD.replace("1372630704", "1372630404"), "timestamp 1372630404 is not after line 4's"),
+    ],
+)
+def test_bad_rows_stop_the_replay_naming_file_and_line(
+    tmp_path: Path, row: str, message: str
+) -> None:
+    path = header_and(tmp_path, row)
+    with pytest.raises(TraceError) as err:
+        read_trace(path)
+    assert str(err.value).startswith(f"{path}:5: ")
+    assert message in str(err.value)
+
+
+def test_a_vm_without_rows_never_runs(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        empty = read_trace(TRACES / "14.csv")
+    assert (empty.rows, empty.runs, empty.first_s, empty.flavor) == (0, (), None, Flavor())
+    assert "14.csv: no rows: the VM never runs in this replay" in caplog.text
+    traces = [read_trace(TRACES / "1.csv"), empty]
+    clock = plan_clock(traces, start_s=PAST, interval_s=300, end_s=PAST + 3600)
+    collector = ReplayCollector(replay_vms(traces, "sim-1"), clock)
+    clock.now_s = PAST + 600
+    assert collector.collect().listed == {vm_uuid("sim-1", TRACES / "1.csv")}
+    assert collector.resources().cpu_cores == 2  # the empty VM provisions nothing
+    with pytest.raises(ReplayError, match="none of the traces has a row"):
+        plan_clock([empty], start_s=PAST, interval_s=300)
+    with pytest.raises(ReplayError, match="replay_host_cores"):
+        ReplayCollector(replay_vms([empty, read_trace(TRACES / "38.csv")], "h"), clock)
+
+
+def test_zero_rows_are_a_vm_not_running_and_nothing_is_lost_around_them(tmp_path: Path) -> None:
+    # VM 44 is created on day 4 (rows of zeros before); VM 7 here is VM 1 stopped for 3 rows.
+    late = read_trace(cut(TRACES / "44.csv", tmp_path / "44.csv", 1262, 1290))
+    zero = "\t0;\t0.0;\t0.0;\t0.0;\t0.0;\t0.0;\t0.0;\t0.0;\t0.0;\t0.0"
+    stopped = cut(
+        TRACES / "1.csv",
+        tmp_path / "7.csv",
+        2,
+        31,
+        lambda n, line: line.split(";")[0] + ";" + zero if n in (12, 13, 14) else line,
+    )
+    pause = read_trace(stopped)
+    assert [len(r.times) for r in pause.runs] == [10, 17]
+    assert [r.run_id for r in pause.runs] == [1, 2]
+    for trace in (late, pause):
+        clock = plan_clock([trace], start_s=PAST, interval_s=60)
+        collector = ReplayCollector(replay_vms([trace], "sim-1"), clock)
+        vm_id = collector.vms[0].uuid
+        totals, listed = drive(collector, clock, tick_s=45, interval_s=60)
+        runs = [(clock.to_sim(r.start_s), clock.to_sim(r.end_s)) for r in trace.runs]
+        for t, names in listed:
+            running = any(a <= t < b for a, b in runs)
+            just_stopped = any(b <= t < b + 45 for _a, b in runs)  # its final counters, once
+            assert (vm_id in names) == (running or just_stopped), t
+        t0, t1 = clock.to_trace(clock.start_s), clock.to_trace(clock.end_s)
+        rows = rows_of(trace.path)
+        want = [integral(rows, f, t0, t1) for f in (cpu_s, disk_bytes, net_bytes)]
+        assert want[0] > 0
+        assert totals[vm_id] == pytest.approx(want, rel=1e-9, abs=2)  # whole bytes
+    assert clock.to_sim(late.runs[0].start_s) > clock.start_s  # it did appear mid-replay
+
+
+def test_uuids_and_customers_are_stable() -> None:
+    path = TRACES / "1.csv"
+    assert uuid.UUID(vm_uuid("sim-1", path)).version == 5
+    assert vm_uuid("sim-1", path) == str(uuid.uuid5(UUID_NAMESPACE, "sim-1/2013-7/1.csv"))
+    assert (
+        len({vm_uuid("sim-1", path), vm_uuid("sim-2", path), vm_uuid("sim-1", TRACES / "2.csv")})
+        == 3
+    )
+    assert deal_customers(["1", "2", "3"], ["a", "b"]) == {"1": "a", "2": "b", "3": "a"}
+    assert deal_customers(["1"], None, "lab") == {"1": "lab"}
+    assert deal_customers(["1"], {"1": "x", "9": "y"}) == {"1": "x"}
+    with pytest.raises(ReplayError, match="no customer for trace '2'"):
+        deal_customers(["1", "2"], {"1": "x"})
+
+
+# -- time -------------------------------------------------------------------------------------
+
+
+def test_the_clock_maps_simulated_onto_trace_time() -> None:
+    traces = [read_trace(TRACES / "1.csv")]
+    clock = plan_clock(traces, start_s=PAST, interval_s=300, end_s=PAST + 7200, offset_s=600)
+    assert clock.start_s == PAST - 200 and clock.now_s == clock.start_s  # aligned down
+    assert clock.trace_start_s == FIRST_ROW_S + 600  # the start is 600 s into the trace
+    assert clock.end_s == PAST - 200 + 7200  # aligned down too
+    assert clock.to_trace(clock.start_s + 42) == FIRST_ROW_S + 642
+    assert clock.to_sim(clock.to_trace(123456.5)) == 123456.5
+    clock.now_s = clock.start_s + 1800
+    assert clock() == clock.now_s and clock.fraction == 0.25
+    # Never past the present, nor past the traces' end.
+    now = PAST + 1100
+    assert plan_clock(traces, start_s=PAST, interval_s=300, now_s=now).end_s == PAST + 1000
+    week = plan_clock(traces, start_s=PAST, interval_s=300)
+    assert week.end_s == (PAST - 200 + (traces[0].end_s - FIRST_ROW_S)) // 300 * 300
+    with pytest.raises(ReplayError, match="shorter than one interval"):
+        plan_clock(traces, start_s=PAST, interval_s=300, end_s=PAST + 50)
+
+
+class Recorder:
+    """A stand-in agent: records the simulated times it is ticked at."""
+
+    def __init__(self, tick_s: float) -> None:
+        self.config = AgentConfig(None, "h", Path("/nonexistent"), tick_s=tick_s, interval_s=60)
+        self.state = AgentState()
+        self.sender = None
+        self.times: list[float] = []
+        self.spool = self
+
+    def tick(self, now_s: float):
+        self.times.append(now_s)
+        return type("Report", (), {"batches": 1})()
+
+    def size(self) -> tuple[int, int]:
+        return (0, 0)
+
+
+def test_replay_run_steps_simulated_time_and_paces_it_at_the_speed() -> None:
+    clock = ReplayClock(start_s=6000, end_s=6000 + 3600, trace_start_s=FIRST_ROW_S, speed=600)
+    agents = [Recorder(tick_s=40), Recorder(tick_s=40)]
+    wall = [100.0]
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        wall[0] += s
+
+    report = replay_run(agents, clock, wall=lambda: wall[0], sleep=sleep)  # type: ignore[arg-type]
+    want = [6000 + 40 * k for k in range(90)] + [9600]
+    assert agents[0].times == agents[1].times == want  # lock step, ending exactly at the end
+    assert sum(slept) == pytest.approx(3600 / 600)  # an hour at 600×: six seconds
+    assert (report.ticks, report.batches, report.reached_s, report.stopped) == (
+        91,
+        182,
+        9600,
+        False,
+    )
+    # Without a speed, nothing sleeps.
+    fast = [Recorder(tick_s=40)]
+    clock = ReplayClock(start_s=6000, end_s=6000 + 3600, trace_start_s=FIRST_ROW_S)
+    replay_run(fast, clock, sleep=lambda s: pytest.fail("slept"))  # type: ignore[arg-type]
+    assert fast[0].times == want
+    # A stop (SIGTERM in gmd-agent) ends the run between ticks.
+    stop = threading.Event()
+    clock = ReplayClock(start_s=6000, end_s=6000 + 3600, trace_start_s=FIRST_ROW_S)
+    halted = Recorder(tick_s=40)
+    report = replay_run(  # type: ignore[arg-type]
+        [halted], clock, stop=stop, on_tick=lambda c: stop.set() if c.now_s >= 6080 else None
+    )
+    assert (halted.times, report.stopped, report.reached_s) == ([6000, 6040, 6080], True, 6080)
+
+
+# -- end to end -------------------------------------------------------------------------------
+
+HOST = "sim-1"
+INTERVAL_S = 300
+CUSTOMERS = ["acme", "globex"]
+VMS = ["1", "24", "39"]  # acme: 1 and 39 (2 cores each), globex: 24 (32 cores)
+
+
+def agent_config(tmp_path: Path, url: str, **extra: object) -> AgentConfig:
+    table = {
+        "daemon_url": url,
+        "token": token_of(HOST),
+        "host": HOST,
+        "tick_s": 150,
+        "interval_s": INTERVAL_S,
+        "spool_path": str(tmp_path / "spool.db"),
+        "network_bytes_per_s": 1.25e9,
+        "metrics_port": 0,
+        **extra,
+    }
+    return parse_agent({"agent": table}, "agent-test.toml")
+
+
+def aligned_start(intervals_ago: int) -> int:
+    return (int(time.time()) // INTERVAL_S - intervals_ago) * INTERVAL_S
+
+
+def test_a_replayed_host_is_accounted_as_the_trace_says(tmp_path: Path) -> None:
+    config = make_config(
+        f"sqlite:///{tmp_path / 'ledger.db'}",
+        {HOST: "operator"},
+        accounting={"interval_s": INTERVAL_S, "grace_s": 0},
+    )
+    traces = [read_trace(TRACES / f"{n}.csv") for n in VMS]
+    start = aligned_start(30)
+    end = start + 2 * 3600  # two simulated hours: 24 intervals, 49 ticks
+    clock = plan_clock(traces, start_s=start, interval_s=INTERVAL_S, end_s=end)
+    collector = ReplayCollector(replay_vms(traces, HOST, CUSTOMERS), clock)
+    with serving(config) as d:
+        agent_cfg = agent_config(tmp_path, d.url)
+        spool = Spool(agent_cfg.spool_path, max_bytes=2**30, max_batches=10**6)
+        agent = Agent(
+            agent_cfg, collector, spool, Sender(spool, DaemonClient(d.url, agent_cfg.token))
+        )
+        report = replay_run(agent, clock)
+        assert (report.batches, report.waiting, report.reached_s) == (24, 0, end)
+        account_due(d.engine, config.accounting)
+        with d.engine.connect() as conn:
+            use = conn.execute(
+                sa.text(
+                    "SELECT c.name, sum(s.cpu_s), sum(s.disk_read_bytes + s.disk_write_bytes),"
+                    " sum(s.network_rx_bytes + s.network_tx_bytes), count(DISTINCT i.id),"
+                    " sum(CASE WHEN s.late THEN 1 ELSE 0 END)"
+                    " FROM samples s JOIN customers c ON c.id = s.customer_id"
+                    " JOIN intervals i ON i.id = s.interval_id AND i.state = 'accounted'"
+                    " GROUP BY c.name"
+                )
+            ).all()
+            ledger = conn.execute(
+                sa.text(
+                    "SELECT c.name, count(*), min(l.vms), max(l.vms) FROM customer_ledger l"
+                    " JOIN customers c ON c.id = l.customer_id GROUP BY c.name"
+                )
+            ).all()
+        with pytest.raises(ReplayError, match="holds the state of an earlier run"):
+            replay_run(agent, clock)  # the same simulated span again would count twice
+        spool.close()
+
+    t0, t1 = clock.to_trace(start), clock.to_trace(end)
+    want: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+    for i, n in enumerate(VMS):
+        rows = rows_of(TRACES / f"{n}.csv")
+        for k, f in enumerate((cpu_s, disk_bytes, net_bytes)):
+            want[CUSTOMERS[i % 2]][k] += integral(rows, f, t0, t1)
+    got = {name: (cpu, disk, net, intervals, late) for name, cpu, disk, net, intervals, late in use}
+    assert set(got) == set(CUSTOMERS)
+    for name in CUSTOMERS:
+        assert got[name][3:] == (24, 0)  # every simulated interval accounted, nothing late
+        assert list(got[name][:3]) == pytest.approx(want[name], rel=1e-9, abs=4)  # whole bytes
+    assert want["globex"][0] > 10 * want["acme"][0] > 0  # the 32-core VM dominates
+    assert sorted(ledger) == [("acme", 24, 2, 2), ("globex", 24, 1, 1)]
+
+
+def write_replay_config(tmp_path: Path, url: str, start: int, hours: float) -> Path:
+    tmp_path.mkdir(exist_ok=True)
+    path = tmp_path / "gmd.toml"
+    path.write_text(
+        "[agent]\n"
+        f'daemon_url = "{url}"\ntoken = "{token_of(HOST)}"\nhost = "{HOST}"\n'
+        f'tick_s = 300\ninterval_s = {INTERVAL_S}\nspool_path = "spool.db"\nmetrics_port = 0\n'
+        'network_bytes_per_s = 1250000000\ncollector = "replay"\n'
+        f'replay_dir = "{TRACES}"\nreplay_vms = "1-2"\nreplay_customers = ["acme", "globex"]\n'
+        f"replay_start = {start}\nreplay_end = {start + int(hours * 3600)}\n"
+    )
+    return path
+
+
+def test_gmd_agent_replays_and_exits(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    config = make_config(
+        f"sqlite:///{tmp_path / 'ledger.db'}",
+        {HOST: "operator"},
+        accounting={"interval_s": INTERVAL_S, "grace_s": 0},
+    )
+    start = aligned_start(20)
+    runner = CliRunner()
+    with serving(config) as d:
+        toml = write_replay_config(tmp_path, d.url, start, hours=1)
+        dry = runner.invoke(agent_cli, ["--config", str(toml), "--dry-run"])
+        assert dry.exit_code == 0, dry.output
+        batch = SampleBatch.model_validate(json.loads(dry.stdout[dry.stdout.index("{") :]))
+        assert (batch.interval_start_s, batch.capacity.cpu_cores) == (start, 2 + 1)
+        assert sorted(v["customer"] for v in batch.vms) == CUSTOMERS
+        assert not (tmp_path / "spool.db").exists()  # nothing written
+
+        done = runner.invoke(agent_cli, ["--config", str(toml)])
+        assert done.exit_code == 0, done.output
+        again = runner.invoke(agent_cli, ["--config", str(toml)])
+        assert again.exit_code == 1 and "holds the state of an earlier run" in caplog.text
+        down = write_replay_config(tmp_path / "down", "http://127.0.0.1:9", start, hours=1)
+        lost = runner.invoke(agent_cli, ["--config", str(down)])
+        assert lost.exit_code == 1 and "12 batches of the replay could not be" in caplog.text
+        with d.engine.connect() as conn:
+            intervals = conn.execute(
+                sa.text(
+                    "SELECT i.start_s, sum(s.cpu_s) FROM samples s JOIN intervals i"
+                    " ON i.id = s.interval_id GROUP BY i.start_s ORDER BY i.start_s"
+                )
+            ).all()
+    assert [s for s, _ in intervals] == [start + k * INTERVAL_S for k in range(12)]
+    rows = rows_of(TRACES / "1.csv"), rows_of(TRACES / "2.csv")
+    first = sum(integral(r, cpu_s, FIRST_ROW_S, FIRST_ROW_S + INTERVAL_S) for r in rows)
+    assert sum(v["cpu_s"] for v in batch.vms) == pytest.approx(first, rel=1e-9)
+    assert intervals[0][1] == pytest.approx(first, rel=1e-9)
