@@ -212,11 +212,12 @@ class Agent:
         )
         if capacity != self.capacity:
             log.info(
-                "host %s capacity: %g cores, %.1f GiB RAM (libvirt), disk %.0f MB/s"
+                "host %s capacity: %g cores, %.1f GiB RAM (%s), disk %.0f MB/s"
                 " (agent.disk_bytes_per_s), network %.0f MB/s (%s)",
                 self.config.host,
                 capacity.cpu_cores,
                 capacity.memory_bytes / 2**30,
+                self.config.collector,
                 capacity.disk_bytes_per_s / 1e6,
                 capacity.network_bytes_per_s / 1e6,
                 self._network_source,

@@ -28,6 +28,8 @@ class Column:
 
 
 def _cell(value: object, digits: int | None) -> str:
+    if value is None:  # no host, no cap: a dash, not Python's "None"
+        return "-"
     if isinstance(value, float):
         if math.isnan(value):
             return "-"
