@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import math
 import os
 import re
@@ -559,10 +560,10 @@ def run(
     print("[4/4] what the operators' commands say", file=out, flush=True)
     span = ("--from", _iso(cloud.start_s), "--to", _iso(cloud.end_s))
     standings = admin(layout, out, "standings", "--format", "json", show=False)
-    import json
-
     rows = json.loads(standings)["customers"]
     greediest = str(rows[0]["customer"]) if rows else None
+    if rows and float(rows[0]["balance"]) <= 0:
+        print(f"  (nobody's balance is positive: {greediest} is the least moderate)", file=out)
     admin(layout, out, "standings")
     admin(layout, out, "report", *span)
     admin(layout, out, "report", *span, "--group-by", "day")

@@ -1,0 +1,139 @@
+"""`make demo` in a shortened form: real gmd-daemon and gmd-agent processes replaying real
+Bitbrains traces, then the operators' commands, checked against the traces themselves."""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gmd.cli.admin import app
+from tests.conftest import SHARED
+
+TRACES = SHARED / "data" / "bitbrains_rnd_sample" / "2013-7"
+BIN = Path(sys.executable).parent
+DAYS = 0.5
+INTERVAL_S = 900
+
+
+def admin(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / "gmd-admin"), "--config", str(config), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def trace_core_seconds(path: Path, start: float, end: float) -> float:
+    """CPU core-seconds a trace says its VM used in [start, end): each row's usage % of its
+    cores holds until the next row. Read with the csv module, not gmd's parser."""
+    with path.open() as f:
+        rows = [[float(x) for x in r] for r in list(csv.reader(f, delimiter=";"))[1:] if r]
+    total = 0.0
+    for row, nxt in itertools.pairwise(rows):
+        lo, hi = max(row[0], start), min(nxt[0], end)
+        if hi > lo:
+            total += row[4] / 100 * row[1] * (hi - lo)
+    return total
+
+
+def first_timestamp(path: Path) -> float:
+    with path.open() as f:
+        rows = [r for r in list(csv.reader(f, delimiter=";"))[1:] if r]
+    return float(rows[0][0]) if rows else float("inf")
+
+
+def test_the_demo_replays_accounts_and_reports_what_the_traces_say(tmp_path: Path) -> None:
+    root = tmp_path / "demo"
+    run = subprocess.run(
+        [
+            str(BIN / "gmd-admin"),
+            "demo",
+            "--dir",
+            str(root),
+            "--traces",
+            str(TRACES),
+            "--days",
+            str(DAYS),
+            "--hosts",
+            "2",
+            "--vms",
+            "1-4,41-46,54-57",
+            "--cores",
+            "16",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr + run.stdout[-3000:]
+    out = run.stdout
+    intervals = round(DAYS * 86400 / INTERVAL_S)
+    assert f"accounting {intervals} intervals" in out
+    for command in ("standings", "report --from", "explain ", "actions ", "enforce --plan"):
+        assert f"$ gmd-admin {command}" in out, command
+    assert "--group-by day\n" in out
+    assert (root / "standings.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    config = root / "gmd.toml"
+
+    # The customer explained is the one with the greatest balance.
+    standings = json.loads(admin(config, "standings", "--format", "json").stdout)["customers"]
+    assert {r["customer"] for r in standings} >= {"acme", "initech", "umbrella"}
+    top = max(standings, key=lambda r: r["balance"])
+    assert f"$ gmd-admin explain {top['customer']}\nCustomer {top['customer']}," in out
+
+    # Every host delivered every interval, and the ledger's CPU use per host is the traces'.
+    hosts = json.loads(
+        admin(
+            config, "report", "--from", "2000-01-01", "--group-by", "host", "--format", "json"
+        ).stdout
+    )["rows"]
+    assert sorted(h["host"] for h in hosts) == ["cmp-01", "cmp-02"]
+    for row in hosts:
+        agent = tomllib.loads((root / f"agent-{row['host']}.toml").read_text())["agent"]
+        paths = [TRACES / f"{n}.csv" for n in agent["replay_vms"]]
+        start = min(first_timestamp(p) for p in paths)
+        end = start + intervals * INTERVAL_S
+        expected = sum(trace_core_seconds(p, start, end) for p in paths)
+        assert expected > 0
+        assert row["cpu_core_s"] == pytest.approx(expected, rel=1e-9), row["host"]
+        assert row["late_samples"] == 0
+
+    # The balances in the standings are the GM sums, decayed: the report's end balance agrees.
+    by_customer = json.loads(
+        admin(config, "report", "--from", "2000-01-01", "--format", "json").stdout
+    )["rows"]
+    for r in by_customer:
+        shown = next(s for s in standings if s["customer"] == r["customer"])
+        assert r["balance"] == pytest.approx(shown["balance"], abs=1e-12)
+
+
+def test_the_demo_refuses_a_directory_that_is_not_its_own(tmp_path: Path) -> None:
+    (tmp_path / "precious.txt").write_text("keep me")
+    result = CliRunner().invoke(
+        app, ["demo", "--dir", str(tmp_path), "--traces", str(TRACES)], catch_exceptions=False
+    )
+    assert result.exit_code == 1
+    assert "not empty and not a demo directory" in result.stderr
+    assert (tmp_path / "precious.txt").read_text() == "keep me"
+
+
+def test_the_demo_says_where_the_traces_are_missing(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        app, ["demo", "--dir", str(tmp_path / "d"), "--traces", str(tmp_path / "nowhere")]
+    )
+    assert result.exit_code == 1
+    assert "no Bitbrains traces in" in result.stderr and "--traces" in result.stderr
+    bad = CliRunner().invoke(
+        app, ["demo", "--dir", str(tmp_path / "d"), "--traces", str(TRACES), "--vms", "1-x"]
+    )
+    assert bad.exit_code == 1 and "--vms '1-x'" in bad.stderr
