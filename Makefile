@@ -20,10 +20,11 @@ test: lint
 	@bash tests/libvirt.sh >/dev/null
 	@url=$$(bash tests/postgres.sh) && GMD_TEST_POSTGRES_URL=$$url $(BIN)/pytest
 
+# A small cloud on this machine: gmd-daemon on SQLite, one gmd-agent per simulated host
+# replaying real Bitbrains VMs, then standings, reports, explain, enforcement and a plot
+# (files under var/demo). `gmd-admin demo --help` for its options.
 demo: setup
-	@for s in A11 A12 A13 A14 S31 S32 S33 T5; do \
-		$(BIN)/gmd-admin gm --scenario $$s || exit 1; echo; \
-	done
+	@$(BIN)/gmd-admin demo
 
 # Each benchmark prints its figures as JSON on its last line; the README has the latest.
 bench: setup
@@ -34,6 +35,8 @@ bench: setup
 	$(BIN)/python bench/ingest.py --batches 300
 	$(BIN)/python bench/simulate.py
 	$(BIN)/python bench/agent.py
+	$(BIN)/python bench/replay.py --vms 1-100 --days 3 --tick 300 --interval 900
+	$(BIN)/python bench/demo.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

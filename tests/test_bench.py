@@ -89,3 +89,9 @@ def test_simulate_bench_times_directcontr_and_ref() -> None:
     figures = run_bench("simulate.py", "--jobs", "3000", "--ref-orgs", "3", "--ref-window", "20000")
     assert figures["directcontr_jobs"] > 0 and figures["directcontr_jobs_per_s"] > 0
     assert figures["ref"]["3"]["coalitions"] == 7
+
+
+def test_replay_bench_counts_ticks_and_samples() -> None:
+    figures = run_bench("replay.py", "--vms", "1-3", "--days", "0.25", "--tick", "300")
+    assert figures["vms"] == 3 and figures["ticks"] == 73  # 0.25 days of 300 s ticks, + the end
+    assert figures["samples"] > 0 and figures["agent_samples_per_s"] > 0

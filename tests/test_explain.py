@@ -114,6 +114,7 @@ def test_the_latest_interval_explained_host_by_host(ledger: Path) -> None:
     assert level["level"] == 1 and level["mode"] == "dry-run"
     assert level["score"] == pytest.approx(0.1875, abs=1e-15)
     assert level["enter"] == [0.15] and level["leave"] == [0.1]
+    assert level["since_s"] == FIRST + 120  # decided after the second interval, at its end
     kinds = [a["kind"] for a in doc["actions"]]
     assert kinds == ["level"] and doc["actions"][0]["after"]["level"] == 1
     assert doc["notes"] == []

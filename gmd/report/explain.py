@@ -25,7 +25,6 @@ from gmd.ledger.models import (
     BalanceReset,
     Customer,
     CustomerLedger,
-    CustomerLevel,
     CustomerResourceLedger,
     EnforcementAction,
     Host,
@@ -49,7 +48,6 @@ _vms: Table = Vm.__table__  # type: ignore[assignment]
 _hosts: Table = Host.__table__  # type: ignore[assignment]
 _host_intervals: Table = HostInterval.__table__  # type: ignore[assignment]
 _orgs: Table = Organization.__table__  # type: ignore[assignment]
-_levels: Table = CustomerLevel.__table__  # type: ignore[assignment]
 _resets: Table = BalanceReset.__table__  # type: ignore[assignment]
 _actions: Table = EnforcementAction.__table__  # type: ignore[assignment]
 
@@ -414,13 +412,21 @@ class LevelInForce:
     """start of the interval whose accounting decided it"""
     recorded: object | None
     """when that decision was recorded (datetime)"""
+    since_s: float | None = None
+    """when the level took effect: the end of the interval that decided it"""
 
 
 def _level_at(conn: Connection, customer_id: int, start_s: int) -> LevelInForce:
     """The level in force after the interval: the latest level change decided for it or for
     an interval before it."""
     change = conn.execute(
-        select(_actions.c.after, _actions.c.reason, _actions.c.at, _intervals.c.start_s)
+        select(
+            _actions.c.after,
+            _actions.c.reason,
+            _actions.c.at,
+            _intervals.c.start_s,
+            _intervals.c.length_s,
+        )
         .join(_intervals, _intervals.c.id == _actions.c.interval_id)
         .where(
             _actions.c.customer_id == customer_id,
@@ -433,7 +439,8 @@ def _level_at(conn: Connection, customer_id: int, start_s: int) -> LevelInForce:
     if change is None:
         return LevelInForce(0, None, None, None)
     level = int(json.loads(change.after)["level"])
-    return LevelInForce(level, change.reason, int(change.start_s), change.at)
+    since = float(change.start_s + change.length_s)
+    return LevelInForce(level, change.reason, int(change.start_s), change.at, since)
 
 
 def _enforced(
@@ -484,9 +491,6 @@ def explain(
     policy = config.enforcement.policy
     score = stored[1] - policy.priority_weight * stored[2]
     in_force = _level_at(conn, customer_id, start_s)
-    since = conn.execute(
-        select(_levels.c.since_s).where(_levels.c.customer_id == customer_id)
-    ).scalar()
     done = _enforced(conn, customer, in_force, start_s, max_actions)
     notes: list[str] = []
     if abs(greediness - stored[0]) > AGREEMENT * max(1.0, abs(stored[0])):
@@ -538,7 +542,7 @@ def explain(
         enter=tuple(policy.enter),
         leave=tuple(policy.leave),
         level=in_force.level,
-        level_since_s=None if since is None or in_force.level == 0 else float(since),
+        level_since_s=None if in_force.level == 0 else in_force.since_s,
         mode=config.enforcement.mode,
         level_reason=in_force.reason,
         actions=done,
