@@ -137,3 +137,28 @@ def test_the_demo_says_where_the_traces_are_missing(tmp_path: Path) -> None:
         app, ["demo", "--dir", str(tmp_path / "d"), "--traces", str(TRACES), "--vms", "1-x"]
     )
     assert bad.exit_code == 1 and "--vms '1-x'" in bad.stderr
+
+
+def test_a_bad_trace_stops_the_demo_naming_the_agent_file_and_line(tmp_path: Path) -> None:
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    (traces / "1.csv").write_text((TRACES / "1.csv").read_text())
+    lines = (TRACES / "2.csv").read_text().splitlines()
+    fields = lines[4].split(";")
+    fields[4] = "\tNaN%"
+    lines[4] = ";".join(fields)
+    (traces / "2.csv").write_text("\n".join(lines) + "\n")
+    run = subprocess.run(
+        [
+            *(str(BIN / "gmd-admin"), "demo", "--dir", str(tmp_path / "demo")),
+            *("--traces", str(traces), "--vms", "1-2", "--hosts", "2", "--days", "0.1"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 1
+    assert "gmd-agent for cmp-02 failed (exit 1)" in run.stderr
+    assert "2.csv:5: CPU usage [%] is not a number: 'NaN%'" in run.stderr
+    assert not list((tmp_path / "demo").glob("*.png"))
