@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from gmd.sim.coalitions import simulate_rand, simulate_ref
 from gmd.sim.measures import fifo_violation, idle_while_waiting, utilities

@@ -14,12 +14,10 @@ import typer
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from gmd.config import Config, ConfigError
-from gmd.config import load as load_config
+from gmd.config import Config, ConfigError, load as load_config
 from gmd.fairness.scenarios import SCENARIOS
 from gmd.ledger import migrate
-from gmd.report.actions import COLUMNS as ACTION_COLUMNS
-from gmd.report.actions import actions as list_actions
+from gmd.report.actions import COLUMNS as ACTION_COLUMNS, actions as list_actions
 from gmd.report.calculator import (
     Situation,
     judge,
@@ -27,14 +25,15 @@ from gmd.report.calculator import (
     situation_from_csv,
     situation_from_options,
 )
-from gmd.report.enforcement import LEVEL_COLUMNS, PLAN_COLUMNS
-from gmd.report.enforcement import levels as enforcement_levels
-from gmd.report.enforcement import plans as enforcement_plans
+from gmd.report.enforcement import (
+    LEVEL_COLUMNS,
+    PLAN_COLUMNS,
+    levels as enforcement_levels,
+    plans as enforcement_plans,
+)
 from gmd.report.render import csv_text, json_text, table_text
-from gmd.report.standings import COLUMNS as STANDINGS_COLUMNS
-from gmd.report.standings import standings
-from gmd.report.timespec import iso as iso_time
-from gmd.report.timespec import parse_time
+from gmd.report.standings import COLUMNS as STANDINGS_COLUMNS, standings
+from gmd.report.timespec import iso as iso_time, parse_time
 
 app = typer.Typer(
     name="gmd-admin",
@@ -462,8 +461,7 @@ def report_command(
     """
     from contextlib import nullcontext
 
-    from gmd.report.usage import GROUPS, UnknownCustomer
-    from gmd.report.usage import report as usage_report
+    from gmd.report.usage import GROUPS, UnknownCustomer, report as usage_report
 
     if group_by not in GROUPS:
         raise _fail(f"cannot group by {group_by!r}; choose one of {', '.join(GROUPS)}")

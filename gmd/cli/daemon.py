@@ -11,8 +11,7 @@ import uvicorn
 from sqlalchemy.exc import SQLAlchemyError
 
 from gmd.cli import logs
-from gmd.config import ConfigError
-from gmd.config import load as load_config
+from gmd.config import ConfigError, load as load_config
 from gmd.ingest.app import create_app, with_body_limit
 from gmd.ledger import migrate
 

@@ -365,10 +365,10 @@ class Progress:
             from rich.progress import (
                 BarColumn,
                 MofNCompleteColumn,
+                Progress as Bar,
                 TextColumn,
                 TimeElapsedColumn,
             )
-            from rich.progress import Progress as Bar
 
             self._bar = Bar(
                 TextColumn("{task.description}"),

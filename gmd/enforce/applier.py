@@ -73,9 +73,9 @@ from gmd.enforce.cgroups import (
     CgroupVersion,
     Snapshot,
     VmIdentity,
+    apply as cgroup_apply,
+    restore as cgroup_restore,
 )
-from gmd.enforce.cgroups import apply as cgroup_apply
-from gmd.enforce.cgroups import restore as cgroup_restore
 from gmd.enforce.limits import (
     BLKIO_WEIGHT_DEFAULT_BFQ,
     CFS_PERIOD_DEFAULT_US,

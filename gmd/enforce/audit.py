@@ -7,16 +7,16 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Engine, Table, insert, select
+from sqlalchemy import Engine, insert, select
 
 from gmd.ledger.migrate import writer
-from gmd.ledger.models import EnforcementAction, Host, Vm
+from gmd.ledger.tables import (
+    actions as _actions,
+    hosts as _hosts,
+    vms as _vms,
+)
 
 log = logging.getLogger(__name__)
-
-_actions: Table = EnforcementAction.__table__  # type: ignore[assignment]
-_hosts: Table = Host.__table__  # type: ignore[assignment]
-_vms: Table = Vm.__table__  # type: ignore[assignment]
 
 
 def record_host_report(

@@ -13,19 +13,19 @@ import logging
 from dataclasses import dataclass
 
 import numpy as np
-from sqlalchemy import Connection, Table, insert, select
+from sqlalchemy import Connection, insert, select
 
 from gmd.config import EnforcementConfig
 from gmd.fairness.policy import decide_levels, scores
 from gmd.ledger.accounting import AfterInterval
-from gmd.ledger.models import CustomerLedger, CustomerLevel, EnforcementAction
 from gmd.ledger.store import upsert
+from gmd.ledger.tables import (
+    actions as _actions,
+    customer_ledger as _ledger,
+    levels as _levels,
+)
 
 log = logging.getLogger(__name__)
-
-_ledger: Table = CustomerLedger.__table__  # type: ignore[assignment]
-_levels: Table = CustomerLevel.__table__  # type: ignore[assignment]
-_actions: Table = EnforcementAction.__table__  # type: ignore[assignment]
 
 
 @dataclass(frozen=True)

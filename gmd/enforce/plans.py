@@ -9,17 +9,17 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from sqlalchemy import Connection, Table, func, select
+from sqlalchemy import Connection, func, select
 
 from gmd.config import EnforcementConfig
 from gmd.fairness.policy import cpu_cap_cores, weights_for
-from gmd.ledger.models import Customer, CustomerLevel, Host, Sample, Vm
-
-_customers: Table = Customer.__table__  # type: ignore[assignment]
-_levels: Table = CustomerLevel.__table__  # type: ignore[assignment]
-_hosts: Table = Host.__table__  # type: ignore[assignment]
-_samples: Table = Sample.__table__  # type: ignore[assignment]
-_vms: Table = Vm.__table__  # type: ignore[assignment]
+from gmd.ledger.tables import (
+    customers as _customers,
+    hosts as _hosts,
+    levels as _levels,
+    samples as _samples,
+    vms as _vms,
+)
 
 
 @dataclass(frozen=True)

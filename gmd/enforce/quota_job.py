@@ -18,22 +18,22 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import Engine, Table, delete, insert, select, text, update
+from sqlalchemy import Engine, delete, insert, select, text, update
 
 from gmd.config import EnforcementConfig
 from gmd.enforce.quotas import NovaQuotas, QuotaError, QuotaSet, QuotaStep, lowered
 from gmd.ledger.migrate import writer
-from gmd.ledger.models import Customer, CustomerLevel, EnforcementAction, QuotaOriginal
+from gmd.ledger.tables import (
+    actions as _actions,
+    customers as _customers,
+    levels as _levels,
+    quota_originals as _originals,
+)
 
 log = logging.getLogger(__name__)
 
 # "gmd-quot": the advisory lock of the quota job, beside the accountant's "gmd-acct".
 QUOTA_LOCK = int.from_bytes(b"gmd-quot", "big", signed=True)
-
-_customers: Table = Customer.__table__  # type: ignore[assignment]
-_levels: Table = CustomerLevel.__table__  # type: ignore[assignment]
-_originals: Table = QuotaOriginal.__table__  # type: ignore[assignment]
-_actions: Table = EnforcementAction.__table__  # type: ignore[assignment]
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import numpy as np
-from sqlalchemy import Connection, Engine, Table, delete, func, insert, select, text, update
+from sqlalchemy import Connection, Engine, delete, func, insert, select, text, update
 
 from gmd.config import AccountingConfig
 from gmd.fairness.cloud import CloudInterval, cloud_greediness
@@ -32,18 +32,20 @@ from gmd.fairness.decay import decay_factor
 from gmd.fairness.directcontr import DirectContrBalances, directcontr_update, normalized_work
 from gmd.ledger.migrate import writer
 from gmd.ledger.models import (
-    BalanceReset,
-    CustomerLedger,
-    CustomerResourceLedger,
-    HostInterval,
-    Interval,
     IntervalState,
-    Organization,
-    OrganizationLedger,
-    Sample,
-    Vm,
 )
 from gmd.ledger.store import CAPACITY_COLUMNS, FLAVOR_COLUMNS, USE_COLUMNS
+from gmd.ledger.tables import (
+    balance_resets as _resets,
+    customer_ledger as _customer_ledger,
+    host_intervals as _host_intervals,
+    intervals as _intervals,
+    organization_ledger as _organization_ledger,
+    organizations as _organizations,
+    resource_ledger as _resource_ledger,
+    samples as _samples,
+    vms as _vms,
+)
 
 log = logging.getLogger(__name__)
 
@@ -54,16 +56,6 @@ NEGLIGIBLE = 1e-12
 # The origin of ψ and ψ′ times: the Unix epoch. Moments are then ~1e9 × work, which float64
 # holds to ~1e-7 of a work unit, far below what one interval adds.
 ORIGIN_S = 0.0
-
-_intervals: Table = Interval.__table__  # type: ignore[assignment]
-_samples: Table = Sample.__table__  # type: ignore[assignment]
-_host_intervals: Table = HostInterval.__table__  # type: ignore[assignment]
-_vms: Table = Vm.__table__  # type: ignore[assignment]
-_organizations: Table = Organization.__table__  # type: ignore[assignment]
-_customer_ledger: Table = CustomerLedger.__table__  # type: ignore[assignment]
-_resource_ledger: Table = CustomerResourceLedger.__table__  # type: ignore[assignment]
-_organization_ledger: Table = OrganizationLedger.__table__  # type: ignore[assignment]
-_resets: Table = BalanceReset.__table__  # type: ignore[assignment]
 
 
 @dataclass(frozen=True)

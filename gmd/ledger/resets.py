@@ -17,24 +17,20 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, Engine, Table, func, insert, select, text
+from sqlalchemy import Connection, Engine, func, insert, select, text
 
 from gmd.ledger.accounting import ACCOUNTING_LOCK
 from gmd.ledger.migrate import writer
 from gmd.ledger.models import (
-    BalanceReset,
-    Customer,
-    CustomerLedger,
-    EnforcementAction,
-    Interval,
     IntervalState,
 )
-
-_resets: Table = BalanceReset.__table__  # type: ignore[assignment]
-_customers: Table = Customer.__table__  # type: ignore[assignment]
-_ledger: Table = CustomerLedger.__table__  # type: ignore[assignment]
-_intervals: Table = Interval.__table__  # type: ignore[assignment]
-_actions: Table = EnforcementAction.__table__  # type: ignore[assignment]
+from gmd.ledger.tables import (
+    actions as _actions,
+    balance_resets as _resets,
+    customer_ledger as _ledger,
+    customers as _customers,
+    intervals as _intervals,
+)
 
 
 class UnknownCustomer(LookupError):

@@ -29,15 +29,17 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from gmd.ledger.migrate import writer
 from gmd.ledger.models import (
-    Batch,
-    Customer,
-    Host,
-    HostInterval,
-    Interval,
     IntervalState,
-    Organization,
-    Sample,
-    Vm,
+)
+from gmd.ledger.tables import (
+    batches as _batches,
+    customers as _customers,
+    host_intervals as _host_intervals,
+    hosts as _hosts,
+    intervals as _intervals,
+    organizations as _organizations,
+    samples as _samples,
+    vms as _vms,
 )
 
 log = logging.getLogger(__name__)
@@ -57,15 +59,6 @@ FLAVOR_COLUMNS = (
     "flavor_network_bytes_per_s",
 )
 CAPACITY_COLUMNS = ("cpu_cores", "memory_bytes", "disk_bytes_per_s", "network_bytes_per_s")
-
-_batches: Table = Batch.__table__  # type: ignore[assignment]
-_customers: Table = Customer.__table__  # type: ignore[assignment]
-_hosts: Table = Host.__table__  # type: ignore[assignment]
-_host_intervals: Table = HostInterval.__table__  # type: ignore[assignment]
-_intervals: Table = Interval.__table__  # type: ignore[assignment]
-_organizations: Table = Organization.__table__  # type: ignore[assignment]
-_samples: Table = Sample.__table__  # type: ignore[assignment]
-_vms: Table = Vm.__table__  # type: ignore[assignment]
 
 
 _SAMPLE_KEY = ("interval_id", "host_id", "vm_id", "late")

@@ -5,15 +5,15 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
-from sqlalchemy import Connection, Table, select
+from sqlalchemy import Connection, select
 
-from gmd.ledger.models import Customer, EnforcementAction, Host, Interval
+from gmd.ledger.tables import (
+    actions as _actions,
+    customers as _customers,
+    hosts as _hosts,
+    intervals as _intervals,
+)
 from gmd.report.render import Column
-
-_actions: Table = EnforcementAction.__table__  # type: ignore[assignment]
-_customers: Table = Customer.__table__  # type: ignore[assignment]
-_hosts: Table = Host.__table__  # type: ignore[assignment]
-_intervals: Table = Interval.__table__  # type: ignore[assignment]
 
 COLUMNS = (
     Column("at", "At", None, "left"),

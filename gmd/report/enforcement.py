@@ -5,17 +5,17 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from sqlalchemy import Connection, Table, select
+from sqlalchemy import Connection, select
 
 from gmd.config import EnforcementConfig
 from gmd.enforce.plans import host_plan
-from gmd.ledger.models import Customer, CustomerLevel, Host
+from gmd.ledger.tables import (
+    customers as _customers,
+    hosts as _hosts,
+    levels as _levels,
+)
 from gmd.report.render import Column
 from gmd.report.timespec import iso
-
-_customers: Table = Customer.__table__  # type: ignore[assignment]
-_levels: Table = CustomerLevel.__table__  # type: ignore[assignment]
-_hosts: Table = Host.__table__  # type: ignore[assignment]
 
 LEVEL_COLUMNS = (
     Column("customer", "Customer", None, "left"),

@@ -15,41 +15,31 @@ import json
 from dataclasses import dataclass, field
 
 import numpy as np
-from sqlalchemy import Connection, Table, func, select
+from sqlalchemy import Connection, func, select
 
 from gmd.config import Config
 from gmd.fairness.cloud import CloudInterval, cloud_greediness
 from gmd.fairness.decay import decay_factor
 from gmd.ledger.accounting import supply_and_flavor, use_amounts
 from gmd.ledger.models import (
-    BalanceReset,
-    Customer,
-    CustomerLedger,
-    CustomerResourceLedger,
-    EnforcementAction,
-    Host,
-    HostInterval,
-    Interval,
     IntervalState,
-    Organization,
-    Sample,
-    Vm,
 )
 from gmd.ledger.store import CAPACITY_COLUMNS, FLAVOR_COLUMNS, USE_COLUMNS
+from gmd.ledger.tables import (
+    actions as _actions,
+    balance_resets as _resets,
+    customer_ledger as _ledger,
+    customers as _customers,
+    host_intervals as _host_intervals,
+    hosts as _hosts,
+    intervals as _intervals,
+    organizations as _orgs,
+    resource_ledger as _terms,
+    samples as _samples,
+    vms as _vms,
+)
 from gmd.report.actions import actions as list_actions
 from gmd.report.timespec import iso
-
-_intervals: Table = Interval.__table__  # type: ignore[assignment]
-_ledger: Table = CustomerLedger.__table__  # type: ignore[assignment]
-_terms: Table = CustomerResourceLedger.__table__  # type: ignore[assignment]
-_customers: Table = Customer.__table__  # type: ignore[assignment]
-_samples: Table = Sample.__table__  # type: ignore[assignment]
-_vms: Table = Vm.__table__  # type: ignore[assignment]
-_hosts: Table = Host.__table__  # type: ignore[assignment]
-_host_intervals: Table = HostInterval.__table__  # type: ignore[assignment]
-_orgs: Table = Organization.__table__  # type: ignore[assignment]
-_resets: Table = BalanceReset.__table__  # type: ignore[assignment]
-_actions: Table = EnforcementAction.__table__  # type: ignore[assignment]
 
 # Amounts per interval → the rates people read: cores, GiB, MB/s.
 _UNITS = {

@@ -34,26 +34,21 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Connection, Select, Table, select
+from sqlalchemy import Connection, Select, select
 
 from gmd.config import RESOURCES_COMBINED, RESOURCES_SPLIT
 from gmd.ledger.models import (
-    Customer,
-    CustomerLedger,
-    CustomerLevel,
-    CustomerResourceLedger,
-    EnforcementAction,
-    Interval,
     IntervalState,
 )
+from gmd.ledger.tables import (
+    actions as _actions,
+    customer_ledger as _ledger,
+    customers as _customers,
+    intervals as _intervals,
+    levels as _levels,
+    resource_ledger as _resource_ledger,
+)
 from gmd.report.timespec import iso
-
-_intervals: Table = Interval.__table__  # type: ignore[assignment]
-_customers: Table = Customer.__table__  # type: ignore[assignment]
-_ledger: Table = CustomerLedger.__table__  # type: ignore[assignment]
-_resource_ledger: Table = CustomerResourceLedger.__table__  # type: ignore[assignment]
-_levels: Table = CustomerLevel.__table__  # type: ignore[assignment]
-_actions: Table = EnforcementAction.__table__  # type: ignore[assignment]
 
 # Resources in the order the configuration lists them; any other name follows, A→Z.
 RESOURCE_ORDER: tuple[str, ...] = tuple(dict.fromkeys(RESOURCES_COMBINED + RESOURCES_SPLIT))

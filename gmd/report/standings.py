@@ -10,15 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sqlalchemy import Connection, Table, func, select
+from sqlalchemy import Connection, func, select
 
-from gmd.ledger.models import Customer, CustomerLedger, Interval, IntervalState
+from gmd.ledger.models import IntervalState
 from gmd.ledger.resets import pending_resets
+from gmd.ledger.tables import (
+    customer_ledger as _ledger,
+    customers as _customers,
+    intervals as _intervals,
+)
 from gmd.report.render import Column
-
-_intervals: Table = Interval.__table__  # type: ignore[assignment]
-_ledger: Table = CustomerLedger.__table__  # type: ignore[assignment]
-_customers: Table = Customer.__table__  # type: ignore[assignment]
 
 COLUMNS = (
     Column("customer", "Customer", None, "left"),

@@ -72,7 +72,6 @@ from datetime import UTC, datetime
 from sqlalchemy import (
     ColumnElement,
     Connection,
-    Table,
     and_,
     case,
     distinct,
@@ -82,33 +81,23 @@ from sqlalchemy import (
 )
 
 from gmd.ledger.models import (
-    BalanceReset,
-    Customer,
-    CustomerLedger,
-    CustomerResourceLedger,
-    EnforcementAction,
-    Host,
-    HostInterval,
-    Interval,
     IntervalState,
-    Organization,
-    OrganizationLedger,
-    Sample,
+)
+from gmd.ledger.tables import (
+    actions as _actions,
+    balance_resets as _resets,
+    customer_ledger as _ledger,
+    customers as _customers,
+    host_intervals as _host_intervals,
+    hosts as _hosts,
+    intervals as _intervals,
+    organization_ledger as _org_ledger,
+    organizations as _organizations,
+    resource_ledger as _terms,
+    samples as _samples,
 )
 from gmd.report.render import Column
 from gmd.report.timespec import iso
-
-_intervals: Table = Interval.__table__  # type: ignore[assignment]
-_ledger: Table = CustomerLedger.__table__  # type: ignore[assignment]
-_terms: Table = CustomerResourceLedger.__table__  # type: ignore[assignment]
-_org_ledger: Table = OrganizationLedger.__table__  # type: ignore[assignment]
-_samples: Table = Sample.__table__  # type: ignore[assignment]
-_host_intervals: Table = HostInterval.__table__  # type: ignore[assignment]
-_actions: Table = EnforcementAction.__table__  # type: ignore[assignment]
-_resets: Table = BalanceReset.__table__  # type: ignore[assignment]
-_customers: Table = Customer.__table__  # type: ignore[assignment]
-_organizations: Table = Organization.__table__  # type: ignore[assignment]
-_hosts: Table = Host.__table__  # type: ignore[assignment]
 
 GROUPS: tuple[str, ...] = ("customer", "organization", "host", "resource", "day", "week")
 QUOTA_KINDS: tuple[str, ...] = ("quota_lower", "quota_restore")
