@@ -46,6 +46,8 @@ from typing import TextIO
 
 import httpx
 
+from gmd.report.timespec import iso
+
 MARKER = ".gmd-demo"
 """A file that marks a directory as the demo's own, so that a rerun may empty it."""
 
@@ -490,10 +492,6 @@ def admin(layout: Layout, out: TextIO, *args: str, show: bool = True) -> str:
 # -- the whole demo ---------------------------------------------------------------------------
 
 
-def _iso(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
-
-
 def run(
     root: Path,
     traces: Path,
@@ -532,7 +530,7 @@ def run(
         f"gmd demo: {len(names)} Bitbrains VMs of {len(customers)} customers"
         f" ({', '.join(customers)}) on {hosts} simulated hosts of {cores_per_host:g} cores,"
         f" replaying the {cloud.intervals * cloud.interval_s / 86400:g} days up to"
-        f" {_iso(cloud.end_s)}\n  files: {layout.root} (configuration: {layout.config.name})",
+        f" {iso(cloud.end_s)}\n  files: {layout.root} (configuration: {layout.config.name})",
         file=out,
         flush=True,
     )
@@ -558,7 +556,7 @@ def run(
     )
     accounted, account_s = account(layout, cloud, out)
     print("[4/4] what the operators' commands say", file=out, flush=True)
-    span = ("--from", _iso(cloud.start_s), "--to", _iso(cloud.end_s))
+    span = ("--from", iso(cloud.start_s), "--to", iso(cloud.end_s))
     standings = admin(layout, out, "standings", "--format", "json", show=False)
     rows = json.loads(standings)["customers"]
     greediest = str(rows[0]["customer"]) if rows else None

@@ -57,6 +57,7 @@ from gmd.collect.base import (
     VmReading,
 )
 from gmd.collect.capacity import Capacity, network_bytes_per_s
+from gmd.report.timespec import iso
 
 if TYPE_CHECKING:
     from gmd.agent_config import AgentConfig
@@ -563,8 +564,8 @@ def replay_from_config(
         sum(1 for vm in vms if vm.trace.runs),
         config.replay_dir,
         config.host,
-        _iso(clock.start_s),
-        _iso(clock.end_s),
+        iso(clock.start_s),
+        iso(clock.end_s),
         (clock.end_s - clock.start_s) / 86400,
         clock.trace_start_s,
         "as fast as possible" if clock.speed is None else f"{clock.speed:g}× real time",
@@ -572,10 +573,6 @@ def replay_from_config(
         collector.resources().memory_bytes / 2**30,
     )
     return collector, clock
-
-
-def _iso(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
 # -- driving an agent -------------------------------------------------------------------------

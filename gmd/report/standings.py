@@ -8,7 +8,6 @@ the standings say so rather than pretending they are current.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from sqlalchemy import Connection, func, select
 
@@ -20,6 +19,7 @@ from gmd.ledger.tables import (
     intervals as _intervals,
 )
 from gmd.report.render import Column
+from gmd.report.timespec import iso
 
 COLUMNS = (
     Column("customer", "Customer", None, "left"),
@@ -60,10 +60,6 @@ class Standings:
             "customers": self.rows,
             "reset_since": list(self.reset),
         }
-
-
-def iso(t: int) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def standings(
