@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from datetime import UTC, datetime
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, CursorResult, select
 
 from gmd.ledger.tables import (
     actions as _actions,
@@ -89,6 +90,35 @@ def actions(
             rows[-1]["interval_s"] = r.start_s
             rows[-1]["at_dt"] = at
     return rows
+
+
+def level_changes(
+    conn: Connection,
+    *,
+    customer_ids: Collection[int] | None = None,
+    before_s: float | None = None,
+) -> CursorResult:
+    """The ``level`` rows of the log, decided for intervals starting before ``before_s``, in
+    the order they were decided (by interval, then as recorded). Each row: ``customer_id``,
+    ``start_s`` and ``length_s`` of the interval whose accounting decided it (it took effect
+    at that interval's end), ``after`` (the JSON with the new level) and ``dry_run``."""
+    query = (
+        select(
+            _actions.c.customer_id,
+            _intervals.c.start_s,
+            _intervals.c.length_s,
+            _actions.c.after,
+            _actions.c.dry_run,
+        )
+        .join(_intervals, _intervals.c.id == _actions.c.interval_id)
+        .where(_actions.c.kind == "level", _actions.c.customer_id.is_not(None))
+        .order_by(_intervals.c.start_s, _actions.c.id)
+    )
+    if customer_ids is not None:
+        query = query.where(_actions.c.customer_id.in_(list(customer_ids)))
+    if before_s is not None:
+        query = query.where(_intervals.c.start_s < before_s)
+    return conn.execute(query)
 
 
 def _compact(text: str | None) -> object:

@@ -41,13 +41,13 @@ from gmd.ledger.models import (
     IntervalState,
 )
 from gmd.ledger.tables import (
-    actions as _actions,
     customer_ledger as _ledger,
     customers as _customers,
     intervals as _intervals,
     levels as _levels,
     resource_ledger as _resource_ledger,
 )
+from gmd.report.actions import level_changes
 from gmd.report.timespec import iso
 
 # Resources in the order the configuration lists them; any other name follows, A→Z.
@@ -317,24 +317,11 @@ def levels(conn: Connection, ids: dict[str, int], line: Timeline) -> tuple[Level
     """
     if not ids:
         return ()
-    query = (
-        select(
-            _actions.c.customer_id,
-            _intervals.c.start_s,
-            _intervals.c.length_s,
-            _actions.c.after,
-            _actions.c.dry_run,
-        )
-        .join(_intervals, _intervals.c.id == _actions.c.interval_id)
-        .where(_actions.c.kind == "level", _actions.c.customer_id.in_(list(ids.values())))
-        .order_by(_intervals.c.start_s, _actions.c.id)
-    )
-    if line.to_s is not None:
-        query = query.where(_intervals.c.start_s < line.to_s)
+    rows = level_changes(conn, customer_ids=ids.values(), before_s=line.to_s)
     changes: dict[int, list[tuple[float, int, bool]]] = {c: [] for c in ids.values()}
     initial: dict[int, int] = dict.fromkeys(ids.values(), 0)
     seen: set[int] = set()
-    for cid, start_s, length_s, after, dry_run in conn.execute(query):
+    for cid, start_s, length_s, after, dry_run in rows:
         seen.add(cid)
         level = int(json.loads(after)["level"]) if after else 0
         if line.from_s is not None and start_s < line.from_s:

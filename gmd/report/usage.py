@@ -96,6 +96,7 @@ from gmd.ledger.tables import (
     resource_ledger as _terms,
     samples as _samples,
 )
+from gmd.report.actions import level_changes
 from gmd.report.render import Column
 from gmd.report.timespec import iso
 
@@ -293,26 +294,9 @@ def _throttle_spans(
 ) -> dict[int, list[_Span]]:
     """Customer id → the spans of accounted intervals it spent at level ≥ 1, from the level
     actions: one decided at the end of interval J is in force from J's end until the next."""
-    query = (
-        select(
-            _actions.c.customer_id,
-            _intervals.c.start_s,
-            _intervals.c.length_s,
-            _actions.c.after,
-            _actions.c.dry_run,
-        )
-        .select_from(_actions.join(_intervals, _intervals.c.id == _actions.c.interval_id))
-        .where(
-            _actions.c.kind == "level",
-            _actions.c.customer_id.is_not(None),
-            _intervals.c.start_s < rng.hi,
-        )
-        .order_by(_actions.c.customer_id, _intervals.c.start_s, _actions.c.id)
-    )
-    if customer_id is not None:
-        query = query.where(_actions.c.customer_id == customer_id)
+    ids = None if customer_id is None else [customer_id]
     changes: dict[int, list[tuple[int, int, bool]]] = defaultdict(list)
-    for r in conn.execute(query):
+    for r in level_changes(conn, customer_ids=ids, before_s=rng.hi):
         level = _level_of(r.after)
         if level is not None:
             changes[int(r.customer_id)].append(
