@@ -203,8 +203,8 @@ def write_configs(
     *,
     cores_per_host: float,
     memory_per_host: float,
-) -> dict[str, str]:
-    """The daemon's gmd.toml and one agent file per host; returns host → bearer token.
+) -> None:
+    """The daemon's gmd.toml and one agent file per host.
 
     Token auth as in production: each agent reads its token from a file, the daemon keeps
     only its SHA-256.
@@ -276,7 +276,6 @@ def write_configs(
         layout.agent_config(host).write_text(
             f"# Written by gmd-admin demo: simulated compute host {host}.\n[agent]\n{body}\n"
         )
-    return tokens
 
 
 # -- processes --------------------------------------------------------------------------------
@@ -428,8 +427,7 @@ def replay(layout: Layout, cloud: Cloud, port: int, out: TextIO) -> float:
             if not running:
                 break
             time.sleep(0.25)
-        stored = stored_batches(port)
-        bar.update(stored, f"({cloud.intervals * cloud.interval_s / 86400:.1f} simulated days)")
+        # the last poll came after every agent had exited: it is the final count
         if stored < total:
             raise DemoError(f"the daemon stored {stored} of the {total} batches the agents made")
     finally:
@@ -473,7 +471,7 @@ def account(layout: Layout, cloud: Cloud, out: TextIO) -> tuple[int, float]:
 def admin(layout: Layout, out: TextIO, *args: str, show: bool = True) -> str:
     """Run ``gmd-admin ARGS`` on the demo's configuration, printed as an operator would type
     it (with GMD_CONFIG set), and its output; :class:`DemoError` when it fails."""
-    env = {**os.environ, "GMD_CONFIG": str(layout.config), "COLUMNS": "160"}
+    env = {**os.environ, "GMD_CONFIG": str(layout.config)}
     shown = " ".join(a if re.fullmatch(r"[\w@%+=:,./-]+", a) else repr(a) for a in args)
     result = subprocess.run(
         [_tool("gmd-admin"), *args], env=env, capture_output=True, text=True, check=False
@@ -529,7 +527,7 @@ def run(
     print(
         f"gmd demo: {len(names)} Bitbrains VMs of {len(customers)} customers"
         f" ({', '.join(customers)}) on {hosts} simulated hosts of {cores_per_host:g} cores,"
-        f" replaying the {cloud.intervals * cloud.interval_s / 86400:g} days up to"
+        f" replaying the {cloud.intervals * cloud.interval_s / 86400:.3g} days up to"
         f" {iso(cloud.end_s)}\n  files: {layout.root} (configuration: {layout.config.name})",
         file=out,
         flush=True,
