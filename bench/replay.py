@@ -31,20 +31,13 @@ from gmd.collect.replay import (
     replay_vms,
     tick_times,
     trace_paths,
+    trace_ranges,
 )
 from gmd.deliver.agent import Agent
 from gmd.deliver.spool import Spool
 
 SHARED = Path(os.environ.get("GMD_SHARED", Path(__file__).resolve().parents[2] / "shared"))
 TRACES = SHARED / "data" / "bitbrains_rnd_sample" / "2013-7"
-
-
-def names(spec: str) -> list[str]:
-    out: list[str] = []
-    for part in spec.split(","):
-        first, _, last = part.partition("-")
-        out.extend(str(n) for n in range(int(first), int(last or first) + 1))
-    return out
 
 
 def collector_only(collector: ReplayCollector, clock: ReplayClock, tick_s: float, interval_s: int):
@@ -70,7 +63,7 @@ def main() -> None:
     logging.basicConfig(level=logging.ERROR)
 
     began = time.perf_counter()
-    traces = [read_trace(path) for path in trace_paths(TRACES, names(args.vms))]
+    traces = [read_trace(path) for path in trace_paths(TRACES, trace_ranges(args.vms))]
     parse_s = time.perf_counter() - began
     start = (time.time() - args.days * 86400 - 2 * args.interval) // args.interval * args.interval
     end = start + args.days * 86400

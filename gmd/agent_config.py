@@ -101,13 +101,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gmd.collect.replay import trace_ranges
 from gmd.config import ConfigError, _Reader, default_state_dir, read_document
 from gmd.enforce.cgroups import CgroupError, VmIdentity, render_template
 from gmd.report.timespec import parse_time
 
 ENFORCE_BACKENDS = ("libvirt", "cgroup", "none")
 COLLECTORS = ("libvirt", "replay")
-_RANGE = re.compile(r"^\s*(\w+)\s*(?:-\s*(\d+)\s*)?$")
 
 _PRINTABLE = re.compile(r"^[!-~]+$")
 _NAME = re.compile(r"^[^\x00-\x1f]{1,255}$")
@@ -293,29 +293,13 @@ def _replay_keys(a: _Reader, path: Path | None) -> dict[str, Any]:
 
 
 def _trace_names(a: _Reader, value: list[Any] | str | None) -> tuple[str, ...]:
-    """``[1, 2, "7"]`` or ``"1-10,15"`` → ``("1", …, "10", "15")``, in the order given."""
+    """The ``replay_vms`` key read by :func:`gmd.collect.replay.trace_ranges`."""
     if value is None:
         return ()
-    items: list[Any] = value.split(",") if isinstance(value, str) else value
-    names: list[str] = []
-    for item in items:
-        if isinstance(item, int) and not isinstance(item, bool) and item >= 0:
-            names.append(str(item))
-            continue
-        m = _RANGE.match(item) if isinstance(item, str) else None
-        if m is None:
-            raise a.fail("replay_vms", f"{item!r}: give trace numbers (1, 2) or ranges (1-10)")
-        first, last = m.groups()
-        if last is None:
-            names.append(first)
-        elif first.isdigit() and int(first) <= int(last):
-            names.extend(str(n) for n in range(int(first), int(last) + 1))
-        else:
-            raise a.fail("replay_vms", f"{item!r} is not a range like 1-10")
-    if len(set(names)) != len(names):
-        dup = next(n for n in names if names.count(n) > 1)
-        raise a.fail("replay_vms", f"trace {dup} is listed twice (one host runs a VM once)")
-    return tuple(names)
+    try:
+        return trace_ranges(value)
+    except ValueError as exc:
+        raise a.fail("replay_vms", str(exc)) from None
 
 
 def _customers(a: _Reader, vms: tuple[str, ...]) -> tuple[str, ...] | dict[str, str]:

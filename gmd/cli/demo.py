@@ -46,6 +46,7 @@ from typing import TextIO
 
 import httpx
 
+from gmd.collect.replay import trace_ranges
 from gmd.report.timespec import iso
 
 MARKER = ".gmd-demo"
@@ -116,7 +117,7 @@ def plan_cloud(
         raise DemoError("no traces to replay")
     owners = {}
     for name in traces:
-        n = int(name)
+        n = int(name) if name.isdigit() else -1
         owner = next((c for c, lo, hi in CUSTOMER_BLOCKS if lo <= n <= hi), None)
         if owner is None:
             raise DemoError(f"trace {name} is outside the demo's customers' blocks (1-100)")
@@ -131,16 +132,10 @@ def plan_cloud(
 
 def parse_traces(spec: str) -> list[str]:
     """``"1-100"`` or ``"1-20,41-53"`` → trace names, in order."""
-    names: list[str] = []
-    for part in spec.split(","):
-        m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
-        if m is None:
-            raise DemoError(f"--vms {spec!r}: give trace numbers and ranges, like 1-100 or 1-20,41")
-        first, last = int(m[1]), int(m[2] or m[1])
-        names.extend(str(n) for n in range(first, last + 1))
-    if len(set(names)) != len(names):
-        raise DemoError(f"--vms {spec!r} names a trace twice")
-    return names
+    try:
+        return list(trace_ranges(spec))
+    except ValueError as exc:
+        raise DemoError(f"--vms {spec!r}: {exc}") from None
 
 
 # -- the configuration files ------------------------------------------------------------------

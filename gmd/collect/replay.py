@@ -37,6 +37,7 @@ from __future__ import annotations
 import bisect
 import logging
 import math
+import re
 import threading
 import time
 import uuid as uuidlib
@@ -298,6 +299,35 @@ def read_trace(path: Path) -> Trace:
             "no rows" if not trace.rows else f"all {trace.rows} rows are zero",
         )
     return trace
+
+
+_RANGE = re.compile(r"^\s*(\w+)\s*(?:-\s*(\d+)\s*)?$")
+
+
+def trace_ranges(value: str | Sequence[object]) -> tuple[str, ...]:
+    """``[1, 2, "7"]`` or ``"1-10,15"`` → ``("1", …, "10", "15")``, in the order given (the
+    ``replay_vms`` key, ``gmd-admin demo --vms``). ValueError says which item is wrong, or
+    which trace is listed twice: one host runs a VM once."""
+    items: Sequence[object] = value.split(",") if isinstance(value, str) else value
+    names: list[str] = []
+    for item in items:
+        if isinstance(item, int) and not isinstance(item, bool) and item >= 0:
+            names.append(str(item))
+            continue
+        m = _RANGE.match(item) if isinstance(item, str) else None
+        if m is None:
+            raise ValueError(f"{item!r}: give trace numbers (1, 2) or ranges (1-10)")
+        first, last = m.groups()
+        if last is None:
+            names.append(first)
+        elif first.isdigit() and int(first) <= int(last):
+            names.extend(str(n) for n in range(int(first), int(last) + 1))
+        else:
+            raise ValueError(f"{item!r} is not a range like 1-10")
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise ValueError(f"trace {dup} is listed twice (one host runs a VM once)")
+    return tuple(names)
 
 
 def trace_paths(directory: Path, names: Iterable[str | int]) -> list[Path]:
