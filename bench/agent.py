@@ -4,8 +4,8 @@
 
 Two ways to read every running domain's counters:
 
-- **gmd** (``gmd.collect.libvirt.LibvirtCollector``): one ``getAllDomainStats`` call, per-domain
-  calls only for the counters it lacks, each domain's XML read once and cached;
+- **gmd** (``gmd.agent.collect.libvirt.LibvirtCollector``): one ``getAllDomainStats`` call,
+  per-domain calls only for the counters it lacks, each domain's XML read once and cached;
 - **per-domain**, the way Ceilometer's compute agent polls: list the domains, then for each one
   fetch and parse its XML (to find disks and interfaces) and call ``info``, ``memoryStats``,
   ``blockStats`` per disk and ``interfaceStats`` per interface, every poll.
@@ -35,9 +35,9 @@ from typing import Any
 
 import libvirt
 
-from gmd.collect.aggregate import AgentState, advance, dump_state
-from gmd.collect.libvirt import LibvirtCollector
-from gmd.deliver.spool import Spool
+from gmd.agent.collect.aggregate import AgentState, advance, dump_state
+from gmd.agent.collect.libvirt import LibvirtCollector
+from gmd.agent.spool import Spool
 
 NOVA_11 = "http://openstack.org/xmlns/libvirt/nova/1.1"
 

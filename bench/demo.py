@@ -15,7 +15,7 @@ import platform
 import tempfile
 from pathlib import Path
 
-from gmd.cli import demo
+from gmd.admin import demo
 
 
 def main() -> None:

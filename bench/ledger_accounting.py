@@ -25,10 +25,10 @@ import numpy as np
 import sqlalchemy as sa
 from accounting import INTERVAL_S, random_cloud
 
-from gmd.config import parse
-from gmd.ledger import migrate
-from gmd.ledger.accounting import account_next, compute_rows, write_rows
-from gmd.ledger.models import (
+from gmd.daemon.config import parse
+from gmd.daemon.ledger import migrate
+from gmd.daemon.ledger.accounting import account_next, compute_rows, write_rows
+from gmd.daemon.ledger.models import (
     Batch,
     Customer,
     Host,

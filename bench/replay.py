@@ -20,9 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from gmd.agent_config import parse_agent
-from gmd.collect.aggregate import AgentState, advance
-from gmd.collect.replay import (
+from gmd.agent.collect.aggregate import AgentState, advance
+from gmd.agent.collect.replay import (
     ReplayClock,
     ReplayCollector,
     plan_clock,
@@ -33,8 +32,9 @@ from gmd.collect.replay import (
     trace_paths,
     trace_ranges,
 )
-from gmd.deliver.agent import Agent
-from gmd.deliver.spool import Spool
+from gmd.agent.config import parse_agent
+from gmd.agent.loop import Agent
+from gmd.agent.spool import Spool
 
 SHARED = Path(os.environ.get("GMD_SHARED", Path(__file__).resolve().parents[2] / "shared"))
 TRACES = SHARED / "data" / "bitbrains_rnd_sample" / "2013-7"

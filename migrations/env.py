@@ -1,9 +1,10 @@
-"""Alembic environment: runs gmd's migrations on the connection gmd.ledger.migrate hands in."""
+"""Alembic environment: runs gmd's migrations on the connection that
+gmd.daemon.ledger.migrate hands in."""
 
 from alembic import context
 from sqlalchemy import create_engine
 
-from gmd.ledger.models import Base
+from gmd.daemon.ledger.models import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import uvicorn
 
-from gmd.config import Config, parse
-from gmd.ingest.app import create_app, with_body_limit
-from gmd.ledger import migrate
-from gmd.ledger.store import USE_COLUMNS
+from gmd.daemon.api.app import create_app, with_body_limit
+from gmd.daemon.config import Config, parse
+from gmd.daemon.ledger import migrate
+from gmd.daemon.ledger.store import USE_COLUMNS
 
 INTERVAL_S = 60
 

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
-from gmd.config import Config
+from gmd.daemon.config import Config
+from gmd.daemon.ledger.accounting import account_due, compute_rows
 from gmd.fairness.cloud import CloudInterval, cloud_greediness
 from gmd.fairness.decay import decay_factor
 from gmd.fairness.directcontr import DirectContrBalances, directcontr_update, normalized_work
-from gmd.ledger.accounting import account_due, compute_rows
 from tests.daemon_support import (
     INTERVAL_S,
     HostSpec,

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from gmd.agent_config import load_agent, parse_agent
-from gmd.collect.capacity import link_speeds_mbit, network_bytes_per_s
-from gmd.config import ConfigError
+from gmd.agent.collect.capacity import link_speeds_mbit, network_bytes_per_s
+from gmd.agent.config import load_agent, parse_agent
+from gmd.common.config import ConfigError
 from tests.conftest import SHARED
 
 

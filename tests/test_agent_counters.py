@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gmd.collect.aggregate import (
+from gmd.agent.collect.aggregate import (
     AgentState,
     advance,
     batch_document,
@@ -12,9 +12,9 @@ from gmd.collect.aggregate import (
     load_state,
     split,
 )
-from gmd.collect.base import Flavor, HostReading, Ownership, VmReading
-from gmd.collect.counters import Baseline, Usage, counter_delta, step
-from gmd.ingest.schema import SampleBatch
+from gmd.agent.collect.base import Flavor, HostReading, Ownership, VmReading
+from gmd.agent.collect.counters import Baseline, Usage, counter_delta, step
+from gmd.wire import SampleBatch
 
 OWNER = Ownership("proj-a", "nova/1.1", Flavor(2, 2**31), 1_700_000_000)
 GIB = 2**30

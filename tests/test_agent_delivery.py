@@ -17,11 +17,11 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from gmd.agent_config import AgentConfig, parse_agent
-from gmd.deliver.agent import Agent, AgentMetrics
-from gmd.deliver.client import DaemonClient
-from gmd.deliver.sender import Sender
-from gmd.deliver.spool import Spool, SpoolError
+from gmd.agent.client import DaemonClient
+from gmd.agent.config import AgentConfig, parse_agent
+from gmd.agent.loop import Agent, AgentMetrics
+from gmd.agent.sender import Sender
+from gmd.agent.spool import Spool, SpoolError
 from tests.agent_fixtures import ScriptedCollector, ScriptedVm
 from tests.daemon_support import Daemon, aligned_past, make_config, serving, token_of
 
@@ -226,7 +226,7 @@ def test_a_rejected_batch_is_dropped_loudly_and_the_next_still_goes(
     start = aligned_past(10)
     # The daemon accounts 60 s intervals: a 30 s batch can never be accepted.
     h = Host(tmp_path, daemon.url, start, interval_s=30)
-    with caplog.at_level(logging.ERROR, "gmd.deliver.sender"):
+    with caplog.at_level(logging.ERROR, "gmd.agent.sender"):
         h.ticks(3)
     assert h.metric("gmd_agent_batches_total", outcome="rejected") == 1
     assert h.metric("gmd_agent_spool_batches") == 0
@@ -259,7 +259,7 @@ def test_server_errors_keep_the_batch() -> None:
 
 def test_the_spool_is_bounded_and_drops_the_oldest(tmp_path: Path, caplog: Any) -> None:
     spool = Spool(tmp_path / "s.db", max_bytes=10_000, max_batches=3)
-    with caplog.at_level(logging.ERROR, "gmd.deliver.spool"):
+    with caplog.at_level(logging.ERROR, "gmd.agent.spool"):
         dropped = spool.commit(b"{}", [(f"k{i}", 60 * i, b"x" * 100) for i in range(5)])
     assert [d.key for d in dropped] == ["k0", "k1"]
     assert [s.key for s in spool.oldest(10)] == ["k2", "k3", "k4"]

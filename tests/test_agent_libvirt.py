@@ -16,12 +16,12 @@ from typing import Any
 import libvirt
 import pytest
 
-from gmd.agent_config import parse_agent
-from gmd.collect.aggregate import AgentState, advance
-from gmd.collect.base import Flavor, Ownership
-from gmd.collect.libvirt import LibvirtCollector
-from gmd.deliver.agent import Agent
-from gmd.deliver.spool import Spool
+from gmd.agent.collect.aggregate import AgentState, advance
+from gmd.agent.collect.base import Flavor, Ownership
+from gmd.agent.collect.libvirt import LibvirtCollector
+from gmd.agent.config import parse_agent
+from gmd.agent.loop import Agent
+from gmd.agent.spool import Spool
 from tests.agent_fixtures import NODE, many_domains_node, uri
 
 MIB = 2**20
@@ -209,7 +209,7 @@ def test_a_failing_domain_is_reported_and_the_others_read(caplog: Any) -> None:
 
     # A real libvirt error that is neither "gone" nor a lost connection.
     conns[0].wrap[NOVA10] = {"info": lambda real: real.blockStats("no-such-disk")}
-    with caplog.at_level(logging.WARNING, "gmd.collect.libvirt"):
+    with caplog.at_level(logging.WARNING, "gmd.agent.collect.libvirt"):
         reading = c.collect()
     assert {v.uuid for v in reading.vms} == {NOVA, GMD, ORPHAN}
     assert NOVA10 in reading.listed and NOVA10 not in reading.gone
@@ -265,7 +265,7 @@ def test_lost_connection_is_retried_with_backoff_and_logged(caplog: Any) -> None
     )
     state = advance(AgentState(), c.collect(), 60).state
     conns[0].fail_listing = refused
-    with caplog.at_level(logging.INFO, "gmd.collect.libvirt"):
+    with caplog.at_level(logging.INFO, "gmd.agent.collect.libvirt"):
         lost = c.collect()  # the call fails: connection dropped, retry in 1 s
         assert not lost.ok and "lost while listing domains" in lost.errors[0]
         assert "retrying in 1 s" in lost.errors[0]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gmd.collect.base import Flavor, Ownership
-from gmd.collect.ownership import ownership_from_xml
+from gmd.agent.collect.base import Flavor, Ownership
+from gmd.agent.collect.ownership import ownership_from_xml
 
 NOVA_11 = "http://openstack.org/xmlns/libvirt/nova/1.1"
 NOVA_10 = "http://openstack.org/xmlns/libvirt/nova/1.0"

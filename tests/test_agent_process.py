@@ -22,7 +22,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from gmd.ingest.schema import SampleBatch
+from gmd.wire import SampleBatch
 from tests.agent_fixtures import NODE, uri
 from tests.daemon_support import make_config, serving, token_of
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gmd.agent_config import parse_agent
-from gmd.ingest.schema import SampleBatch
+from gmd.agent.config import parse_agent
+from gmd.wire import SampleBatch
 
 if TYPE_CHECKING:
     from tests.realvm import RealGuests
@@ -21,8 +21,8 @@ pytest_plugins = ("tests.realvm",)
 def test_the_agents_batch_attributes_use_to_the_right_guest(
     real_guests: RealGuests, tmp_path
 ) -> None:
-    from gmd.collect.libvirt import LibvirtCollector
-    from gmd.deliver.agent import dry_run_batch
+    from gmd.agent.collect.libvirt import LibvirtCollector
+    from gmd.agent.loop import dry_run_batch
 
     config = parse_agent(
         {

@@ -2,7 +2,7 @@
 mapped onto simulated time, and replayed through the real agent into a real daemon's ledger.
 
 Expected figures are computed here from the CSV rows by hand (a row's rates hold until the next
-row; an all-zero row means the VM is off), independently of gmd.collect.replay's own parsing
+row; an all-zero row means the VM is off), independently of gmd.agent.collect.replay's own parsing
 and prefix sums, so a wrong integral, a lost or a doubled tick shows as a mismatch.
 """
 
@@ -21,11 +21,11 @@ import pytest
 import sqlalchemy as sa
 from typer.testing import CliRunner
 
-from gmd.agent_config import AgentConfig, parse_agent
-from gmd.cli.agent import app as agent_cli
-from gmd.collect.aggregate import AgentState, advance
-from gmd.collect.base import Flavor
-from gmd.collect.replay import (
+from gmd.agent.cli import app as agent_cli
+from gmd.agent.client import DaemonClient
+from gmd.agent.collect.aggregate import AgentState, advance
+from gmd.agent.collect.base import Flavor
+from gmd.agent.collect.replay import (
     UUID_NAMESPACE,
     ReplayClock,
     ReplayCollector,
@@ -39,12 +39,12 @@ from gmd.collect.replay import (
     tick_times,
     vm_uuid,
 )
-from gmd.deliver.agent import Agent
-from gmd.deliver.client import DaemonClient
-from gmd.deliver.sender import Sender
-from gmd.deliver.spool import Spool
-from gmd.ingest.schema import SampleBatch
-from gmd.ledger.accounting import account_due
+from gmd.agent.config import AgentConfig, parse_agent
+from gmd.agent.loop import Agent
+from gmd.agent.sender import Sender
+from gmd.agent.spool import Spool
+from gmd.daemon.ledger.accounting import account_due
+from gmd.wire import SampleBatch
 from tests.conftest import SHARED
 from tests.daemon_support import make_config, serving, token_of
 

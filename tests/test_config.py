@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gmd.config import RESOURCES_SPLIT, ConfigError, load, parse
+from gmd.common.config import ConfigError
+from gmd.daemon.config import RESOURCES_SPLIT, load, parse
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -17,7 +18,7 @@ def write(tmp_path: Path, text: str) -> Path:
 
 def test_defaults_when_the_default_file_is_absent(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GMD_CONFIG", raising=False)
-    monkeypatch.setattr("gmd.config.DEFAULT_PATH", Path("/nonexistent/gmd.toml"))
+    monkeypatch.setattr("gmd.common.config.DEFAULT_PATH", Path("/nonexistent/gmd.toml"))
     cfg = load()
     assert cfg.accounting.gamma == 0.5
     assert cfg.accounting.interval_s == 60
@@ -123,7 +124,7 @@ def test_the_example_file_loads_with_the_defaults() -> None:
 
 def test_the_example_file_serves_the_agent_too() -> None:
     """One gmd.toml for a host that runs both: the daemon ignores [agent], the agent reads it."""
-    from gmd.agent_config import load_agent
+    from gmd.agent.config import load_agent
 
     example = Path(__file__).resolve().parents[1] / "etc" / "gmd.toml"
     agent = load_agent(example)
@@ -134,7 +135,8 @@ def test_the_example_file_serves_the_agent_too() -> None:
 def test_systemds_state_directory_is_the_default_state_dir(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from gmd.config import default_database_url, default_state_dir
+    from gmd.common.config import default_state_dir
+    from gmd.daemon.config import default_database_url
 
     monkeypatch.setenv("STATE_DIRECTORY", f"{tmp_path}/gmd:{tmp_path}/other")
     assert default_state_dir() == tmp_path / "gmd"

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
-from gmd.ledger import migrate
-from gmd.ledger.accounting import compute_rows
-from gmd.ledger.store import BatchRecord, LedgerStore
+from gmd.daemon.ledger import migrate
+from gmd.daemon.ledger.accounting import compute_rows
+from gmd.daemon.ledger.store import BatchRecord, LedgerStore
 from tests.daemon_support import INTERVAL_S, aligned_past, make_config
 
 DAEMON = Path(sys.executable).with_name("gmd-daemon")

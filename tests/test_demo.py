@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from gmd.cli.admin import app
+from gmd.admin.cli import app
 from tests.conftest import SHARED
 
 TRACES = SHARED / "data" / "bitbrains_rnd_sample" / "2013-7"

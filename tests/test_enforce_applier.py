@@ -20,10 +20,7 @@ import httpx
 import libvirt
 import pytest
 
-from gmd.agent_config import parse_agent
-from gmd.deliver.agent import Agent
-from gmd.deliver.client import DaemonClient, PlanUnavailable
-from gmd.enforce.applier import (
+from gmd.agent.apply.applier import (
     LIVE,
     CgroupApplier,
     EnforcementStateError,
@@ -32,8 +29,11 @@ from gmd.enforce.applier import (
     scaled_blkio_weight,
     scaled_shares,
 )
-from gmd.enforce.cgroups import SYSTEMD_TEMPLATE, VmIdentity, locate
-from gmd.ingest.schema import HostPlan, PlanReport
+from gmd.agent.apply.cgroups import SYSTEMD_TEMPLATE, VmIdentity, locate
+from gmd.agent.client import DaemonClient, PlanUnavailable
+from gmd.agent.config import parse_agent
+from gmd.agent.loop import Agent
+from gmd.wire import HostPlan, PlanReport
 from tests.test_enforce_cgroups import V2_DEFAULTS, FakeCgroupfsIO
 
 UUID_A = "a0000000-0000-4000-8000-00000000000a"
@@ -342,7 +342,7 @@ def test_a_vm_vanishing_mid_apply_is_forgotten_and_the_others_applied(
     sched = SchedConn(conn)
     sched.lookupByUUIDString(UUID_A).fail_blkio_by_destroying = True
     applier = LibvirtApplier(sched, state_path=tmp_path / "s.json")
-    with caplog.at_level(logging.INFO, "gmd.enforce.applier"):
+    with caplog.at_level(logging.INFO, "gmd.agent.apply.applier"):
         results = applier.sync(plan("on", item(UUID_A), item(UUID_B)))
     assert dump(results) == [(UUID_B, "apply", True)]
     assert set(applier.remembered) == {UUID_B}
@@ -392,7 +392,7 @@ def test_libvirt_down_forgets_nothing_and_the_next_round_restores(
         raise unreachable_libvirt_error()
 
     sched.lookupByUUIDString = down  # type: ignore[method-assign]
-    with caplog.at_level(logging.WARNING, "gmd.enforce.applier"):
+    with caplog.at_level(logging.WARNING, "gmd.agent.apply.applier"):
         assert applier.sync(plan("on")) == []
     assert "the rest of the plan waits for the next round" in caplog.text
     assert set(applier.remembered) == {UUID_A, UUID_B}
@@ -507,7 +507,7 @@ class Plans:
         return self.plan
 
     def post_report(self, host: str, report: PlanReport) -> Any:
-        from gmd.deliver.client import PostOutcome
+        from gmd.agent.client import PostOutcome
 
         if self.report_outcome != "delivered":
             return PostOutcome("unavailable", 503, "down")
@@ -518,8 +518,8 @@ class Plans:
 def test_the_agent_fetches_at_most_every_plan_every_s_and_keeps_settings_when_unreachable(
     conn: Any, tmp_path: Path
 ) -> None:
-    from gmd.collect.libvirt import LibvirtCollector
-    from gmd.deliver.spool import Spool
+    from gmd.agent.collect.libvirt import LibvirtCollector
+    from gmd.agent.spool import Spool
 
     config = parse_agent(
         {"agent": {"host": "cmp-1", "tick_s": 1, "plan_every_s": 30, "libvirt_uri": "test:///x"}}

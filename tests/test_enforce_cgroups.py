@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from gmd.enforce.cgroups import (
+from gmd.agent.apply.cgroups import (
     LIBVIRT_TEMPLATE,
     SYSTEMD_TEMPLATE,
     CgroupBackend,
@@ -39,7 +39,7 @@ from gmd.enforce.cgroups import (
     restore,
     systemd_escape,
 )
-from gmd.enforce.limits import (
+from gmd.agent.apply.limits import (
     LimitsError,
     VmLimits,
     blkio_to_io_weight,

@@ -9,8 +9,8 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from gmd.enforce.levels import after_interval
-from gmd.ledger.accounting import account_due
+from gmd.daemon.enforce.levels import after_interval
+from gmd.daemon.ledger.accounting import account_due
 from tests.daemon_support import (
     HostSpec,
     aligned_past,

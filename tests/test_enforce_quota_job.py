@@ -13,10 +13,10 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from gmd.config import Config
-from gmd.enforce.levels import after_interval
-from gmd.enforce.quota_job import QuotaReconciler
-from gmd.ledger.accounting import account_due
+from gmd.daemon.config import Config
+from gmd.daemon.enforce.levels import after_interval
+from gmd.daemon.enforce.quota_job import QuotaReconciler
+from gmd.daemon.ledger.accounting import account_due
 from tests.daemon_support import (
     HostSpec,
     aligned_past,

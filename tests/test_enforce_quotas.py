@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gmd.enforce.quotas import (
+from gmd.daemon.enforce.quotas import (
     NovaQuotas,
     QuotaError,
     QuotaNotApplied,

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import sqlalchemy as sa
 
-from gmd.agent_config import parse_agent
-from gmd.enforce.levels import after_interval
-from gmd.ledger.accounting import account_due
+from gmd.agent.config import parse_agent
+from gmd.daemon.enforce.levels import after_interval
+from gmd.daemon.ledger.accounting import account_due
 from tests.daemon_support import (
     HostSpec,
     aligned_past,
@@ -85,12 +85,12 @@ def test_a_greedy_customers_spinner_is_capped_then_restored_exactly(
 ) -> None:
     import libvirt
 
-    from gmd.collect.libvirt import LibvirtCollector
-    from gmd.deliver.agent import Agent
-    from gmd.deliver.client import DaemonClient
-    from gmd.deliver.sender import Sender
-    from gmd.deliver.spool import Spool
-    from gmd.enforce.applier import LibvirtApplier
+    from gmd.agent.apply.applier import LibvirtApplier
+    from gmd.agent.client import DaemonClient
+    from gmd.agent.collect.libvirt import LibvirtCollector
+    from gmd.agent.loop import Agent
+    from gmd.agent.sender import Sender
+    from gmd.agent.spool import Spool
 
     started = time.monotonic()
     spin, idle = real_guests.spin, real_guests.idle

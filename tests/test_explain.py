@@ -21,9 +21,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gmd.config import load
-from gmd.enforce.levels import after_interval
-from gmd.ledger.accounting import account_due
+from gmd.daemon.config import load
+from gmd.daemon.enforce.levels import after_interval
+from gmd.daemon.ledger.accounting import account_due
 from tests.daemon_support import HostSpec, aligned_past, auth, batch, cpu_only, serving, token_of
 
 ADMIN = Path(sys.executable).with_name("gmd-admin")

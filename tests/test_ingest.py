@@ -14,7 +14,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from gmd.ledger.accounting import account_due
+from gmd.daemon.ledger.accounting import account_due
 from tests.daemon_support import (
     INTERVAL_S,
     Daemon,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from gmd.ledger import migrate
-from gmd.ledger.models import Base
+from gmd.daemon.ledger import migrate
+from gmd.daemon.ledger.models import Base
 
 
 def tables(engine: sa.Engine) -> set[str]:

@@ -2,7 +2,7 @@
 
 The migrations stay at the top of the source tree (migrations/); pyproject.toml's
 [tool.setuptools.data-files] puts them in the wheel's data, which pip installs under
-PREFIX/share/gmd/migrations. gmd.ledger.migrate.migrations_dir() looks there after
+PREFIX/share/gmd/migrations. gmd.daemon.ledger.migrate.migrations_dir() looks there after
 $GMD_MIGRATIONS and the source tree.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from gmd.ledger import migrate
+from gmd.daemon.ledger import migrate
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = "share/gmd/migrations"
@@ -93,15 +93,19 @@ def test_wheel_holds_only_the_package_and_its_data(wheel: zipfile.ZipFile) -> No
         if not name.startswith(data) and ".dist-info/" not in name
     }
     assert tops == {"gmd"}
-    assert "gmd/ledger/migrate.py" in wheel.namelist()
+    assert "gmd/daemon/ledger/migrate.py" in wheel.namelist()
 
 
 def test_wheel_installs_the_systemd_units_entry_points(wheel: zipfile.ZipFile) -> None:
     """gmd-daemon and gmd-agent, which systemd/*.service start, are console scripts."""
     (entry_points,) = [n for n in wheel.namelist() if n.endswith(".dist-info/entry_points.txt")]
     text = wheel.read(entry_points).decode()
-    for script in ("gmd-daemon", "gmd-agent", "gmd-admin"):
-        assert f"{script} = gmd.cli." in text
+    for script, package in (
+        ("gmd-daemon", "daemon"),
+        ("gmd-agent", "agent"),
+        ("gmd-admin", "admin"),
+    ):
+        assert f"{script} = gmd.{package}.cli:main" in text
 
 
 def test_migrations_installed_from_the_wheel_are_found_and_run(

@@ -29,12 +29,12 @@ import sqlalchemy as sa
 from click.testing import Result
 from typer.testing import CliRunner
 
-from gmd.cli.admin import app
-from gmd.config import Config
-from gmd.enforce.levels import after_interval
-from gmd.ledger.accounting import account_due
-from gmd.report import plot
-from gmd.report.series import CustomerSeries, EmptyRange, UnknownCustomers, collect
+from gmd.admin import plot
+from gmd.admin.cli import app
+from gmd.admin.series import CustomerSeries, EmptyRange, UnknownCustomers, collect
+from gmd.daemon.config import Config
+from gmd.daemon.enforce.levels import after_interval
+from gmd.daemon.ledger.accounting import account_due
 from tests.daemon_support import (
     INTERVAL_S,
     HostSpec,

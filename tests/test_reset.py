@@ -17,9 +17,9 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from gmd.config import Config
-from gmd.ledger.accounting import account_due, compute_rows
-from gmd.ledger.migrate import engine_for
+from gmd.daemon.config import Config
+from gmd.daemon.ledger.accounting import account_due, compute_rows
+from gmd.daemon.ledger.migrate import engine_for
 from tests.daemon_support import (
     HostSpec,
     aligned_past,

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gmd.ledger.accounting import account_due
+from gmd.daemon.ledger.accounting import account_due
 from tests.daemon_support import (
     HostSpec,
     aligned_past,

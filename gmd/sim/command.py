@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from pathlib import Path
 
-from gmd.report.render import FORMATS, Column, csv_text, json_text, table_text
+from gmd.admin.render import FORMATS, Column, csv_text, json_text, table_text
 from gmd.sim.experiment import ExperimentConfig, ExperimentResult, run_experiment
 from gmd.sim.workload import PROCESSOR_MODES, read_assignment
 

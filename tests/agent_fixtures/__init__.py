@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gmd.collect.base import Flavor, HostReading, HostResources, Ownership, VmReading
+from gmd.agent.collect.base import Flavor, HostReading, HostResources, Ownership, VmReading
 
 NODE = Path(__file__).with_name("node.xml")
 NOVA_11 = "http://openstack.org/xmlns/libvirt/nova/1.1"
@@ -78,7 +78,7 @@ class ScriptedVm:
 
 
 class ScriptedCollector:
-    """A collector (the :class:`gmd.collect.base.Collector` interface) on a scripted clock."""
+    """A collector (the :class:`gmd.agent.collect.base.Collector` interface) on a scripted clock."""
 
     def __init__(self, clock: Callable[[], float], vms: list[ScriptedVm]) -> None:
         self.clock, self.vms = clock, vms

@@ -1,0 +1,131 @@
+"""The enforcement log: every action gmd took or would take (dry-run), and why."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection
+from datetime import UTC, datetime
+
+from sqlalchemy import Connection, CursorResult, select
+
+from gmd.admin.render import Column
+from gmd.daemon.ledger.tables import (
+    actions as _actions,
+    customers as _customers,
+    hosts as _hosts,
+    intervals as _intervals,
+)
+
+COLUMNS = (
+    Column("at", "At", None, "left"),
+    Column("interval", "Interval", None, "left"),
+    Column("customer", "Customer", None, "left"),
+    Column("host", "Host", None, "left"),
+    Column("kind", "Kind", None, "left"),
+    Column("status", "Status", None, "left"),
+    Column("dry_run", "Dry-run", None, "left"),
+    Column("before", "Before", None, "left"),
+    Column("after", "After", None, "left"),
+    Column("reason", "Reason", None, "left"),
+)
+
+
+def actions(
+    conn: Connection,
+    *,
+    from_s: float | None = None,
+    to_s: float | None = None,
+    customer: str | None = None,
+    limit: int | None = None,
+    raw: bool = False,
+) -> list[dict[str, object]]:
+    """Actions in ``[from_s, to_s)`` (by when they were recorded), oldest first. ``raw`` adds
+    ``interval_s`` (the interval's start) and ``at_dt`` (an aware datetime) for filtering."""
+    query = (
+        select(
+            _actions.c.at,
+            _intervals.c.start_s,
+            _customers.c.name.label("customer"),
+            _hosts.c.name.label("host"),
+            _actions.c.kind,
+            _actions.c.status,
+            _actions.c.dry_run,
+            _actions.c.before,
+            _actions.c.after,
+            _actions.c.reason,
+        )
+        .outerjoin(_customers, _customers.c.id == _actions.c.customer_id)
+        .outerjoin(_hosts, _hosts.c.id == _actions.c.host_id)
+        .outerjoin(_intervals, _intervals.c.id == _actions.c.interval_id)
+        .order_by(_actions.c.at, _actions.c.id)
+    )
+    if from_s is not None:
+        query = query.where(_actions.c.at >= datetime.fromtimestamp(from_s, UTC))
+    if to_s is not None:
+        query = query.where(_actions.c.at < datetime.fromtimestamp(to_s, UTC))
+    if customer is not None:
+        query = query.where(_customers.c.name == customer)
+    if limit is not None:
+        query = query.limit(limit)
+    rows = []
+    for r in conn.execute(query):
+        at = r.at if r.at.tzinfo else r.at.replace(tzinfo=UTC)
+        rows.append(
+            {
+                "at": at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "interval": None
+                if r.start_s is None
+                else datetime.fromtimestamp(r.start_s, UTC).strftime("%Y-%m-%dT%H:%MZ"),
+                "customer": r.customer,
+                "host": r.host,
+                "kind": r.kind,
+                "status": r.status,
+                "dry_run": bool(r.dry_run),
+                "before": _compact(r.before),
+                "after": _compact(r.after),
+                "reason": r.reason,
+            }
+        )
+        if raw:
+            rows[-1]["interval_s"] = r.start_s
+            rows[-1]["at_dt"] = at
+    return rows
+
+
+def level_changes(
+    conn: Connection,
+    *,
+    customer_ids: Collection[int] | None = None,
+    before_s: float | None = None,
+) -> CursorResult:
+    """The ``level`` rows of the log, decided for intervals starting before ``before_s``, in
+    the order they were decided (by interval, then as recorded). Each row: ``customer_id``,
+    ``start_s`` and ``length_s`` of the interval whose accounting decided it (it took effect
+    at that interval's end), ``after`` (the JSON with the new level) and ``dry_run``."""
+    query = (
+        select(
+            _actions.c.customer_id,
+            _intervals.c.start_s,
+            _intervals.c.length_s,
+            _actions.c.after,
+            _actions.c.dry_run,
+        )
+        .join(_intervals, _intervals.c.id == _actions.c.interval_id)
+        .where(_actions.c.kind == "level", _actions.c.customer_id.is_not(None))
+        .order_by(_intervals.c.start_s, _actions.c.id)
+    )
+    if customer_ids is not None:
+        query = query.where(_actions.c.customer_id.in_(list(customer_ids)))
+    if before_s is not None:
+        query = query.where(_intervals.c.start_s < before_s)
+    return conn.execute(query)
+
+
+def _compact(text: str | None) -> object:
+    """JSON documents stay documents (for --format json); tables show them compactly."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text

@@ -1,0 +1,884 @@
+"""gmd-admin: the operators' command line."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import SQLAlchemyError
+
+from gmd.admin.actions import COLUMNS as ACTION_COLUMNS, actions as list_actions
+from gmd.admin.calculator import (
+    Situation,
+    judge,
+    parse_amounts,
+    situation_from_csv,
+    situation_from_options,
+)
+from gmd.admin.enforcement import (
+    LEVEL_COLUMNS,
+    PLAN_COLUMNS,
+    levels as enforcement_levels,
+    plans as enforcement_plans,
+)
+from gmd.admin.render import csv_text, json_text, table_text
+from gmd.admin.standings import COLUMNS as STANDINGS_COLUMNS, standings
+from gmd.common.config import ConfigError
+from gmd.common.timespec import iso as iso_time, parse_time
+from gmd.daemon.config import Config, load as load_config
+from gmd.daemon.ledger import migrate
+from gmd.fairness.scenarios import SCENARIOS
+
+app = typer.Typer(
+    name="gmd-admin",
+    help="Operate gmd: standings, reports, explanations and plots of the ledger, the"
+    " enforcement log, balance resets, the ledger database, the Greediness Metric calculator,"
+    " the fairness simulator, and an end-to-end demo.",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
+)
+
+EXIT_BAD_INPUT = 2
+EXIT_UNAVAILABLE = 1
+
+
+class Format(StrEnum):
+    table = "table"
+    csv = "csv"
+    json = "json"
+
+
+@app.callback()
+def _root(
+    ctx: typer.Context,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            envvar="GMD_CONFIG",
+            help="Configuration file (default /etc/gmd/gmd.toml).",
+            metavar="FILE",
+        ),
+    ] = None,
+) -> None:
+    """Operate gmd."""
+    ctx.obj = config
+
+
+def _load_config(ctx: typer.Context) -> Config:
+    try:
+        return load_config(ctx.obj)
+    except ConfigError as exc:
+        raise _fail(str(exc)) from None
+
+
+db_app = typer.Typer(
+    help="The ledger database: create it and upgrade its schema.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+app.add_typer(db_app, name="db")
+
+
+def _shown(url: str) -> str:
+    """The database URL with its password masked, for messages and logs."""
+    return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", url)
+
+
+def _engine(ctx: typer.Context) -> Engine:
+    url = _load_config(ctx).database_url
+    try:
+        return migrate.engine_for(url)
+    except (SQLAlchemyError, OSError) as exc:
+        raise _fail(f"database url {_shown(url)!r}: {exc}") from None
+
+
+def _db_error(engine: Engine, exc: Exception) -> typer.Exit:
+    return _fail(f"database {_shown(str(engine.url))}: {exc}", EXIT_UNAVAILABLE)
+
+
+@db_app.command("upgrade")
+def db_upgrade(
+    ctx: typer.Context,
+    revision: Annotated[str, typer.Option(help="Target schema revision.")] = "head",
+) -> None:
+    """Create the ledger or bring its schema up to date (safe to run again)."""
+    engine = _engine(ctx)
+    try:
+        before = migrate.current(engine)
+        migrate.upgrade(engine, revision)
+        after = migrate.current(engine)
+    except (SQLAlchemyError, OSError) as exc:
+        raise _db_error(engine, exc) from None
+    finally:
+        engine.dispose()
+    url = _shown(str(engine.url))
+    if before == after:
+        typer.echo(f"{url}: already at schema revision {after}")
+    else:
+        typer.echo(f"{url}: schema upgraded from {before or 'empty'} to {after}")
+
+
+@db_app.command("current")
+def db_current(ctx: typer.Context) -> None:
+    """Show the ledger's schema revision; exit 0 when it is the newest, 1 when not."""
+    engine = _engine(ctx)
+    try:
+        rev = migrate.current(engine)
+        head = migrate.head()
+    except (SQLAlchemyError, OSError) as exc:
+        raise _db_error(engine, exc) from None
+    finally:
+        engine.dispose()
+    if rev == head:
+        typer.echo(f"{rev} (head)")
+        return
+    typer.echo(f"{rev or 'empty'} (newest is {head}: run `gmd-admin db upgrade`)")
+    raise typer.Exit(1)
+
+
+def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
+    typer.echo(f"gmd-admin: error: {message}", err=True)
+    return typer.Exit(code)
+
+
+@app.command("gm")
+def gm_command(
+    supply: Annotated[
+        str | None,
+        typer.Option(
+            help="Supply of each resource, comma-separated (e.g. 6,12).", metavar="AMOUNTS"
+        ),
+    ] = None,
+    use: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--use",
+            help="What one consumer took, NAME=AMOUNTS (e.g. c1=3,0); repeat per consumer.",
+            metavar="NAME=AMOUNTS",
+        ),
+    ] = None,
+    endowment: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A consumer's endowment, NAME=AMOUNTS; default: equal shares of the supply.",
+            metavar="NAME=AMOUNTS",
+        ),
+    ] = None,
+    csv_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--csv",
+            help="Read consumers from a CSV file: header consumer,<resource>,...; a row 'supply' "
+            "gives the supply, rows 'endowment:NAME' give endowments.",
+            metavar="FILE",
+        ),
+    ] = None,
+    scenario: Annotated[
+        str | None,
+        typer.Option(
+            help=f"A situation from the GM paper: {', '.join(SCENARIOS)}.", metavar="NAME"
+        ),
+    ] = None,
+    resources: Annotated[
+        str | None,
+        typer.Option(help="Names of the resources, comma-separated (default r1,r2,...)."),
+    ] = None,
+    gamma: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            max=1.0,
+            help="How much ceded resources are credited, 0..1 (the paper recommends 0.5).",
+        ),
+    ] = 0.5,
+    weights: Annotated[
+        str | None, typer.Option(help="Resource weights, comma-separated (default all 1).")
+    ] = None,
+    fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
+) -> None:
+    """Judge one host (pool) with the Greediness Metric, next to Price, P×S, P∩S and DRF.
+
+    GM > 0: the consumer took more than its endowment where others had to cede; GM < 0: it
+    ceded what others actually used; 0: exactly its share. Consumers are ranked greediest
+    first; 'offset' columns are the per-resource offsets o(i,j) in the resources' units.
+
+    Example: gmd-admin gm --supply 6,12 --use c1=3,0 --use c2=0,6 --use c3=3,6
+    """
+    sources = sum(x is not None for x in (scenario, csv_file)) + bool(use)
+    if sources != 1:
+        raise _fail("give exactly one of --scenario, --csv or --use (with --supply)")
+    if resources is not None and not use:
+        raise _fail(
+            "--resources names the columns of --supply/--use; CSV files name them in the header"
+        )
+    try:
+        if scenario is not None:
+            if scenario not in SCENARIOS:
+                raise ValueError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
+            situation = Situation.from_scenario(SCENARIOS[scenario])
+        elif csv_file is not None:
+            situation = situation_from_csv(csv_file, supply)
+        else:
+            if supply is None:
+                raise ValueError("--use needs --supply")
+            situation = situation_from_options(supply, use or [], endowment or [], resources)
+        w = None if weights is None else parse_amounts(weights, "--weights")
+        result = judge(situation, gamma=gamma, weights=w)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+
+    if fmt is Format.json:
+        sys.stdout.write(json_text(result.document()))
+    elif fmt is Format.csv:
+        sys.stdout.write(csv_text(result.rows, result.columns()))
+    else:
+        credit = ", ".join(f"{r} {k:.3g}" for r, k in result.credit.items())
+        title = f"{situation.title or 'Greediness'} (γ = {gamma:g})"
+        caption = f"credit factor κ = min(1, α/β): {credit}"
+        sys.stdout.write(table_text(result.rows, result.columns(), title=title, caption=caption))
+
+
+class SortKey(StrEnum):
+    balance = "balance"
+    greediness = "greediness"
+    utility = "utility"
+    priority = "priority"
+    vms = "vms"
+    customer = "customer"
+
+
+@app.command("standings")
+def standings_command(
+    ctx: typer.Context,
+    sort: Annotated[
+        SortKey, typer.Option("--sort", help="Column to sort by: numbers greatest first.")
+    ] = SortKey.balance,
+    reverse: Annotated[bool, typer.Option("--reverse", help="Reverse the order.")] = False,
+    everyone: Annotated[
+        bool, typer.Option("--all", help="Also list customers without a standing (zeros).")
+    ] = False,
+    customer: Annotated[
+        str | None, typer.Option("--customer", help="Only this customer (project uuid).")
+    ] = None,
+    fmt: Annotated[Format, typer.Option("--format", help="table, csv or json.")] = Format.table,
+) -> None:
+    """Where every customer stands, like Slurm's sshare: balance (decayed sum of greediness;
+    positive = took more than its share), the last interval's GM, DirectContr utility and
+    priority (contribution − utility), and VMs, after the latest accounted interval.
+
+    Exit codes: 0 shown, 1 database unavailable, 2 bad configuration or option, 3 the
+    customer asked for has no standing.
+    """
+    engine = _engine(ctx)
+    try:
+        with engine.connect() as conn:
+            result = standings(
+                conn, sort=sort.value, reverse=reverse, everyone=everyone, customer=customer
+            )
+    except (SQLAlchemyError, OSError) as exc:
+        raise _db_error(engine, exc) from None
+    finally:
+        engine.dispose()
+    if customer is not None and not result.rows:
+        typer.echo(f"gmd-admin: customer {customer!r} has no standing in the ledger", err=True)
+        raise typer.Exit(3)
+    if fmt is Format.json:
+        sys.stdout.write(json_text(result.document()))
+    elif fmt is Format.csv:
+        sys.stdout.write(csv_text(result.rows, STANDINGS_COLUMNS))
+    else:
+        sys.stdout.write(
+            table_text(result.rows, STANDINGS_COLUMNS, title="Standings", caption=result.caption())
+        )
+
+
+@app.command("actions")
+def actions_command(
+    ctx: typer.Context,
+    from_: Annotated[
+        str | None,
+        typer.Option("--from", help="Start: ISO date/time (UTC), now-7d, now-12h, Unix seconds."),
+    ] = None,
+    to: Annotated[str | None, typer.Option("--to", help="End (exclusive), same forms.")] = None,
+    customer: Annotated[
+        str | None, typer.Option("--customer", help="Only this customer (project uuid).")
+    ] = None,
+    limit: Annotated[int | None, typer.Option(help="At most this many rows.", min=1)] = None,
+    fmt: Annotated[Format, typer.Option("--format", help="table, csv or json.")] = Format.table,
+) -> None:
+    """The enforcement log: every level change, plan, host report and quota change gmd made
+    or, in dry-run, would have made — with the balance and thresholds that caused it."""
+    now = time.time()
+    try:
+        from_s = None if from_ is None else parse_time(from_, now)
+        to_s = None if to is None else parse_time(to, now)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    engine = _engine(ctx)
+    try:
+        with engine.connect() as conn:
+            rows = list_actions(conn, from_s=from_s, to_s=to_s, customer=customer, limit=limit)
+    except (SQLAlchemyError, OSError) as exc:
+        raise _db_error(engine, exc) from None
+    finally:
+        engine.dispose()
+    if fmt is Format.json:
+        sys.stdout.write(json_text({"actions": rows}))
+        return
+    flat = [
+        {k: (json.dumps(v) if isinstance(v, dict | list) else v) for k, v in r.items()}
+        for r in rows
+    ]
+    if fmt is Format.csv:
+        sys.stdout.write(csv_text(flat, ACTION_COLUMNS))
+    else:
+        caption = f"{len(rows)} action(s)" + (" — none recorded" if not rows else "")
+        sys.stdout.write(table_text(flat, ACTION_COLUMNS, title="Enforcement log", caption=caption))
+
+
+@app.command("enforce")
+def enforce_command(
+    ctx: typer.Context,
+    plan: Annotated[
+        bool,
+        typer.Option(
+            "--plan", help="Show what enforcement does now: levels, and every host's plan."
+        ),
+    ] = False,
+    host: Annotated[str | None, typer.Option(help="Only this host's plan.")] = None,
+    fmt: Annotated[Format, typer.Option("--format", help="table, csv or json.")] = Format.table,
+) -> None:
+    """Throttling as the daemon decided it after the latest accounted interval: which
+    customers are at which level, and what each host's agent is told to set on which VM.
+    Read-only; enforcement.mode says whether it is applied ("on") or only recorded."""
+    if not plan:
+        raise _fail("say what to show: --plan")
+    config = _load_config(ctx)
+    engine = _engine(ctx)
+    try:
+        with engine.connect() as conn:
+            level_rows = enforcement_levels(conn, config.enforcement)
+            plan_rows = enforcement_plans(conn, config.enforcement, host)
+    except (SQLAlchemyError, OSError) as exc:
+        raise _db_error(engine, exc) from None
+    finally:
+        engine.dispose()
+    mode = config.enforcement.mode
+    if fmt is Format.json:
+        sys.stdout.write(json_text({"mode": mode, "levels": level_rows, "plans": plan_rows}))
+    elif fmt is Format.csv:
+        sys.stdout.write(csv_text(plan_rows, PLAN_COLUMNS))
+    else:
+        note = {"off": "off: nothing is decided", "dry-run": "dry-run: recorded, not applied"}
+        sys.stdout.write(
+            table_text(
+                level_rows,
+                LEVEL_COLUMNS,
+                title=f"Throttle levels (enforcement.mode = {mode})",
+                caption=note.get(mode, "on: applied by the agents"),
+            )
+        )
+        sys.stdout.write(table_text(plan_rows, PLAN_COLUMNS, title="Host plans"))
+
+
+@app.command("report")
+def report_command(
+    ctx: typer.Context,
+    from_: Annotated[
+        str,
+        typer.Option("--from", help="Start: ISO date/time (UTC), now-7d, now-12h, Unix seconds."),
+    ] = "now-7d",
+    to: Annotated[str, typer.Option("--to", help="End (exclusive), same forms.")] = "now",
+    group_by: Annotated[
+        str,
+        typer.Option(
+            "--group-by",
+            help="customer, organization, host, resource, day or week (UTC, from Monday).",
+            metavar="GROUP",
+        ),
+    ] = "customer",
+    customer: Annotated[
+        str | None,
+        typer.Option(
+            "--customer",
+            help="Only this customer (project uuid); with day or week, its rows per period.",
+        ),
+    ] = None,
+    top: Annotated[
+        int | None,
+        typer.Option("--top", help="Keep the first N rows after sorting.", min=1, metavar="N"),
+    ] = None,
+    sort: Annotated[
+        str | None,
+        typer.Option(
+            "--sort",
+            help="Column key to sort by, numbers greatest first (default: see above).",
+            metavar="COLUMN",
+        ),
+    ] = None,
+    fmt: Annotated[Format, typer.Option("--format", help="table, csv or json.")] = Format.table,
+) -> None:
+    """Usage over a range of time, like Slurm's sreport: the ledger's intervals whose start is
+    in [--from, --to), grouped by --group-by. Every number is a sum, count or last value of
+    ledger rows; CSV and JSON keep full precision.
+
+    \b
+    Columns (keys as in CSV and JSON), by --group-by:
+      customer      gm_sum (sum of greediness), gm_mean (gm_sum / accounted intervals;
+                    intervals without samples count as 0), balance, gm_<resource> (that
+                    resource's terms of gm_sum), utility, priority, contribution (if it is
+                    also an organization), throttled_s, throttle_mode, quota_changes,
+                    late_samples; sorted by gm_sum
+      organization  customer (if it is one), contribution, utility, priority, hosts,
+                    customers (served), cpu_supplied_core_s, cpu_used_core_s,
+                    late_samples; sorted by contribution
+      host          organization, vms, customers, samples, cpu_core_s, memory_byte_s,
+                    disk_bytes, network_bytes, late_samples; sorted by cpu_core_s
+      resource      gm_sum (sum of terms), over (positive terms), under (negative terms:
+                    ceded and credited), customers_over
+      day, week     intervals, empty_intervals, active_customers, gm_positive, greediest,
+                    greediest_gm, throttled_customers, actions, late_samples; with
+                    --customer: intervals, gm_sum, gm_mean, balance, throttled_s,
+                    throttle_mode, late_samples; in time order
+
+    Balance, utility, priority and contribution are those after the last interval with
+    ledger rows in the range (0 without a row there; a balance reset since shows 0).
+    throttled_s is the length of the accounted intervals that began at throttle level 1 or
+    more, dry-run decisions included (throttle_mode says which). quota_changes counts quota
+    lowerings and restorations recorded in the range. Late samples are stored but not
+    counted: tables mark rows that have some with *. Numbers sort greatest first.
+
+    Exit codes: 0 shown (also for an empty range), 1 database unavailable, 2 bad option,
+    3 unknown customer.
+    """
+    from contextlib import nullcontext
+
+    from gmd.admin.usage import GROUPS, UnknownCustomer, report as usage_report
+
+    if group_by not in GROUPS:
+        raise _fail(f"cannot group by {group_by!r}; choose one of {', '.join(GROUPS)}")
+    now = time.time()
+    try:
+        from_s = parse_time(from_, now)
+        to_s = parse_time(to, now)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    if to_s <= from_s:
+        raise _fail(f"--from {iso_time(from_s)} is not before --to {iso_time(to_s)}")
+    bar = None
+    if sys.stderr.isatty():  # a progress bar only for people watching, never into pipes
+        from rich.console import Console
+        from rich.progress import Progress
+
+        bar = Progress(console=Console(stderr=True), transient=True)
+    engine = _engine(ctx)
+    try:
+        with engine.connect() as conn, bar or nullcontext():
+            task = None if bar is None else bar.add_task("report", total=None)
+
+            def progress(done: int, total: int, what: str) -> None:
+                if bar is not None and task is not None:
+                    bar.update(task, completed=done, total=total, description=what)
+
+            result = usage_report(
+                conn,
+                group_by,
+                from_s,
+                to_s,
+                customer=customer,
+                sort=sort,
+                top=top,
+                progress=None if bar is None else progress,
+            )
+    except UnknownCustomer:
+        typer.echo(f"gmd-admin: customer {customer!r} is not in the ledger", err=True)
+        raise typer.Exit(3) from None
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    except (SQLAlchemyError, OSError) as exc:
+        raise _db_error(engine, exc) from None
+    finally:
+        engine.dispose()
+    empty = result.emptiness()
+    if empty is not None:
+        typer.echo(f"gmd-admin: nothing to report: {empty}", err=True)
+    if fmt is Format.json:
+        sys.stdout.write(json_text(result.document()))
+    elif fmt is Format.csv:
+        sys.stdout.write(csv_text(result.rows, result.columns))
+    else:
+        title = f"Usage by {group_by}, {iso_time(from_s)} to {iso_time(to_s)}"
+        rows, columns, caption = result.table_rows(), result.columns, result.caption()
+        # up to 16 columns by customer: wide enough that no number is cut short
+        sys.stdout.write(table_text(rows, columns, title=title, caption=caption, width=200))
+
+
+@app.command("reset")
+def reset_command(
+    ctx: typer.Context,
+    customer: Annotated[str, typer.Argument(help="The customer (project uuid) to reset.")],
+    reason: Annotated[
+        str, typer.Option("--reason", help="Why; kept in the enforcement log (required).")
+    ],
+    by: Annotated[
+        str | None,
+        typer.Option("--by", help="Who asks for it (default: the login name)."),
+    ] = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+) -> None:
+    """Reset a customer's balance to zero, like sacctmgr's RawUsage=0.
+
+    The ledger keeps every past row; the reset is recorded (who, when, why, the balance
+    dropped) and the next interval accounted starts the customer from zero. Standings show 0
+    at once; the throttle level follows at the next decision (hysteresis and dwell still
+    apply). Exit codes: 0 reset, 1 database unavailable, 2 bad option or not confirmed,
+    3 unknown customer.
+    """
+    import getpass
+
+    from gmd.daemon.ledger.resets import UnknownCustomer, reset_balance
+
+    if not reason.strip():
+        raise _fail("--reason must say why (it is kept in the enforcement log)")
+    if not yes:
+        if not sys.stdin.isatty():
+            raise _fail("not on a terminal: confirm the reset with --yes")
+        if not typer.confirm(f"Reset the balance of {customer} to zero?"):
+            raise _fail("not reset")
+    requester = by or getpass.getuser()
+    engine = _engine(ctx)
+    try:
+        result = reset_balance(engine, customer, reason, requester)
+    except UnknownCustomer:
+        typer.echo(f"gmd-admin: customer {customer!r} is not in the ledger", err=True)
+        raise typer.Exit(3) from None
+    except (SQLAlchemyError, OSError) as exc:
+        raise _db_error(engine, exc) from None
+    finally:
+        engine.dispose()
+    typer.echo(
+        f"{customer}: balance {result.previous_balance:.6g} reset to 0 by {requester};"
+        f" accounting starts it from 0 at the interval of"
+        f" {iso_time(result.effective_start_s)}."
+    )
+
+
+@app.command("explain")
+def explain_command(
+    ctx: typer.Context,
+    customer: Annotated[str, typer.Argument(help="The customer (project uuid) to explain.")],
+    at: Annotated[
+        str | None,
+        typer.Option(
+            "--at",
+            help="Explain the interval holding this time (ISO, now-2h, Unix seconds)."
+            " Default: the customer's latest interval with VMs.",
+        ),
+    ] = None,
+    from_: Annotated[
+        str | None,
+        typer.Option(
+            "--from", help="With --to: sum up this range and explain its greediest interval."
+        ),
+    ] = None,
+    to: Annotated[str | None, typer.Option("--to", help="End of the range (exclusive).")] = None,
+    fmt: Annotated[
+        Format, typer.Option("--format", help="table (plain text), or json; csv is refused.")
+    ] = Format.table,
+) -> None:
+    """Why a customer stands where it stands: on which hosts, VMs and resources it went over
+    its endowment in an interval, what it left unused and was credited for, how that made its
+    greediness and balance, which thresholds put it at which throttle level, and what was
+    enforced.
+
+    The interval is recomputed from its stored samples and checked against the ledger. Exit
+    codes: 0 explained, 1 database unavailable, 2 bad option, 3 unknown customer or nothing
+    to explain.
+    """
+    from gmd.admin.explain import NothingToExplain, UnknownCustomer, explain, render_text
+
+    if fmt is Format.csv:
+        raise _fail("explain writes text or JSON (--format table|json), not CSV")
+    if at is not None and (from_ is not None or to is not None):
+        raise _fail("give either --at or --from/--to, not both")
+    now = time.time()
+    try:
+        at_s = None if at is None else parse_time(at, now)
+        from_s = None if from_ is None else parse_time(from_, now)
+        to_s = None if to is None else parse_time(to, now)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    config = _load_config(ctx)
+    engine = _engine(ctx)
+    try:
+        with engine.connect() as conn:
+            result = explain(conn, config, customer, at_s=at_s, from_s=from_s, to_s=to_s)
+    except UnknownCustomer:
+        typer.echo(f"gmd-admin: customer {customer!r} is not in the ledger", err=True)
+        raise typer.Exit(3) from None
+    except NothingToExplain as exc:
+        typer.echo(f"gmd-admin: nothing to explain for {customer}: {exc}", err=True)
+        raise typer.Exit(3) from None
+    except (SQLAlchemyError, OSError) as exc:
+        raise _db_error(engine, exc) from None
+    finally:
+        engine.dispose()
+    if fmt is Format.json:
+        sys.stdout.write(json_text(result.document()))
+    else:
+        sys.stdout.write(render_text(result, config.accounting.endowment))
+
+
+class Processors(StrEnum):
+    equal = "equal"
+    zipf = "zipf"
+
+
+@app.command("simulate")
+def simulate_command(
+    trace: Annotated[
+        Path,
+        typer.Option(help="A Standard Workload Format job log (.swf or .swf.gz).", metavar="FILE"),
+    ],
+    window: Annotated[int, typer.Option(help="Length of each sample, in seconds.")] = 86400,
+    samples: Annotated[int, typer.Option(help="Number of random windows of the trace.")] = 10,
+    orgs: Annotated[int, typer.Option(help="Number of organizations.")] = 5,
+    policy: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Repeatable: ORIG_DIRECT (DirectContr, ψ), REL_DIRECT (ψ′), SIMPL_DIRECT "
+            "(ψ″), FairShare, UtFairShare, CurrFairShare, RoundRobin, RRDF, FCFS, Ref, Rand or "
+            "Rand:N. Default: all of them.",
+        ),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of every random choice.")] = 0,
+    processors: Annotated[
+        Processors, typer.Option(help="Processors per organization: equal, or Zipf-distributed.")
+    ] = Processors.equal,
+    total_processors: Annotated[
+        int | None, typer.Option(help="Processors in all (default: the trace's MaxProcs).")
+    ] = None,
+    unit: Annotated[
+        int | None, typer.Option(help="Cut jobs into pieces of this many seconds (CloudShare).")
+    ] = None,
+    cloudshare: Annotated[
+        bool, typer.Option(help="Also score policies by CloudShare's pairwise fairness wins.")
+    ] = False,
+    ref: Annotated[
+        bool, typer.Option("--ref/--no-ref", help="Simulate Ref, for the unfairness Δψ/p.")
+    ] = True,
+    assignment: Annotated[
+        Path | None,
+        typer.Option(
+            help="File of 'USER ORGANIZATION' lines (default: random, seeded).", metavar="FILE"
+        ),
+    ] = None,
+    workers: Annotated[int | None, typer.Option(help="Processes (default: all cores).")] = None,
+    fmt: Annotated[Format, typer.Option("--format", help="table, csv or json.")] = Format.table,
+) -> None:
+    """Replay a job trace through fairness policies and compare them, as the papers do.
+
+    Organizations contribute processors and submit the trace's jobs (its users dealt to them);
+    each policy schedules them greedily, FIFO per organization. Reports, per policy, the mean
+    and standard deviation over the samples of the unfairness Δψ/p against the exact
+    Shapley-fair Ref (Skowron & Rzadca), total wait and utilization. docs/reproduction.md has
+    the papers' tables next to ours and the commands that produce them.
+    """
+    from gmd.sim.command import run_simulate
+
+    try:
+        text = run_simulate(
+            trace,
+            window,
+            samples,
+            orgs,
+            policy or [],
+            seed,
+            processors.value,
+            fmt.value,
+            workers,
+            True,
+            total_processors=total_processors,
+            unit_s=unit,
+            cloudshare=cloudshare,
+            assignment=assignment,
+            reference=ref,
+        )
+    except (ValueError, OSError) as exc:
+        raise _fail(str(exc)) from None
+    sys.stdout.write(text)
+
+
+@app.command("plot")
+def plot_command(
+    ctx: typer.Context,
+    output: Annotated[
+        Path,
+        typer.Option(
+            "--output",
+            "-o",
+            help="The picture to write: FILE.png or FILE.svg (the suffix picks the format).",
+            metavar="FILE",
+        ),
+    ],
+    from_: Annotated[
+        str | None,
+        typer.Option(
+            "--from",
+            help="Start: ISO date/time (UTC), now-7d, now-12h, Unix seconds (default: the first"
+            " accounted interval). Intervals that start from then on are drawn.",
+        ),
+    ] = None,
+    to: Annotated[
+        str | None,
+        typer.Option("--to", help="End (exclusive), same forms (default: the latest interval)."),
+    ] = None,
+    customer: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--customer",
+            help="A customer (project uuid) to draw; repeat for several. Default: the --top N.",
+            metavar="NAME",
+        ),
+    ] = None,
+    top: Annotated[
+        int | None,
+        typer.Option(
+            "--top",
+            min=1,
+            help="Without --customer: draw the N customers with the greatest balance at the end"
+            " of the range (default 5).",
+            metavar="N",
+        ),
+    ] = None,
+) -> None:
+    """Draw customers' standings over time into a PNG or SVG picture.
+
+    Three panels on one UTC time axis: (1) each customer's balance after each interval, with
+    the [enforcement] thresholds as lines ("level k enter" solid, "level k leave" dashed; with
+    priority_weight set, the score they apply to is drawn too); (2) each customer's throttle
+    level, rebuilt from the enforcement log (dry-run levels included, and marked); (3) the
+    per-resource terms of the first customer's interval greediness (cpu, memory, disk,
+    network), to see which resources made it greedy.
+
+    Exit codes: 0 written, 1 database unavailable or the file cannot be written, 2 bad
+    configuration or option (a suffix other than .png/.svg), 3 unknown customer or no
+    accounted interval in the range.
+    """
+    from gmd.admin import plot as plotting
+    from gmd.admin.series import EmptyRange, UnknownCustomers, collect
+
+    try:
+        fmt = plotting.output_format(output)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    if customer and top is not None:
+        raise _fail("--top chooses customers when no --customer is given: give one or the other")
+    now = time.time()
+    try:
+        from_s = None if from_ is None else parse_time(from_, now)
+        to_s = None if to is None else parse_time(to, now)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    if from_s is not None and to_s is not None and from_s >= to_s:
+        raise _fail(
+            f"--from {from_} ({iso_time(from_s)}) is not before --to {to} ({iso_time(to_s)})"
+        )
+    config = _load_config(ctx)
+    engine = _engine(ctx)
+    try:
+        with engine.connect() as conn:
+            data = collect(
+                conn,
+                customers=customer or (),
+                top=5 if top is None else top,
+                from_s=from_s,
+                to_s=to_s,
+            )
+    except (UnknownCustomers, EmptyRange) as exc:
+        typer.echo(f"gmd-admin: {exc}", err=True)
+        raise typer.Exit(3) from None
+    except (SQLAlchemyError, OSError) as exc:
+        raise _db_error(engine, exc) from None
+    finally:
+        engine.dispose()
+    figure = plotting.draw(data, config.enforcement.policy, config.enforcement.mode)
+    try:
+        plotting.save(figure, output, fmt)
+    except OSError as exc:
+        raise _fail(f"cannot write {output}: {exc}", EXIT_UNAVAILABLE) from None
+    line = data.timeline
+    quiet = [c for i, c in enumerate(data.customers) if not data.balances.present[i].any()]
+    typer.echo(
+        f"{output}: {', '.join(data.customers) or 'no customer'} over {len(line)} intervals,"
+        f" {iso_time(float(line.start_s[0]))} to {iso_time(float(line.end_s[-1]))}"
+        + (f"; no standing in the range (drawn as 0): {', '.join(quiet)}" if quiet else "")
+    )
+
+
+@app.command("demo")
+def demo_command(
+    directory: Annotated[
+        Path,
+        typer.Option(
+            "--dir",
+            help="Where the demo writes its configuration, ledger, logs and plot (emptied first"
+            " if an earlier demo made it).",
+            metavar="DIR",
+        ),
+    ] = Path("var/demo"),
+    traces: Annotated[
+        Path | None,
+        typer.Option(
+            "--traces",
+            help="The Bitbrains GWA-T-12 Rnd traces (N.csv). Default: ../shared/data/"
+            "bitbrains_rnd_sample/2013-7 beside this checkout, or under $GMD_SHARED.",
+            metavar="DIR",
+        ),
+    ] = None,
+    vms: Annotated[
+        str, typer.Option("--vms", help="Which traces to replay: 1-100, or 1-20,41-53.")
+    ] = "1-100",
+    hosts: Annotated[int, typer.Option("--hosts", min=1, max=50, help="Simulated hosts.")] = 4,
+    days: Annotated[
+        float, typer.Option("--days", min=0.05, max=7, help="Simulated days (the trace has 7).")
+    ] = 3.0,
+    cores: Annotated[
+        float, typer.Option("--cores", min=1, help="Physical cores of each simulated host.")
+    ] = 32.0,
+) -> None:
+    """Run gmd end to end on this machine: a gmd-daemon on SQLite, one gmd-agent per simulated
+    host replaying real VM traces (Bitbrains) at full speed, the accountant deciding throttle
+    levels in dry-run, then standings, reports, an explanation of the greediest customer, the
+    enforcement it would do, and a plot.
+
+    Six customers own blocks of the 100 traces; VMs are dealt round-robin over the hosts,
+    which are overcommitted (--cores physical cores under many more vCPUs). Everything lands in
+    --dir; afterwards `export GMD_CONFIG=DIR/gmd.toml` and every gmd-admin command works on the
+    demo's ledger. Exit codes: 0 done, 1 a step failed (its log is named), 2 bad option.
+    """
+    from gmd.admin import demo
+
+    try:
+        found = demo.default_traces() if traces is None else traces
+        demo.run(directory, found, vms=vms, hosts=hosts, days=days, cores_per_host=cores)
+    except demo.DemoError as exc:
+        typer.echo(f"gmd-admin demo: {exc}", err=True)
+        raise typer.Exit(1) from None
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""What enforcement would do now: each throttled customer's level and effect, and every
+host's plan — read from the ledger, as the daemon serves it to agents."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from sqlalchemy import Connection, select
+
+from gmd.admin.render import Column
+from gmd.common.timespec import iso
+from gmd.daemon.config import EnforcementConfig
+from gmd.daemon.enforce.plans import host_plan
+from gmd.daemon.ledger.tables import (
+    customers as _customers,
+    hosts as _hosts,
+    levels as _levels,
+)
+
+LEVEL_COLUMNS = (
+    Column("customer", "Customer", None, "left"),
+    Column("level", "Level", None),
+    Column("score", "Score", 4),
+    Column("since", "Since", None, "left"),
+    Column("weight_factor", "Weight ×", 2),
+    Column("cpu_cap_fraction", "CPU cap (of vCPUs)", 2),
+    Column("quota_steps", "Quota steps", None),
+)
+PLAN_COLUMNS = (
+    Column("host", "Host", None, "left"),
+    Column("uuid", "VM", None, "left"),
+    Column("customer", "Customer", None, "left"),
+    Column("level", "Level", None),
+    Column("cpu_weight", "CPU weight", None),
+    Column("io_weight", "I/O weight", None),
+    Column("cpu_quota_cores", "CPU cap (cores)", 2),
+    Column("disk_read_bytes_per_s", "Disk read cap (B/s)", 0),
+)
+
+
+def levels(conn: Connection, config: EnforcementConfig) -> list[dict[str, object]]:
+    """Customers above level 0, highest level (then score) first."""
+    rows = conn.execute(
+        select(_customers.c.name, _levels.c.level, _levels.c.score, _levels.c.since_s)
+        .join(_customers, _customers.c.id == _levels.c.customer_id)
+        .where(_levels.c.level > 0)
+    ).all()
+    out = []
+    for name, level, score, since in rows:
+        effect = config.policy.effect(level)
+        out.append(
+            {
+                "customer": name,
+                "level": level,
+                "score": score,
+                "since": iso(since),
+                "weight_factor": effect.weight_factor,
+                "cpu_cap_fraction": effect.cpu_cap_fraction,
+                "quota_steps": effect.quota_steps,
+            }
+        )
+    out.sort(key=lambda r: (-int(r["level"]), -float(r["score"]), str(r["customer"])))  # type: ignore[arg-type]
+    return out
+
+
+def plans(
+    conn: Connection, config: EnforcementConfig, host: str | None = None
+) -> list[dict[str, object]]:
+    """Every host's plan (or one host's), a row per throttled VM."""
+    names = (
+        [host]
+        if host is not None
+        else list(conn.execute(select(_hosts.c.name).order_by(_hosts.c.name)).scalars())
+    )
+    rows = []
+    for name in names:
+        for p in host_plan(conn, name, config):
+            rows.append({"host": name, **asdict(p)})
+    return rows

@@ -1,0 +1,731 @@
+"""``gmd-admin explain CUSTOMER``: why a customer stands where it stands, in plain words.
+
+The ledger keeps each customer's per-interval greediness, per-resource terms and balance, but
+not the per-VM arithmetic behind them. To explain an interval, the interval is accounted again
+here from its stored on-time samples with the fairness engine (the same inputs accounting
+used), which gives every VM's use, endowment and offset and every host's over-use α, unused
+share β and credit factor κ. The recomputed total is checked against the ledger's row: when the
+configuration changed since the interval was accounted they can differ, and the explanation
+says so rather than quietly explaining numbers the ledger does not hold.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+from sqlalchemy import Connection, func, select
+
+from gmd.admin.actions import actions as list_actions
+from gmd.common.timespec import iso
+from gmd.daemon.config import Config
+from gmd.daemon.ledger.accounting import supply_and_flavor, use_amounts
+from gmd.daemon.ledger.models import (
+    IntervalState,
+)
+from gmd.daemon.ledger.store import CAPACITY_COLUMNS, FLAVOR_COLUMNS, USE_COLUMNS
+from gmd.daemon.ledger.tables import (
+    actions as _actions,
+    balance_resets as _resets,
+    customer_ledger as _ledger,
+    customers as _customers,
+    host_intervals as _host_intervals,
+    hosts as _hosts,
+    intervals as _intervals,
+    organizations as _orgs,
+    resource_ledger as _terms,
+    samples as _samples,
+    vms as _vms,
+)
+from gmd.fairness.cloud import CloudInterval, cloud_greediness
+from gmd.fairness.decay import decay_factor
+
+# Amounts per interval → the rates people read: cores, GiB, MB/s.
+_UNITS = {
+    "cpu": ("cores", 1.0),
+    "memory": ("GiB", float(2**30)),
+}
+_IO_UNIT = ("MB/s", 1e6)
+AGREEMENT = 1e-9
+"""recomputed and stored greediness closer than this are the same number"""
+
+
+class UnknownCustomer(LookupError):
+    """The ledger has never seen the customer."""
+
+
+class NothingToExplain(LookupError):
+    """No accounted interval matches (with the reason as message)."""
+
+
+def unit(resource: str) -> tuple[str, float]:
+    """The unit a resource's rate is shown in, and the divisor from amount per second."""
+    return _UNITS.get(resource, _IO_UNIT)
+
+
+@dataclass(frozen=True)
+class ResourceUse:
+    resource: str
+    used: float
+    endowment: float
+    offset: float
+    term: float
+    """this VM's contribution to its customer's greediness from this resource"""
+
+
+@dataclass(frozen=True)
+class VmExplained:
+    uuid: str
+    greediness: float
+    resources: list[ResourceUse]
+
+
+@dataclass(frozen=True)
+class HostResource:
+    resource: str
+    supply: float
+    over: float
+    """α: what all consumers on the host took above their endowments"""
+    unused: float
+    """β: what consumers left of their endowments"""
+    credit: float
+    """κ = min(1, α/β): the fraction of unused endowment others actually took"""
+
+
+@dataclass(frozen=True)
+class HostExplained:
+    name: str
+    organization: str
+    consumers: int
+    vms: list[VmExplained]
+    resources: list[HostResource]
+
+    @property
+    def greediness(self) -> float:
+        return sum(v.greediness for v in self.vms)
+
+
+@dataclass
+class Explanation:
+    customer: str
+    start_s: int
+    length_s: int
+    resources: tuple[str, ...]
+    gamma: float
+    share: dict[str, float]
+    active_customers: int
+    hosts: list[HostExplained]
+    greediness: float
+    ledger_greediness: float
+    previous_balance: float
+    previous_start_s: int | None
+    decay: float
+    half_life_s: float | None
+    reset: bool
+    balance: float
+    priority: float
+    utility: float
+    score: float
+    priority_weight: float
+    enter: tuple[float, ...]
+    leave: tuple[float, ...]
+    level: int
+    level_since_s: float | None
+    mode: str
+    level_reason: str | None
+    actions: list[dict[str, object]]
+    range_summary: dict[str, object] | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def document(self) -> dict[str, object]:
+        """Everything, as JSON-ready values."""
+        return {
+            "customer": self.customer,
+            "interval": {"start": iso(self.start_s), "start_s": self.start_s, "s": self.length_s},
+            "gamma": self.gamma,
+            "share": self.share,
+            "active_customers": self.active_customers,
+            "greediness": self.greediness,
+            "ledger_greediness": self.ledger_greediness,
+            "hosts": [
+                {
+                    "host": h.name,
+                    "organization": h.organization,
+                    "consumers": h.consumers,
+                    "greediness": h.greediness,
+                    "resources": [vars(r) for r in h.resources],
+                    "vms": [
+                        {
+                            "uuid": v.uuid,
+                            "greediness": v.greediness,
+                            "resources": [vars(r) for r in v.resources],
+                        }
+                        for v in h.vms
+                    ],
+                }
+                for h in self.hosts
+            ],
+            "balance": {
+                "previous": self.previous_balance,
+                "previous_interval_start_s": self.previous_start_s,
+                "decay": self.decay,
+                "half_life_s": self.half_life_s,
+                "reset": self.reset,
+                "greediness": self.ledger_greediness,
+                "balance": self.balance,
+            },
+            "priority": self.priority,
+            "utility": self.utility,
+            "level": {
+                "score": self.score,
+                "priority_weight": self.priority_weight,
+                "enter": list(self.enter),
+                "leave": list(self.leave),
+                "level": self.level,
+                "since_s": self.level_since_s,
+                "mode": self.mode,
+                "reason": self.level_reason,
+            },
+            "actions": self.actions,
+            "range": self.range_summary,
+            "notes": self.notes,
+        }
+
+
+# --- finding the interval ------------------------------------------------------------------------
+
+
+def _customer_id(conn: Connection, customer: str) -> int:
+    cid = conn.execute(select(_customers.c.id).where(_customers.c.name == customer)).scalar()
+    if cid is None:
+        raise UnknownCustomer(customer)
+    return int(cid)
+
+
+def _pick_interval(
+    conn: Connection,
+    customer_id: int,
+    at_s: float | None,
+    from_s: float | None,
+    to_s: float | None,
+) -> tuple[int, int, int]:
+    """(interval id, start, length): the interval holding ``at_s``; else the customer's
+    greediest interval of the range; else its latest interval with VMs."""
+    accounted = _intervals.c.state == IntervalState.accounted
+    if at_s is not None:
+        row = conn.execute(
+            select(_intervals.c.id, _intervals.c.start_s, _intervals.c.length_s)
+            .where(_intervals.c.start_s <= at_s)
+            .order_by(_intervals.c.start_s.desc())
+            .limit(1)
+        ).first()
+        if row is None or at_s >= row.start_s + row.length_s:
+            raise NothingToExplain(f"no interval of the ledger holds {iso(at_s)}")
+        state = conn.execute(select(_intervals.c.state).where(_intervals.c.id == row.id)).scalar()
+        if state != IntervalState.accounted:
+            raise NothingToExplain(
+                f"the interval of {iso(row.start_s)} is not accounted yet ({state})"
+            )
+        return int(row.id), int(row.start_s), int(row.length_s)
+    query = (
+        select(_intervals.c.id, _intervals.c.start_s, _intervals.c.length_s)
+        .join(_ledger, _ledger.c.interval_id == _intervals.c.id)
+        .where(accounted, _ledger.c.customer_id == customer_id, _ledger.c.vms > 0)
+    )
+    if from_s is not None:
+        query = query.where(_intervals.c.start_s >= from_s)
+    if to_s is not None:
+        query = query.where(_intervals.c.start_s < to_s)
+    if from_s is not None or to_s is not None:
+        query = query.order_by(_ledger.c.greediness.desc(), _intervals.c.start_s.desc())
+    else:
+        query = query.order_by(_intervals.c.start_s.desc())
+    row = conn.execute(query.limit(1)).first()
+    if row is None:
+        where = "in that range" if from_s is not None or to_s is not None else "in the ledger"
+        raise NothingToExplain(f"the customer ran no VM in an accounted interval {where}")
+    return int(row.id), int(row.start_s), int(row.length_s)
+
+
+# --- the interval again, VM by VM ----------------------------------------------------------------
+
+
+def _recompute(
+    conn: Connection, config: Config, interval_id: int, length_s: int, customer_id: int
+) -> tuple[list[HostExplained], float, dict[str, float], int]:
+    """The customer's hosts and VMs in the interval, its recomputed G, the share s_i and N."""
+    acc = config.accounting
+    samples = conn.execute(
+        select(
+            _samples.c.host_id,
+            _samples.c.customer_id,
+            _vms.c.uuid,
+            *(_samples.c[c] for c in USE_COLUMNS),
+            *(_samples.c[c] for c in FLAVOR_COLUMNS),
+        )
+        .join(_vms, _vms.c.id == _samples.c.vm_id)
+        .where(_samples.c.interval_id == interval_id, _samples.c.late.is_(False))
+        .order_by(_samples.c.host_id, _samples.c.vm_id)
+    ).all()
+    hosts = conn.execute(
+        select(
+            _host_intervals.c.host_id,
+            _hosts.c.name,
+            _orgs.c.name.label("organization"),
+            *(_host_intervals.c[c] for c in CAPACITY_COLUMNS),
+        )
+        .join(_hosts, _hosts.c.id == _host_intervals.c.host_id)
+        .join(_orgs, _orgs.c.id == _host_intervals.c.organization_id)
+        .where(_host_intervals.c.interval_id == interval_id)
+        .order_by(_host_intervals.c.host_id)
+    ).all()
+    host_index = {int(h.host_id): i for i, h in enumerate(hosts)}
+    n_use, n_flavor = len(USE_COLUMNS), len(FLAVOR_COLUMNS)
+    raw = np.array([tuple(s[3 : 3 + n_use]) for s in samples], dtype=np.float64)
+    flavor = np.array(
+        [tuple(s[3 + n_use : 3 + n_use + n_flavor]) for s in samples], dtype=np.float64
+    )
+    capacity = np.array([tuple(h[3:]) for h in hosts], dtype=np.float64)
+    supply, configured = supply_and_flavor(acc, capacity, flavor, length_s)
+    customer_ids = sorted({int(s.customer_id) for s in samples})
+    index_of = {c: i for i, c in enumerate(customer_ids)}
+    host_of = np.array([host_index[int(s.host_id)] for s in samples], dtype=np.intp)
+    cust_of = np.array([index_of[int(s.customer_id)] for s in samples], dtype=np.intp)
+    result = cloud_greediness(
+        CloudInterval(
+            use=use_amounts(acc, raw),
+            supply=supply,
+            host_of_vm=host_of,
+            customer_of_vm=cust_of,
+            n_customers=len(customer_ids),
+            configured=configured,
+            resources=acc.resources,
+        ),
+        gamma=acc.gamma,
+        endowment=acc.endowment,
+        consumer=acc.consumer,  # type: ignore[arg-type]
+        weights=acc.weight_vector(),
+    )
+    mine = index_of.get(customer_id)
+    resources = acc.resources
+    share = {r: float(result.share[k]) for k, r in enumerate(resources)}
+    if mine is None:
+        return [], 0.0, share, result.active_customers
+    consumers_on = np.bincount(result.consumer_host, minlength=len(hosts))
+    explained: list[HostExplained] = []
+    for h in sorted(
+        {int(result.consumer_host[j]) for j in np.flatnonzero(result.consumer_customer == mine)}
+    ):
+        ids = np.flatnonzero((result.consumer_customer == mine) & (result.consumer_host == h))
+        vms = []
+        for j in ids:
+            members = np.flatnonzero(result.consumer_of_vm == j)
+            name = ", ".join(samples[v].uuid for v in members)
+            vms.append(
+                VmExplained(
+                    name,
+                    float(result.greediness[j]),
+                    [
+                        ResourceUse(
+                            r,
+                            float(result.use[j, k]),
+                            float(result.endowment[j, k]),
+                            float(result.offsets[j, k]),
+                            float(result.terms[j, k]),
+                        )
+                        for k, r in enumerate(resources)
+                    ],
+                )
+            )
+        explained.append(
+            HostExplained(
+                hosts[h].name,
+                hosts[h].organization,
+                int(consumers_on[h]),
+                vms,
+                [
+                    HostResource(
+                        r,
+                        float(supply[h, k]),
+                        float(result.over[h, k]),
+                        float(result.ceded[h, k]),
+                        float(result.credit[h, k]),
+                    )
+                    for k, r in enumerate(resources)
+                ],
+            )
+        )
+    return explained, float(result.customer_greediness[mine]), share, result.active_customers
+
+
+# --- the standing and the level ------------------------------------------------------------------
+
+
+def _previous(conn: Connection, customer_id: int, start_s: int) -> tuple[float, int | None, bool]:
+    """The balance accounting started this interval from: the previous interval with rows."""
+    prev = conn.execute(
+        select(_intervals.c.id, _intervals.c.start_s)
+        .where(
+            _intervals.c.start_s < start_s,
+            _intervals.c.state == IntervalState.accounted,
+            _intervals.c.ledger_rows > 0,
+        )
+        .order_by(_intervals.c.start_s.desc())
+        .limit(1)
+    ).first()
+    if prev is None:
+        return 0.0, None, False
+    balance = conn.execute(
+        select(_ledger.c.balance).where(
+            _ledger.c.interval_id == prev.id, _ledger.c.customer_id == customer_id
+        )
+    ).scalar()
+    reset = (
+        conn.execute(
+            select(_resets.c.id).where(
+                _resets.c.customer_id == customer_id,
+                _resets.c.effective_start_s > prev.start_s,
+                _resets.c.effective_start_s <= start_s,
+            )
+        ).first()
+        is not None
+    )
+    return (0.0 if balance is None else float(balance)), int(prev.start_s), reset
+
+
+@dataclass(frozen=True)
+class LevelInForce:
+    level: int
+    reason: str | None
+    decided_for_s: int | None
+    """start of the interval whose accounting decided it"""
+    recorded: object | None
+    """when that decision was recorded (datetime)"""
+    since_s: float | None = None
+    """when the level took effect: the end of the interval that decided it"""
+
+
+def _level_at(conn: Connection, customer_id: int, start_s: int) -> LevelInForce:
+    """The level in force after the interval: the latest level change decided for it or for
+    an interval before it."""
+    change = conn.execute(
+        select(
+            _actions.c.after,
+            _actions.c.reason,
+            _actions.c.at,
+            _intervals.c.start_s,
+            _intervals.c.length_s,
+        )
+        .join(_intervals, _intervals.c.id == _actions.c.interval_id)
+        .where(
+            _actions.c.customer_id == customer_id,
+            _actions.c.kind == "level",
+            _intervals.c.start_s <= start_s,
+        )
+        .order_by(_intervals.c.start_s.desc(), _actions.c.id.desc())
+        .limit(1)
+    ).first()
+    if change is None:
+        return LevelInForce(0, None, None, None)
+    level = int(json.loads(change.after)["level"])
+    since = float(change.start_s + change.length_s)
+    return LevelInForce(level, change.reason, int(change.start_s), change.at, since)
+
+
+def _enforced(
+    conn: Connection, customer: str, level: LevelInForce, start_s: int, limit: int
+) -> list[dict[str, object]]:
+    """What was done for the level in force: its decision and what followed up to the
+    interval (quota writes tied to intervals; host reports, which carry no interval, recorded
+    since the decision)."""
+    if level.decided_for_s is None:
+        return []
+    in_range = [
+        r
+        for r in list_actions(conn, customer=customer, raw=True)
+        if (r["interval_s"] is not None and level.decided_for_s <= r["interval_s"] <= start_s)
+        or (r["interval_s"] is None and r["at_dt"] >= level.recorded)
+    ]
+    for r in in_range:
+        r.pop("interval_s")
+        r.pop("at_dt")
+    return in_range[-limit:]
+
+
+def explain(
+    conn: Connection,
+    config: Config,
+    customer: str,
+    *,
+    at_s: float | None = None,
+    from_s: float | None = None,
+    to_s: float | None = None,
+    max_actions: int = 20,
+) -> Explanation:
+    """Explain one interval of ``customer`` (see :func:`_pick_interval` for which)."""
+    customer_id = _customer_id(conn, customer)
+    interval_id, start_s, length_s = _pick_interval(conn, customer_id, at_s, from_s, to_s)
+    acc = config.accounting
+    hosts, greediness, share, active = _recompute(conn, config, interval_id, length_s, customer_id)
+    row = conn.execute(
+        select(
+            _ledger.c.greediness, _ledger.c.balance, _ledger.c.priority, _ledger.c.utility
+        ).where(_ledger.c.interval_id == interval_id, _ledger.c.customer_id == customer_id)
+    ).first()
+    stored = (0.0, 0.0, 0.0, 0.0) if row is None else tuple(float(v) for v in row)
+    previous, previous_start, reset = _previous(conn, customer_id, start_s)
+    decay = decay_factor(
+        0.0 if previous_start is None else float(start_s - previous_start), acc.half_life_s
+    )
+    policy = config.enforcement.policy
+    score = stored[1] - policy.priority_weight * stored[2]
+    in_force = _level_at(conn, customer_id, start_s)
+    done = _enforced(conn, customer, in_force, start_s, max_actions)
+    notes: list[str] = []
+    if abs(greediness - stored[0]) > AGREEMENT * max(1.0, abs(stored[0])):
+        notes.append(
+            f"Recomputed from the stored samples with the current configuration, this interval's"
+            f" greediness is {greediness:.6g}, but the ledger holds {stored[0]:.6g}: the"
+            " accounting configuration (gamma, endowment, weights…) has changed since. The"
+            " ledger's numbers are the ones that count."
+        )
+    late = conn.execute(
+        select(_samples.c.id)
+        .join(_vms, _vms.c.id == _samples.c.vm_id)
+        .where(
+            _samples.c.interval_id == interval_id,
+            _samples.c.late.is_(True),
+            _samples.c.customer_id == customer_id,
+        )
+        .limit(1)
+    ).first()
+    if late is not None:
+        notes.append(
+            "Some of this customer's samples for this interval arrived after it was accounted"
+            " (late): they are stored but not counted."
+        )
+    summary = None
+    if from_s is not None or to_s is not None:
+        summary = _range_summary(conn, customer_id, from_s, to_s)
+    return Explanation(
+        customer=customer,
+        start_s=start_s,
+        length_s=length_s,
+        resources=acc.resources,
+        gamma=acc.gamma,
+        share=share,
+        active_customers=active,
+        hosts=hosts,
+        greediness=greediness,
+        ledger_greediness=stored[0],
+        previous_balance=previous,
+        previous_start_s=previous_start,
+        decay=decay,
+        half_life_s=acc.half_life_s,
+        reset=reset,
+        balance=stored[1],
+        priority=stored[2],
+        utility=stored[3],
+        score=score,
+        priority_weight=policy.priority_weight,
+        enter=tuple(policy.enter),
+        leave=tuple(policy.leave),
+        level=in_force.level,
+        level_since_s=None if in_force.level == 0 else in_force.since_s,
+        mode=config.enforcement.mode,
+        level_reason=in_force.reason,
+        actions=done,
+        range_summary=summary,
+        notes=notes,
+    )
+
+
+def _range_summary(
+    conn: Connection, customer_id: int, from_s: float | None, to_s: float | None
+) -> dict[str, object]:
+    """Greediness and per-resource terms summed over the range, and the balance at its ends."""
+    where = [_ledger.c.customer_id == customer_id]
+    if from_s is not None:
+        where.append(_intervals.c.start_s >= from_s)
+    if to_s is not None:
+        where.append(_intervals.c.start_s < to_s)
+    total = conn.execute(
+        select(func.count(), func.sum(_ledger.c.greediness))
+        .select_from(_ledger.join(_intervals, _intervals.c.id == _ledger.c.interval_id))
+        .where(*where)
+    ).one()
+    terms = dict(
+        conn.execute(  # type: ignore[arg-type]
+            select(_terms.c.resource, func.sum(_terms.c.term))
+            .select_from(_terms.join(_intervals, _intervals.c.id == _terms.c.interval_id))
+            .where(_terms.c.customer_id == customer_id, *where[1:])
+            .group_by(_terms.c.resource)
+        ).all()
+    )
+    ends = conn.execute(
+        select(_intervals.c.start_s, _ledger.c.balance)
+        .join(_intervals, _intervals.c.id == _ledger.c.interval_id)
+        .where(*where)
+        .order_by(_intervals.c.start_s)
+    ).all()
+    return {
+        "intervals_with_a_standing": int(total[0]),
+        "greediness_sum": float(total[1] or 0.0),
+        "terms": {str(k): float(v) for k, v in terms.items()},
+        "first_balance": float(ends[0].balance) if ends else 0.0,
+        "last_balance": float(ends[-1].balance) if ends else 0.0,
+    }
+
+
+# --- in words ------------------------------------------------------------------------------------
+
+_ENDOWMENT_WORDS = {
+    "equal": "an equal split of the host among the VMs on it",
+    "flavor": "what its flavor gives it (scaled down when the host is overcommitted)",
+}
+
+
+def _rate(resource: str, amount: float, length_s: int) -> str:
+    name, divisor = unit(resource)
+    return f"{amount / length_s / divisor:.4g} {name}"
+
+
+def _signed(x: float) -> str:
+    """+0.125, −0.0625, 0 (never "-0")."""
+    return "0" if x == 0 else f"{x:+.4g}".replace("-", "−")
+
+
+def _thresholds(e: Explanation) -> str:
+    return "; ".join(
+        f"level {k + 1} from {enter:g}, left below {leave:g}"
+        for k, (enter, leave) in enumerate(zip(e.enter, e.leave, strict=True))
+    )
+
+
+def render_text(e: Explanation, endowment_mode: str) -> str:
+    """The explanation as paragraphs an operator can paste into a ticket."""
+    length = e.length_s
+    out: list[str] = []
+    say = out.append
+    say(f"Customer {e.customer}, interval {iso(e.start_s)} ({length} s)")
+    say("")
+    share = ", ".join(_rate(r, v, length) for r, v in e.share.items())
+    say(
+        f"{e.active_customers} customer(s) ran VMs in this interval; one customer's fair share of"
+        f" the whole cloud is {share} (the cloud's capacity divided among them)."
+    )
+    say("")
+    say("1. Where it used more than its endowment, and what it left to others")
+    if not e.hosts:
+        say("   It ran no VM in this interval: it took nothing and ceded nothing (greediness 0).")
+    for h in e.hosts:
+        say(
+            f"   On host {h.name} (owned by {h.organization}; {h.consumers} VM(s) share it),"
+            f" its VMs add {_signed(h.greediness)}:"
+        )
+        for v in h.vms:
+            say(f"   - VM {v.uuid}: greediness {_signed(v.greediness)}")
+            idle = []
+            for r in v.resources:
+                host_r = next(x for x in h.resources if x.resource == r.resource)
+                if r.offset == 0 and (r.used < r.endowment and host_r.credit == 0):
+                    idle.append(r.resource)
+                    continue
+                if r.used == 0 and r.endowment == 0:
+                    continue
+                used = _rate(r.resource, r.used, length)
+                endowed = _rate(r.resource, r.endowment, length)
+                if r.offset > 0:
+                    what = (
+                        f"over its endowment by {_rate(r.resource, r.offset, length)}:"
+                        " counted in full"
+                    )
+                elif r.used < r.endowment:
+                    left = r.endowment - r.used
+                    what = (
+                        f"left {_rate(r.resource, left, length)} unused; others on the host took"
+                        f" {host_r.credit:.0%} of what was left (κ), so it is credited"
+                        f" γ·κ = {e.gamma * host_r.credit:.3g} of it"
+                    )
+                else:
+                    what = "exactly its endowment"
+                term = _signed(r.term)
+                say(f"       {r.resource:<10} used {used}, endowment {endowed}: {what} → {term}")
+            if idle:
+                say(
+                    f"       {', '.join(idle)}: less than its endowment, but nobody else on the"
+                    " host needed the rest (κ = 0): no credit → 0"
+                )
+    say(
+        f"   A VM's endowment is {_ENDOWMENT_WORDS.get(endowment_mode, endowment_mode)}. Each"
+        " amount over or credited is divided by the fair share of that resource and by the"
+        f" number of resources ({len(e.resources)}), so that the resources add up comparably."
+    )
+    say("")
+    say(
+        f"2. Greediness of the interval: {_signed(e.ledger_greediness)}"
+        + (
+            " (positive: it took more than its share)"
+            if e.ledger_greediness > 0
+            else " (negative or zero: it took no more than its share)"
+        )
+    )
+    say("")
+    half = "no decay" if e.half_life_s is None else f"half-life {e.half_life_s:g} s"
+    if e.reset:
+        start = "0 (its balance was reset by an operator before this interval)"
+    elif e.previous_start_s is None:
+        start = "0 (the first interval of the ledger)"
+    else:
+        start = f"{e.previous_balance:.6g} (after the interval of {iso(e.previous_start_s)})"
+    say(
+        f"3. Balance: {start}, × {e.decay:.6g} ({half}),"
+        f" {'−' if e.ledger_greediness < 0 else '+'} {abs(e.ledger_greediness):.6g}"
+        f" (this interval's greediness) = {e.balance:.6g}"
+    )
+    say("")
+    if e.priority_weight:
+        score = (
+            f"score = balance {e.balance:.6g} − {e.priority_weight:g} × DirectContr priority"
+            f" {e.priority:.6g} = {e.score:.6g}"
+        )
+    else:
+        score = f"score = its balance, {e.score:.6g}"
+    say(f"4. Throttle level: {score}. Thresholds: {_thresholds(e)}.")
+    if e.level == 0:
+        say("   Level 0 after this interval: not throttled.")
+    else:
+        since = "" if e.level_since_s is None else f" (held since {iso(int(e.level_since_s))})"
+        say(f"   Level {e.level} after this interval{since}: {e.level_reason}.")
+    mode = {
+        "off": "enforcement is off: nothing is decided or applied",
+        "dry-run": "enforcement is in dry-run: decided and recorded, not applied",
+        "on": "enforcement is on: the agents and the quota job apply it",
+    }
+    say(f"   ({mode.get(e.mode, e.mode)})")
+    say("")
+    say("5. What was enforced")
+    if not e.actions:
+        say("   Nothing recorded for the level in force.")
+    for a in e.actions:
+        dry = " (dry-run)" if a["dry_run"] else ""
+        where = f" on {a['host']}" if a["host"] else ""
+        say(
+            f"   - {a['at']} {a['kind']}{where}{dry} {a['status']}:"
+            f" {json.dumps(a['before'])} → {json.dumps(a['after'])}; {a['reason']}"
+        )
+    if e.range_summary is not None:
+        r = e.range_summary
+        terms = ", ".join(f"{k} {v:+.4g}" for k, v in sorted(r["terms"].items()))  # type: ignore[attr-defined]
+        say("")
+        say(
+            f"Over the range: {r['intervals_with_a_standing']} interval(s) with a standing,"
+            f" greediness summed {r['greediness_sum']:+.6g} ({terms or 'no resource terms'});"
+            f" balance {r['first_balance']:.6g} → {r['last_balance']:.6g}. The interval above"
+            " is its greediest."
+        )
+    for note in e.notes:
+        say("")
+        say(f"Note: {note}")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,134 @@
+"""Standings, like Slurm's ``sshare``: where every customer stands after the latest interval.
+
+Read from the latest accounted interval that has ledger rows (the ledger is dense there: every
+customer with a standing has a row). When intervals accounted since had no samples at all,
+the standings say so rather than pretending they are current.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, func, select
+
+from gmd.admin.render import Column
+from gmd.common.timespec import iso
+from gmd.daemon.ledger.models import IntervalState
+from gmd.daemon.ledger.resets import pending_resets
+from gmd.daemon.ledger.tables import (
+    customer_ledger as _ledger,
+    customers as _customers,
+    intervals as _intervals,
+)
+
+COLUMNS = (
+    Column("customer", "Customer", None, "left"),
+    Column("balance", "Balance", 4),
+    Column("greediness", "GM (last)", 4),
+    Column("utility", "Utility", 4),
+    Column("priority", "Priority", 4),
+    Column("vms", "VMs", None),
+)
+SORT_KEYS: tuple[str, ...] = tuple(c.key for c in COLUMNS)
+
+
+@dataclass(frozen=True)
+class Standings:
+    as_of_s: int | None
+    interval_s: int | None
+    latest_accounted_s: int | None
+    rows: list[dict[str, object]]
+    reset: tuple[str, ...] = ()
+    """customers reset since (shown at 0; their next accounted interval starts from 0)"""
+
+    def caption(self) -> str:
+        if self.as_of_s is None:
+            return "The ledger has no accounted interval yet."
+        text = f"After the interval starting {iso(self.as_of_s)} ({self.interval_s} s)."
+        if self.latest_accounted_s is not None and self.latest_accounted_s > self.as_of_s:
+            text += f" No samples in the intervals up to {iso(self.latest_accounted_s)}."
+        if self.reset:
+            text += f" Balance reset since (shown as 0): {', '.join(self.reset)}."
+        return text
+
+    def document(self) -> dict[str, object]:
+        return {
+            "as_of": None if self.as_of_s is None else iso(self.as_of_s),
+            "as_of_s": self.as_of_s,
+            "interval_s": self.interval_s,
+            "latest_accounted_s": self.latest_accounted_s,
+            "customers": self.rows,
+            "reset_since": list(self.reset),
+        }
+
+
+def standings(
+    conn: Connection,
+    *,
+    sort: str = "balance",
+    reverse: bool = False,
+    everyone: bool = False,
+    customer: str | None = None,
+) -> Standings:
+    """Rows sorted by ``sort``: numbers greatest first, names A→Z; ``reverse`` flips that.
+
+    ``everyone`` lists customers without a standing too (with zeros).
+    """
+    if sort not in SORT_KEYS:
+        raise ValueError(f"cannot sort by {sort!r}; choose one of {', '.join(SORT_KEYS)}")
+    latest = conn.execute(
+        select(func.max(_intervals.c.start_s)).where(_intervals.c.state == IntervalState.accounted)
+    ).scalar_one()
+    row = conn.execute(
+        select(_intervals.c.id, _intervals.c.start_s, _intervals.c.length_s)
+        .where(_intervals.c.state == IntervalState.accounted, _intervals.c.ledger_rows > 0)
+        .order_by(_intervals.c.start_s.desc())
+        .limit(1)
+    ).first()
+    if row is None:
+        return Standings(None, None, latest, [])
+    query = (
+        select(
+            _customers.c.name.label("customer"),
+            _ledger.c.balance,
+            _ledger.c.greediness,
+            _ledger.c.utility,
+            _ledger.c.priority,
+            _ledger.c.vms,
+        )
+        .join(_customers, _customers.c.id == _ledger.c.customer_id)
+        .where(_ledger.c.interval_id == row.id)
+    )
+    if customer is not None:
+        query = query.where(_customers.c.name == customer)
+    rows = [dict(r._mapping) for r in conn.execute(query)]
+    reset_ids = pending_resets(conn, row.start_s)
+    reset_names = set(
+        conn.execute(select(_customers.c.name).where(_customers.c.id.in_(reset_ids))).scalars()
+    )
+    for r in rows:
+        if r["customer"] in reset_names:
+            r["balance"] = 0.0
+    if everyone:
+        listed = {r["customer"] for r in rows}
+        names = conn.execute(select(_customers.c.name)).scalars()
+        rows += [
+            {
+                "customer": n,
+                "balance": 0.0,
+                "greediness": 0.0,
+                "utility": 0.0,
+                "priority": 0.0,
+                "vms": 0,
+            }
+            for n in names
+            if n not in listed and (customer is None or n == customer)
+        ]
+    if sort == "customer":
+        rows.sort(key=lambda r: str(r["customer"]))
+    else:
+        rows.sort(key=lambda r: (-float(r[sort]), str(r["customer"])))  # type: ignore[arg-type]
+    if reverse:
+        rows.reverse()
+    shown = {str(r["customer"]) for r in rows}
+    return Standings(row.start_s, row.length_s, latest, rows, tuple(sorted(reset_names & shown)))

@@ -1,0 +1,314 @@
+"""gmd-agent: samples VMs through libvirt and pushes per-interval usage to the daemon.
+
+Wiring only: the loop is :class:`gmd.agent.loop.Agent`; Prometheus metrics on ``/metrics``.
+With ``agent.collector = "replay"`` the host is simulated from recorded traces
+(:mod:`gmd.agent.collect.replay`): the agent replays its simulated time span, then exits.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from prometheus_client import start_http_server
+
+from gmd.agent.client import DaemonClient
+from gmd.agent.collect.base import Collector
+from gmd.agent.config import AgentConfig, load_agent
+from gmd.agent.loop import Agent, AgentMetrics, dry_run_batch
+from gmd.agent.sender import Sender
+from gmd.agent.spool import Spool, SpoolError
+from gmd.common import logs
+from gmd.common.config import DEFAULT_PATH, ConfigError
+
+if TYPE_CHECKING:
+    from gmd.agent.apply.applier import PlanApplier
+    from gmd.agent.collect.replay import ReplayClock, ReplayCollector
+
+log = logging.getLogger("gmd.agent")
+
+app = typer.Typer(add_completion=False, rich_markup_mode=None)
+
+
+def _applier(config: AgentConfig) -> PlanApplier | None:
+    """The configured applier (``agent.enforce_backend``), or None for "none"."""
+    if config.enforce_backend == "none":
+        log.info("agent.enforce_backend = none: no throttling plan is fetched or applied")
+        return None
+    if config.collector == "replay":
+        log.info("agent.collector = replay: the VMs are recorded traces, no plan is applied")
+        return None
+    from gmd.agent.apply.applier import (
+        CgroupApplier,
+        EnforcementStateError,
+        LibvirtApplier,
+    )
+    from gmd.agent.apply.cgroups import CgroupError
+
+    try:
+        if config.enforce_backend == "cgroup":
+            return CgroupApplier(
+                config.cgroup_root,
+                config.cgroup_template,
+                state_path=config.enforcement_state_path,
+                libvirt_conn_or_uri=config.libvirt_uri,
+            )
+        return LibvirtApplier(config.libvirt_uri, state_path=config.enforcement_state_path)
+    except (EnforcementStateError, CgroupError) as exc:
+        log.error("enforcement: %s", exc)
+        raise typer.Exit(1) from None
+
+
+def _libvirt_collector(config: AgentConfig) -> Collector:
+    try:
+        from gmd.agent.collect.libvirt import LibvirtCollector
+    except ImportError as exc:
+        log.error(
+            "the libvirt Python binding is missing (%s): pip install libvirt-python"
+            " (needs the libvirt-dev package to build)",
+            exc,
+        )
+        raise typer.Exit(1) from None
+    return LibvirtCollector(
+        config.libvirt_uri,
+        default_customer=config.default_customer,
+        describe_every_s=config.describe_every_s,
+        backoff_max_s=config.reconnect_max_s,
+    )
+
+
+def _replay_collector(config: AgentConfig) -> tuple[ReplayCollector, ReplayClock]:
+    """The replay collector and its clock; exit 1 when the traces cannot be used."""
+    from gmd.agent.collect.replay import ReplayError, replay_from_config
+
+    try:
+        return replay_from_config(config)
+    except ReplayError as exc:
+        log.error("%s", exc)
+        raise typer.Exit(1) from None
+
+
+@app.command()
+def agent(
+    config_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            envvar="GMD_CONFIG",
+            metavar="FILE",
+            help="Configuration file (default /etc/gmd/gmd.toml); the [agent] section.",
+        ),
+    ] = None,
+    once: Annotated[
+        bool,
+        typer.Option(
+            "--once",
+            help="Run one tick, then exit (with agent.collector = replay: replay the first"
+            " interval).",
+        ),
+    ] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Print the batch one tick would send (two readings tick_s apart; with"
+            " agent.collector = replay, the first replayed interval) as JSON on stdout; write"
+            " and send nothing. Implies --once.",
+        ),
+    ] = False,
+    restore_all: Annotated[
+        bool,
+        typer.Option(
+            "--restore-all",
+            help="Put every VM gmd throttled back to the settings it had before (from"
+            " agent.enforcement_state_path), then exit. For taking a host out of enforcement;"
+            " a running agent would throttle them again at its next plan.",
+        ),
+    ] = False,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+) -> None:
+    """Sample the VMs of this host through libvirt and send their use to gmd-daemon.
+
+    Usage is measured every agent.tick_s, summed per agent.interval_s, spooled on disk and
+    posted to agent.daemon_url; a spool left by a previous run is replayed first. Every
+    agent.plan_every_s the host's throttling plan is fetched and applied (agent.enforce_backend);
+    stopping the agent leaves throttled VMs as they are (the originals stay on disk for the next
+    start; --restore-all puts them back). With agent.collector = replay the VMs are recorded
+    traces replayed over simulated time (agent.replay_*), and the agent exits when the replay
+    is done. Exit codes: 0 stopped cleanly (or the replay is done), 1 the host, the traces, the
+    spool or the enforcement state cannot be used (or --restore-all left VMs unrestored, or a
+    replay's batches were not all delivered), 2 bad configuration.
+    """
+    logs.setup(log_level, quiet=("httpx",))
+    try:
+        config = load_agent(config_path)
+    except ConfigError as exc:
+        log.error("%s", exc)
+        raise typer.Exit(2) from None
+    if restore_all:
+        applier = _applier(config)
+        if applier is None:
+            return
+        try:
+            results = applier.restore_all()
+            left = applier.remembered
+        finally:
+            applier.close()
+        for r in results:
+            print(json.dumps(r.model_dump()))
+        if left:
+            log.error(
+                "%d VM(s) could not be restored (still in %s): %s",
+                len(left),
+                config.enforcement_state_path,
+                ", ".join(sorted(left)),
+            )
+            raise typer.Exit(1)
+        log.info("every VM gmd had changed is back to its original settings")
+        return
+    clock: ReplayClock | None = None
+    if config.collector == "replay":
+        collector, clock = _replay_collector(config)
+    else:
+        collector = _libvirt_collector(config)
+    if dry_run:
+        try:
+            if clock is not None:
+                from gmd.agent.collect.replay import replay_dry_run
+
+                doc = replay_dry_run(config, collector, clock)  # type: ignore[arg-type]
+                span_s = float(config.interval_s)
+            else:
+                doc, span_s = dry_run_batch(config, collector)
+        except RuntimeError as exc:
+            log.error("%s", exc)
+            raise typer.Exit(1) from None
+        finally:
+            collector.close()
+        log.info(
+            "dry run: %d VMs, use over %.2f s; nothing was sent or written", len(doc["vms"]), span_s
+        )
+        print(json.dumps(doc, indent=2))
+        return
+    where = str(config.path) if config.path else f"{DEFAULT_PATH} (absent: all defaults)"
+    if config.daemon_url is None:
+        log.error("%s: agent.daemon_url is not set: where should batches go?", where)
+        raise typer.Exit(2)
+    try:
+        spool = Spool(
+            config.spool_path,
+            max_bytes=config.spool_max_bytes,
+            max_batches=config.spool_max_batches,
+        )
+    except SpoolError as exc:
+        log.error("%s", exc)
+        raise typer.Exit(1) from None
+    client = DaemonClient(config.daemon_url, config.token, timeout_s=config.timeout_s)
+    metrics = AgentMetrics()
+    try:
+        applier = _applier(config)
+    except typer.Exit:
+        spool.close()
+        client.close()
+        collector.close()
+        raise
+    runner = Agent(
+        config,
+        collector,
+        spool,
+        Sender(spool, client),
+        metrics,
+        applier=applier,
+        plans=client if applier is not None else None,
+    )
+    server = None
+    try:
+        if once and clock is not None:
+            clock.end_s = clock.start_s + config.interval_s
+            _replay(runner, clock, None)
+            return
+        if once:
+            report = runner.tick()
+            if not report.reading.ok:
+                raise typer.Exit(1)
+            return
+        if config.metrics_port:
+            server, _thread = start_http_server(
+                config.metrics_port, config.metrics_bind, registry=metrics.registry
+            )
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda _n, _f: stop.set())
+        log.info(
+            "gmd-agent for host %s: %s, tick %g s, interval %d s, daemon %s, spool %s,"
+            " enforcement %s%s",
+            config.host,
+            f"libvirt {config.libvirt_uri}"
+            if clock is None
+            else f"replaying traces from {config.replay_dir}",
+            config.tick_s,
+            config.interval_s,
+            config.daemon_url,
+            config.spool_path,
+            f"through {config.enforce_backend} every {config.plan_every_s:g} s, state in"
+            f" {config.enforcement_state_path}"
+            if applier is not None
+            else "off",
+            f", metrics on {config.metrics_bind}:{config.metrics_port}"
+            if config.metrics_port
+            else "",
+        )
+        if clock is not None:
+            _replay(runner, clock, stop)
+            return
+        runner.run(stop)
+        log.info("stopping: %d batches left in the spool for the next start", spool.size()[0])
+    finally:
+        if server is not None:
+            server.shutdown()
+        spool.close()
+        client.close()
+        collector.close()
+        if applier is not None:
+            applier.close()
+
+
+def _replay(runner: Agent, clock: ReplayClock, stop: threading.Event | None) -> None:
+    """Replay the clock's span through the agent; exit 1 if its spool is another run's or
+    batches are left undelivered (a replay that silently misses intervals misleads)."""
+    from gmd.agent.collect.replay import ReplayError, replay_run
+
+    try:
+        report = replay_run(runner, clock, stop=stop)
+    except ReplayError as exc:
+        log.error("%s", exc)
+        raise typer.Exit(1) from None
+    log.info(
+        "replay %s after %d ticks of simulated time (%.1f of %.1f hours): %d batches made",
+        "stopped" if report.stopped else "done",
+        report.ticks,
+        (report.reached_s - report.start_s) / 3600,
+        (report.end_s - report.start_s) / 3600,
+        report.batches,
+    )
+    if report.waiting:
+        log.error(
+            "%d batches of the replay could not be delivered (the daemon did not take them);"
+            " they are kept in %s",
+            report.waiting,
+            runner.spool.path,
+        )
+        raise typer.Exit(1)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

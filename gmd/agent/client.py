@@ -1,0 +1,124 @@
+"""The HTTP client for the daemon's ``/v1`` API (httpx), reduced to what the sender decides on.
+
+A post ends in one of three ways, and the sender acts on each differently:
+
+- ``delivered``: 200, ``accepted`` or ``duplicate`` (a retry of a batch the daemon already
+  holds — the usual end of a post whose answer was lost);
+- ``rejected``: a 4xx that says the batch itself is wrong (invalid, interval length mismatch,
+  key reused with other content, too large): resending it can never succeed;
+- ``unavailable``: connection refused, timeout, 5xx — and also 401/403 (the host's token is
+  wrong or not yet configured on the daemon: the operator can fix that, and the usage must
+  still be there when they have), 408 and 429. The batch stays in the spool.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Literal
+from urllib.parse import quote
+
+import httpx
+from pydantic import ValidationError
+
+from gmd.wire import HostPlan, PlanReport
+
+log = logging.getLogger(__name__)
+
+RETRY_STATUSES = frozenset({401, 403, 408, 429})
+
+
+@dataclass(frozen=True, slots=True)
+class PostOutcome:
+    kind: Literal["delivered", "rejected", "unavailable"]
+    status: int | None
+    detail: str
+    """the daemon's ``status`` (accepted/duplicate) or ``detail``, or the transport error"""
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:500] or response.reason_phrase
+    if isinstance(body, dict) and "detail" in body:
+        return str(body["detail"])
+    return str(body)[:500]
+
+
+class PlanUnavailable(Exception):
+    """The plan could not be fetched (daemon down, 5xx, refused, unreadable answer): the agent
+    keeps the VMs' settings as they are. The message says why."""
+
+
+class DaemonClient:
+    """Posts batches to one daemon with the host's bearer token, fetches the host's throttling
+    plan and reports what was done with it.
+
+    ``transport`` is for tests (an httpx transport that fails on demand).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None,
+        *,
+        timeout_s: float = 10.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        headers = {"Content-Type": "application/json", "User-Agent": "gmd-agent"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.Client(
+            base_url=self.base_url, headers=headers, timeout=timeout_s, transport=transport
+        )
+
+    def post_batch(self, body: bytes) -> PostOutcome:
+        """POST one ``SampleBatch`` (already JSON-encoded, as the spool holds it)."""
+        try:
+            response = self._http.post("/v1/samples", content=body)
+        except httpx.HTTPError as exc:
+            return PostOutcome("unavailable", None, f"{type(exc).__name__}: {exc}")
+        if response.status_code == 200:
+            try:
+                status = str(response.json().get("status", "accepted"))
+            except ValueError:
+                status = "accepted"
+            return PostOutcome("delivered", 200, status)
+        detail = _detail(response)
+        if response.status_code >= 500 or response.status_code in RETRY_STATUSES:
+            return PostOutcome("unavailable", response.status_code, detail)
+        return PostOutcome("rejected", response.status_code, detail)
+
+    def get_plan(self, host: str) -> HostPlan:
+        """``GET /v1/plan/{host}``; raises :class:`PlanUnavailable` for anything but a valid plan
+        (the caller must then leave every VM as it is: no news is not "lift the throttles")."""
+        try:
+            response = self._http.get(f"/v1/plan/{quote(host, safe='')}")
+        except httpx.HTTPError as exc:
+            raise PlanUnavailable(f"{type(exc).__name__}: {exc}") from None
+        if response.status_code != 200:
+            raise PlanUnavailable(f"HTTP {response.status_code}: {_detail(response)}")
+        try:
+            return HostPlan.model_validate_json(response.content)
+        except ValidationError as exc:
+            raise PlanUnavailable(f"not a plan: {exc.errors()[:3]}") from None
+
+    def post_report(self, host: str, report: PlanReport) -> PostOutcome:
+        """``POST /v1/plan/{host}/report``, classified like :meth:`post_batch`."""
+        try:
+            response = self._http.post(
+                f"/v1/plan/{quote(host, safe='')}/report", content=report.model_dump_json()
+            )
+        except httpx.HTTPError as exc:
+            return PostOutcome("unavailable", None, f"{type(exc).__name__}: {exc}")
+        if response.status_code == 200:
+            return PostOutcome("delivered", 200, "recorded")
+        detail = _detail(response)
+        if response.status_code >= 500 or response.status_code in RETRY_STATUSES:
+            return PostOutcome("unavailable", response.status_code, detail)
+        return PostOutcome("rejected", response.status_code, detail)
+
+    def close(self) -> None:
+        self._http.close()

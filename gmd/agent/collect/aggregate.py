@@ -1,0 +1,244 @@
+"""Ticks → per-interval usage aligned to the daemon's interval. Pure: state in, state out.
+
+Each tick turns every VM's counters into a :class:`~gmd.agent.collect.counters.Span` (what it used
+since its previous reading) and spreads the span over the accounting intervals it overlaps, in
+proportion to time. An interval is *closed* once a tick is taken at or after its end; the
+caller turns closed intervals into batches. A span that reaches back into an interval closed
+earlier (a VM whose read failed for a while, an agent that was down) closes that interval
+again with only the late part: the daemon adds batches with different keys for the same VM,
+host and interval, so every delta is sent exactly once, in whatever batch first closes it.
+
+:class:`AgentState` is everything needed to carry on after a restart (baselines, which VMs
+ran, the open intervals); it is stored in the spool together with the batches it produced.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import orjson
+
+from gmd.agent.collect.base import Flavor, HostReading, Ownership
+from gmd.agent.collect.counters import Baseline, Span, Usage, step
+
+STATE_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class VmTotals:
+    """One VM's use within one interval so far, and its latest owner."""
+
+    usage: Usage
+    owner: Ownership
+
+
+@dataclass(frozen=True)
+class AgentState:
+    baselines: dict[str, Baseline] = field(default_factory=dict)
+    listed: frozenset[str] = frozenset()
+    """every VM running at the last successful reading"""
+    last_ok_s: float | None = None
+    """when the host was last read successfully; ``None`` before the first reading"""
+    open: dict[int, dict[str, VmTotals]] = field(default_factory=dict)
+    """interval start → VM uuid → use so far"""
+
+
+@dataclass(frozen=True, slots=True)
+class ClosedInterval:
+    start_s: int
+    interval_s: int
+    vms: dict[str, VmTotals]
+
+
+@dataclass(frozen=True, slots=True)
+class TickResult:
+    state: AgentState
+    closed: list[ClosedInterval]
+    spans: list[Span]
+
+
+def split(start_s: float, end_s: float, interval_s: int) -> list[tuple[int, float]]:
+    """The intervals ``[start_s, end_s]`` overlaps, each with its share of the span.
+
+    A zero-length span belongs wholly to the interval its end falls in.
+    """
+    if end_s <= start_s:
+        return [(math.floor(end_s / interval_s) * interval_s, 1.0)]
+    first = math.floor(start_s / interval_s)
+    last = math.ceil(end_s / interval_s) - 1
+    length = end_s - start_s
+    out = []
+    for k in range(first, last + 1):
+        overlap = min(end_s, (k + 1) * interval_s) - max(start_s, k * interval_s)
+        if overlap > 0:
+            out.append((k * interval_s, overlap / length))
+    return out
+
+
+def _spread(usage: Usage, shares: list[tuple[int, float]]) -> list[tuple[int, Usage]]:
+    """``usage`` divided by ``shares``; the last part takes the remainder so the parts add up
+    to the whole exactly (no byte is lost or invented by rounding)."""
+    if len(shares) == 1:
+        return [(shares[0][0], usage)]
+    parts, taken = [], Usage()
+    for start, share in shares[:-1]:
+        part = usage.scaled(share)
+        parts.append((start, part))
+        taken = taken.plus(part)
+    remainder = usage.plus(taken.scaled(-1.0))
+    parts.append((shares[-1][0], Usage(*(max(v, 0.0) for v in _fields(remainder)))))
+    return parts
+
+
+def _fields(u: Usage) -> tuple[float, ...]:
+    return (
+        u.cpu_s,
+        u.memory_byte_s,
+        u.disk_read_bytes,
+        u.disk_write_bytes,
+        u.network_rx_bytes,
+        u.network_tx_bytes,
+    )
+
+
+def advance(state: AgentState, reading: HostReading, interval_s: int) -> TickResult:
+    """Fold one host reading into the state; return the new state and the closed intervals."""
+    open_ = {start: dict(vms) for start, vms in state.open.items()}
+    spans: list[Span] = []
+    if reading.ok:
+        baselines = dict(state.baselines)
+        for vm in reading.vms:
+            new_since = state.last_ok_s if vm.uuid not in state.listed else None
+            span, baselines[vm.uuid] = step(state.baselines.get(vm.uuid), vm, new_since_s=new_since)
+            if span is None:
+                continue
+            spans.append(span)
+            for start, part in _spread(span.usage, split(span.start_s, span.end_s, interval_s)):
+                bucket = open_.setdefault(start, {})
+                before = bucket.get(span.uuid)
+                total = part if before is None else before.usage.plus(part)
+                bucket[span.uuid] = VmTotals(total, span.owner)
+        # A VM not listed, or gone mid-tick, stopped: its counters went with its process.
+        # One listed but not read keeps its baseline until a later tick reads it.
+        baselines = {
+            uuid: b
+            for uuid, b in baselines.items()
+            if uuid in reading.listed and uuid not in reading.gone
+        }
+        # The host was up from its previous reading to this one: every interval in between
+        # gets a batch, even without VMs, so that its capacity is on record.
+        since = state.last_ok_s if state.last_ok_s is not None else reading.taken_s
+        for start, _share in split(since, reading.taken_s, interval_s):
+            open_.setdefault(start, {})
+        state = AgentState(
+            baselines, frozenset(reading.listed - reading.gone), reading.taken_s, open_
+        )
+    else:
+        state = replace(state, open=open_)
+    closed = [
+        ClosedInterval(start, interval_s, open_.pop(start))
+        for start in sorted(open_)
+        if start + interval_s <= reading.taken_s
+    ]
+    return TickResult(state, closed, spans)
+
+
+def batch_document(
+    closed: ClosedInterval, *, key: str, host: str, capacity: dict[str, float]
+) -> dict[str, Any]:
+    """The ``SampleBatch`` (``POST /v1/samples`` body) for one closed interval."""
+    vms = []
+    for uuid in sorted(closed.vms):
+        totals = closed.vms[uuid]
+        u = totals.usage
+        vm: dict[str, Any] = {
+            "uuid": uuid,
+            "customer": totals.owner.customer,
+            "cpu_s": u.cpu_s,
+            "memory_byte_s": u.memory_byte_s,
+            "disk_read_bytes": u.disk_read_bytes,
+            "disk_write_bytes": u.disk_write_bytes,
+            "network_rx_bytes": u.network_rx_bytes,
+            "network_tx_bytes": u.network_tx_bytes,
+        }
+        flavor = totals.owner.flavor.as_wire()
+        if flavor:
+            vm["flavor"] = flavor
+        if totals.owner.created_s is not None:
+            vm["created_s"] = totals.owner.created_s
+        vms.append(vm)
+    return {
+        "key": key,
+        "host": host,
+        "interval_start_s": closed.start_s,
+        "interval_s": closed.interval_s,
+        "capacity": capacity,
+        "vms": vms,
+    }
+
+
+# -- persistence ------------------------------------------------------------------------------
+
+
+def _owner_doc(o: Ownership) -> list[Any]:
+    return [o.customer, o.source, o.flavor.vcpus, o.flavor.memory_bytes, o.created_s]
+
+
+def _owner_of(doc: list[Any]) -> Ownership:
+    return Ownership(doc[0], doc[1], Flavor(doc[2], doc[3]), doc[4])
+
+
+def dump_state(state: AgentState) -> bytes:
+    """The state as JSON, to be stored in the spool with the batches it produced."""
+    return orjson.dumps(
+        {
+            "version": STATE_VERSION,
+            "last_ok_s": state.last_ok_s,
+            "listed": sorted(state.listed),
+            "baselines": {
+                uuid: [
+                    b.run_id,
+                    b.taken_s,
+                    b.cpu_time_ns,
+                    b.memory_rss_bytes,
+                    {d: list(v) for d, v in b.disks.items()},
+                    {d: list(v) for d, v in b.nics.items()},
+                ]
+                for uuid, b in state.baselines.items()
+            },
+            "open": {
+                str(start): {
+                    uuid: [list(_fields(t.usage)), _owner_doc(t.owner)] for uuid, t in vms.items()
+                }
+                for start, vms in state.open.items()
+            },
+        }
+    )
+
+
+def load_state(blob: bytes) -> AgentState:
+    """The state :func:`dump_state` wrote. Raises ``ValueError`` for another version."""
+    doc = orjson.loads(blob)
+    if doc.get("version") != STATE_VERSION:
+        raise ValueError(f"agent state version {doc.get('version')!r}, expected {STATE_VERSION}")
+    baselines = {
+        uuid: Baseline(
+            run_id,
+            taken_s,
+            cpu,
+            rss,
+            {d: (v[0], v[1]) for d, v in disks.items()},
+            {d: (v[0], v[1]) for d, v in nics.items()},
+        )
+        for uuid, (run_id, taken_s, cpu, rss, disks, nics) in doc["baselines"].items()
+    }
+    open_ = {
+        int(start): {
+            uuid: VmTotals(Usage(*amounts), _owner_of(owner))
+            for uuid, (amounts, owner) in vms.items()
+        }
+        for start, vms in doc["open"].items()
+    }
+    return AgentState(baselines, frozenset(doc["listed"]), doc["last_ok_s"], open_)

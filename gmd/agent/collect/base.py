@@ -1,0 +1,108 @@
+"""The collector interface and what it reads: raw cumulative counters, never deltas.
+
+A collector only reads; deciding what a reading means (a delta, a reset, a new VM, which
+interval the use belongs to) is done by the pure functions in :mod:`gmd.agent.collect.counters` and
+:mod:`gmd.agent.collect.aggregate`, so that the libvirt collector, a replay of recorded readings and
+the tests' scripted collectors are all judged by the same code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+UNKNOWN_CUSTOMER = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class Flavor:
+    """What a VM was configured with (``None``: not known, the daemon splits equally)."""
+
+    vcpus: float | None = None
+    memory_bytes: float | None = None
+
+    def as_wire(self) -> dict[str, float]:
+        """The ``flavor`` object of the batch format, without the unknown amounts."""
+        out = {}
+        if self.vcpus is not None:
+            out["vcpus"] = float(self.vcpus)
+        if self.memory_bytes is not None:
+            out["memory_bytes"] = float(self.memory_bytes)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Ownership:
+    """Who a VM belongs to and where that was read (``source``: "nova/1.1", "nova/1.0",
+    "gmd", "default" or "unknown"), for the log and ``--dry-run``."""
+
+    customer: str = UNKNOWN_CUSTOMER
+    source: str = "unknown"
+    flavor: Flavor = field(default_factory=Flavor)
+    created_s: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class VmReading:
+    """One VM's counters at one moment, as the hypervisor reports them.
+
+    ``cpu_time_ns`` and the per-device byte counters are cumulative since the VM's process
+    started; ``memory_rss_bytes`` is a level. ``run_id`` changes whenever the VM's process
+    restarts (libvirt's domain id), which is how a reset is recognized even when a counter has
+    already grown past its previous value. A counter the hypervisor did not give is ``None``.
+    """
+
+    uuid: str
+    run_id: int
+    taken_s: float
+    cpu_time_ns: int | None
+    memory_rss_bytes: int | None
+    disks: Mapping[str, tuple[int, int]]
+    """device → (read bytes, written bytes)"""
+    nics: Mapping[str, tuple[int, int]]
+    """device → (received bytes, transmitted bytes)"""
+    owner: Ownership = field(default_factory=Ownership)
+    name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class HostReading:
+    """Everything one tick read from a host.
+
+    ``ok`` is false when the host could not be read at all (connection lost): nothing is known
+    then about which VMs run. ``listed`` holds every VM the host said was running, read or not;
+    ``gone`` those that vanished between being listed and being read; a listed VM that is
+    neither in ``vms`` nor ``gone`` failed to read (``errors`` says why) and keeps its previous
+    counters until a later tick reads it.
+    """
+
+    taken_s: float
+    ok: bool
+    vms: tuple[VmReading, ...] = ()
+    listed: frozenset[str] = frozenset()
+    gone: frozenset[str] = frozenset()
+    errors: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class HostResources:
+    """What the hypervisor says the host has: usable cores and RAM."""
+
+    cpu_cores: float
+    memory_bytes: float
+
+
+class Collector(Protocol):
+    """A source of readings: libvirt on a compute host, or a script in tests."""
+
+    def collect(self) -> HostReading:
+        """Read every running VM once. Never raises for one VM's or the host's failure: the
+        reading says what failed."""
+        ...
+
+    def resources(self) -> HostResources | None:
+        """The host's cores and RAM, or ``None`` when the host cannot be asked now."""
+        ...
+
+    def close(self) -> None: ...

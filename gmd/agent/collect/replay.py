@@ -1,0 +1,723 @@
+"""The replay collector: recorded per-VM traces played back as if libvirt read them.
+
+For what-if analysis and the demo, a host is simulated by replaying real VM traces in the
+Bitbrains format (GWA-T-12, ``N.csv``: one row per VM every ~300 s). The collector hands the
+agent the same raw cumulative counters libvirt would (CPU time, disk and network bytes, resident
+memory), so everything after it — deltas and resets (:mod:`gmd.agent.collect.counters`), intervals
+(:mod:`gmd.agent.collect.aggregate`), spool, sender, the daemon's accounting — runs unchanged and is
+exercised by real workloads.
+
+**Three clocks.** *Wall* time is what the machine says; *simulated* time is what the agent
+stamps its readings with and what the daemon sees; *trace* time is the CSV's timestamps. A
+:class:`ReplayClock` maps simulated onto trace time by a constant offset (one simulated second
+is one trace second, so a VM's use per second is the trace's), and :func:`replay_run` moves
+simulated time forward ``speed`` times faster than wall time, or as fast as the agent can go.
+Simulated time starts at a past instant and never passes the present: the daemon refuses
+intervals in the future but takes past ones, so a week of trace is replayed as the week that
+just ended. The daemon's own accountant must not run meanwhile — it closes every interval up
+to the *real* present, and the replayed batches would all arrive late: run the daemon with
+``--no-accounting`` and account afterwards, or, with every host replayed in one process in
+lock step, account as simulated time passes (``account_due(…, now_s=clock.now_s)`` from
+:func:`replay_run`'s ``on_tick``).
+
+**What a row means.** Each row's rates hold from its timestamp until the next row's (the last
+row for the file's typical step), so CPU seconds over a span are Σ usage% / 100 × cores × the
+overlap of each row with the span, and bytes Σ KB/s × 1024 × overlap. An all-zero row (the
+trace's "no VM here": cores and provisioned memory are zero too) means the VM was not running;
+each stretch of running rows is one *run*, a process whose counters start from zero, as a
+restarted domain's do. When a run ends between two readings, the VM is reported once more with
+its final counters, so nothing it used is lost (libvirt cannot do that for a VM that stops).
+
+**Bad data stops the replay** with the file and line (:class:`TraceError`): a skipped row would
+silently change every integral after it, and the purpose of a replay is exact figures.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+import re
+import threading
+import time
+import uuid as uuidlib
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from gmd.agent.collect.aggregate import AgentState, advance, batch_document
+from gmd.agent.collect.base import (
+    UNKNOWN_CUSTOMER,
+    Flavor,
+    HostReading,
+    HostResources,
+    Ownership,
+    VmReading,
+)
+from gmd.agent.collect.capacity import Capacity, network_bytes_per_s
+from gmd.common.timespec import iso
+
+if TYPE_CHECKING:
+    from gmd.agent.config import AgentConfig
+    from gmd.agent.loop import Agent
+
+log = logging.getLogger(__name__)
+
+COLUMNS = (
+    "timestamp",
+    "CPU cores",
+    "CPU capacity provisioned [MHz]",
+    "CPU usage [MHz]",
+    "CPU usage [%]",
+    "memory provisioned [KB]",
+    "memory usage [KB]",
+    "disk read [KB/s]",
+    "disk write [KB/s]",
+    "network received [KB/s]",
+    "network transmitted [KB/s]",
+)
+KIB = 1024
+DEFAULT_STEP_S = 300.0
+"""How long a trace's only row holds (Bitbrains samples every 300 s)."""
+DEFAULT_HISTORY_S = 7 * 86400
+"""Without ``replay_start``, the replay covers the week before now (a Bitbrains trace's length)."""
+UUID_NAMESPACE = uuidlib.UUID("6f1c2a47-2f0e-4c55-9a43-0b6a5d3e7a10")
+"""Fixed, so a replayed VM keeps its UUID across runs and machines."""
+DISK, NIC = "vda", "eth0"
+
+
+class ReplayError(RuntimeError):
+    """A replay cannot run as asked; the message says why and where."""
+
+
+class TraceError(ReplayError):
+    """A trace file cannot be used; the message names the file and line."""
+
+
+# -- reading a trace --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rows:
+    """A trace file's data rows, checked: ``values[i]`` holds the columns of :data:`COLUMNS`
+    of the row on line ``lines[i]``."""
+
+    path: Path
+    values: np.ndarray
+    lines: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+
+def _first_bad_line(path: Path, numbered: list[tuple[int, str]]) -> TraceError:
+    """Where the bulk parse failed: the first line with the wrong number of columns or a
+    field that is not a number (the slow, precise look behind the fast parse)."""
+    for line, text in numbered:
+        fields = [f.strip() for f in text.split(";")]
+        if len(fields) != len(COLUMNS):
+            return TraceError(
+                f"{path}:{line}: {len(fields)} columns, expected {len(COLUMNS)} separated by ';'"
+            )
+        for column, field_ in enumerate(fields):
+            try:
+                float(field_)
+            except ValueError:
+                return TraceError(f"{path}:{line}: {COLUMNS[column]} is not a number: {field_!r}")
+    return TraceError(f"{path}: cannot read the rows")
+
+
+def parse_rows(path: Path) -> Rows:
+    """The data rows of a Bitbrains CSV (``;`` + tab separated, one header line).
+
+    Raises :class:`TraceError` naming the file and line for a wrong number of columns, a value
+    that is not a finite non-negative number, or a timestamp not after the previous one.
+    Blank lines are ignored; a first line that does not start with a number is the header.
+    Parsed in bulk with numpy (a week of 100 VMs is 200,000 rows); a failure is located
+    line by line.
+    """
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read: {exc.strerror}") from None
+    numbered = [(n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
+    if numbered and numbered[0][0] == 1 and not numbered[0][1].lstrip()[:1].isdigit():
+        numbered = numbered[1:]  # the header
+    lines = np.array([n for n, _ in numbered], dtype=np.int64)
+    try:
+        values = np.array([line.split(";") for _, line in numbered], dtype=np.float64).reshape(
+            len(numbered), len(COLUMNS)
+        )
+    except ValueError:
+        raise _first_bad_line(path, numbered) from None
+    _check(path, values, lines)
+    return Rows(Path(path), values, lines)
+
+
+def _check(path: Path, values: np.ndarray, lines: np.ndarray) -> None:
+    """Finite, non-negative values, strictly increasing timestamps; else the first culprit."""
+    bad = ~np.isfinite(values) | (values < 0)
+    if bad.any():
+        i, column = np.argwhere(bad)[0]
+        v = float(values[i, column])
+        what = f"is {v!r}, not a finite number" if not math.isfinite(v) else f"is negative: {v!r}"
+        raise TraceError(f"{path}:{lines[i]}: {COLUMNS[column]} {what}")
+    back = np.flatnonzero(np.diff(values[:, 0]) <= 0)
+    if len(back):
+        i = back[0] + 1
+        raise TraceError(
+            f"{path}:{lines[i]}: timestamp {values[i, 0]:.0f} is not after line"
+            f" {lines[i - 1]}'s {values[i - 1, 0]:.0f} (rows must be in time order)"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One stretch of rows in which the VM ran: a process, its counters starting from zero.
+
+    ``counters[k]`` holds the cumulative (CPU ns, disk read, disk write, network rx, network
+    tx bytes) at ``times[k]``, and ``counters[-1]`` those at ``end_s``.
+    """
+
+    run_id: int
+    times: list[float]
+    end_s: float
+    rates: list[list[float]]
+    counters: list[list[float]]
+    rss_bytes: list[int]
+
+    @property
+    def start_s(self) -> float:
+        return self.times[0]
+
+    def counters_at(self, t: float) -> tuple[int, ...]:
+        """Cumulative counters at trace time ``t`` (clamped to the run), rounded to whole
+        units. Rounding is monotonic and ``c + r × dt`` is computed as the prefix sums were,
+        so they never go down as ``t`` grows (which the agent would take for a reset)."""
+        if t >= self.end_s:
+            return tuple(round(c) for c in self.counters[-1])
+        k = max(bisect.bisect_right(self.times, t) - 1, 0)
+        dt = max(t - self.times[k], 0.0)
+        return tuple(
+            round(c + r * dt) for c, r in zip(self.counters[k], self.rates[k], strict=True)
+        )
+
+    def rss_at(self, t: float) -> int:
+        """Memory in use at ``t``: the row in effect (the last row's at or after the end)."""
+        k = min(max(bisect.bisect_right(self.times, t) - 1, 0), len(self.times) - 1)
+        return self.rss_bytes[k]
+
+
+def _run(run_id: int, rows: np.ndarray, end_s: float) -> Run:
+    """A run from consecutive running rows. ``np.add.accumulate`` adds in order, one row at a
+    time, so the value at a row's end is exactly the next row's start value."""
+    times = rows[:, 0]
+    rates = np.column_stack(
+        [rows[:, 4] / 100 * rows[:, 1] * 1e9, rows[:, 7:11] * KIB]
+    )  # CPU ns (usage % × cores), disk read/write and network rx/tx bytes, per second
+    spans = np.append(times[1:], end_s) - times
+    counters = np.vstack([np.zeros(5), np.add.accumulate(rates * spans[:, None], axis=0)])
+    rss = np.round(rows[:, 6] * KIB).astype(np.int64)
+    return Run(
+        run_id, times.tolist(), float(end_s), rates.tolist(), counters.tolist(), rss.tolist()
+    )
+
+
+def typical_step(times: np.ndarray) -> float:
+    """The median gap between rows: how long the last row is taken to hold."""
+    if len(times) < 2:
+        return DEFAULT_STEP_S
+    return float(np.median(np.diff(times)))
+
+
+@dataclass(frozen=True)
+class Trace:
+    """One VM's trace: its runs, and the flavor it was provisioned with."""
+
+    path: Path
+    rows: int
+    first_s: float | None
+    """the first row's timestamp (running or not); ``None`` for a file without rows"""
+    end_s: float | None
+    """when the last row stops holding"""
+    runs: tuple[Run, ...]
+    flavor: Flavor
+    run_starts: tuple[float, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "run_starts", tuple(r.start_s for r in self.runs))
+
+    @property
+    def name(self) -> str:
+        return self.path.stem
+
+    def run_at(self, t: float) -> Run | None:
+        """The run in progress at trace time ``t``."""
+        i = bisect.bisect_right(self.run_starts, t) - 1
+        if i >= 0 and t < self.runs[i].end_s:
+            return self.runs[i]
+        return None
+
+
+def build_trace(rows: Rows) -> Trace:
+    """Rows → runs and flavor.
+
+    An all-zero row (cores and provisioned memory too) is the trace's "no VM here": each
+    stretch of other rows is a run. The flavor is the largest provisioned cores and memory: a
+    flavor is fixed at boot, while the trace's provisioned memory wobbles with ballooning.
+    """
+    v = rows.values
+    if not len(v):
+        return Trace(rows.path, 0, None, None, (), Flavor())
+    end_s = float(v[-1, 0]) + typical_step(v[:, 0])
+    running = (v[:, 1:] != 0).any(axis=1)
+    edges = np.flatnonzero(np.diff(np.concatenate([[False], running, [False]]).astype(np.int8)))
+    runs = []
+    for n, (first, stop) in enumerate(zip(edges[::2], edges[1::2], strict=True), start=1):
+        run_end = float(v[stop, 0]) if stop < len(v) else end_s
+        runs.append(_run(n, v[first:stop], run_end))
+    vcpus = float(v[running, 1].max()) if running.any() else 0.0
+    memory = float(v[running, 5].max()) * KIB if running.any() else 0.0
+    flavor = Flavor(vcpus or None, memory or None)
+    return Trace(rows.path, len(v), float(v[0, 0]), end_s, tuple(runs), flavor)
+
+
+def read_trace(path: Path) -> Trace:
+    """Parse and integrate one trace file; :class:`TraceError` for bad data (file and line).
+
+    A file without rows (VMs 14 and 82 of the Rnd sample) or with only all-zero rows is a VM
+    that never ran: kept, never listed, and logged, so that a range of files can be given.
+    """
+    trace = build_trace(parse_rows(Path(path)))
+    if not trace.runs:
+        log.warning(
+            "%s: %s: the VM never runs in this replay",
+            path,
+            "no rows" if not trace.rows else f"all {trace.rows} rows are zero",
+        )
+    return trace
+
+
+_RANGE = re.compile(r"^\s*(\w+)\s*(?:-\s*(\d+)\s*)?$")
+
+
+def trace_ranges(value: str | Sequence[object]) -> tuple[str, ...]:
+    """``[1, 2, "7"]`` or ``"1-10,15"`` → ``("1", …, "10", "15")``, in the order given (the
+    ``replay_vms`` key, ``gmd-admin demo --vms``). ValueError says which item is wrong, or
+    which trace is listed twice: one host runs a VM once."""
+    items: Sequence[object] = value.split(",") if isinstance(value, str) else value
+    names: list[str] = []
+    for item in items:
+        if isinstance(item, int) and not isinstance(item, bool) and item >= 0:
+            names.append(str(item))
+            continue
+        m = _RANGE.match(item) if isinstance(item, str) else None
+        if m is None:
+            raise ValueError(f"{item!r}: give trace numbers (1, 2) or ranges (1-10)")
+        first, last = m.groups()
+        if last is None:
+            names.append(first)
+        elif first.isdigit() and int(first) <= int(last):
+            names.extend(str(n) for n in range(int(first), int(last) + 1))
+        else:
+            raise ValueError(f"{item!r} is not a range like 1-10")
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise ValueError(f"trace {dup} is listed twice (one host runs a VM once)")
+    return tuple(names)
+
+
+def trace_paths(directory: Path, names: Iterable[str | int]) -> list[Path]:
+    """``directory/N.csv`` for each name; :class:`ReplayError` for one that does not exist."""
+    paths = [Path(directory) / f"{n}.csv" for n in names]
+    missing = [p for p in paths if not p.is_file()]
+    if missing:
+        raise ReplayError(f"no trace file {missing[0]}")
+    return paths
+
+
+def trace_names(directory: Path) -> list[str]:
+    """Every ``N.csv`` in ``directory``, numbers in numeric order, then other names."""
+    stems = [p.stem for p in Path(directory).glob("*.csv")]
+    return sorted(stems, key=lambda s: (0, int(s), "") if s.isdigit() else (1, 0, s))
+
+
+# -- VMs and their owners ---------------------------------------------------------------------
+
+
+def vm_uuid(host: str, path: Path) -> str:
+    """A VM's UUID from its host and trace file (its directory's name and its own): the same
+    VM replayed on the same host is the same VM in the ledger, run after run, and the same
+    trace replayed on two hosts is two VMs."""
+    path = Path(path)
+    return str(uuidlib.uuid5(UUID_NAMESPACE, f"{host}/{path.parent.name}/{path.name}"))
+
+
+def deal_customers(
+    names: Sequence[str],
+    customers: Sequence[str] | Mapping[str, str] | None,
+    default_customer: str | None = None,
+) -> dict[str, str]:
+    """Trace name → customer: looked up in a mapping, dealt round-robin in order from a list,
+    or everything to ``default_customer`` (``"unknown"`` without one).
+
+    A mapping must name every trace (:class:`ReplayError` otherwise): a VM silently given to
+    a default customer would make that customer look greedy for someone else's use.
+    """
+    if customers is None or len(customers) == 0:
+        return dict.fromkeys(names, default_customer or UNKNOWN_CUSTOMER)
+    if isinstance(customers, Mapping):
+        missing = [n for n in names if n not in customers]
+        if missing:
+            raise ReplayError(f"no customer for trace {missing[0]!r} in the mapping")
+        return {n: customers[n] for n in names}
+    return {n: customers[i % len(customers)] for i, n in enumerate(names)}
+
+
+@dataclass(frozen=True)
+class ReplayVm:
+    trace: Trace
+    uuid: str
+    name: str
+    customer: str
+
+
+def replay_vms(
+    traces: Sequence[Trace],
+    host: str,
+    customers: Sequence[str] | Mapping[str, str] | None = None,
+    default_customer: str | None = None,
+) -> list[ReplayVm]:
+    """The VMs one simulated host replays, with stable UUIDs and their customers."""
+    owners = deal_customers([t.name for t in traces], customers, default_customer)
+    return [
+        ReplayVm(t, vm_uuid(host, t.path), f"bitbrains-{t.name}", owners[t.name]) for t in traces
+    ]
+
+
+# -- time -------------------------------------------------------------------------------------
+
+
+@dataclass
+class ReplayClock:
+    """Where simulated time stands, and how it maps onto trace time.
+
+    ``trace_t = trace_start_s + (sim_t - start_s)``, and :func:`replay_run` advances simulated
+    time by ``speed`` simulated seconds per wall second (``None``: as fast as the agent goes),
+    so ``trace_t = trace_start_s + (wall - wall_start) × speed`` while it runs. Calling the
+    clock gives the simulated now, so it can be handed to anything that takes a clock (an
+    in-process daemon's, for one).
+    """
+
+    start_s: float
+    end_s: float
+    trace_start_s: float
+    speed: float | None = None
+    now_s: float = field(default=math.nan)
+
+    def __post_init__(self) -> None:
+        if math.isnan(self.now_s):
+            self.now_s = self.start_s
+
+    def __call__(self) -> float:
+        return self.now_s
+
+    def to_trace(self, sim_s: float) -> float:
+        return self.trace_start_s + (sim_s - self.start_s)
+
+    def to_sim(self, trace_s: float) -> float:
+        return self.start_s + (trace_s - self.trace_start_s)
+
+    @property
+    def fraction(self) -> float:
+        """How much of the replay is done, 0–1 (for a progress bar)."""
+        return min(max((self.now_s - self.start_s) / (self.end_s - self.start_s), 0.0), 1.0)
+
+
+def plan_clock(
+    traces: Iterable[Trace],
+    *,
+    start_s: float,
+    interval_s: int,
+    end_s: float | None = None,
+    speed: float | None = None,
+    offset_s: float = 0.0,
+    now_s: float | None = None,
+) -> ReplayClock:
+    """The clock of a replay of ``traces`` from simulated ``start_s``.
+
+    The start is aligned down to ``interval_s``; the earliest first row of the traces, plus
+    ``offset_s``, falls on it. The end is the earliest of ``end_s``, the present (``now_s``,
+    default the wall clock: the daemon refuses the future) and the end of the traces, aligned
+    down to ``interval_s`` so that the last interval is closed whole. Several hosts replayed
+    in step share one clock (and so one mapping).
+    """
+    traces = list(traces)
+    firsts = [t.first_s for t in traces if t.first_s is not None]
+    ends = [t.end_s for t in traces if t.end_s is not None]
+    if not firsts:
+        raise ReplayError("none of the traces has a row: nothing to replay")
+    if speed is not None and not speed > 0:
+        raise ReplayError(f"speed {speed!r}: give a number > 0, or None for as fast as possible")
+    start = math.floor(start_s / interval_s) * interval_s
+    clock = ReplayClock(start, start, min(firsts) + offset_s, speed)
+    now = time.time() if now_s is None else now_s
+    last = min(now, clock.to_sim(max(ends)), math.inf if end_s is None else end_s)
+    clock.end_s = math.floor(last / interval_s) * interval_s
+    if clock.end_s < start + interval_s:
+        raise ReplayError(
+            f"the replay from {start:.0f} would end at {clock.end_s:.0f} (the earliest of the"
+            " requested end, the present and the traces' end): shorter than one interval"
+        )
+    return clock
+
+
+# -- the collector ----------------------------------------------------------------------------
+
+
+class ReplayCollector:
+    """A :class:`gmd.agent.collect.base.Collector` whose host runs recorded traces.
+
+    Each reading is taken at the clock's simulated now and reads each VM's trace at the
+    matching trace time. ``cores``/``memory_bytes`` are the host's capacity; by default the
+    sum of the VMs' flavors (a host exactly big enough for what it runs).
+    """
+
+    def __init__(
+        self,
+        vms: Sequence[ReplayVm],
+        clock: ReplayClock,
+        *,
+        cores: float | None = None,
+        memory_bytes: float | None = None,
+    ) -> None:
+        self.vms, self.clock = list(vms), clock
+        uuids = [vm.uuid for vm in self.vms]
+        if len(set(uuids)) != len(uuids):
+            raise ReplayError("a trace is replayed twice on one host")
+        self._owners = {vm.uuid: self._ownership(vm) for vm in self.vms}
+        cores = cores or sum(vm.trace.flavor.vcpus or 0.0 for vm in self.vms)
+        memory_bytes = memory_bytes or sum(vm.trace.flavor.memory_bytes or 0.0 for vm in self.vms)
+        if not (cores > 0 and memory_bytes > 0):
+            raise ReplayError(
+                "no replayed VM is provisioned with cores and memory: give the host's capacity"
+                " (agent.replay_host_cores, agent.replay_host_memory_bytes)"
+            )
+        self._resources = HostResources(float(cores), float(memory_bytes))
+        self._previous_trace_s: float | None = None
+
+    def _ownership(self, vm: ReplayVm) -> Ownership:
+        runs = vm.trace.runs
+        created = None
+        if runs:
+            created = max(math.floor(self.clock.to_sim(runs[0].start_s)), 0)
+        return Ownership(vm.customer, "replay", vm.trace.flavor, created)
+
+    def resources(self) -> HostResources:
+        return self._resources
+
+    def collect(self) -> HostReading:
+        now = self.clock.now_s
+        t = self.clock.to_trace(now)
+        previous, self._previous_trace_s = self._previous_trace_s, t
+        vms = []
+        for vm in self.vms:
+            reading = self._read(vm, t, previous, now)
+            if reading is not None:
+                vms.append(reading)
+        return HostReading(now, True, tuple(vms), frozenset(v.uuid for v in vms))
+
+    def _read(self, vm: ReplayVm, t: float, previous: float | None, now: float) -> VmReading | None:
+        """The VM at trace time ``t``: running, just stopped (its final counters, once), or
+        not running (``None``)."""
+        run = None
+        if previous is not None:
+            before = vm.trace.run_at(previous)
+            if before is not None and before.end_s <= t:
+                run = before  # it stopped since the last reading: report what it used
+        if run is None:
+            run = vm.trace.run_at(t)
+        if run is None:
+            return None
+        cpu, rd, wr, rx, tx = run.counters_at(t)
+        return VmReading(
+            uuid=vm.uuid,
+            run_id=run.run_id,
+            taken_s=now,
+            cpu_time_ns=cpu,
+            memory_rss_bytes=run.rss_at(t),
+            disks={DISK: (rd, wr)},
+            nics={NIC: (rx, tx)},
+            owner=self._owners[vm.uuid],
+            name=vm.name,
+        )
+
+    def close(self) -> None:
+        """Nothing to release: the traces are in memory."""
+
+
+# -- from the configuration -------------------------------------------------------------------
+
+
+def replay_from_config(
+    config: AgentConfig, now_s: float | None = None
+) -> tuple[ReplayCollector, ReplayClock]:
+    """The collector and clock ``[agent] collector = "replay"`` describes (what gmd-agent
+    runs). :class:`ReplayError` when the traces cannot be used."""
+    if config.replay_dir is None:
+        raise ReplayError("agent.replay_dir is not set: which traces should be replayed?")
+    now = time.time() if now_s is None else now_s
+    names = list(config.replay_vms) or trace_names(config.replay_dir)
+    traces = [read_trace(p) for p in trace_paths(config.replay_dir, names)]
+    customers = config.replay_customers or None
+    vms = replay_vms(traces, config.host, customers, config.default_customer)
+    start = now - DEFAULT_HISTORY_S if config.replay_start_s is None else config.replay_start_s
+    clock = plan_clock(
+        traces,
+        start_s=start,
+        interval_s=config.interval_s,
+        end_s=config.replay_end_s,
+        speed=config.replay_speed,
+        offset_s=config.replay_offset_s,
+        now_s=now,
+    )
+    collector = ReplayCollector(
+        vms, clock, cores=config.replay_host_cores, memory_bytes=config.replay_host_memory_bytes
+    )
+    log.info(
+        "replaying %d VMs (%d ever running) of %s as host %s: simulated %s → %s (%.1f days),"
+        " trace from %.0f, %s; capacity %g cores, %.1f GiB",
+        len(vms),
+        sum(1 for vm in vms if vm.trace.runs),
+        config.replay_dir,
+        config.host,
+        iso(clock.start_s),
+        iso(clock.end_s),
+        (clock.end_s - clock.start_s) / 86400,
+        clock.trace_start_s,
+        "as fast as possible" if clock.speed is None else f"{clock.speed:g}× real time",
+        collector.resources().cpu_cores,
+        collector.resources().memory_bytes / 2**30,
+    )
+    return collector, clock
+
+
+# -- driving an agent -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayReport:
+    ticks: int
+    start_s: float
+    reached_s: float
+    """simulated time of the last tick"""
+    end_s: float
+    batches: int
+    """batches made (one per host and interval)"""
+    waiting: int
+    """batches left in the spools after the final send (the daemon could not take them)"""
+    stopped: bool
+    """interrupted before the end"""
+
+
+def tick_times(start_s: float, end_s: float, tick_s: float) -> Iterator[float]:
+    """``start_s``, every ``tick_s`` after it, and ``end_s`` itself (so that a reading is
+    taken at the end and closes the last interval). Multiplied, not summed, so that no
+    rounding error piles up over a week of ticks."""
+    k = 0
+    while (t := start_s + k * tick_s) < end_s:
+        yield t
+        k += 1
+    yield end_s
+
+
+def replay_run(
+    agents: Agent | Sequence[Agent],
+    clock: ReplayClock,
+    *,
+    stop: threading.Event | None = None,
+    on_tick: Callable[[ReplayClock], None] | None = None,
+    wall: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Any] = time.sleep,
+) -> ReplayReport:
+    """Tick ``agents`` (the hosts of one replay, sharing ``clock``) through simulated time.
+
+    Every ``tick_s`` of simulated time from the clock's start to its end, the clock is set and
+    each agent ticks once (``agent.tick(now_s=…)``: read, fold, spool, send), in lock step, so
+    that at any moment the daemon has every host's batches up to the same instant. Without a
+    speed nothing sleeps; with one, tick k waits until ``k × tick_s / speed`` wall seconds
+    after the first. ``stop`` ends the run early (between ticks); ``on_tick`` is called after
+    each tick (a progress bar: ``clock.fraction``). At the end each spool is sent once more.
+
+    A replay always starts from scratch: an agent whose spool holds the state of an earlier
+    run (:class:`ReplayError`) would measure from another run's counters, and send the same
+    simulated intervals a second time, which the daemon would add up.
+    """
+    agents = [agents] if not isinstance(agents, Sequence) else list(agents)
+    if not agents:
+        raise ReplayError("no agent to replay")
+    tick_s = agents[0].config.tick_s
+    for agent in agents:
+        if agent.config.tick_s != tick_s or agent.config.interval_s != agents[0].config.interval_s:
+            raise ReplayError("the agents of one replay must share tick_s and interval_s")
+        if agent.state.last_ok_s is not None:
+            raise ReplayError(
+                f"spool {agent.spool.path} holds the state of an earlier run (host"
+                f" {agent.config.host}): a replay starts from scratch; use a new"
+                " agent.spool_path"
+            )
+    wall_start = wall()
+    ticks = batches = 0
+    stopped = False
+    for t in tick_times(clock.start_s, clock.end_s, tick_s):
+        if clock.speed is not None:
+            delay = wall_start + (t - clock.start_s) / clock.speed - wall()
+            if delay > 0:
+                if stop is not None:
+                    stop.wait(delay)
+                else:
+                    sleep(delay)
+        if stop is not None and stop.is_set():
+            stopped = True
+            break
+        clock.now_s = t
+        for agent in agents:
+            batches += agent.tick(now_s=t).batches
+        ticks += 1
+        if on_tick is not None:
+            on_tick(clock)
+    waiting = 0
+    for agent in agents:
+        if agent.sender is not None:
+            agent.sender.drain()
+        waiting += agent.spool.size()[0]
+    return ReplayReport(ticks, clock.start_s, clock.now_s, clock.end_s, batches, waiting, stopped)
+
+
+def replay_dry_run(
+    config: AgentConfig, collector: ReplayCollector, clock: ReplayClock
+) -> dict[str, Any]:
+    """The batch of the replay's first interval, read every ``tick_s`` of simulated time as
+    the agent would; nothing is written or sent (``gmd-agent --dry-run``)."""
+    resources = collector.resources()
+    network, _source = network_bytes_per_s(config.network_bytes_per_s)
+    capacity = Capacity(
+        resources.cpu_cores, resources.memory_bytes, config.disk_bytes_per_s, network
+    )
+    state = AgentState()
+    for t in tick_times(clock.start_s, clock.end_s, config.tick_s):
+        clock.now_s = t
+        result = advance(state, collector.collect(), config.interval_s)
+        state = result.state
+        if result.closed:
+            first = result.closed[0]
+            return batch_document(
+                first,
+                key=f"dry-run/{first.start_s}",
+                host=config.host,
+                capacity=capacity.as_wire(),
+            )
+    raise ReplayError("the replay is shorter than one interval")  # plan_clock prevents it

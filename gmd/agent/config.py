@@ -1,0 +1,344 @@
+"""The ``[agent]`` section of ``gmd.toml``: what gmd-agent needs, validated like the rest.
+
+Read with :class:`gmd.common.config.Reader`, so errors name the file and the key
+(``gmd.toml: agent.tick_s: 0 is not in [0.05, 3600]``). gmd-agent reads only this section of
+the file; the other sections belong to the daemon and are validated by :mod:`gmd.daemon.config`.
+
+============================  ================================  =================================
+key                           default                           meaning
+============================  ================================  =================================
+``daemon_url``                none (required to send)           base URL of gmd-daemon, e.g.
+                                                                ``https://gmd.example.org:8470``
+``token``                     none                              this host's bearer token (give
+                                                                this or ``token_file``; without
+                                                                either, only for ``auth = none``)
+``token_file``                none                              file holding the token (relative
+                                                                to this file); keeps it out of
+                                                                the config
+``host``                      the FQDN (``socket.getfqdn()``)   this host's name in the ledger;
+                                                                must match ``[hosts.NAME]``
+``libvirt_uri``               ``"qemu:///system"``              libvirt connection (read-only)
+``tick_s``                    ``10``                            seconds between readings
+                                                                (0.05–3600, ≤ ``interval_s``)
+``interval_s``                ``60``                            accounting interval: must equal
+                                                                the daemon's
+                                                                ``accounting.interval_s``
+``spool_path``                ``/var/lib/gmd/agent-spool.db``   SQLite spool: unsent batches and
+                              (root), else ``./var/…``          the counters' baselines
+``spool_max_bytes``           ``1073741824`` (1 GiB)            spool bound; past it the oldest
+                                                                batches are dropped (logged,
+                                                                counted)
+``spool_max_batches``         ``10080`` (a week of minutes)     spool bound, in batches
+``disk_bytes_per_s``          ``500000000``                     host disk bandwidth (capacity
+                                                                the daemon divides)
+``network_bytes_per_s``       fastest physical link's speed     host network bandwidth; 1 Gbit/s
+                              (``/sys/class/net/*/speed``)      when no link reports a speed
+``default_customer``          none (→ ``"unknown"``)            customer of VMs with neither Nova
+                                                                nor gmd metadata
+``metrics_bind``              ``"127.0.0.1"``                   where ``/metrics`` listens
+``metrics_port``              ``8471``                          its port; ``0`` turns it off
+``timeout_s``                 ``10``                            HTTP timeout per request to the
+                                                                daemon
+``describe_every_s``          ``300``                           re-read each domain's XML (owner,
+                                                                flavor, devices) this often
+``reconnect_max_s``           ``60``                            longest wait between libvirt
+                                                                reconnection attempts (1 s,
+                                                                doubling)
+``enforce_backend``           ``"libvirt"``                     how the daemon's throttling plan
+                                                                is applied: ``"libvirt"`` (LIVE
+                                                                tuning), ``"cgroup"`` (cgroup
+                                                                files) or ``"none"`` (never
+                                                                fetch a plan)
+``plan_every_s``              ``30``                            fetch and apply the plan this
+                                                                often (at most once per tick;
+                                                                ``0``: every tick)
+``enforcement_state_path``    ``agent-enforcement.json`` in     the VMs' original settings
+                              the state dir (``/var/lib/gmd``   (JSON), kept to restore them
+                              as root, else ``./var``)          exactly after a restart
+``cgroup_root``               ``"/sys/fs/cgroup"``              cgroup mount (``cgroup``
+                                                                backend only)
+``cgroup_template``           per detected version: v2          a VM's cgroup below the root;
+                              ``SYSTEMD_TEMPLATE``, v1          fields ``{name}``, ``{uuid}``,
+                              ``LIBVIRT_TEMPLATE`` (see         ``{id}``, ``{machine}``,
+                              :mod:`gmd.agent.apply.cgroups`)       ``{machine_unit}``
+``collector``                 ``"libvirt"``                     where readings come from:
+                                                                ``"libvirt"`` or ``"replay"``
+                                                                (recorded traces, see
+                                                                :mod:`gmd.agent.collect.replay`)
+``replay_dir``                none (required for ``replay``)    directory of Bitbrains traces
+                                                                ``N.csv`` (relative to this
+                                                                file)
+``replay_vms``                every ``N.csv`` in the directory  which traces: a list (``[1, 2,
+                                                                "7"]``) or ranges (``"1-10,15"``)
+``replay_customers``          ``default_customer``              a list, dealt round-robin over
+                                                                ``replay_vms`` in order, or a
+                                                                table trace → customer
+``replay_start``              ``"now-7d"``                      simulated start (ISO, ``now-3d``,
+                                                                Unix seconds); the traces' first
+                                                                row falls on it
+``replay_end``                the present                       simulated end (never past the
+                                                                present or the traces' end)
+``replay_speed``              ``"max"``                         simulated seconds per wall
+                                                                second, or ``"max"``: as fast as
+                                                                the agent goes
+``replay_offset_s``           ``0``                             start this far into the traces
+``replay_host_cores``         the VMs' provisioned cores,       the simulated host's cores
+                              summed
+``replay_host_memory_bytes``  their provisioned memory, summed  the simulated host's RAM
+============================  ================================  =================================
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import socket
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from gmd.agent.apply.cgroups import CgroupError, VmIdentity, render_template
+from gmd.agent.collect.replay import trace_ranges
+from gmd.common.config import ConfigError, Reader, default_state_dir, read_document
+from gmd.common.timespec import parse_time
+
+ENFORCE_BACKENDS = ("libvirt", "cgroup", "none")
+COLLECTORS = ("libvirt", "replay")
+
+_PRINTABLE = re.compile(r"^[!-~]+$")
+_NAME = re.compile(r"^[^\x00-\x1f]{1,255}$")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    path: Path | None
+    host: str
+    spool_path: Path
+    daemon_url: str | None = None
+    token: str | None = None
+    libvirt_uri: str = "qemu:///system"
+    tick_s: float = 10.0
+    interval_s: int = 60
+    spool_max_bytes: int = 2**30
+    spool_max_batches: int = 10080
+    disk_bytes_per_s: float = 500e6
+    network_bytes_per_s: float | None = None
+    default_customer: str | None = None
+    metrics_bind: str = "127.0.0.1"
+    metrics_port: int = 8471
+    timeout_s: float = 10.0
+    describe_every_s: float = 300.0
+    reconnect_max_s: float = 60.0
+    enforce_backend: str = "libvirt"
+    plan_every_s: float = 30.0
+    enforcement_state_path: Path = Path("var/agent-enforcement.json")
+    cgroup_root: Path = Path("/sys/fs/cgroup")
+    cgroup_template: str | None = None
+    collector: str = "libvirt"
+    replay_dir: Path | None = None
+    replay_vms: tuple[str, ...] = ()
+    """trace names (``N`` of ``N.csv``); empty: every trace in ``replay_dir``"""
+    replay_customers: tuple[str, ...] | Mapping[str, str] = ()
+    replay_start_s: float | None = None
+    """``None``: a week before the replay starts"""
+    replay_end_s: float | None = None
+    """``None``: the present"""
+    replay_speed: float | None = None
+    """``None``: as fast as possible"""
+    replay_offset_s: float = 0.0
+    replay_host_cores: float | None = None
+    replay_host_memory_bytes: float | None = None
+
+
+def _relative(path: Path | None, value: str) -> Path:
+    p = Path(value)
+    if not p.is_absolute() and path is not None:
+        p = path.parent / p
+    return p
+
+
+def parse_agent(
+    document: dict[str, Any], source: str = "<config>", path: Path | None = None
+) -> AgentConfig:
+    """Validate the ``[agent]`` table of a parsed TOML document (other tables are ignored)."""
+    table = document.get("agent", {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{source}: agent: expected a table, got {table!r}")
+    a = Reader(source, "agent.", table)
+
+    url = a.get("daemon_url", str, None)
+    if url is not None and not re.match(r"^https?://[^/\s]+", url):
+        raise a.fail("daemon_url", f"{url!r}: use http://HOST:PORT or https://HOST:PORT")
+
+    token = a.get("token", str, None)
+    token_file = a.get("token_file", str, None)
+    if token is not None and token_file is not None:
+        raise a.fail("token_file", "give token or token_file, not both")
+    key = "token"
+    if token_file is not None:
+        key = "token_file"
+        p = _relative(path, token_file)
+        try:
+            token = p.read_text().strip()
+        except OSError as exc:
+            raise a.fail("token_file", f"{str(p)!r}: cannot read: {exc.strerror}") from None
+    if token is not None and not _PRINTABLE.match(token):
+        raise a.fail(key, "the token must be printable ASCII without spaces, and not empty")
+
+    host = a.get("host", str, None) or socket.getfqdn()
+    if not _NAME.match(host):
+        raise a.fail("host", f"{host!r}: 1–255 characters, no control characters")
+    default_customer = a.get("default_customer", str, None)
+    if default_customer is not None and not _NAME.match(default_customer):
+        raise a.fail("default_customer", f"{default_customer!r}: 1–255 characters, no controls")
+
+    interval = a.number("interval_s", 60, 1, 86400)
+    if interval != int(interval):
+        raise a.fail("interval_s", f"{interval!r} is not a whole number of seconds")
+    tick = a.number("tick_s", 10.0, 0.05, 3600)
+    if tick > interval:
+        raise a.fail("tick_s", f"{tick:g} is longer than interval_s = {interval:g}")
+
+    spool = a.get("spool_path", str, None)
+    network = a.get("network_bytes_per_s", (int, float), None)
+    if network is not None and not (0 < network < float("inf")):
+        raise a.fail("network_bytes_per_s", f"{network!r} must be > 0")
+    state_path = a.get("enforcement_state_path", str, None)
+    template = a.get("cgroup_template", str, None)
+    if template is not None:
+        try:
+            render_template(template, VmIdentity(name="instance-00000001", uuid="u", id=1))
+        except CgroupError as exc:
+            raise a.fail("cgroup_template", str(exc)) from None
+    config = AgentConfig(
+        path=path,
+        host=host,
+        spool_path=(_relative(path, spool) if spool else default_state_dir() / "agent-spool.db"),
+        daemon_url=url.rstrip("/") if url else None,
+        token=token,
+        libvirt_uri=a.get("libvirt_uri", str, "qemu:///system"),
+        tick_s=tick,
+        interval_s=int(interval),
+        spool_max_bytes=int(a.number("spool_max_bytes", 2**30, 4096, 2**50)),
+        spool_max_batches=int(a.number("spool_max_batches", 10080, 1, 10**9)),
+        disk_bytes_per_s=a.number("disk_bytes_per_s", 500e6, 1),
+        network_bytes_per_s=None if network is None else float(network),
+        default_customer=default_customer,
+        metrics_bind=a.get("metrics_bind", str, "127.0.0.1"),
+        metrics_port=int(a.number("metrics_port", 8471, 0, 65535)),
+        timeout_s=a.number("timeout_s", 10.0, 0.1, 600),
+        describe_every_s=a.number("describe_every_s", 300.0, 1, 86400),
+        reconnect_max_s=a.number("reconnect_max_s", 60.0, 1, 3600),
+        enforce_backend=a.choice("enforce_backend", "libvirt", ENFORCE_BACKENDS),
+        plan_every_s=a.number("plan_every_s", 30.0, 0, 86400),
+        enforcement_state_path=(
+            _relative(path, state_path)
+            if state_path
+            else default_state_dir() / "agent-enforcement.json"
+        ),
+        cgroup_root=_relative(path, a.get("cgroup_root", str, "/sys/fs/cgroup")),
+        cgroup_template=template,
+        **_replay_keys(a, path),
+    )
+    a.done()
+    return config
+
+
+def _replay_keys(a: Reader, path: Path | None) -> dict[str, Any]:
+    """The ``collector`` and ``replay_*`` keys. The traces' directory and files must exist
+    when the collector is ``"replay"``; the files themselves are read when the replay starts."""
+    collector = a.choice("collector", "libvirt", COLLECTORS)
+    directory = a.get("replay_dir", str, None)
+    replay_dir = None if directory is None else _relative(path, directory)
+    if collector == "replay":
+        if replay_dir is None:
+            raise a.fail("replay_dir", 'required with collector = "replay"')
+        if not replay_dir.is_dir():
+            raise a.fail("replay_dir", f"{str(replay_dir)!r} is not a directory")
+    vms = _trace_names(a, a.get("replay_vms", (list, str), None))
+    if collector == "replay" and replay_dir is not None:
+        missing = [n for n in vms if not (replay_dir / f"{n}.csv").is_file()]
+        if missing:
+            raise a.fail("replay_vms", f"no trace {missing[0]}.csv in {str(replay_dir)!r}")
+    now = time.time()
+    speed = a.get("replay_speed", (int, float, str), "max")
+    if speed == "max":
+        speed = None
+    elif isinstance(speed, str) or not (0 < speed < math.inf):
+        raise a.fail("replay_speed", f'{speed!r}: give a number > 0, or "max"')
+    cores = a.get("replay_host_cores", (int, float), None)
+    memory = a.get("replay_host_memory_bytes", (int, float), None)
+    for key, value in (("replay_host_cores", cores), ("replay_host_memory_bytes", memory)):
+        if value is not None and not (0 < value < math.inf):
+            raise a.fail(key, f"{value!r} must be > 0")
+    start, end = _moment(a, "replay_start", now), _moment(a, "replay_end", now)
+    if start is not None and end is not None and end <= start:
+        raise a.fail("replay_end", f"{end:.0f} is not after replay_start ({start:.0f})")
+    return {
+        "collector": collector,
+        "replay_dir": replay_dir,
+        "replay_vms": vms,
+        "replay_customers": _customers(a, vms),
+        "replay_start_s": start,
+        "replay_end_s": end,
+        "replay_speed": None if speed is None else float(speed),
+        "replay_offset_s": a.number("replay_offset_s", 0.0, 0),
+        "replay_host_cores": None if cores is None else float(cores),
+        "replay_host_memory_bytes": None if memory is None else float(memory),
+    }
+
+
+def _trace_names(a: Reader, value: list[Any] | str | None) -> tuple[str, ...]:
+    """The ``replay_vms`` key read by :func:`gmd.agent.collect.replay.trace_ranges`."""
+    if value is None:
+        return ()
+    try:
+        return trace_ranges(value)
+    except ValueError as exc:
+        raise a.fail("replay_vms", str(exc)) from None
+
+
+def _customers(a: Reader, vms: tuple[str, ...]) -> tuple[str, ...] | dict[str, str]:
+    """A list of customers (dealt round-robin) or a table trace → customer, names checked."""
+    value = a.get("replay_customers", (list, dict), None)
+    if value is None:
+        return ()
+    names = list(value.values()) if isinstance(value, dict) else value
+    for name in names:
+        if not (isinstance(name, str) and _NAME.match(name)):
+            raise a.fail("replay_customers", f"{name!r}: 1–255 characters, no controls")
+    if isinstance(value, list):
+        if not value:
+            raise a.fail("replay_customers", "an empty list: give at least one customer")
+        return tuple(value)
+    missing = [n for n in vms if n not in value]
+    if missing:
+        raise a.fail("replay_customers", f"no customer for trace {missing[0]} (replay_vms)")
+    return {str(k): v for k, v in value.items()}
+
+
+def _moment(a: Reader, key: str, now_s: float) -> float | None:
+    """An instant as :func:`gmd.common.timespec.parse_time` reads it, Unix seconds, or a TOML
+    date-time (UTC unless it says otherwise)."""
+    value = a.get(key, (str, int, float, datetime), None)
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return (value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp()
+    if isinstance(value, str):
+        try:
+            return parse_time(value, now_s)
+        except ValueError as exc:
+            raise a.fail(key, str(exc)) from None
+    if not (0 <= value < math.inf):
+        raise a.fail(key, f"{value!r} is not a time")
+    return float(value)
+
+
+def load_agent(path: str | os.PathLike[str] | None = None) -> AgentConfig:
+    """The agent's configuration, from the file :func:`gmd.common.config.read_document` finds."""
+    return parse_agent(*read_document(path))

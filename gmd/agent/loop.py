@@ -1,0 +1,402 @@
+"""The agent's loop: collector → state → spool → sender, one tick at a time.
+
+Each tick reads the host (:mod:`gmd.agent.collect.libvirt`), folds the reading into the agent state
+(:func:`gmd.agent.collect.aggregate.advance`), stores closed intervals as batches together with the
+new state in the spool in one transaction (:mod:`gmd.agent.spool`), and only then replays
+the spool to the daemon (:mod:`gmd.agent.sender`): a crash anywhere loses nothing, and a
+batch keeps its key until the daemon has acknowledged it, so nothing counts twice.
+
+After sending, at most once per ``plan_every_s``, the agent fetches the host's throttling plan
+and hands it to its applier (:mod:`gmd.agent.apply.applier`), then reports what changed or failed
+(``POST /v1/plan/{host}/report``). A plan that cannot be fetched changes nothing: the VMs keep
+their current settings until the daemon says otherwise. Reports that cannot be posted are kept
+(in memory, bounded) and posted with the next round's.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import orjson
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from gmd.agent.client import PlanUnavailable, PostOutcome
+from gmd.agent.collect.aggregate import (
+    AgentState,
+    ClosedInterval,
+    VmTotals,
+    advance,
+    batch_document,
+    dump_state,
+    load_state,
+)
+from gmd.agent.collect.base import Collector, HostReading
+from gmd.agent.collect.capacity import Capacity, network_bytes_per_s
+from gmd.agent.config import AgentConfig
+from gmd.agent.sender import Sender
+from gmd.agent.spool import Spool
+from gmd.wire import HostPlan, PlanReport, VmApplyResult
+
+if TYPE_CHECKING:
+    from gmd.agent.apply.applier import PlanApplier
+
+log = logging.getLogger("gmd.agent")
+
+MAX_PENDING_RESULTS = 10_000
+"""Unposted enforcement results kept for the next round; older ones are dropped (logged)."""
+
+
+class PlanClient(Protocol):
+    """Where plans come from and reports go (:class:`gmd.agent.client.DaemonClient`)."""
+
+    def get_plan(self, host: str) -> HostPlan: ...
+
+    def post_report(self, host: str, report: PlanReport) -> PostOutcome: ...
+
+
+class AgentMetrics:
+    """The agent's Prometheus metrics, in a registry of its own (tests run several agents)."""
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.samples = Counter(
+            "gmd_agent_samples", "VM readings taken (one per running VM per tick).", registry=r
+        )
+        self.ticks = Counter(
+            "gmd_agent_ticks",
+            "Ticks, by outcome: ok, or host_unreadable (libvirt down).",
+            ["outcome"],
+            registry=r,
+        )
+        self.batches = Counter(
+            "gmd_agent_batches",
+            "Batches by fate: made, accepted, duplicate (acknowledged again), rejected (4xx,"
+            " never acceptable), dropped (spool full).",
+            ["outcome"],
+            registry=r,
+        )
+        self.spooled = Counter(
+            "gmd_agent_batches_spooled",
+            "Batches the daemon could not take in the tick they were made (kept for replay).",
+            registry=r,
+        )
+        self.spool_batches = Gauge(
+            "gmd_agent_spool_batches", "Batches waiting in the spool.", registry=r
+        )
+        self.spool_bytes = Gauge(
+            "gmd_agent_spool_bytes", "Bytes of the batches waiting in the spool.", registry=r
+        )
+        self.libvirt_errors = Counter(
+            "gmd_agent_libvirt_errors",
+            "libvirt failures: host (connection, listing) or domain (one VM's reading).",
+            ["scope"],
+            registry=r,
+        )
+        self.counter_resets = Counter(
+            "gmd_agent_counter_resets",
+            "VM counters that went down (process restarted): counted from zero, not negative.",
+            registry=r,
+        )
+        self.tick_seconds = Histogram(
+            "gmd_agent_tick_seconds",
+            "Time to read the host and spool the results (without sending).",
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+            registry=r,
+        )
+        self.last_tick = Gauge(
+            "gmd_agent_last_tick_seconds",
+            "Unix time of the latest successful reading of the host.",
+            registry=r,
+        )
+        self.plan_fetches = Counter(
+            "gmd_agent_plan_fetches",
+            "Throttling plan fetches, by outcome: ok, or unavailable (settings kept as they are).",
+            ["outcome"],
+            registry=r,
+        )
+        self.enforcement_results = Counter(
+            "gmd_agent_enforcement_results",
+            "VM changes reported to the daemon, by action (apply, restore, would_apply,"
+            " would_restore) and outcome (ok, failed).",
+            ["action", "outcome"],
+            registry=r,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TickReport:
+    reading: HostReading
+    batches: int
+    dropped: int
+    waiting: int
+    enforcement: tuple[VmApplyResult, ...] = ()
+    """what the plan fetched in this tick changed or failed to change (empty: no fetch)"""
+
+
+def new_key(host: str, interval_start_s: int) -> str:
+    """A fresh idempotency key: readable, ≤ 128 printable characters, never reused."""
+    name = "".join(c if "!" <= c <= "~" else "_" for c in host)[:80]
+    return f"{name}/{interval_start_s}/{secrets.token_hex(8)}"
+
+
+class Agent:
+    """One host's agent: collector → state → spool → sender. ``tick()`` is one round."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        collector: Collector,
+        spool: Spool,
+        sender: Sender | None,
+        metrics: AgentMetrics | None = None,
+        *,
+        sys_class_net: Path | None = None,
+        key: Callable[[str, int], str] = new_key,
+        applier: PlanApplier | None = None,
+        plans: PlanClient | None = None,
+    ) -> None:
+        self.config, self.collector, self.spool, self.sender = config, collector, spool, sender
+        self.applier, self.plans = applier, plans
+        self._plan_due_s: float | None = None
+        self._unreported: list[tuple[int, VmApplyResult]] = []
+        self.metrics = metrics or AgentMetrics()
+        self._key = key
+        self.state = AgentState()
+        blob = spool.state()
+        if blob is not None:
+            try:
+                self.state = load_state(blob)
+            except (ValueError, KeyError, TypeError) as exc:
+                log.error(
+                    "spool %s: cannot use the saved agent state (%s): starting afresh, the"
+                    " use since the last saved tick is not counted",
+                    spool.path,
+                    exc,
+                )
+            else:
+                log.info(
+                    "resuming from spool %s: %d VMs' counters, %d open intervals",
+                    spool.path,
+                    len(self.state.baselines),
+                    len(self.state.open),
+                )
+        kwargs = {} if sys_class_net is None else {"sys_class_net": sys_class_net}
+        self._network_bytes_per_s, self._network_source = network_bytes_per_s(
+            config.network_bytes_per_s, **kwargs
+        )
+        self.capacity: Capacity | None = None
+        self._capacity_interval: int | None = None
+
+    def _refresh_capacity(self, now_s: float) -> Capacity | None:
+        """Cores and RAM from libvirt once per interval (a host can gain memory), the rest
+        from the configuration."""
+        interval = int(now_s // self.config.interval_s)
+        if self.capacity is not None and interval == self._capacity_interval:
+            return self.capacity
+        resources = self.collector.resources()
+        if resources is None:
+            return self.capacity
+        capacity = Capacity(
+            resources.cpu_cores,
+            resources.memory_bytes,
+            self.config.disk_bytes_per_s,
+            self._network_bytes_per_s,
+        )
+        if capacity != self.capacity:
+            log.info(
+                "host %s capacity: %g cores, %.1f GiB RAM (%s), disk %.0f MB/s"
+                " (agent.disk_bytes_per_s), network %.0f MB/s (%s)",
+                self.config.host,
+                capacity.cpu_cores,
+                capacity.memory_bytes / 2**30,
+                self.config.collector,
+                capacity.disk_bytes_per_s / 1e6,
+                capacity.network_bytes_per_s / 1e6,
+                self._network_source,
+            )
+        self.capacity, self._capacity_interval = capacity, interval
+        return capacity
+
+    def tick(self, now_s: float | None = None) -> TickReport:
+        """Read, fold, spool, send. A host that cannot be read leaves the state untouched:
+        the next reading measures from the last good one."""
+        started = time.perf_counter()
+        m = self.metrics
+        now_s = time.time() if now_s is None else now_s
+        capacity = self._refresh_capacity(now_s)
+        if capacity is None:
+            reading = HostReading(now_s, False)
+            m.ticks.labels("host_unreadable").inc()
+            m.libvirt_errors.labels("host").inc()
+            return TickReport(reading, 0, 0, self._send())
+        reading = self.collector.collect()
+        result = advance(self.state, reading, self.config.interval_s)
+        m.samples.inc(len(reading.vms))
+        if reading.ok:
+            m.ticks.labels("ok").inc()
+            m.last_tick.set(reading.taken_s)
+            m.libvirt_errors.labels("domain").inc(len(reading.errors))
+        else:
+            m.ticks.labels("host_unreadable").inc()
+            m.libvirt_errors.labels("host").inc()
+        for span in result.spans:
+            if span.resets:
+                m.counter_resets.inc(len(span.resets))
+                log.info(
+                    "VM %s: counters reset (%s): counted from zero",
+                    span.uuid,
+                    ", ".join(span.resets),
+                )
+        wire_capacity = capacity.as_wire()
+        batches = []
+        for closed in result.closed:
+            key = self._key(self.config.host, closed.start_s)
+            doc = batch_document(closed, key=key, host=self.config.host, capacity=wire_capacity)
+            batches.append((key, closed.start_s, orjson.dumps(doc)))
+        dropped = self.spool.commit(dump_state(result.state), batches)
+        self.state = result.state
+        m.batches.labels("made").inc(len(batches))
+        m.batches.labels("dropped").inc(len(dropped))
+        m.tick_seconds.observe(time.perf_counter() - started)
+        waiting = self._send()
+        m.spooled.inc(min(len(batches), waiting))
+        enforced = self._enforce(now_s) if reading.ok else ()
+        return TickReport(reading, len(batches), len(dropped), waiting, enforced)
+
+    def _enforce(self, now_s: float) -> tuple[VmApplyResult, ...]:
+        """Fetch the plan if it is due, apply it, report; what was reported (or is kept)."""
+        if self.applier is None or self.plans is None:
+            return ()
+        if self._plan_due_s is not None and now_s < self._plan_due_s:
+            return ()
+        self._plan_due_s = now_s + self.config.plan_every_s
+        host = self.config.host
+        try:
+            plan = self.plans.get_plan(host)
+        except PlanUnavailable as exc:
+            self.metrics.plan_fetches.labels("unavailable").inc()
+            log.warning(
+                "cannot fetch the throttling plan for %s (%s): the VMs keep their current settings",
+                host,
+                exc,
+            )
+            return ()
+        self.metrics.plan_fetches.labels("ok").inc()
+        if plan.host != host:
+            log.error("the daemon sent the plan of %r when asked for %r: ignored", plan.host, host)
+            return ()
+        try:
+            results = self.applier.sync(plan)
+        except Exception:
+            log.exception(
+                "applying the plan of %d failed; retried at the next fetch", plan.generated_s
+            )
+            return ()
+        for r in results:
+            self.metrics.enforcement_results.labels(r.action, "ok" if r.ok else "failed").inc()
+        self._unreported.extend((plan.generated_s, r) for r in results)
+        if len(self._unreported) > MAX_PENDING_RESULTS:
+            lost = len(self._unreported) - MAX_PENDING_RESULTS
+            del self._unreported[:lost]
+            log.warning("%d enforcement results could not be reported and were dropped", lost)
+        self._report()
+        return tuple(results)
+
+    def _report(self) -> None:
+        """Post the unreported results, one report per plan they came from, oldest first."""
+        while self._unreported:
+            generated = self._unreported[0][0]
+            chunk = [r for g, r in self._unreported if g == generated][:MAX_PENDING_RESULTS]
+            report = PlanReport(generated_s=generated, results=chunk)
+            outcome = self.plans.post_report(self.config.host, report)  # type: ignore[union-attr]
+            if outcome.kind == "unavailable":
+                log.warning(
+                    "cannot report %d enforcement result(s) to the daemon (%s): kept for the"
+                    " next round",
+                    len(chunk),
+                    outcome.detail,
+                )
+                return
+            if outcome.kind == "rejected":
+                log.error(
+                    "the daemon refused the enforcement report of plan %d (HTTP %s: %s): dropped",
+                    generated,
+                    outcome.status,
+                    outcome.detail,
+                )
+            sent = {id(r) for r in chunk}
+            self._unreported = [(g, r) for g, r in self._unreported if id(r) not in sent]
+
+    def _send(self) -> int:
+        """Replay the spool; the number of batches still waiting."""
+        m = self.metrics
+        if self.sender is None:
+            waiting, size = self.spool.size()
+        else:
+            report = self.sender.drain(budget_s=self.config.tick_s / 2)
+            m.batches.labels("accepted").inc(report.accepted)
+            m.batches.labels("duplicate").inc(report.duplicates)
+            m.batches.labels("rejected").inc(report.rejected)
+            waiting, size = self.spool.size()
+        m.spool_batches.set(waiting)
+        m.spool_bytes.set(size)
+        return waiting
+
+    def run(self, stop: threading.Event, clock: Callable[[], float] = time.time) -> None:
+        """Tick at whole multiples of ``tick_s`` until ``stop`` is set. A tick that overruns
+        skips the ticks it overlapped: the next reading covers the time, nothing is lost."""
+        tick_s = self.config.tick_s
+        while not stop.is_set():
+            try:
+                self.tick()
+            except Exception:
+                log.exception("tick failed; the next tick measures from the last saved state")
+            now = clock()
+            stop.wait((math.floor(now / tick_s) + 1) * tick_s - now)
+
+
+def dry_run_batch(config: AgentConfig, collector: Collector) -> tuple[dict[str, Any], float]:
+    """Two readings ``tick_s`` apart, and the batch that span's use would go out as.
+
+    Nothing is written or sent. The amounts are one tick's use (not a whole interval's), under
+    the interval the second reading falls in.
+    """
+    resources = collector.resources()
+    if resources is None:
+        raise RuntimeError(f"cannot read the host through libvirt at {config.libvirt_uri}")
+    network, _source = network_bytes_per_s(config.network_bytes_per_s)
+    capacity = Capacity(
+        resources.cpu_cores, resources.memory_bytes, config.disk_bytes_per_s, network
+    )
+    reading = collector.collect()
+    if not reading.ok:
+        raise RuntimeError("; ".join(reading.errors) or "the host could not be read")
+    first = advance(AgentState(), reading, config.interval_s)
+    log.info(
+        "dry run: reading %d VMs again in %g s (agent.tick_s)", len(reading.vms), config.tick_s
+    )
+    time.sleep(config.tick_s)
+    reading = collector.collect()
+    if not reading.ok:
+        raise RuntimeError("; ".join(reading.errors) or "the host could not be read")
+    second = advance(first.state, reading, config.interval_s)
+    totals: dict[str, VmTotals] = {}
+    for vms in [*(c.vms for c in second.closed), *second.state.open.values()]:
+        for uuid, t in vms.items():
+            before = totals.get(uuid)
+            totals[uuid] = t if before is None else VmTotals(before.usage.plus(t.usage), t.owner)
+    start = int(reading.taken_s // config.interval_s) * config.interval_s
+    closed = ClosedInterval(start, config.interval_s, totals)
+    doc = batch_document(
+        closed, key=f"dry-run/{start}", host=config.host, capacity=capacity.as_wire()
+    )
+    span = second.spans[0].end_s - second.spans[0].start_s if second.spans else config.tick_s
+    return doc, span

@@ -1,1 +1,0 @@
-"""The entry points: argument parsing and wiring only. Nothing imports this package."""

@@ -1,0 +1,107 @@
+"""Reading gmd.toml: the file, and a reader that validates one table of it key by key.
+
+Both gmd-agent (its ``[agent]`` table) and gmd-daemon (the rest) read the same file the same
+way, so every error names the file and the key (``gmd.toml: accounting.gamma = 1.5: must be in
+[0, 1]``): an operator who mistyped a value at 3 a.m. should not have to read a traceback.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+DEFAULT_PATH = Path("/etc/gmd/gmd.toml")
+
+
+class ConfigError(ValueError):
+    """A configuration value is wrong; the message names the file and the key."""
+
+
+def default_state_dir() -> Path:
+    """Where the ledger, spool and enforcement state go when the configuration does not say.
+
+    systemd's ``StateDirectory=`` (``$STATE_DIRECTORY``, the first if several) wins, so that a
+    service running as user gmd and ``gmd-admin`` run as root agree; then ``/var/lib/gmd`` for
+    root, ``./var`` for anyone else (a checkout)."""
+    given = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
+    if given:
+        return Path(given)
+    return Path("/var/lib/gmd") if os.geteuid() == 0 else Path("var").resolve()
+
+
+class Reader:
+    """Walks one TOML table, remembering which keys were used to reject unknown ones."""
+
+    def __init__(self, source: str, prefix: str, table: dict[str, Any]) -> None:
+        self.source, self.prefix, self.table = source, prefix, table
+        self.used: set[str] = set()
+
+    def fail(self, key: str, message: str) -> ConfigError:
+        where = f"{self.prefix}{key}" if key else self.prefix.rstrip(".")
+        return ConfigError(f"{self.source}: {where}: {message}")
+
+    def get(self, key: str, kind: type | tuple[type, ...], default: Any) -> Any:
+        self.used.add(key)
+        if key not in self.table:
+            return default
+        value = self.table[key]
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if isinstance(value, bool) and bool not in kinds and {int, float} & set(kinds):
+            raise self.fail(key, f"expected a number, got {value!r}")
+        if kind is float and isinstance(value, int):
+            value = float(value)
+        if not isinstance(value, kind):
+            expected = (
+                kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+            )
+            raise self.fail(key, f"expected {expected}, got {value!r}")
+        return value
+
+    def number(self, key: str, default: float, low: float, high: float = math.inf) -> float:
+        value = self.get(key, float, default)
+        if not (math.isfinite(value) and low <= value <= high):
+            bound = f"[{low:g}, {high:g}]" if math.isfinite(high) else f"[{low:g}, ∞)"
+            raise self.fail(key, f"{value!r} is not in {bound}")
+        return value
+
+    def choice(self, key: str, default: str, choices: tuple[str, ...]) -> str:
+        value = self.get(key, str, default)
+        if value not in choices:
+            raise self.fail(key, f"{value!r} is not one of {', '.join(choices)}")
+        return value
+
+    def sub(self, key: str) -> Reader:
+        return Reader(self.source, f"{self.prefix}{key}.", self.get(key, dict, {}))
+
+    def done(self) -> None:
+        unknown = sorted(set(self.table) - self.used)
+        if unknown:
+            raise self.fail(unknown[0], "unknown key (misspelt?)")
+
+
+def read_document(
+    path: str | os.PathLike[str] | None = None,
+) -> tuple[dict[str, Any], str, Path | None]:
+    """The parsed TOML, a name for messages, and the file (None: the default is absent).
+
+    ``path``, else ``$GMD_CONFIG``, else ``/etc/gmd/gmd.toml``. A missing default file means
+    "all defaults"; a missing file that was asked for is an error.
+    """
+    explicit = path if path is not None else os.environ.get("GMD_CONFIG")
+    p = Path(explicit) if explicit else DEFAULT_PATH
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        if explicit:
+            raise ConfigError(f"{p}: no such configuration file") from None
+        return {}, f"{p} (absent: all defaults)", None
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read: {exc.strerror}") from None
+    try:
+        document = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p}: not valid TOML: {exc}") from None
+    return document, str(p), p

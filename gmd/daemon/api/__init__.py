@@ -1,0 +1,1 @@
+"""The daemon's HTTP API: one router module per resource, assembled by :mod:`.app`."""

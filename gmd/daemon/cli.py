@@ -1,0 +1,113 @@
+"""gmd-daemon: ingests samples over HTTP and keeps the ledger, accounting every interval."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import uvicorn
+from sqlalchemy.exc import SQLAlchemyError
+
+from gmd.common import logs
+from gmd.common.config import ConfigError
+from gmd.daemon.api.app import create_app, with_body_limit
+from gmd.daemon.config import load as load_config
+from gmd.daemon.ledger import migrate
+
+log = logging.getLogger("gmd.daemon")
+
+app = typer.Typer(add_completion=False, rich_markup_mode=None)
+
+
+@app.command()
+def serve(
+    config_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            envvar="GMD_CONFIG",
+            metavar="FILE",
+            help="Configuration file (default /etc/gmd/gmd.toml).",
+        ),
+    ] = None,
+    bind: Annotated[
+        str | None, typer.Option(help="Address to listen on (default: daemon.bind).")
+    ] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default: daemon.port, 8470).")] = None,
+    accounting: Annotated[
+        bool | None,
+        typer.Option(
+            "--accounting/--no-accounting",
+            help="Run the accountant here (default: daemon.accounting). Ingest-only daemons "
+            "share one PostgreSQL with one that accounts.",
+        ),
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+) -> None:
+    """Serve the gmd API: POST /v1/samples, GET /v1/plan/HOST, /healthz, /metrics.
+
+    An empty database gets the current schema; an older one must be upgraded first with
+    `gmd-admin db upgrade`. Exit codes: 0 stopped cleanly, 1 database unusable, 2 bad
+    configuration.
+    """
+    # apscheduler and alembic's routine chatter (every scheduler tick, every schema probe)
+    # would drown what matters.
+    logs.setup(log_level, quiet=("apscheduler", "alembic.runtime.migration"))
+    try:
+        config = load_config(config_path)
+    except ConfigError as exc:
+        log.error("%s", exc)
+        raise typer.Exit(2) from None
+    engine = migrate.engine_for(config.database_url)
+    try:
+        revision = migrate.current(engine)
+        if revision is None:
+            log.info("empty ledger database: creating the schema (%s)", migrate.head())
+            migrate.upgrade(engine)
+        elif revision != migrate.head():
+            log.error(
+                "the ledger database is at schema %s, this gmd needs %s:"
+                " run `gmd-admin db upgrade`",
+                revision,
+                migrate.head(),
+            )
+            raise typer.Exit(1)
+    except SQLAlchemyError as exc:
+        log.error(
+            "cannot use the ledger database %s: %s",
+            engine.url.render_as_string(hide_password=True),
+            getattr(exc, "orig", None) or exc,
+        )
+        raise typer.Exit(1) from None
+    d = config.daemon
+    api = create_app(config, engine, accountant=accounting)
+    scheme = "https" if d.tls_cert else "http"
+    log.info(
+        "gmd-daemon on %s://%s:%d, ledger %s, %d s intervals, accounting %s",
+        scheme,
+        bind or d.bind,
+        port if port is not None else d.port,
+        engine.url.render_as_string(hide_password=True),
+        config.accounting.interval_s,
+        "on" if (d.accounting if accounting is None else accounting) else "off",
+    )
+    uvicorn.run(
+        with_body_limit(api, d.max_body_bytes),
+        host=bind or d.bind,
+        port=port if port is not None else d.port,
+        ssl_certfile=str(d.tls_cert) if d.tls_cert else None,
+        ssl_keyfile=str(d.tls_key) if d.tls_key else None,
+        log_level=log_level.lower(),
+        access_log=log_level.lower() == "debug",
+        timeout_graceful_shutdown=10,
+    )
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

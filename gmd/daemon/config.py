@@ -1,0 +1,277 @@
+"""The daemon's and gmd-admin's configuration: one validated object, loaded once at start.
+
+Read from ``/etc/gmd/gmd.toml``, or the path in ``--config`` / ``GMD_CONFIG``
+(:func:`gmd.common.config.read_document`); every table but ``[agent]`` is validated here, with
+errors that name the file and the key.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gmd.common.config import (
+    ConfigError,
+    Reader,
+    default_state_dir,
+    read_document,
+)
+from gmd.fairness.cloud import CONSUMER_MODES, ENDOWMENT_MODES
+from gmd.fairness.decay import DEFAULT_HALF_LIFE_S
+from gmd.fairness.directcontr import UTILITIES
+from gmd.fairness.policy import ThrottlePolicy
+
+RESOURCES_COMBINED = ("cpu", "memory", "disk", "network")
+RESOURCES_SPLIT = ("cpu", "memory", "disk_read", "disk_write", "network_rx", "network_tx")
+
+
+def default_database_url() -> str:
+    return f"sqlite:///{default_state_dir() / 'ledger.db'}"
+
+
+@dataclass(frozen=True)
+class AccountingConfig:
+    interval_s: int = 60
+    grace_s: int = 30
+    gamma: float = 0.5
+    endowment: str = "flavor"
+    consumer: str = "vm"
+    half_life_s: float | None = DEFAULT_HALF_LIFE_S
+    utility: str = "psi_double_prime"
+    split_io: bool = False
+    weights: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def resources(self) -> tuple[str, ...]:
+        return RESOURCES_SPLIT if self.split_io else RESOURCES_COMBINED
+
+    def weight_vector(self) -> list[float]:
+        return [self.weights.get(r, 1.0) for r in self.resources]
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    bind: str = "0.0.0.0"
+    port: int = 8470
+    auth: str = "token"
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    clock_skew_s: int = 300
+    max_batch_vms: int = 5000
+    max_body_bytes: int = 16 * 1024 * 1024
+    accounting: bool = True
+    account_every_s: float = 10.0
+
+
+ENFORCEMENT_MODES = ("off", "dry-run", "on")
+
+
+@dataclass(frozen=True)
+class QuotaConfig:
+    """OpenStack compute quotas: ``cloud`` names the clouds.yaml entry ("" = no quotas).
+
+    Each step removes ``step_*`` of the original quota (a fraction), never below ``floor_*``.
+    """
+
+    cloud: str = ""
+    step_cores: float = 0.25
+    step_ram: float = 0.25
+    step_instances: float = 0.25
+    floor_cores: int = 1
+    floor_ram_mb: int = 2048
+    floor_instances: int = 1
+    every_s: float = 60.0
+    timeout_s: float = 10.0
+    retries: int = 2
+
+
+@dataclass(frozen=True)
+class EnforcementConfig:
+    """``mode``: "off" decides nothing; "dry-run" decides and records what it would do;
+    "on" also applies it. ``policy`` holds the thresholds and what each level does."""
+
+    mode: str = "dry-run"
+    policy: ThrottlePolicy = field(default_factory=ThrottlePolicy)
+    quota: QuotaConfig = field(default_factory=QuotaConfig)
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    name: str
+    owner: str
+    token_sha256: str | None = None
+
+
+@dataclass(frozen=True)
+class Config:
+    path: Path | None
+    database_url: str
+    accounting: AccountingConfig
+    daemon: DaemonConfig = field(default_factory=DaemonConfig)
+    default_owner: str = "operator"
+    hosts: dict[str, HostConfig] = field(default_factory=dict)
+    organization_customers: dict[str, str] = field(default_factory=dict)
+    enforcement: EnforcementConfig = field(default_factory=EnforcementConfig)
+
+    def owner_of(self, host: str) -> str:
+        """The organization that contributed ``host``: configured, else the default owner."""
+        h = self.hosts.get(host)
+        return h.owner if h is not None else self.default_owner
+
+
+def parse(document: dict[str, Any], source: str = "<config>", path: Path | None = None) -> Config:
+    """Validate a parsed TOML document into a :class:`Config`."""
+    root = Reader(source, "", document)
+
+    db = root.sub("database")
+    url = db.get("url", str, None) or default_database_url()
+    if not url.startswith(("sqlite:", "postgresql")):
+        raise db.fail("url", f"{url!r}: use sqlite:///PATH or postgresql+psycopg://...")
+    db.done()
+
+    acc = root.sub("accounting")
+    interval = acc.number("interval_s", 60, 1, 86400)
+    if interval != int(interval):
+        raise acc.fail("interval_s", f"{interval!r} is not a whole number of seconds")
+    half_life = acc.get("half_life_s", (int, float, str), DEFAULT_HALF_LIFE_S)
+    if half_life == "none":
+        half_life = None
+    elif isinstance(half_life, str) or not half_life > 0:
+        raise acc.fail("half_life_s", f'{half_life!r}: give seconds > 0, or "none"')
+    utility = acc.choice("utility", "psi_double_prime", UTILITIES)
+    split = acc.get("split_io", bool, False)
+    resources = RESOURCES_SPLIT if split else RESOURCES_COMBINED
+    weights_reader = acc.sub("weights")
+    weights = {r: weights_reader.number(r, 1.0, 0.0) for r in resources}
+    weights_reader.done()
+    accounting = AccountingConfig(
+        interval_s=int(interval),
+        grace_s=int(acc.number("grace_s", 30, 0, 86400)),
+        gamma=acc.number("gamma", 0.5, 0.0, 1.0),
+        endowment=acc.choice("endowment", "flavor", ENDOWMENT_MODES),
+        consumer=acc.choice("consumer", "vm", CONSUMER_MODES),
+        half_life_s=None if half_life is None else float(half_life),
+        utility=utility,
+        split_io=split,
+        weights=weights,
+    )
+    if not any(weights.values()):
+        raise acc.fail("weights", "are all zero: at least one resource must count")
+    acc.done()
+
+    daemon = _daemon(root.sub("daemon"), path)
+    enforcement = _enforcement(root.sub("enforcement"))
+
+    orgs = root.sub("organizations")
+    default_owner = orgs.get("default_owner", str, "operator")
+    customers_reader = orgs.sub("customers")
+    org_customers = {name: customers_reader.get(name, str, None) for name in customers_reader.table}
+    customers_reader.done()
+    orgs.done()
+
+    hosts_reader = root.sub("hosts")
+    hosts = {}
+    for name in hosts_reader.table:
+        h = hosts_reader.sub(name)
+        token = h.get("token_sha256", str, None)
+        if token is not None and (
+            len(token) != 64 or not all(c in "0123456789abcdef" for c in token)
+        ):
+            raise h.fail("token_sha256", "must be 64 lowercase hex digits (sha256sum of the token)")
+        hosts[name] = HostConfig(name, h.get("owner", str, default_owner), token)
+        h.done()
+    hosts_reader.done()
+    # [agent] belongs to gmd-agent, which validates it (gmd.agent.config); one file can serve
+    # a host that runs both.
+    root.get("agent", dict, {})
+    root.done()
+    return Config(path, url, accounting, daemon, default_owner, hosts, org_customers, enforcement)
+
+
+def _numbers(r: Reader, key: str, default: tuple[float, ...]) -> tuple[float, ...]:
+    values = r.get(key, list, list(default))
+    if not values or any(isinstance(v, bool) or not isinstance(v, int | float) for v in values):
+        raise r.fail(key, f"{values!r}: give a list of numbers, one per level")
+    return tuple(float(v) for v in values)
+
+
+def _enforcement(e: Reader) -> EnforcementConfig:
+    d = ThrottlePolicy()
+    disk = _numbers(e, "disk_caps_bytes_per_s", tuple(c or 0.0 for c in d.disk_caps_bytes_per_s))
+    try:
+        policy = ThrottlePolicy(
+            enter=_numbers(e, "enter", d.enter),
+            leave=_numbers(e, "leave", d.leave),
+            dwell_s=e.number("dwell_s", d.dwell_s, 0, 30 * 86400),
+            max_step=int(e.number("max_step", d.max_step, 1, 100)),
+            priority_weight=e.number("priority_weight", d.priority_weight, 0),
+            weight_factors=_numbers(e, "weight_factors", d.weight_factors),
+            weight_floor=e.number("weight_floor", d.weight_floor, 0, 1),
+            cap_level=int(e.number("cap_level", d.cap_level, 1, 100)),
+            cpu_cap_fractions=_numbers(e, "cpu_cap_fractions", d.cpu_cap_fractions),
+            cap_floor=e.number("cap_floor", d.cap_floor, 0, 1),
+            disk_caps_bytes_per_s=tuple(None if c == 0 else c for c in disk),
+            quota_level=int(e.number("quota_level", d.quota_level, 1, 100)),
+        )
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise e.fail("", str(exc)) from None
+    mode = e.choice("mode", "dry-run", ENFORCEMENT_MODES)
+    q = e.sub("quota")
+    d_q = QuotaConfig()
+    quota = QuotaConfig(
+        cloud=q.get("cloud", str, ""),
+        step_cores=q.number("step_cores", d_q.step_cores, 0, 1),
+        step_ram=q.number("step_ram", d_q.step_ram, 0, 1),
+        step_instances=q.number("step_instances", d_q.step_instances, 0, 1),
+        floor_cores=int(q.number("floor_cores", d_q.floor_cores, -1, 10**9)),
+        floor_ram_mb=int(q.number("floor_ram_mb", d_q.floor_ram_mb, -1, 10**12)),
+        floor_instances=int(q.number("floor_instances", d_q.floor_instances, -1, 10**9)),
+        every_s=q.number("every_s", d_q.every_s, 1, 86400),
+        timeout_s=q.number("timeout_s", d_q.timeout_s, 0.1, 600),
+        retries=int(q.number("retries", d_q.retries, 0, 20)),
+    )
+    q.done()
+    e.done()
+    return EnforcementConfig(mode, policy, quota)
+
+
+def _daemon(d: Reader, path: Path | None) -> DaemonConfig:
+    def existing_file(key: str) -> Path | None:
+        value = d.get(key, str, None)
+        if value is None:
+            return None
+        p = Path(value)
+        if not p.is_absolute() and path is not None:
+            p = path.parent / p
+        if not p.is_file():
+            raise d.fail(key, f"{value!r}: no such file")
+        return p
+
+    cert, key = existing_file("tls_cert"), existing_file("tls_key")
+    if (cert is None) != (key is None):
+        raise d.fail(
+            "tls_cert" if cert is None else "tls_key", "give tls_cert and tls_key together"
+        )
+    config = DaemonConfig(
+        bind=d.get("bind", str, "0.0.0.0"),
+        port=int(d.number("port", 8470, 0, 65535)),
+        auth=d.choice("auth", "token", ("token", "none")),
+        tls_cert=cert,
+        tls_key=key,
+        clock_skew_s=int(d.number("clock_skew_s", 300, 0, 86400)),
+        max_batch_vms=int(d.number("max_batch_vms", 5000, 1, 1_000_000)),
+        max_body_bytes=int(d.number("max_body_bytes", 16 * 1024 * 1024, 1024, 2**31)),
+        accounting=d.get("accounting", bool, True),
+        account_every_s=d.number("account_every_s", 10.0, 0.01, 3600),
+    )
+    d.done()
+    return config
+
+
+def load(path: str | os.PathLike[str] | None = None) -> Config:
+    """The daemon's and gmd-admin's configuration (see :func:`read_document` for where)."""
+    return parse(*read_document(path))

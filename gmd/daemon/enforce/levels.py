@@ -1,0 +1,163 @@
+"""Deciding throttle levels after each accounted interval, and auditing every change.
+
+Runs inside the accounting transaction of the interval (so the ledger, the levels and the
+audit rows move together, or not at all), with the interval's end as "now": the same ledger
+gives the same decisions. The arithmetic is :mod:`gmd.fairness.policy`'s; this module reads
+the standings, keeps the per-customer state and writes the audit rows.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+from sqlalchemy import Connection, insert, select
+
+from gmd.daemon.config import EnforcementConfig
+from gmd.daemon.ledger.accounting import AfterInterval
+from gmd.daemon.ledger.store import upsert
+from gmd.daemon.ledger.tables import (
+    actions as _actions,
+    customer_ledger as _ledger,
+    levels as _levels,
+)
+from gmd.fairness.policy import decide_levels, scores
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LevelChange:
+    customer_id: int
+    before: int
+    after: int
+    score: float
+    reason: str
+
+
+def decide_after_interval(
+    conn: Connection, interval_id: int, end_s: float, config: EnforcementConfig
+) -> list[LevelChange]:
+    """New levels for every customer with a standing or a level; returns the changes.
+
+    A customer with a level but no row in this interval has no standing left (the ledger is
+    dense while a standing is not negligible), so its score is 0.
+    """
+    if config.mode == "off":
+        return []
+    policy = config.policy
+    standing = {
+        r.customer_id: (r.balance, r.priority)
+        for r in conn.execute(
+            select(_ledger.c.customer_id, _ledger.c.balance, _ledger.c.priority).where(
+                _ledger.c.interval_id == interval_id
+            )
+        )
+    }
+    if not standing:
+        # Nobody reported in this interval (agents or network down): no news, levels held.
+        return []
+    state = {
+        r.customer_id: (r.level, r.since_s)
+        for r in conn.execute(select(_levels.c.customer_id, _levels.c.level, _levels.c.since_s))
+    }
+    customers = sorted(standing.keys() | state.keys())
+    if not customers:
+        return []
+    balance = np.array([standing.get(c, (0.0, 0.0))[0] for c in customers])
+    priority = np.array([standing.get(c, (0.0, 0.0))[1] for c in customers])
+    level = np.array([state.get(c, (0, -np.inf))[0] for c in customers])
+    since = np.array([state.get(c, (0, -np.inf))[1] for c in customers])
+    decision = decide_levels(
+        scores(balance, priority, policy.priority_weight), level, since, end_s, policy
+    )
+    rows = [
+        {
+            "customer_id": c,
+            "level": int(decision.level[i]),
+            "since_s": float(decision.since_s[i]),
+            "score": float(decision.score[i]),
+            "interval_id": interval_id,
+        }
+        for i, c in enumerate(customers)
+        # customers who never left level 0 need no row: absent means level 0 since ever
+        if c in state or decision.level[i] > 0
+    ]
+    if rows:
+        stmt = upsert(conn, _levels)
+        conn.execute(
+            stmt.on_conflict_do_update(
+                index_elements=["customer_id"],
+                set_={k: stmt.excluded[k] for k in ("level", "since_s", "score", "interval_id")},
+            ),
+            rows,
+        )
+    changes = [
+        LevelChange(
+            c,
+            int(level[i]),
+            int(decision.level[i]),
+            float(decision.score[i]),
+            decision.reason[i],
+        )
+        for i, c in enumerate(customers)
+        if decision.changed[i]
+    ]
+    if changes:
+        conn.execute(
+            insert(_actions),
+            [
+                {
+                    "interval_id": interval_id,
+                    "customer_id": ch.customer_id,
+                    "kind": "level",
+                    "status": "decided",
+                    "dry_run": config.mode == "dry-run",
+                    "before": json.dumps({"level": ch.before}),
+                    "after": json.dumps({"level": ch.after, **_effect(config, ch.after)}),
+                    "reason": f"{ch.reason} (balance {standing.get(ch.customer_id, (0.0,))[0]:.4g},"
+                    f" enter {list(policy.enter)}, leave {list(policy.leave)})",
+                }
+                for ch in changes
+            ],
+        )
+        for ch in changes:
+            log.info(
+                "customer %d: level %d → %d%s: %s",
+                ch.customer_id,
+                ch.before,
+                ch.after,
+                " (dry-run)" if config.mode == "dry-run" else "",
+                ch.reason,
+            )
+    return changes
+
+
+def _effect(config: EnforcementConfig, level: int) -> dict[str, object]:
+    e = config.policy.effect(level)
+    return {
+        "weight_factor": e.weight_factor,
+        "cpu_cap_fraction": e.cpu_cap_fraction,
+        "disk_bytes_per_s": e.disk_bytes_per_s,
+        "quota_steps": e.quota_steps,
+    }
+
+
+def current_levels(conn: Connection) -> dict[int, int]:
+    """Customer id → level, for customers above level 0."""
+    return dict(
+        conn.execute(  # type: ignore[arg-type]
+            select(_levels.c.customer_id, _levels.c.level).where(_levels.c.level > 0)
+        ).all()
+    )
+
+
+def after_interval(config: EnforcementConfig) -> AfterInterval:
+    """The accountant's hook: decide levels at the end of each interval it accounts."""
+
+    def hook(conn: Connection, interval_id: int, start_s: int, length_s: int) -> None:
+        decide_after_interval(conn, interval_id, start_s + length_s, config)
+
+    return hook

@@ -1,0 +1,475 @@
+"""Closing intervals and accounting them: samples → engine → ledger rows, one transaction each.
+
+An interval is accounted strictly after the one before it (balances carry over), from its
+on-time samples only, so that accounting it again gives the same rows. Each interval is one
+transaction: a crash leaves it closed and unaccounted, never half written, and the next run
+picks it up. On PostgreSQL every transaction first takes an advisory lock, so that of several
+daemons exactly one accounts at a time; on SQLite the writer lock does the same for the one
+daemon SQLite supports.
+
+The ledger is dense for customers with a standing: every accounted interval that had samples
+holds a row for each customer whose balance, utility or priority is not yet negligible, so
+a customer's standing at any interval is one row. Intervals in which no host reported
+anything (all agents or the daemon down) are accounted with no rows; the balances that carry
+over them decay by the time elapsed, exactly as if zeros had been written.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import numpy as np
+from sqlalchemy import Connection, Engine, delete, func, insert, select, text, update
+
+from gmd.daemon.config import AccountingConfig
+from gmd.daemon.ledger.migrate import writer
+from gmd.daemon.ledger.models import (
+    IntervalState,
+)
+from gmd.daemon.ledger.store import CAPACITY_COLUMNS, FLAVOR_COLUMNS, USE_COLUMNS
+from gmd.daemon.ledger.tables import (
+    balance_resets as _resets,
+    customer_ledger as _customer_ledger,
+    host_intervals as _host_intervals,
+    intervals as _intervals,
+    organization_ledger as _organization_ledger,
+    organizations as _organizations,
+    resource_ledger as _resource_ledger,
+    samples as _samples,
+    vms as _vms,
+)
+from gmd.fairness.cloud import CloudInterval, cloud_greediness
+from gmd.fairness.decay import decay_factor
+from gmd.fairness.directcontr import DirectContrBalances, directcontr_update, normalized_work
+
+log = logging.getLogger(__name__)
+
+# "gmd-acct" as a big-endian signed 64-bit integer: the advisory lock every daemon agrees on.
+ACCOUNTING_LOCK = int.from_bytes(b"gmd-acct", "big", signed=True)
+# A standing this small is forgotten (after ~45 half-lives of silence) to bound the ledger.
+NEGLIGIBLE = 1e-12
+# The origin of ψ and ψ′ times: the Unix epoch. Moments are then ~1e9 × work, which float64
+# holds to ~1e-7 of a work unit, far below what one interval adds.
+ORIGIN_S = 0.0
+
+
+@dataclass(frozen=True)
+class LedgerRows:
+    """What accounting one interval writes: lists of row dicts, keyed like the tables."""
+
+    customers: list[dict[str, object]]
+    resources: list[dict[str, object]]
+    organizations: list[dict[str, object]]
+
+
+def take_lock(conn: Connection) -> bool:
+    """The accountant's lock for this transaction: PostgreSQL advisory; SQLite's BEGIN
+    IMMEDIATE already made this the only writer."""
+    if conn.dialect.name != "postgresql":
+        return True
+    return bool(
+        conn.execute(text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": ACCOUNTING_LOCK}).scalar()
+    )
+
+
+def close_due(conn: Connection, now_s: float, grace_s: float) -> int:
+    """Close every interval whose grace period is over, creating the ones nobody reported.
+
+    From the first interval ever seen up to the last one due, every interval exists
+    afterwards, so that the ledger shows a gap as an interval without samples rather than as
+    nothing. Returns how many intervals were closed.
+    """
+    lengths = conn.execute(
+        select(_intervals.c.length_s, func.min(_intervals.c.start_s)).group_by(
+            _intervals.c.length_s
+        )
+    ).all()
+    if not lengths:
+        return 0
+    length_s = max(lengths, key=lambda r: r[1])[0]  # the current interval length
+    last_open = conn.execute(
+        select(func.max(_intervals.c.start_s)).where(_intervals.c.state != IntervalState.open)
+    ).scalar_one()
+    first = conn.execute(select(func.min(_intervals.c.start_s))).scalar_one()
+    due_end = math.floor(now_s - grace_s)
+    start = first if last_open is None else last_open + length_s
+    existing = set(
+        conn.execute(
+            select(_intervals.c.start_s).where(
+                _intervals.c.start_s >= start, _intervals.c.start_s + length_s <= due_end
+            )
+        ).scalars()
+    )
+    gaps = [
+        {"start_s": s, "length_s": length_s, "state": IntervalState.closed}
+        for s in range(start, due_end - length_s + 1, length_s)
+        if s not in existing
+    ]
+    if gaps:
+        conn.execute(insert(_intervals), gaps)
+        log.warning(
+            "no samples at all for %d interval(s) from %s: accounted as empty",
+            len(gaps),
+            _when(gaps[0]["start_s"]),  # type: ignore[arg-type]
+        )
+    closed = conn.execute(
+        update(_intervals)
+        .where(
+            _intervals.c.state == IntervalState.open,
+            _intervals.c.start_s + _intervals.c.length_s + grace_s <= now_s,
+        )
+        .values(state=IntervalState.closed)
+    ).rowcount
+    return closed + len(gaps)
+
+
+def _when(start_s: int) -> str:
+    return datetime.fromtimestamp(start_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def compute_rows(conn: Connection, interval_id: int, config: AccountingConfig) -> LedgerRows:
+    """The rows accounting writes for an interval, from its on-time samples and the standing
+    after the previous interval with rows. Reads only; :func:`account_next` writes."""
+    start_s, length_s = conn.execute(
+        select(_intervals.c.start_s, _intervals.c.length_s).where(_intervals.c.id == interval_id)
+    ).one()
+    prev = conn.execute(
+        select(_intervals.c.id, _intervals.c.start_s)
+        .where(
+            _intervals.c.start_s < start_s,
+            _intervals.c.state == IntervalState.accounted,
+            _intervals.c.ledger_rows > 0,
+        )
+        .order_by(_intervals.c.start_s.desc())
+        .limit(1)
+    ).first()
+    samples = conn.execute(
+        select(
+            _samples.c.host_id,
+            _samples.c.customer_id,
+            *(_samples.c[c] for c in USE_COLUMNS),
+            *(_samples.c[c] for c in FLAVOR_COLUMNS),
+            _vms.c.created_s,
+        )
+        .join(_vms, _vms.c.id == _samples.c.vm_id)
+        .where(_samples.c.interval_id == interval_id, _samples.c.late.is_(False))
+        .order_by(_samples.c.host_id, _samples.c.vm_id)
+    ).all()
+    if not samples:
+        return LedgerRows([], [], [])
+
+    prev_customers = {}
+    prev_orgs = {}
+    if prev is not None:
+        prev_customers = {
+            r.customer_id: r
+            for r in conn.execute(
+                select(_customer_ledger).where(_customer_ledger.c.interval_id == prev.id)
+            )
+        }
+        prev_orgs = {
+            r.organization_id: r
+            for r in conn.execute(
+                select(_organization_ledger).where(_organization_ledger.c.interval_id == prev.id)
+            )
+        }
+    hosts = conn.execute(
+        select(
+            _host_intervals.c.host_id,
+            _host_intervals.c.organization_id,
+            *(_host_intervals.c[c] for c in CAPACITY_COLUMNS),
+        )
+        .where(_host_intervals.c.interval_id == interval_id)
+        .order_by(_host_intervals.c.host_id)
+    ).all()
+    org_customer = dict(
+        conn.execute(
+            select(_organizations.c.id, _organizations.c.customer_id).where(
+                _organizations.c.customer_id.is_not(None)
+            )
+        ).all()
+    )
+    reset = set()
+    if prev is not None:
+        # Resets made after the standing we start from was accounted (gmd-admin reset).
+        reset = set(
+            conn.execute(
+                select(_resets.c.customer_id).where(
+                    _resets.c.effective_start_s > prev.start_s,
+                    _resets.c.effective_start_s <= start_s,
+                )
+            ).scalars()
+        )
+    return _rows(
+        config,
+        interval_id,
+        start_s,
+        length_s,
+        None if prev is None else prev.start_s,
+        samples,
+        hosts,
+        prev_customers,
+        prev_orgs,
+        org_customer,
+        reset,
+    )
+
+
+def supply_and_flavor(
+    config: AccountingConfig, capacity: np.ndarray, flavor: np.ndarray, length_s: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-second capacities and flavors → amounts per interval in the configured resources.
+
+    With ``split_io`` the disk bandwidth bounds reads and writes each, and the link speed
+    received and sent bytes each (full duplex).
+    """
+    if config.split_io:
+        capacity = capacity[:, [0, 1, 2, 2, 3, 3]]
+        flavor = flavor[:, [0, 1, 2, 2, 3, 3]]
+    return capacity * length_s, flavor * length_s
+
+
+def use_amounts(config: AccountingConfig, raw: np.ndarray) -> np.ndarray:
+    if config.split_io:
+        return raw
+    return np.column_stack([raw[:, 0], raw[:, 1], raw[:, 2] + raw[:, 3], raw[:, 4] + raw[:, 5]])
+
+
+def _rows(
+    config: AccountingConfig,
+    interval_id: int,
+    start_s: int,
+    length_s: int,
+    prev_start_s: int | None,
+    samples: Sequence[object],
+    hosts: Sequence[object],
+    prev_customers: dict[int, object],
+    prev_orgs: dict[int, object],
+    org_customer: dict[int, int],
+    reset: set[int],
+) -> LedgerRows:
+    """The ledger rows of one interval; customers in ``reset`` start from a zero balance."""
+    data = np.array([tuple(r) for r in samples], dtype=np.float64)  # type: ignore[arg-type]
+    host_ids = data[:, 0].astype(np.int64)
+    customer_ids = data[:, 1].astype(np.int64)
+    raw_use = data[:, 2 : 2 + len(USE_COLUMNS)]
+    flavor = data[:, 2 + len(USE_COLUMNS) : 2 + len(USE_COLUMNS) + len(FLAVOR_COLUMNS)]
+    created = data[:, -1]
+
+    host_table = np.array([tuple(h) for h in hosts], dtype=np.float64)  # type: ignore[arg-type]
+    host_index = {int(h): i for i, h in enumerate(host_table[:, 0])}
+    missing = set(np.unique(host_ids).tolist()) - host_index.keys()
+    if missing:
+        raise LookupError(
+            f"interval {_when(start_s)}: samples from hosts {sorted(missing)} "
+            "without a capacity row"
+        )
+    host_org = host_table[:, 1].astype(np.int64)
+    supply, configured = supply_and_flavor(config, host_table[:, 2:], flavor, length_s)
+
+    # Accounts: every customer with a standing or a sample, then organizations that are not
+    # customers themselves (an organization that is a customer shares its customer's account).
+    customers = sorted(set(prev_customers) | set(np.unique(customer_ids).tolist()))
+    orgs = sorted(set(prev_orgs) | set(np.unique(host_org).tolist()))
+    known = set(customers)
+    customers += sorted({org_customer[o] for o in orgs if o in org_customer} - known)
+    account_of_customer = {c: i for i, c in enumerate(customers)}
+    account_of_org: dict[int, int] = {}
+    n_accounts = len(customers)
+    for o in orgs:
+        if o in org_customer:
+            account_of_org[o] = account_of_customer[org_customer[o]]
+        else:
+            account_of_org[o] = n_accounts
+            n_accounts += 1
+
+    host_of = np.array([host_index[h] for h in host_ids.tolist()], dtype=np.intp)
+    cust_of = np.array([account_of_customer[c] for c in customer_ids.tolist()], dtype=np.intp)
+    use = use_amounts(config, raw_use)
+    result = cloud_greediness(
+        CloudInterval(
+            use=use,
+            supply=supply,
+            host_of_vm=host_of,
+            customer_of_vm=cust_of,
+            n_customers=len(customers),
+            configured=configured,
+            resources=config.resources,
+        ),
+        gamma=config.gamma,
+        endowment=config.endowment,
+        consumer=config.consumer,  # type: ignore[arg-type]
+        weights=config.weight_vector(),
+    )
+
+    elapsed = 0.0 if prev_start_s is None else float(start_s - prev_start_s)
+    decay = decay_factor(elapsed, config.half_life_s)
+    prev_balance = np.zeros(len(customers))
+    before = DirectContrBalances.zeros(n_accounts, config.utility, ORIGIN_S)
+    for c, i in account_of_customer.items():
+        row = prev_customers.get(c)
+        if row is not None:
+            if c not in reset:
+                prev_balance[i] = row.balance  # type: ignore[attr-defined]
+            before.utility_work[i] = row.utility_work  # type: ignore[attr-defined]
+            before.utility_moment[i] = row.utility_moment  # type: ignore[attr-defined]
+    for o, a in account_of_org.items():
+        row = prev_orgs.get(o)
+        if row is not None:
+            before.contribution_work[a] = row.contribution_work  # type: ignore[attr-defined]
+            before.contribution_moment[a] = row.contribution_moment  # type: ignore[attr-defined]
+    balance = prev_balance * decay + result.customer_greediness
+
+    work = normalized_work(use, result.share, config.weight_vector())
+    release = np.where(np.isnan(created), float(start_s), created)
+    org_account = np.array([account_of_org[o] for o in host_org.tolist()], dtype=np.intp)
+    after = directcontr_update(
+        before,
+        work,
+        cust_of,
+        org_account[host_of],
+        interval_start_s=start_s,
+        interval_s=elapsed,  # the decay since the standing we start from
+        half_life_s=config.half_life_s,
+        release_s=release if config.utility == "psi_prime" else None,
+    )
+    end_s = float(start_s + length_s)
+    utility = after.utility(end_s)
+    contribution = after.contribution(end_s)
+    priority = contribution - utility
+    vms = np.bincount(cust_of, minlength=n_accounts)
+
+    customer_rows: list[dict[str, object]] = []
+    resource_rows: list[dict[str, object]] = []
+    for c, i in account_of_customer.items():
+        active = vms[i] > 0
+        standing = (balance[i], after.utility_work[i], after.utility_moment[i], priority[i])
+        if not active and all(abs(v) < NEGLIGIBLE for v in standing):
+            continue
+        customer_rows.append(
+            {
+                "interval_id": interval_id,
+                "customer_id": c,
+                "greediness": float(result.customer_greediness[i]),
+                "balance": float(balance[i]),
+                "utility_work": float(after.utility_work[i]),
+                "utility_moment": float(after.utility_moment[i]),
+                "utility": float(utility[i]),
+                "priority": float(priority[i]),
+                "vms": int(vms[i]),
+            }
+        )
+        if active:
+            resource_rows.extend(
+                {
+                    "interval_id": interval_id,
+                    "customer_id": c,
+                    "resource": r,
+                    "term": float(result.customer_terms[i, k]),
+                }
+                for k, r in enumerate(config.resources)
+            )
+    org_rows = [
+        {
+            "interval_id": interval_id,
+            "organization_id": o,
+            "contribution_work": float(after.contribution_work[a]),
+            "contribution_moment": float(after.contribution_moment[a]),
+            "contribution": float(contribution[a]),
+            "utility": float(utility[a]),
+            "priority": float(priority[a]),
+        }
+        for o, a in account_of_org.items()
+    ]
+    return LedgerRows(customer_rows, resource_rows, org_rows)
+
+
+AfterInterval = Callable[[Connection, int, int, int], object]
+
+
+def account_next(
+    engine: Engine, config: AccountingConfig, after: AfterInterval | None = None
+) -> int | None:
+    """Account the earliest closed interval, if this process holds the lock and its turn has
+    come. Returns its start, or None when there was nothing to do (or another daemon is at it).
+
+    ``after(conn, interval_id, start_s, length_s)`` runs in the same transaction once the rows
+    are written (the daemon decides throttle levels there), so both land or neither.
+    """
+    with writer(engine).begin() as conn:
+        if not take_lock(conn):
+            return None
+        row = conn.execute(
+            select(_intervals.c.id, _intervals.c.start_s, _intervals.c.length_s)
+            .where(_intervals.c.state == IntervalState.closed)
+            .order_by(_intervals.c.start_s)
+            .limit(1)
+            .with_for_update()
+        ).first()
+        if row is None:
+            return None
+        rows = compute_rows(conn, row.id, config)
+        write_rows(conn, row.id, rows)
+        if after is not None:
+            after(conn, row.id, row.start_s, row.length_s)
+        return int(row.start_s)
+
+
+def write_rows(conn: Connection, interval_id: int, rows: LedgerRows) -> None:
+    """Replace the interval's ledger rows and mark it accounted."""
+    for table in (_customer_ledger, _resource_ledger, _organization_ledger):
+        conn.execute(delete(table).where(table.c.interval_id == interval_id))
+    for table, values in (
+        (_customer_ledger, rows.customers),
+        (_resource_ledger, rows.resources),
+        (_organization_ledger, rows.organizations),
+    ):
+        if values:
+            conn.execute(insert(table), values)
+    conn.execute(
+        update(_intervals)
+        .where(_intervals.c.id == interval_id)
+        .values(
+            state=IntervalState.accounted,
+            accounted_at=datetime.now(UTC),
+            ledger_rows=len(rows.customers),
+        )
+    )
+
+
+@dataclass(frozen=True)
+class RunReport:
+    closed: int
+    accounted: list[int]
+    seconds: list[float]
+
+
+def account_due(
+    engine: Engine,
+    config: AccountingConfig,
+    now_s: float | None = None,
+    budget_s: float = 60.0,
+    after: AfterInterval | None = None,
+) -> RunReport:
+    """One accountant run: close what is due, then account closed intervals in order until
+    none is left or ``budget_s`` has passed (a long catch-up continues at the next run)."""
+    now = time.time() if now_s is None else now_s
+    with writer(engine).begin() as conn:
+        closed = close_due(conn, now, config.grace_s) if take_lock(conn) else 0
+    accounted: list[int] = []
+    seconds: list[float] = []
+    began = time.monotonic()
+    while time.monotonic() - began < budget_s:
+        t0 = time.monotonic()
+        start = account_next(engine, config, after)
+        if start is None:
+            break
+        accounted.append(start)
+        seconds.append(time.monotonic() - t0)
+        log.info("accounted interval %s in %.3f s", _when(start), seconds[-1])
+    return RunReport(closed, accounted, seconds)

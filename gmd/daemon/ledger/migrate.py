@@ -1,0 +1,156 @@
+"""Schema upgrades through Alembic, for ``gmd-admin db`` and the daemon's start-up check."""
+
+from __future__ import annotations
+
+import os
+import site
+import sys
+import sysconfig
+from collections.abc import Callable
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config as AlembicConfig
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import create_engine, event
+from sqlalchemy.engine import Engine
+
+_WRITER = "gmd_writer"
+
+
+# Where a wheel install puts the migrations (pyproject.toml's [tool.setuptools.data-files]),
+# below an installation prefix; and where they are in the source tree (an editable install or
+# a checkout).
+INSTALLED_MIGRATIONS = Path("share", "gmd", "migrations")
+SOURCE_MIGRATIONS = Path(__file__).resolve().parents[3] / "migrations"
+
+
+def install_prefixes() -> list[Path]:
+    """The prefixes a wheel's data files may have gone to, most specific first.
+
+    ``sys.prefix`` (a virtualenv such as /opt/gmd), the default scheme's data path (Debian's
+    pip installs into /usr/local while ``sys.prefix`` is /usr) and the user base
+    (``pip install --user``).
+    """
+    found: list[Path] = []
+    for raw in (sys.prefix, sysconfig.get_path("data"), site.getuserbase()):
+        if raw and Path(raw) not in found:
+            found.append(Path(raw))
+    return found
+
+
+def migrations_candidates() -> list[Path]:
+    """Where :func:`migrations_dir` looks, in order.
+
+    ``$GMD_MIGRATIONS`` alone when it is set (an explicit choice is never second-guessed);
+    else the source tree, then ``PREFIX/share/gmd/migrations`` for each installation prefix.
+    """
+    env = os.environ.get("GMD_MIGRATIONS")
+    if env:
+        return [Path(env)]
+    return [SOURCE_MIGRATIONS, *(prefix / INSTALLED_MIGRATIONS for prefix in install_prefixes())]
+
+
+def migrations_dir() -> Path:
+    """The Alembic migrations directory (the first candidate with an ``env.py``).
+
+    Raises FileNotFoundError naming every place searched.
+    """
+    candidates = migrations_candidates()
+    for path in candidates:
+        if (path / "env.py").is_file():
+            return path
+    searched = ", ".join(str(p) for p in candidates)
+    raise FileNotFoundError(
+        f"no Alembic migrations (env.py) found; searched: {searched} "
+        "(reinstall gmd, or set GMD_MIGRATIONS to the migrations directory)"
+    )
+
+
+def _config() -> AlembicConfig:
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    return cfg
+
+
+def _migrate(engine: Engine, step: Callable[[AlembicConfig], None]) -> None:
+    """Run one Alembic command in a transaction of its own.
+
+    SQLite rebuilds a table to alter it, which foreign keys forbid while they are enforced;
+    they are switched off for the migration (outside any transaction, where SQLite honours the
+    pragma) and the result is checked with ``foreign_key_check`` before it is committed.
+    """
+    cfg = _config()
+    with engine.connect() as conn:
+        sqlite = conn.dialect.name == "sqlite"
+        if sqlite:
+            conn.connection.driver_connection.execute("PRAGMA foreign_keys=OFF")
+        try:
+            with conn.begin():
+                cfg.attributes["connection"] = conn
+                step(cfg)
+                if sqlite:
+                    broken = conn.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+                    if broken:
+                        raise RuntimeError(f"migration left dangling references: {broken[:5]}")
+        finally:
+            if sqlite:
+                conn.connection.driver_connection.execute("PRAGMA foreign_keys=ON")
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    _migrate(engine, lambda cfg: command.upgrade(cfg, revision))
+
+
+def downgrade(engine: Engine, revision: str) -> None:
+    _migrate(engine, lambda cfg: command.downgrade(cfg, revision))
+
+
+def current(engine: Engine) -> str | None:
+    """The schema revision the database is at; None for an empty database."""
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def head() -> str:
+    head_rev = ScriptDirectory.from_config(_config()).get_current_head()
+    assert head_rev is not None
+    return head_rev
+
+
+def engine_for(url: str) -> Engine:
+    """An engine for the ledger.
+
+    SQLite files get their directory made, foreign keys on, WAL (readers such as
+    ``gmd-admin standings`` never block the daemon) and a busy timeout. Transactions are begun
+    by us rather than by the driver, so that writers can ask for ``BEGIN IMMEDIATE`` through
+    :func:`writer`: a deferred transaction that reads and then writes can fail at once with
+    "database is locked" instead of waiting its turn.
+    """
+    memory = url in ("sqlite://", "sqlite:///:memory:")
+    if url.startswith("sqlite:///") and not memory:
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    if not url.startswith("sqlite"):
+        return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 60})
+
+    @event.listens_for(engine, "connect")
+    def _configure(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+        dbapi_conn.isolation_level = None
+        dbapi_conn.execute("PRAGMA foreign_keys=ON")
+        dbapi_conn.execute("PRAGMA busy_timeout=60000")
+        if not memory:
+            dbapi_conn.execute("PRAGMA journal_mode=WAL")
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn) -> None:  # type: ignore[no-untyped-def]
+        immediate = conn.get_execution_options().get(_WRITER, False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+    return engine
+
+
+def writer(engine: Engine) -> Engine:
+    """The same engine, beginning SQLite transactions as writers (no-op elsewhere)."""
+    return engine.execution_options(**{_WRITER: True})

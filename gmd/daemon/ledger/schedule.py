@@ -1,0 +1,85 @@
+"""The accountant inside the daemon: an APScheduler job that runs :func:`account_due`.
+
+The first run waits one grace period after start, so that agents which spooled while the
+daemon was down can replay before the intervals they missed are closed. Runs never overlap;
+a run that fails is logged, counted and retried at the next tick (the interval it was on stays
+closed and unaccounted: nothing is half written).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+from apscheduler.schedulers.background import BackgroundScheduler
+from sqlalchemy import Engine
+
+from gmd.daemon.config import AccountingConfig
+from gmd.daemon.ledger.accounting import AfterInterval, RunReport, account_due
+
+log = logging.getLogger(__name__)
+
+
+class Accountant:
+    def __init__(
+        self,
+        engine: Engine,
+        config: AccountingConfig,
+        every_s: float,
+        on_run: Callable[[RunReport], None] | None = None,
+        on_error: Callable[[Exception], None] | None = None,
+        after: AfterInterval | None = None,
+    ) -> None:
+        self.engine, self.config, self.every_s = engine, config, every_s
+        self.on_run, self.on_error, self.after = on_run, on_error, after
+        self._scheduler = BackgroundScheduler(timezone=UTC)
+
+    def run_once(self, now_s: float | None = None) -> RunReport | None:
+        try:
+            report = account_due(self.engine, self.config, now_s, after=self.after)
+        except Exception as exc:
+            log.exception("accounting failed; retrying at the next run")
+            if self.on_error is not None:
+                self.on_error(exc)
+            return None
+        if self.on_run is not None:
+            self.on_run(report)
+        return report
+
+    def start(self, delay_s: float | None = None) -> None:
+        delay = self.config.grace_s if delay_s is None else delay_s
+        first = datetime.now(UTC) + timedelta(seconds=delay)
+        self._scheduler.add_job(
+            self.run_once,
+            "interval",
+            seconds=self.every_s,
+            next_run_time=first,
+            max_instances=1,
+            coalesce=True,
+            id="account",
+        )
+        self._scheduler.start()
+        log.info(
+            "accountant: first run at %s, then every %g s",
+            first.strftime("%H:%M:%S"),
+            self.every_s,
+        )
+
+    def every(self, seconds: float, job: Callable[[], object], name: str) -> None:
+        """Run ``job`` every ``seconds`` beside the accountant (never two at once); a failure
+        is logged and the job runs again at its next time."""
+
+        def guarded() -> None:
+            try:
+                job()
+            except Exception:
+                log.exception("%s failed; it runs again in %g s", name, seconds)
+
+        self._scheduler.add_job(
+            guarded, "interval", seconds=seconds, max_instances=1, coalesce=True, id=name
+        )
+
+    def stop(self) -> None:
+        if self._scheduler.running:
+            self._scheduler.shutdown(wait=True)

@@ -1,0 +1,448 @@
+"""Writing what agents report into the ledger: one batch, one transaction.
+
+A batch either lands whole or not at all. Its key makes a retry count once; its digest tells a
+retry from a different batch that reuses the key. Customers, VMs, hosts and organizations are
+created on first sight; their ids are cached per process once committed (ids never change),
+which saves most round trips on the hot path.
+
+Concurrency: the batch takes a shared lock on its interval's row, and closing an interval
+takes an exclusive one, so a batch is either in before the interval closes (on time) or sees
+it closed and is stored as late. Names are inserted in sorted order so that concurrent batches
+take row locks in the same order and cannot deadlock each other; the rare deadlock with other
+writers is retried.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+from sqlalchemy import Connection, Engine, Table, bindparam, func, select, text, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import DBAPIError, IntegrityError
+
+from gmd.daemon.ledger.migrate import writer
+from gmd.daemon.ledger.models import (
+    IntervalState,
+)
+from gmd.daemon.ledger.tables import (
+    batches as _batches,
+    customers as _customers,
+    host_intervals as _host_intervals,
+    hosts as _hosts,
+    intervals as _intervals,
+    organizations as _organizations,
+    samples as _samples,
+    vms as _vms,
+)
+
+log = logging.getLogger(__name__)
+
+USE_COLUMNS = (
+    "cpu_s",
+    "memory_byte_s",
+    "disk_read_bytes",
+    "disk_write_bytes",
+    "network_rx_bytes",
+    "network_tx_bytes",
+)
+FLAVOR_COLUMNS = (
+    "flavor_vcpus",
+    "flavor_memory_bytes",
+    "flavor_disk_bytes_per_s",
+    "flavor_network_bytes_per_s",
+)
+CAPACITY_COLUMNS = ("cpu_cores", "memory_bytes", "disk_bytes_per_s", "network_bytes_per_s")
+
+
+_SAMPLE_KEY = ("interval_id", "host_id", "vm_id", "late")
+_PER_VM = ("vm_id", "customer_id", *USE_COLUMNS, *FLAVOR_COLUMNS)
+_PG_TYPES = {"vm_id": "integer", "customer_id": "integer"}
+# PostgreSQL takes a whole batch as one statement over arrays (unnest): one round trip and no
+# per-row statement. The arrays travel as array literals ('{1.5,2.0,null}') that the server
+# parses in C, ~50 times cheaper than the driver adapting 8,000 Python floats one by one.
+_SAMPLE_COLUMNS = (*_SAMPLE_KEY, "batch_id", "customer_id", *USE_COLUMNS, *FLAVOR_COLUMNS)
+_PG_SAMPLES = text(
+    f"INSERT INTO samples ({', '.join(_SAMPLE_COLUMNS)})"
+    " SELECT :interval_id, :host_id, v.vm_id, :late, :batch_id, v.customer_id, "
+    + ", ".join(f"v.{c}" for c in (*USE_COLUMNS, *FLAVOR_COLUMNS))
+    + " FROM unnest("
+    + ", ".join(f"CAST(:{c} AS {_PG_TYPES.get(c, 'double precision')}[])" for c in _PER_VM)
+    + f") AS v({', '.join(_PER_VM)})"
+    + f" ON CONFLICT ({', '.join(_SAMPLE_KEY)}) DO UPDATE SET "
+    + ", ".join(f"{c} = samples.{c} + excluded.{c}" for c in USE_COLUMNS)
+    + ", "
+    + ", ".join(f"{c} = excluded.{c}" for c in (*FLAVOR_COLUMNS, "customer_id"))
+)
+
+
+class KeyReused(ValueError):
+    """A batch key arrived again with different content: a bug or a clash between agents."""
+
+
+@dataclass(frozen=True)
+class BatchRecord:
+    """One host's interval, columnar: ``use`` is VMs × :data:`USE_COLUMNS`, ``flavor`` VMs ×
+    :data:`FLAVOR_COLUMNS` with NaN where the flavor gives no amount."""
+
+    key: str
+    digest: str
+    host: str
+    interval_start_s: int
+    interval_s: int
+    capacity: tuple[float, float, float, float]
+    vm_uuids: list[str]
+    customers: list[str]
+    use: np.ndarray
+    flavor: np.ndarray
+    created_s: list[int | None]
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    status: str  # "accepted" or "duplicate"
+    samples: int
+    late: int
+
+
+def upsert(conn: Connection, table: Table) -> Any:
+    """The dialect's INSERT that can say ON CONFLICT (SQLite and PostgreSQL spell it alike)."""
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    return dialect.insert(table)
+
+
+@dataclass
+class _Ids:
+    """Committed ids by name. Guarded by a lock: the API serves batches on many threads."""
+
+    customers: dict[str, int] = field(default_factory=dict)
+    hosts: dict[str, tuple[int, int]] = field(default_factory=dict)
+    organizations: dict[str, int] = field(default_factory=dict)
+    vms: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class LedgerStore:
+    """The write side of ingest. ``owner_of(host)`` names the organization owning a host;
+    ``organization_customers`` links organizations to the customer account they also are."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        owner_of: Callable[[str], str],
+        organization_customers: Mapping[str, str] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.writer = writer(engine)
+        self.owner_of = owner_of
+        self.organization_customers = dict(organization_customers or {})
+        self._ids = _Ids()
+
+    # -- organizations -------------------------------------------------------------------------
+
+    def sync_organizations(self, names: Iterable[str]) -> None:
+        """Create the configured organizations and link those that are also customers."""
+        with self.writer.begin() as conn:
+            for name in sorted(set(names) | set(self.organization_customers)):
+                org_id = self._organization_id(conn, name, {})
+                customer = self.organization_customers.get(name)
+                if customer is not None:
+                    cid = self._customer_ids(conn, [customer], {})[customer]
+                    conn.execute(
+                        update(_organizations)
+                        .where(_organizations.c.id == org_id)
+                        .values(customer_id=cid)
+                    )
+
+    def _organization_id(self, conn: Connection, name: str, new: dict[str, int]) -> int:
+        cached = self._ids.organizations.get(name) or new.get(name)
+        if cached is not None:
+            return cached
+        conn.execute(upsert(conn, _organizations).values(name=name).on_conflict_do_nothing())
+        org_id = conn.execute(
+            select(_organizations.c.id).where(_organizations.c.name == name)
+        ).scalar_one()
+        new[name] = org_id
+        return org_id
+
+    # -- ids -----------------------------------------------------------------------------------
+
+    def _customer_ids(
+        self, conn: Connection, names: Iterable[str], new: dict[str, int]
+    ) -> dict[str, int]:
+        wanted = set(names)
+        with self._ids.lock:
+            found = {n: self._ids.customers[n] for n in wanted if n in self._ids.customers}
+        missing = sorted(wanted - found.keys())
+        if missing:
+            conn.execute(
+                upsert(conn, _customers).on_conflict_do_nothing(),
+                [{"name": n} for n in missing],
+            )
+            rows = conn.execute(
+                select(_customers.c.name, _customers.c.id).where(_customers.c.name.in_(missing))
+            ).all()
+            fetched = dict(rows)  # type: ignore[arg-type]
+            found.update(fetched)
+            new.update(fetched)
+        return found
+
+    def _host_id(
+        self, conn: Connection, name: str, new: dict[str, tuple[int, int]]
+    ) -> tuple[int, int]:
+        """The host's id and its owner organization's, created or re-owned as configured."""
+        owner = self.owner_of(name)
+        new_orgs: dict[str, int] = {}
+        org_id = self._organization_id(conn, owner, new_orgs)
+        with self._ids.lock:
+            self._ids.organizations.update(new_orgs)
+            cached = self._ids.hosts.get(name)
+        if cached is not None and cached[1] == org_id:
+            return cached
+        stmt = upsert(conn, _hosts).values(name=name, organization_id=org_id)
+        conn.execute(
+            stmt.on_conflict_do_update(
+                index_elements=["name"], set_={"organization_id": stmt.excluded.organization_id}
+            )
+        )
+        host_id = conn.execute(select(_hosts.c.id).where(_hosts.c.name == name)).scalar_one()
+        new[name] = (host_id, org_id)
+        return host_id, org_id
+
+    def _vm_ids(
+        self,
+        conn: Connection,
+        record: BatchRecord,
+        host_id: int,
+        customer_ids: dict[str, int],
+        new: dict[str, tuple[int, int, int]],
+    ) -> list[int]:
+        with self._ids.lock:
+            known = {u: self._ids.vms[u] for u in record.vm_uuids if u in self._ids.vms}
+        missing = sorted(set(record.vm_uuids) - known.keys())
+        if missing:
+            created = dict(zip(record.vm_uuids, record.created_s, strict=True))
+            owner = dict(zip(record.vm_uuids, record.customers, strict=True))
+            conn.execute(
+                upsert(conn, _vms).on_conflict_do_nothing(),
+                [
+                    {
+                        "uuid": u,
+                        "customer_id": customer_ids[owner[u]],
+                        "host_id": host_id,
+                        "created_s": created[u],
+                    }
+                    for u in missing
+                ],
+            )
+            rows = conn.execute(
+                select(_vms.c.uuid, _vms.c.id, _vms.c.customer_id, _vms.c.host_id).where(
+                    _vms.c.uuid.in_(missing)
+                )
+            ).all()
+            known.update({u: (i, c, h) for u, i, c, h in rows})
+        moved = []
+        for uuid, customer in zip(record.vm_uuids, record.customers, strict=True):
+            vm_id, cid, hid = known[uuid]
+            now = (vm_id, customer_ids[customer], host_id)
+            if (cid, hid) != now[1:]:
+                moved.append({"vid": vm_id, "cid": now[1], "hid": host_id})
+                known[uuid] = now
+        if moved:
+            conn.execute(
+                update(_vms)
+                .where(_vms.c.id == bindparam("vid"))
+                .values(customer_id=bindparam("cid"), host_id=bindparam("hid")),
+                moved,
+            )
+        new.update(known)
+        return [known[u][0] for u in record.vm_uuids]
+
+    # -- intervals -----------------------------------------------------------------------------
+
+    def _interval(self, conn: Connection, start_s: int, length_s: int) -> tuple[int, bool]:
+        """The interval's id and whether it still takes on-time samples (locked FOR SHARE)."""
+        query = (
+            select(_intervals.c.id, _intervals.c.state)
+            .where(_intervals.c.start_s == start_s)
+            .with_for_update(read=True)
+        )
+        row = conn.execute(query).first()
+        if row is None:
+            frontier = conn.execute(
+                select(func.max(_intervals.c.start_s)).where(
+                    _intervals.c.state != IntervalState.open
+                )
+            ).scalar_one()
+            # Before the closed frontier, an interval is history already: accounting has gone
+            # past it, so its samples can only be late ones.
+            behind = frontier is not None and start_s < frontier
+            conn.execute(
+                upsert(conn, _intervals)
+                .values(
+                    start_s=start_s,
+                    length_s=length_s,
+                    state=IntervalState.accounted if behind else IntervalState.open,
+                    ledger_rows=0 if behind else None,
+                )
+                .on_conflict_do_nothing()
+            )
+            row = conn.execute(query).one()
+        return row.id, row.state == IntervalState.open
+
+    # -- the batch -----------------------------------------------------------------------------
+
+    def ingest(self, record: BatchRecord, now_s: float | None = None) -> IngestResult:
+        """Store one batch, or recognize it as a retry. Raises :class:`KeyReused`."""
+        for attempt in range(5):
+            try:
+                return self._ingest_once(record, time.time() if now_s is None else now_s)
+            except IntegrityError:
+                # A concurrent transaction stored the same key (or created the same name)
+                # first; the next attempt sees its committed result.
+                if attempt == 4:
+                    raise
+            except DBAPIError as exc:
+                if not _retryable(exc) or attempt == 4:
+                    raise
+                log.info("batch %s for %s: %s; retrying", record.key, record.host, exc.orig)
+            time.sleep(0.01 * 2**attempt)
+        raise AssertionError("unreachable")
+
+    def _ingest_once(self, record: BatchRecord, now_s: float) -> IngestResult:
+        n = len(record.vm_uuids)
+        new_customers: dict[str, int] = {}
+        new_hosts: dict[str, tuple[int, int]] = {}
+        new_vms: dict[str, tuple[int, int, int]] = {}
+        with self.writer.begin() as conn:
+            seen = conn.execute(
+                select(_batches.c.digest).where(_batches.c.key == record.key)
+            ).first()
+            if seen is not None:
+                if seen.digest != record.digest:
+                    raise KeyReused(
+                        f"batch key {record.key!r} was already used for a different batch;"
+                        f" a retry must resend the same content (host {record.host},"
+                        f" interval {record.interval_start_s})"
+                    )
+                return IngestResult("duplicate", n, 0)
+            host_id, org_id = self._host_id(conn, record.host, new_hosts)
+            interval_id, on_time = self._interval(conn, record.interval_start_s, record.interval_s)
+            cap = dict(zip(CAPACITY_COLUMNS, record.capacity, strict=True))
+            stmt = upsert(conn, _host_intervals).values(
+                interval_id=interval_id, host_id=host_id, organization_id=org_id, **cap
+            )
+            conn.execute(
+                stmt.on_conflict_do_update(
+                    index_elements=["interval_id", "host_id"],
+                    set_={c: stmt.excluded[c] for c in (*CAPACITY_COLUMNS, "organization_id")},
+                )
+            )
+            customer_ids = self._customer_ids(conn, record.customers, new_customers)
+            vm_ids = self._vm_ids(conn, record, host_id, customer_ids, new_vms)
+            batch_id = conn.execute(
+                _batches.insert()
+                .values(
+                    key=record.key,
+                    digest=record.digest,
+                    host_id=host_id,
+                    interval_id=interval_id,
+                    samples=n,
+                )
+                .returning(_batches.c.id)
+            ).scalar_one()
+            if n:
+                self._write_samples(
+                    conn, record, interval_id, host_id, batch_id, vm_ids, customer_ids, on_time
+                )
+            conn.execute(
+                update(_hosts).where(_hosts.c.id == host_id).values(last_seen_s=int(now_s))
+            )
+        with self._ids.lock:
+            self._ids.customers.update(new_customers)
+            self._ids.hosts.update(new_hosts)
+            self._ids.vms.update(new_vms)
+        return IngestResult("accepted", n, 0 if on_time else n)
+
+    def _write_samples(
+        self,
+        conn: Connection,
+        record: BatchRecord,
+        interval_id: int,
+        host_id: int,
+        batch_id: int,
+        vm_ids: list[int],
+        customer_ids: dict[str, int],
+        on_time: bool,
+    ) -> None:
+        # A second batch for the same VM, host and interval (an agent restarted mid-interval)
+        # adds its use; owner and flavor are the latest reported.
+        if conn.dialect.name == "postgresql":
+            columns = {
+                "vm_id": _array_literal(vm_ids),
+                "customer_id": _array_literal([customer_ids[c] for c in record.customers]),
+                **{c: _array_literal(record.use[:, k]) for k, c in enumerate(USE_COLUMNS)},
+                **{c: _array_literal(record.flavor[:, k]) for k, c in enumerate(FLAVOR_COLUMNS)},
+            }
+            conn.execute(
+                _PG_SAMPLES,
+                {
+                    **columns,
+                    "interval_id": interval_id,
+                    "host_id": host_id,
+                    "batch_id": batch_id,
+                    "late": not on_time,
+                },
+            )
+            return
+        use = record.use.tolist()
+        flavor = [[None if v != v else v for v in row] for row in record.flavor.tolist()]
+        rows = [
+            {
+                "interval_id": interval_id,
+                "vm_id": vm_id,
+                "host_id": host_id,
+                "customer_id": customer_ids[customer],
+                "batch_id": batch_id,
+                "late": not on_time,
+                **dict(zip(USE_COLUMNS, u, strict=True)),
+                **dict(zip(FLAVOR_COLUMNS, f, strict=True)),
+            }
+            for vm_id, customer, u, f in zip(vm_ids, record.customers, use, flavor, strict=True)
+        ]
+        stmt = upsert(conn, _samples)
+        conn.execute(
+            stmt.on_conflict_do_update(
+                index_elements=list(_SAMPLE_KEY),
+                set_={
+                    **{c: _samples.c[c] + stmt.excluded[c] for c in USE_COLUMNS},
+                    **{c: stmt.excluded[c] for c in (*FLAVOR_COLUMNS, "customer_id")},
+                },
+            ),
+            rows,
+        )
+
+
+def _array_literal(values: np.ndarray | list[int]) -> str:
+    """A PostgreSQL array literal, NaN (no amount) as NULL.
+
+    JSON's number syntax is valid array-literal syntax, and orjson writes the shortest digits
+    that read back to the same double (and NaN as null), ten times faster than ``repr``.
+    """
+    if isinstance(values, np.ndarray):
+        text = orjson.dumps(np.ascontiguousarray(values), option=orjson.OPT_SERIALIZE_NUMPY)
+    else:
+        text = orjson.dumps(values)
+    return "{" + text[1:-1].decode() + "}"
+
+
+def _retryable(exc: DBAPIError) -> bool:
+    """Deadlocks and serialization failures (PostgreSQL), a busy database (SQLite)."""
+    code = getattr(exc.orig, "sqlstate", None)
+    return code in ("40P01", "40001") or "database is locked" in str(exc.orig)

@@ -1,0 +1,46 @@
+"""The ledger's tables as SQLAlchemy Core ``Table`` objects, typed.
+
+Accounting, reports and enforcement query with Core (bulk statements, GROUP BY in the
+database), not the ORM; the models' ``__table__`` is typed loosely, so the cast lives here
+once instead of in every module that queries.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+from sqlalchemy import Table
+
+from gmd.daemon.ledger.models import (
+    BalanceReset,
+    Batch,
+    Customer,
+    CustomerLedger,
+    CustomerLevel,
+    CustomerResourceLedger,
+    EnforcementAction,
+    Host,
+    HostInterval,
+    Interval,
+    Organization,
+    OrganizationLedger,
+    QuotaOriginal,
+    Sample,
+    Vm,
+)
+
+organizations = cast(Table, Organization.__table__)
+customers = cast(Table, Customer.__table__)
+hosts = cast(Table, Host.__table__)
+vms = cast(Table, Vm.__table__)
+intervals = cast(Table, Interval.__table__)
+batches = cast(Table, Batch.__table__)
+host_intervals = cast(Table, HostInterval.__table__)
+samples = cast(Table, Sample.__table__)
+customer_ledger = cast(Table, CustomerLedger.__table__)
+resource_ledger = cast(Table, CustomerResourceLedger.__table__)
+organization_ledger = cast(Table, OrganizationLedger.__table__)
+levels = cast(Table, CustomerLevel.__table__)
+quota_originals = cast(Table, QuotaOriginal.__table__)
+actions = cast(Table, EnforcementAction.__table__)
+balance_resets = cast(Table, BalanceReset.__table__)

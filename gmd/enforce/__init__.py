@@ -1,1 +1,0 @@
-"""Enforcement: plans for hosts, appliers, OpenStack quotas, audit."""

@@ -1,1 +1,0 @@
-"""The daemon's HTTP API: agents post samples and fetch plans; Prometheus scrapes /metrics."""
