@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from gmd.common.config import ConfigError
-from gmd.daemon.config import RESOURCES_SPLIT, load, parse
+from gmd.daemon.config import load, parse
+from gmd.wire import RESOURCES_SPLIT
 
 
 def write(tmp_path: Path, text: str) -> Path:

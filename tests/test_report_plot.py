@@ -31,10 +31,11 @@ from typer.testing import CliRunner
 
 from gmd.admin import plot
 from gmd.admin.cli import app
-from gmd.admin.series import CustomerSeries, EmptyRange, UnknownCustomers, collect
+from gmd.admin.series import CustomerSeries, EmptyRange, collect
 from gmd.daemon.config import Config
 from gmd.daemon.enforce.levels import after_interval
 from gmd.daemon.ledger.accounting import account_due
+from gmd.daemon.ledger.lookup import UnknownCustomer
 from tests.daemon_support import (
     INTERVAL_S,
     HostSpec,
@@ -135,7 +136,7 @@ def test_series_are_the_ledger_rows(database_url: str) -> None:
             top2 = collect(conn, top=2)
             top5 = collect(conn)
             window = collect(conn, customers=[A], from_s=ledger.starts[3], to_s=ledger.starts[8])
-            with pytest.raises(UnknownCustomers, match="'nobody'"):
+            with pytest.raises(UnknownCustomer, match="'nobody'"):
                 collect(conn, customers=[A, "nobody"])
             with pytest.raises(EmptyRange):
                 collect(conn, from_s=946684800, to_s=946771200)

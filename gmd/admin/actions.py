@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from sqlalchemy import Connection, CursorResult, select
 
 from gmd.admin.render import Column
+from gmd.daemon.ledger.models import ActionKind
 from gmd.daemon.ledger.tables import (
     actions as _actions,
     customers as _customers,
@@ -111,7 +112,7 @@ def level_changes(
             _actions.c.dry_run,
         )
         .join(_intervals, _intervals.c.id == _actions.c.interval_id)
-        .where(_actions.c.kind == "level", _actions.c.customer_id.is_not(None))
+        .where(_actions.c.kind == ActionKind.level.value, _actions.c.customer_id.is_not(None))
         .order_by(_intervals.c.start_s, _actions.c.id)
     )
     if customer_ids is not None:

@@ -6,6 +6,8 @@ import json
 import re
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -34,6 +36,7 @@ from gmd.common.config import ConfigError
 from gmd.common.timespec import iso as iso_time, parse_time
 from gmd.daemon.config import Config, load as load_config
 from gmd.daemon.ledger import migrate
+from gmd.daemon.ledger.lookup import UnknownCustomer
 from gmd.fairness.scenarios import SCENARIOS
 
 app = typer.Typer(
@@ -105,21 +108,29 @@ def _db_error(engine: Engine, exc: Exception) -> typer.Exit:
     return _fail(f"database {_shown(str(engine.url))}: {exc}", EXIT_UNAVAILABLE)
 
 
+@contextmanager
+def _database(ctx: typer.Context) -> Iterator[Engine]:
+    """The ledger for one command: a database that cannot be reached or read ends the command
+    with exit 1 and its URL (password masked), and the engine is disposed whatever happens."""
+    engine = _engine(ctx)
+    try:
+        yield engine
+    except (SQLAlchemyError, OSError) as exc:
+        raise _db_error(engine, exc) from None
+    finally:
+        engine.dispose()
+
+
 @db_app.command("upgrade")
 def db_upgrade(
     ctx: typer.Context,
     revision: Annotated[str, typer.Option(help="Target schema revision.")] = "head",
 ) -> None:
     """Create the ledger or bring its schema up to date (safe to run again)."""
-    engine = _engine(ctx)
-    try:
+    with _database(ctx) as engine:
         before = migrate.current(engine)
         migrate.upgrade(engine, revision)
         after = migrate.current(engine)
-    except (SQLAlchemyError, OSError) as exc:
-        raise _db_error(engine, exc) from None
-    finally:
-        engine.dispose()
     url = _shown(str(engine.url))
     if before == after:
         typer.echo(f"{url}: already at schema revision {after}")
@@ -130,14 +141,9 @@ def db_upgrade(
 @db_app.command("current")
 def db_current(ctx: typer.Context) -> None:
     """Show the ledger's schema revision; exit 0 when it is the newest, 1 when not."""
-    engine = _engine(ctx)
-    try:
+    with _database(ctx) as engine:
         rev = migrate.current(engine)
         head = migrate.head()
-    except (SQLAlchemyError, OSError) as exc:
-        raise _db_error(engine, exc) from None
-    finally:
-        engine.dispose()
     if rev == head:
         typer.echo(f"{rev} (head)")
         return
@@ -278,16 +284,10 @@ def standings_command(
     Exit codes: 0 shown, 1 database unavailable, 2 bad configuration or option, 3 the
     customer asked for has no standing.
     """
-    engine = _engine(ctx)
-    try:
-        with engine.connect() as conn:
-            result = standings(
-                conn, sort=sort.value, reverse=reverse, everyone=everyone, customer=customer
-            )
-    except (SQLAlchemyError, OSError) as exc:
-        raise _db_error(engine, exc) from None
-    finally:
-        engine.dispose()
+    with _database(ctx) as engine, engine.connect() as conn:
+        result = standings(
+            conn, sort=sort.value, reverse=reverse, everyone=everyone, customer=customer
+        )
     if customer is not None and not result.rows:
         typer.echo(f"gmd-admin: customer {customer!r} has no standing in the ledger", err=True)
         raise typer.Exit(3)
@@ -323,14 +323,8 @@ def actions_command(
         to_s = None if to is None else parse_time(to, now)
     except ValueError as exc:
         raise _fail(str(exc)) from None
-    engine = _engine(ctx)
-    try:
-        with engine.connect() as conn:
-            rows = list_actions(conn, from_s=from_s, to_s=to_s, customer=customer, limit=limit)
-    except (SQLAlchemyError, OSError) as exc:
-        raise _db_error(engine, exc) from None
-    finally:
-        engine.dispose()
+    with _database(ctx) as engine, engine.connect() as conn:
+        rows = list_actions(conn, from_s=from_s, to_s=to_s, customer=customer, limit=limit)
     if fmt is Format.json:
         sys.stdout.write(json_text({"actions": rows}))
         return
@@ -363,15 +357,9 @@ def enforce_command(
     if not plan:
         raise _fail("say what to show: --plan")
     config = _load_config(ctx)
-    engine = _engine(ctx)
-    try:
-        with engine.connect() as conn:
-            level_rows = enforcement_levels(conn, config.enforcement)
-            plan_rows = enforcement_plans(conn, config.enforcement, host)
-    except (SQLAlchemyError, OSError) as exc:
-        raise _db_error(engine, exc) from None
-    finally:
-        engine.dispose()
+    with _database(ctx) as engine, engine.connect() as conn:
+        level_rows = enforcement_levels(conn, config.enforcement)
+        plan_rows = enforcement_plans(conn, config.enforcement, host)
     mode = config.enforcement.mode
     if fmt is Format.json:
         sys.stdout.write(json_text({"mode": mode, "levels": level_rows, "plans": plan_rows}))
@@ -462,7 +450,7 @@ def report_command(
     """
     from contextlib import nullcontext
 
-    from gmd.admin.usage import GROUPS, UnknownCustomer, report as usage_report
+    from gmd.admin.usage import GROUPS, report as usage_report
 
     if group_by not in GROUPS:
         raise _fail(f"cannot group by {group_by!r}; choose one of {', '.join(GROUPS)}")
@@ -480,9 +468,8 @@ def report_command(
         from rich.progress import Progress
 
         bar = Progress(console=Console(stderr=True), transient=True)
-    engine = _engine(ctx)
     try:
-        with engine.connect() as conn, bar or nullcontext():
+        with _database(ctx) as engine, engine.connect() as conn, bar or nullcontext():
             task = None if bar is None else bar.add_task("report", total=None)
 
             def progress(done: int, total: int, what: str) -> None:
@@ -499,15 +486,11 @@ def report_command(
                 top=top,
                 progress=None if bar is None else progress,
             )
-    except UnknownCustomer:
-        typer.echo(f"gmd-admin: customer {customer!r} is not in the ledger", err=True)
+    except UnknownCustomer as exc:
+        typer.echo(f"gmd-admin: {exc}", err=True)
         raise typer.Exit(3) from None
     except ValueError as exc:
         raise _fail(str(exc)) from None
-    except (SQLAlchemyError, OSError) as exc:
-        raise _db_error(engine, exc) from None
-    finally:
-        engine.dispose()
     empty = result.emptiness()
     if empty is not None:
         typer.echo(f"gmd-admin: nothing to report: {empty}", err=True)
@@ -545,7 +528,7 @@ def reset_command(
     """
     import getpass
 
-    from gmd.daemon.ledger.resets import UnknownCustomer, reset_balance
+    from gmd.daemon.ledger.resets import reset_balance
 
     if not reason.strip():
         raise _fail("--reason must say why (it is kept in the enforcement log)")
@@ -555,16 +538,12 @@ def reset_command(
         if not typer.confirm(f"Reset the balance of {customer} to zero?"):
             raise _fail("not reset")
     requester = by or getpass.getuser()
-    engine = _engine(ctx)
     try:
-        result = reset_balance(engine, customer, reason, requester)
-    except UnknownCustomer:
-        typer.echo(f"gmd-admin: customer {customer!r} is not in the ledger", err=True)
+        with _database(ctx) as engine:
+            result = reset_balance(engine, customer, reason, requester)
+    except UnknownCustomer as exc:
+        typer.echo(f"gmd-admin: {exc}", err=True)
         raise typer.Exit(3) from None
-    except (SQLAlchemyError, OSError) as exc:
-        raise _db_error(engine, exc) from None
-    finally:
-        engine.dispose()
     typer.echo(
         f"{customer}: balance {result.previous_balance:.6g} reset to 0 by {requester};"
         f" accounting starts it from 0 at the interval of"
@@ -604,7 +583,7 @@ def explain_command(
     codes: 0 explained, 1 database unavailable, 2 bad option, 3 unknown customer or nothing
     to explain.
     """
-    from gmd.admin.explain import NothingToExplain, UnknownCustomer, explain, render_text
+    from gmd.admin.explain import NothingToExplain, explain, render_text
 
     if fmt is Format.csv:
         raise _fail("explain writes text or JSON (--format table|json), not CSV")
@@ -618,20 +597,15 @@ def explain_command(
     except ValueError as exc:
         raise _fail(str(exc)) from None
     config = _load_config(ctx)
-    engine = _engine(ctx)
     try:
-        with engine.connect() as conn:
+        with _database(ctx) as engine, engine.connect() as conn:
             result = explain(conn, config, customer, at_s=at_s, from_s=from_s, to_s=to_s)
-    except UnknownCustomer:
-        typer.echo(f"gmd-admin: customer {customer!r} is not in the ledger", err=True)
+    except UnknownCustomer as exc:
+        typer.echo(f"gmd-admin: {exc}", err=True)
         raise typer.Exit(3) from None
     except NothingToExplain as exc:
         typer.echo(f"gmd-admin: nothing to explain for {customer}: {exc}", err=True)
         raise typer.Exit(3) from None
-    except (SQLAlchemyError, OSError) as exc:
-        raise _db_error(engine, exc) from None
-    finally:
-        engine.dispose()
     if fmt is Format.json:
         sys.stdout.write(json_text(result.document()))
     else:
@@ -775,7 +749,7 @@ def plot_command(
     accounted interval in the range.
     """
     from gmd.admin import plot as plotting
-    from gmd.admin.series import EmptyRange, UnknownCustomers, collect
+    from gmd.admin.series import EmptyRange, collect
 
     try:
         fmt = plotting.output_format(output)
@@ -794,9 +768,8 @@ def plot_command(
             f"--from {from_} ({iso_time(from_s)}) is not before --to {to} ({iso_time(to_s)})"
         )
     config = _load_config(ctx)
-    engine = _engine(ctx)
     try:
-        with engine.connect() as conn:
+        with _database(ctx) as engine, engine.connect() as conn:
             data = collect(
                 conn,
                 customers=customer or (),
@@ -804,13 +777,9 @@ def plot_command(
                 from_s=from_s,
                 to_s=to_s,
             )
-    except (UnknownCustomers, EmptyRange) as exc:
+    except (UnknownCustomer, EmptyRange) as exc:
         typer.echo(f"gmd-admin: {exc}", err=True)
         raise typer.Exit(3) from None
-    except (SQLAlchemyError, OSError) as exc:
-        raise _db_error(engine, exc) from None
-    finally:
-        engine.dispose()
     figure = plotting.draw(data, config.enforcement.policy, config.enforcement.mode)
     try:
         plotting.save(figure, output, fmt)

@@ -20,8 +20,10 @@ from sqlalchemy import Connection, func, select
 from gmd.admin.actions import actions as list_actions
 from gmd.common.timespec import iso
 from gmd.daemon.config import Config
+from gmd.daemon.ledger import lookup
 from gmd.daemon.ledger.accounting import supply_and_flavor, use_amounts
 from gmd.daemon.ledger.models import (
+    ActionKind,
     IntervalState,
 )
 from gmd.daemon.ledger.store import CAPACITY_COLUMNS, FLAVOR_COLUMNS, USE_COLUMNS
@@ -29,7 +31,6 @@ from gmd.daemon.ledger.tables import (
     actions as _actions,
     balance_resets as _resets,
     customer_ledger as _ledger,
-    customers as _customers,
     host_intervals as _host_intervals,
     hosts as _hosts,
     intervals as _intervals,
@@ -49,10 +50,6 @@ _UNITS = {
 _IO_UNIT = ("MB/s", 1e6)
 AGREEMENT = 1e-9
 """recomputed and stored greediness closer than this are the same number"""
-
-
-class UnknownCustomer(LookupError):
-    """The ledger has never seen the customer."""
 
 
 class NothingToExplain(LookupError):
@@ -194,13 +191,6 @@ class Explanation:
 
 
 # --- finding the interval ------------------------------------------------------------------------
-
-
-def _customer_id(conn: Connection, customer: str) -> int:
-    cid = conn.execute(select(_customers.c.id).where(_customers.c.name == customer)).scalar()
-    if cid is None:
-        raise UnknownCustomer(customer)
-    return int(cid)
 
 
 def _pick_interval(
@@ -420,7 +410,7 @@ def _level_at(conn: Connection, customer_id: int, start_s: int) -> LevelInForce:
         .join(_intervals, _intervals.c.id == _actions.c.interval_id)
         .where(
             _actions.c.customer_id == customer_id,
-            _actions.c.kind == "level",
+            _actions.c.kind == ActionKind.level.value,
             _intervals.c.start_s <= start_s,
         )
         .order_by(_intervals.c.start_s.desc(), _actions.c.id.desc())
@@ -464,7 +454,7 @@ def explain(
     max_actions: int = 20,
 ) -> Explanation:
     """Explain one interval of ``customer`` (see :func:`_pick_interval` for which)."""
-    customer_id = _customer_id(conn, customer)
+    customer_id = lookup.customer_id(conn, customer)
     interval_id, start_s, length_s = _pick_interval(conn, customer_id, at_s, from_s, to_s)
     acc = config.accounting
     hosts, greediness, share, active = _recompute(conn, config, interval_id, length_s, customer_id)

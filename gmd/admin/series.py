@@ -38,7 +38,7 @@ from sqlalchemy import Connection, Select, select
 
 from gmd.admin.actions import level_changes
 from gmd.common.timespec import iso
-from gmd.daemon.config import RESOURCES_COMBINED, RESOURCES_SPLIT
+from gmd.daemon.ledger.lookup import customer_ids
 from gmd.daemon.ledger.models import (
     IntervalState,
 )
@@ -49,6 +49,7 @@ from gmd.daemon.ledger.tables import (
     levels as _levels,
     resource_ledger as _resource_ledger,
 )
+from gmd.wire import RESOURCES_COMBINED, RESOURCES_SPLIT
 
 # Resources in the order the configuration lists them; any other name follows, A→Z.
 RESOURCE_ORDER: tuple[str, ...] = tuple(dict.fromkeys(RESOURCES_COMBINED + RESOURCES_SPLIT))
@@ -56,15 +57,6 @@ RESOURCE_ORDER: tuple[str, ...] = tuple(dict.fromkeys(RESOURCES_COMBINED + RESOU
 
 class EmptyRange(LookupError):
     """No accounted interval with ledger rows starts in the range asked for."""
-
-
-class UnknownCustomers(LookupError):
-    """Customers the ledger has never seen (names kept in ``names``)."""
-
-    def __init__(self, names: Sequence[str]) -> None:
-        self.names = tuple(names)
-        listed = ", ".join(repr(n) for n in self.names)
-        super().__init__(f"customer(s) {listed} not in the ledger")
 
 
 @dataclass(frozen=True)
@@ -216,21 +208,6 @@ def timeline(conn: Connection, from_s: float | None = None, to_s: float | None =
         query = query.where(_intervals.c.start_s < to_s)
     data = np.array(_tuples(conn, query), dtype=np.int64).reshape(-1, 3)
     return Timeline(data[:, 0].copy(), data[:, 1].copy(), data[:, 2].copy(), from_s, to_s)
-
-
-def customer_ids(conn: Connection, names: Sequence[str]) -> dict[str, int]:
-    """Name → id for each name; raises :class:`UnknownCustomers` naming those not found."""
-    if not names:
-        return {}
-    found = dict(
-        conn.execute(  # type: ignore[arg-type]
-            select(_customers.c.name, _customers.c.id).where(_customers.c.name.in_(set(names)))
-        ).all()
-    )
-    missing = [n for n in dict.fromkeys(names) if n not in found]
-    if missing:
-        raise UnknownCustomers(missing)
-    return {n: int(found[n]) for n in names}
 
 
 def top_customers(conn: Connection, line: Timeline, n: int) -> list[str]:
@@ -400,9 +377,10 @@ def collect(
     """The series of the named customers (or, with none named, of the ``top`` greatest final
     balances) over the accounted intervals starting in ``[from_s, to_s)``.
 
-    Raises :class:`UnknownCustomers` for names the ledger has never seen and
-    :class:`EmptyRange` when no interval with ledger rows starts in the range. A known customer
-    without rows in the range is kept: its standing there was negligible, and shows as zeros.
+    Raises :class:`~gmd.daemon.ledger.lookup.UnknownCustomer` for names the ledger has never
+    seen and :class:`EmptyRange` when no interval with ledger rows starts in the range. A known
+    customer without rows in the range is kept: its standing there was negligible, and shows
+    as zeros.
     """
     line = timeline(conn, from_s, to_s)
     ids = customer_ids(conn, customers) if customers else {}

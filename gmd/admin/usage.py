@@ -83,7 +83,10 @@ from sqlalchemy import (
 from gmd.admin.actions import level_changes
 from gmd.admin.render import Column
 from gmd.common.timespec import iso
+from gmd.daemon.ledger import lookup
 from gmd.daemon.ledger.models import (
+    ActionKind,
+    ActionStatus,
     IntervalState,
 )
 from gmd.daemon.ledger.tables import (
@@ -101,7 +104,7 @@ from gmd.daemon.ledger.tables import (
 )
 
 GROUPS: tuple[str, ...] = ("customer", "organization", "host", "resource", "day", "week")
-QUOTA_KINDS: tuple[str, ...] = ("quota_lower", "quota_restore")
+QUOTA_KINDS: tuple[str, ...] = (ActionKind.quota_lower.value, ActionKind.quota_restore.value)
 # Resources in the order the configuration lists them (combined, then split I/O); others A→Z.
 RESOURCE_ORDER: tuple[str, ...] = (
     "cpu",
@@ -125,10 +128,6 @@ THROTTLE_NOTE = (
 
 Progress = Callable[[int, int, str], None]
 """``progress(done, total, what)``: called before each step of a report (for a progress bar)."""
-
-
-class UnknownCustomer(LookupError):
-    """The customer asked for has never been seen by the ledger."""
 
 
 @dataclass(frozen=True)
@@ -343,13 +342,6 @@ def _customer_names(conn: Connection) -> dict[int, str]:
     return {int(i): n for i, n in conn.execute(select(_customers.c.id, _customers.c.name))}
 
 
-def _customer_id(conn: Connection, name: str) -> int:
-    cid = conn.execute(select(_customers.c.id).where(_customers.c.name == name)).scalar()
-    if cid is None:
-        raise UnknownCustomer(name)
-    return int(cid)
-
-
 def _resets_after(conn: Connection, after_s: int | None, before_s: float) -> dict[int, list[int]]:
     """Customer id → effective starts of resets in ``(after_s, before_s)``."""
     query = select(_resets.c.customer_id, _resets.c.effective_start_s).where(
@@ -468,7 +460,7 @@ def _by_customer(
         select(_actions.c.customer_id, func.count())
         .where(
             _actions.c.kind.in_(QUOTA_KINDS),
-            _actions.c.status != "failed",
+            _actions.c.status != ActionStatus.failed.value,
             _actions.c.customer_id.is_not(None),
             _actions.c.at >= _dt(rng.lo),
             _actions.c.at < _dt(rng.hi),
@@ -1051,7 +1043,7 @@ def report(
     periodic = group_by in ("day", "week")
     steps = _Steps(1 + _STEPS[group_by] - (periodic and customer is not None), progress)
     steps("intervals of the range")
-    customer_id = None if customer is None else _customer_id(conn, customer)
+    customer_id = None if customer is None else lookup.customer_id(conn, customer)
     rng = _load_range(conn, math.ceil(from_s), math.ceil(to_s))
     if group_by == "customer":
         columns, rows, notes = _by_customer(conn, rng, steps, customer_id, sort, top)

@@ -22,9 +22,7 @@ from gmd.fairness.cloud import CONSUMER_MODES, ENDOWMENT_MODES
 from gmd.fairness.decay import DEFAULT_HALF_LIFE_S
 from gmd.fairness.directcontr import UTILITIES
 from gmd.fairness.policy import ThrottlePolicy
-
-RESOURCES_COMBINED = ("cpu", "memory", "disk", "network")
-RESOURCES_SPLIT = ("cpu", "memory", "disk_read", "disk_write", "network_rx", "network_tx")
+from gmd.wire import resource_names
 
 
 def default_database_url() -> str:
@@ -45,7 +43,7 @@ class AccountingConfig:
 
     @property
     def resources(self) -> tuple[str, ...]:
-        return RESOURCES_SPLIT if self.split_io else RESOURCES_COMBINED
+        return resource_names(self.split_io)
 
     def weight_vector(self) -> list[float]:
         return [self.weights.get(r, 1.0) for r in self.resources]
@@ -142,7 +140,7 @@ def parse(document: dict[str, Any], source: str = "<config>", path: Path | None 
         raise acc.fail("half_life_s", f'{half_life!r}: give seconds > 0, or "none"')
     utility = acc.choice("utility", "psi_double_prime", UTILITIES)
     split = acc.get("split_io", bool, False)
-    resources = RESOURCES_SPLIT if split else RESOURCES_COMBINED
+    resources = resource_names(split)
     weights_reader = acc.sub("weights")
     weights = {r: weights_reader.number(r, 1.0, 0.0) for r in resources}
     weights_reader.done()

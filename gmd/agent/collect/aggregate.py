@@ -88,19 +88,8 @@ def _spread(usage: Usage, shares: list[tuple[int, float]]) -> list[tuple[int, Us
         parts.append((start, part))
         taken = taken.plus(part)
     remainder = usage.plus(taken.scaled(-1.0))
-    parts.append((shares[-1][0], Usage(*(max(v, 0.0) for v in _fields(remainder)))))
+    parts.append((shares[-1][0], Usage(*(max(v, 0.0) for v in remainder.amounts()))))
     return parts
-
-
-def _fields(u: Usage) -> tuple[float, ...]:
-    return (
-        u.cpu_s,
-        u.memory_byte_s,
-        u.disk_read_bytes,
-        u.disk_write_bytes,
-        u.network_rx_bytes,
-        u.network_tx_bytes,
-    )
 
 
 def advance(state: AgentState, reading: HostReading, interval_s: int) -> TickResult:
@@ -152,16 +141,10 @@ def batch_document(
     vms = []
     for uuid in sorted(closed.vms):
         totals = closed.vms[uuid]
-        u = totals.usage
         vm: dict[str, Any] = {
             "uuid": uuid,
             "customer": totals.owner.customer,
-            "cpu_s": u.cpu_s,
-            "memory_byte_s": u.memory_byte_s,
-            "disk_read_bytes": u.disk_read_bytes,
-            "disk_write_bytes": u.disk_write_bytes,
-            "network_rx_bytes": u.network_rx_bytes,
-            "network_tx_bytes": u.network_tx_bytes,
+            **totals.usage.as_wire(),
         }
         flavor = totals.owner.flavor.as_wire()
         if flavor:
@@ -210,7 +193,7 @@ def dump_state(state: AgentState) -> bytes:
             },
             "open": {
                 str(start): {
-                    uuid: [list(_fields(t.usage)), _owner_doc(t.owner)] for uuid, t in vms.items()
+                    uuid: [list(t.usage.amounts()), _owner_doc(t.owner)] for uuid, t in vms.items()
                 }
                 for start, vms in state.open.items()
             },

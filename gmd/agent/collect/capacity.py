@@ -12,6 +12,9 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from gmd.agent.collect.base import HostResources
+from gmd.wire import CAPACITY_FIELDS
+
 log = logging.getLogger(__name__)
 
 SYS_CLASS_NET = Path("/sys/class/net")
@@ -27,12 +30,35 @@ class Capacity:
     network_bytes_per_s: float
 
     def as_wire(self) -> dict[str, float]:
-        return {
-            "cpu_cores": float(self.cpu_cores),
-            "memory_bytes": float(self.memory_bytes),
-            "disk_bytes_per_s": float(self.disk_bytes_per_s),
-            "network_bytes_per_s": float(self.network_bytes_per_s),
-        }
+        return {f: float(getattr(self, f)) for f in CAPACITY_FIELDS}
+
+
+@dataclass(frozen=True, slots=True)
+class Bandwidth:
+    """The host's disk and network bandwidth, which libvirt does not know: decided once at
+    start (configured, else the link speed) and joined to each reading of cores and RAM."""
+
+    disk_bytes_per_s: float
+    network_bytes_per_s: float
+    network_source: str
+
+    @classmethod
+    def of(
+        cls,
+        disk_bytes_per_s: float,
+        configured_network: float | None,
+        sys_class_net: Path = SYS_CLASS_NET,
+    ) -> Bandwidth:
+        network, source = network_bytes_per_s(configured_network, sys_class_net)
+        return cls(disk_bytes_per_s, network, source)
+
+    def capacity(self, resources: HostResources) -> Capacity:
+        return Capacity(
+            resources.cpu_cores,
+            resources.memory_bytes,
+            self.disk_bytes_per_s,
+            self.network_bytes_per_s,
+        )
 
 
 def link_speeds_mbit(sys_class_net: Path = SYS_CLASS_NET) -> dict[str, int]:

@@ -12,11 +12,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gmd.agent.collect.base import Ownership, VmReading
+from gmd.wire import USAGE_FIELDS
 
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """Amounts used over a span, in the batch format's units."""
+    """Amounts used over a span, in the batch format's units: one per
+    :data:`gmd.wire.USAGE_FIELDS`, in that order (``tests/test_wire.py`` keeps them equal)."""
 
     cpu_s: float = 0.0
     memory_byte_s: float = 0.0
@@ -25,25 +27,17 @@ class Usage:
     network_rx_bytes: float = 0.0
     network_tx_bytes: float = 0.0
 
+    def amounts(self) -> tuple[float, ...]:
+        return tuple(getattr(self, f) for f in USAGE_FIELDS)
+
+    def as_wire(self) -> dict[str, float]:
+        return dict(zip(USAGE_FIELDS, self.amounts(), strict=True))
+
     def scaled(self, factor: float) -> Usage:
-        return Usage(
-            self.cpu_s * factor,
-            self.memory_byte_s * factor,
-            self.disk_read_bytes * factor,
-            self.disk_write_bytes * factor,
-            self.network_rx_bytes * factor,
-            self.network_tx_bytes * factor,
-        )
+        return Usage(*(v * factor for v in self.amounts()))
 
     def plus(self, other: Usage) -> Usage:
-        return Usage(
-            self.cpu_s + other.cpu_s,
-            self.memory_byte_s + other.memory_byte_s,
-            self.disk_read_bytes + other.disk_read_bytes,
-            self.disk_write_bytes + other.disk_write_bytes,
-            self.network_rx_bytes + other.network_rx_bytes,
-            self.network_tx_bytes + other.network_tx_bytes,
-        )
+        return Usage(*(a + b for a, b in zip(self.amounts(), other.amounts(), strict=True)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import Engine, insert, select
 
 from gmd.daemon.ledger.migrate import writer
+from gmd.daemon.ledger.models import ActionKind, ActionStatus
 from gmd.daemon.ledger.tables import (
     actions as _actions,
     hosts as _hosts,
@@ -38,15 +39,16 @@ def record_host_report(
         rows = []
         for r in results:
             dry = r["action"].startswith("would_")
-            kind = "host_" + r["action"].removeprefix("would_")
+            verb = r["action"].removeprefix("would_")
+            kind = ActionKind.host_apply if verb == "apply" else ActionKind.host_restore
             if not r["ok"]:
-                log.warning("host %s could not %s VM %s: %s", host, kind[5:], r["uuid"], r["error"])
+                log.warning("host %s could not %s VM %s: %s", host, verb, r["uuid"], r["error"])
             rows.append(
                 {
                     "customer_id": owners.get(r["uuid"]),
                     "host_id": host_id,
-                    "kind": kind,
-                    "status": "ok" if r["ok"] else "failed",
+                    "kind": kind.value,
+                    "status": (ActionStatus.ok if r["ok"] else ActionStatus.failed).value,
                     "dry_run": dry,
                     "before": json.dumps({"vm": r["uuid"], **r["before"]}),
                     "after": json.dumps({"vm": r["uuid"], **r["after"]}),

@@ -17,6 +17,7 @@ from sqlalchemy import Connection, insert, select
 
 from gmd.daemon.config import EnforcementConfig
 from gmd.daemon.ledger.accounting import AfterInterval
+from gmd.daemon.ledger.models import ActionKind
 from gmd.daemon.ledger.store import upsert
 from gmd.daemon.ledger.tables import (
     actions as _actions,
@@ -112,7 +113,7 @@ def decide_after_interval(
                 {
                     "interval_id": interval_id,
                     "customer_id": ch.customer_id,
-                    "kind": "level",
+                    "kind": ActionKind.level.value,
                     "status": "decided",
                     "dry_run": config.mode == "dry-run",
                     "before": json.dumps({"level": ch.before}),

@@ -23,6 +23,7 @@ from sqlalchemy import Engine, delete, insert, select, text, update
 from gmd.daemon.config import EnforcementConfig
 from gmd.daemon.enforce.quotas import NovaQuotas, QuotaError, QuotaSet, QuotaStep, lowered
 from gmd.daemon.ledger.migrate import writer
+from gmd.daemon.ledger.models import ActionKind, ActionStatus
 from gmd.daemon.ledger.tables import (
     actions as _actions,
     customers as _customers,
@@ -177,13 +178,17 @@ class QuotaReconciler:
             f" (cores/ram/instances), floor {self.floor}"
         )
         if dry:
-            self._record(cid, "quota_lower", "would", True, original, target, reason)
+            self._record(
+                cid, ActionKind.quota_lower, ActionStatus.would, True, original, target, reason
+            )
             self._hold(cid, steps, applied=False)
             counts["would"] += 1
             return
         write = self.adapter.apply(project, target)
         self._hold(cid, steps, applied=True)
-        self._record(cid, "quota_lower", "ok", False, write.before, write.after, reason)
+        self._record(
+            cid, ActionKind.quota_lower, ActionStatus.ok, False, write.before, write.after, reason
+        )
         counts["lowered"] += 1
         log.info(
             "project %s: compute quota %s → %s (%s)", project, write.before, write.after, reason
@@ -205,11 +210,21 @@ class QuotaReconciler:
         reason = f"level {level} < quota_level {self.config.policy.quota_level}: original back"
         if applied and not dry:
             write = self.adapter.restore(project, original)
-            self._record(cid, "quota_restore", "ok", False, write.before, write.after, reason)
+            self._record(
+                cid,
+                ActionKind.quota_restore,
+                ActionStatus.ok,
+                False,
+                write.before,
+                write.after,
+                reason,
+            )
             counts["restored"] += 1
             log.info("project %s: compute quota restored to %s", project, write.after)
         elif held > 0:
-            self._record(cid, "quota_restore", "would", True, None, original, reason)
+            self._record(
+                cid, ActionKind.quota_restore, ActionStatus.would, True, None, original, reason
+            )
             counts["would"] += 1
         if applied and dry:
             # Nova still holds the lowered quota: keep the original until "on" restores it.
@@ -240,8 +255,8 @@ class QuotaReconciler:
         detail = getattr(exc, "write", None)
         self._record(
             cid,
-            "quota_lower" if steps else "quota_restore",
-            "failed",
+            ActionKind.quota_lower if steps else ActionKind.quota_restore,
+            ActionStatus.failed,
             False,
             None if detail is None else detail.before,
             None if detail is None else detail.after,
@@ -251,8 +266,8 @@ class QuotaReconciler:
     def _record(
         self,
         cid: int,
-        kind: str,
-        status: str,
+        kind: ActionKind,
+        status: ActionStatus,
         dry: bool,
         before: QuotaSet | None,
         after: QuotaSet | None,
@@ -262,8 +277,8 @@ class QuotaReconciler:
             conn.execute(
                 insert(_actions).values(
                     customer_id=cid,
-                    kind=kind,
-                    status=status,
+                    kind=kind.value,
+                    status=status.value,
                     dry_run=dry,
                     before=None if before is None else json.dumps(before.as_nova()),
                     after=None if after is None else json.dumps(after.as_nova()),

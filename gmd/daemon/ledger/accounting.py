@@ -46,6 +46,7 @@ from gmd.daemon.ledger.tables import (
 from gmd.fairness.cloud import CloudInterval, cloud_greediness
 from gmd.fairness.decay import decay_factor
 from gmd.fairness.directcontr import DirectContrBalances, directcontr_update, normalized_work
+from gmd.wire import RESOURCES
 
 log = logging.getLogger(__name__)
 
@@ -229,15 +230,22 @@ def supply_and_flavor(
     received and sent bytes each (full duplex).
     """
     if config.split_io:
-        capacity = capacity[:, [0, 1, 2, 2, 3, 3]]
-        flavor = flavor[:, [0, 1, 2, 2, 3, 3]]
+        capacity = capacity[:, _SPLIT_SOURCE]
+        flavor = flavor[:, _SPLIT_SOURCE]
     return capacity * length_s, flavor * length_s
 
 
 def use_amounts(config: AccountingConfig, raw: np.ndarray) -> np.ndarray:
+    """Raw usage (VMs × the wire's usage fields) → amounts in the configured resources: as
+    posted with ``split_io``, else each resource's fields summed (reads + writes, rx + tx)."""
     if config.split_io:
         return raw
-    return np.column_stack([raw[:, 0], raw[:, 1], raw[:, 2] + raw[:, 3], raw[:, 4] + raw[:, 5]])
+    return np.add.reduceat(raw, _COMBINED_STARTS, axis=1)
+
+
+# Per usage field, the resource it belongs to; and where each resource's fields begin.
+_SPLIT_SOURCE = [i for i, r in enumerate(RESOURCES) for _ in r.batch_fields]
+_COMBINED_STARTS = np.cumsum([0] + [len(r.batch_fields) for r in RESOURCES[:-1]])
 
 
 def _rows(

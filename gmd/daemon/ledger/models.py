@@ -47,6 +47,26 @@ class IntervalState(enum.StrEnum):
     accounted = "accounted"
 
 
+class ActionKind(enum.StrEnum):
+    """What an ``enforcement_actions`` row records. Stored as its value; the names are the
+    values so that any driver's adaptation of an enum gives the same text."""
+
+    level = "level"
+    host_apply = "host_apply"
+    host_restore = "host_restore"
+    quota_lower = "quota_lower"
+    quota_restore = "quota_restore"
+    reset = "reset"
+
+
+class ActionStatus(enum.StrEnum):
+    """How an enforcement action ended; ``would`` is a dry-run decision, nothing changed."""
+
+    ok = "ok"
+    would = "would"
+    failed = "failed"
+
+
 class Organization(Base):
     """Whoever contributed hosts; may also be a customer (then ``customer_id`` is set)."""
 

@@ -19,22 +19,20 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, Engine, func, insert, select, text
 
+from gmd.daemon.ledger import lookup
 from gmd.daemon.ledger.accounting import ACCOUNTING_LOCK
 from gmd.daemon.ledger.migrate import writer
 from gmd.daemon.ledger.models import (
+    ActionKind,
+    ActionStatus,
     IntervalState,
 )
 from gmd.daemon.ledger.tables import (
     actions as _actions,
     balance_resets as _resets,
     customer_ledger as _ledger,
-    customers as _customers,
     intervals as _intervals,
 )
-
-
-class UnknownCustomer(LookupError):
-    """The customer has never been seen by the ledger."""
 
 
 @dataclass(frozen=True)
@@ -84,11 +82,7 @@ def reset_balance(engine: Engine, customer: str, reason: str, requested_by: str)
         raise ValueError("a reset needs a reason (it is kept in the enforcement log)")
     with writer(engine).begin() as conn:
         _wait_for_accountant(conn)
-        customer_id = conn.execute(
-            select(_customers.c.id).where(_customers.c.name == customer)
-        ).scalar()
-        if customer_id is None:
-            raise UnknownCustomer(customer)
+        customer_id = lookup.customer_id(conn, customer)
         latest = conn.execute(
             select(_ledger.c.balance, _intervals.c.start_s, _intervals.c.id)
             .join(_intervals, _intervals.c.id == _ledger.c.interval_id)
@@ -111,8 +105,8 @@ def reset_balance(engine: Engine, customer: str, reason: str, requested_by: str)
             insert(_actions).values(
                 interval_id=None if latest is None else latest.id,
                 customer_id=customer_id,
-                kind="reset",
-                status="ok",
+                kind=ActionKind.reset.value,
+                status=ActionStatus.ok.value,
                 dry_run=False,
                 before=json.dumps({"balance": previous}),
                 after=json.dumps({"balance": 0.0, "from_interval_start_s": effective}),

@@ -41,24 +41,14 @@ from gmd.daemon.ledger.tables import (
     samples as _samples,
     vms as _vms,
 )
+from gmd.wire import CAPACITY_FIELDS, FLAVOR_FIELDS, USAGE_FIELDS
 
 log = logging.getLogger(__name__)
 
-USE_COLUMNS = (
-    "cpu_s",
-    "memory_byte_s",
-    "disk_read_bytes",
-    "disk_write_bytes",
-    "network_rx_bytes",
-    "network_tx_bytes",
-)
-FLAVOR_COLUMNS = (
-    "flavor_vcpus",
-    "flavor_memory_bytes",
-    "flavor_disk_bytes_per_s",
-    "flavor_network_bytes_per_s",
-)
-CAPACITY_COLUMNS = ("cpu_cores", "memory_bytes", "disk_bytes_per_s", "network_bytes_per_s")
+# The ledger's columns are the wire's fields (flavors prefixed), in the order of RESOURCES.
+USE_COLUMNS = USAGE_FIELDS
+FLAVOR_COLUMNS = tuple(f"flavor_{f}" for f in FLAVOR_FIELDS)
+CAPACITY_COLUMNS = CAPACITY_FIELDS
 
 
 _SAMPLE_KEY = ("interval_id", "host_id", "vm_id", "late")
