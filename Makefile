@@ -2,7 +2,7 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: all setup test lint demo bench clean
+.PHONY: all setup test test-fast lint demo bench clean
 
 all: test
 
@@ -12,6 +12,7 @@ setup:
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy gmd
 
 # The tests use a real PostgreSQL (tests/postgres.sh starts a private cluster and prints its
 # URL) and a real libvirtd with QEMU (tests/libvirt.sh installs and starts them).
@@ -19,6 +20,11 @@ test: lint
 	@GMD_WITH_POSTGRES=1 bash tests/bootstrap.sh
 	@bash tests/libvirt.sh >/dev/null
 	@url=$$(bash tests/postgres.sh) && GMD_TEST_POSTGRES_URL=$$url $(BIN)/pytest
+
+# The quick loop while editing (about a minute on 2 cores): no PostgreSQL, no real VMs, none of
+# the slow tests (tests/conftest.py marks them), on every core. `make test` runs everything.
+test-fast: lint
+	$(BIN)/pytest -q -n auto -m "not postgres and not realvm and not slow"
 
 # A small cloud on this machine: gmd-daemon on SQLite, one gmd-agent per simulated host
 # replaying real Bitbrains VMs, then standings, reports, explain, enforcement and a plot

@@ -1,13 +1,16 @@
-"""What an agent posts and what the daemon answers: the wire format of ``/v1``.
+"""What an agent posts and what the daemon answers: the wire format of ``/v1``, in the one place
+both sides import it from (gmd-agent never imports the daemon, nor the daemon the agent).
 
 Pydantic checks shapes and types, and rejects unknown fields, negative or non-finite amounts;
-:func:`batch_problems` checks what needs the daemon's configuration (interval length, clock).
-Amounts are what the agent measured over the interval, in the resources' own units.
+the daemon's :mod:`gmd.daemon.api.checks` checks what needs its configuration (interval
+length, clock). Amounts are what the agent measured over the interval, in the resources' own
+units.
 """
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from typing import Annotated, Literal, NotRequired
 
 import orjson
@@ -19,6 +22,59 @@ Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Name = Annotated[str, StringConstraints(min_length=1, max_length=255, pattern=r"^[^\x00-\x1f]+$")]
 VmId = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[!-~]+$")]
 Key = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[!-~]+$")]
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One resource gmd accounts, and where its numbers travel.
+
+    ``batch_fields`` are the VM usage amounts an agent posts for it (in ``unit`` per interval;
+    disk and network are posted as reads/writes and received/sent), which are also the
+    ``samples`` columns; ``split_names`` are the resources it becomes with
+    ``accounting.split_io``, one per batch field. ``capacity_field`` is what the host offers
+    per second, ``flavor_field`` what a VM was configured with.
+    """
+
+    name: str
+    unit: str
+    batch_fields: tuple[str, ...]
+    split_names: tuple[str, ...]
+    capacity_field: str
+    flavor_field: str
+
+
+# The one list of resources: accounting, the store, the agent's aggregation and the API all
+# read it, in this order, instead of repeating position lists.
+RESOURCES: tuple[Resource, ...] = (
+    Resource("cpu", "core-s", ("cpu_s",), ("cpu",), "cpu_cores", "vcpus"),
+    Resource("memory", "byte-s", ("memory_byte_s",), ("memory",), "memory_bytes", "memory_bytes"),
+    Resource(
+        "disk",
+        "bytes",
+        ("disk_read_bytes", "disk_write_bytes"),
+        ("disk_read", "disk_write"),
+        "disk_bytes_per_s",
+        "disk_bytes_per_s",
+    ),
+    Resource(
+        "network",
+        "bytes",
+        ("network_rx_bytes", "network_tx_bytes"),
+        ("network_rx", "network_tx"),
+        "network_bytes_per_s",
+        "network_bytes_per_s",
+    ),
+)
+USAGE_FIELDS: tuple[str, ...] = tuple(f for r in RESOURCES for f in r.batch_fields)
+CAPACITY_FIELDS: tuple[str, ...] = tuple(r.capacity_field for r in RESOURCES)
+FLAVOR_FIELDS: tuple[str, ...] = tuple(r.flavor_field for r in RESOURCES)
+RESOURCES_COMBINED: tuple[str, ...] = tuple(r.name for r in RESOURCES)
+RESOURCES_SPLIT: tuple[str, ...] = tuple(n for r in RESOURCES for n in r.split_names)
+
+
+def resource_names(split_io: bool) -> tuple[str, ...]:
+    """The resources accounted: one per :data:`RESOURCES` entry, or one per batch field."""
+    return RESOURCES_SPLIT if split_io else RESOURCES_COMBINED
 
 
 class Strict(BaseModel):
@@ -75,11 +131,21 @@ class SampleBatch(Strict):
     vms: list[VmUsage]
 
 
+PlanMode = Literal["off", "dry-run", "on"]
+"""How the daemon enforces: "off" decides nothing, "dry-run" decides and records what it would
+do, "on" also applies it."""
+PLAN_MODES: tuple[PlanMode, ...] = ("off", "dry-run", "on")
+
+
+ApplyAction = Literal["apply", "restore", "would_apply", "would_restore"]
+"""What an agent did to a VM (``would_``: what it would have done, in dry-run)."""
+
+
 class VmApplyResult(Strict):
     """What an agent did (or, in dry-run, would have done) to one VM, and whether it worked."""
 
     uuid: VmId
-    action: Literal["apply", "restore", "would_apply", "would_restore"]
+    action: ApplyAction
     ok: bool
     error: Annotated[str, StringConstraints(max_length=2000)] | None = None
     before: dict[str, float | int | str | None] = {}
@@ -106,8 +172,11 @@ def digest_of(document: object) -> str:
     return hashlib.sha256(orjson.dumps(document, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
+BatchStatus = Literal["accepted", "duplicate"]
+
+
 class BatchReceipt(BaseModel):
-    status: Literal["accepted", "duplicate"]
+    status: BatchStatus
     key: str
     samples: int = Field(description="VMs in the batch")
     late: int = Field(0, description="of which arrived after their interval closed")
@@ -136,36 +205,5 @@ class VmPlanItem(BaseModel):
 class HostPlan(BaseModel):
     host: str
     generated_s: int
-    mode: Literal["off", "dry-run", "on"] = Field(
-        description='"dry-run": log what would be done, change nothing'
-    )
+    mode: PlanMode = Field(description='"dry-run": log what would be done, change nothing')
     vms: list[VmPlanItem] = []
-
-
-def batch_problems(
-    batch: SampleBatch, *, interval_s: int, now_s: float, clock_skew_s: int, max_vms: int
-) -> list[str]:
-    """What makes a well-formed batch unacceptable here; empty when it is fine."""
-    problems = []
-    if batch.interval_s != interval_s:
-        problems.append(
-            f"interval_s = {batch.interval_s}, but this daemon accounts {interval_s} s intervals"
-        )
-    elif batch.interval_start_s % interval_s:
-        problems.append(
-            f"interval_start_s = {batch.interval_start_s} is not a multiple of {interval_s}"
-        )
-    end = batch.interval_start_s + batch.interval_s
-    if end > now_s + clock_skew_s:
-        problems.append(
-            f"interval ends at {end}, {end - now_s:.0f} s in the future (allowed clock skew:"
-            f" {clock_skew_s} s): is {batch.host}'s clock right?"
-        )
-    if len(batch.vms) > max_vms:
-        problems.append(f"{len(batch.vms)} VMs in one batch; at most {max_vms}")
-    seen: set[str] = set()
-    for i, vm in enumerate(batch.vms):
-        if vm["uuid"] in seen:
-            problems.append(f"vms[{i}]: VM {vm['uuid']} appears twice in the batch")
-        seen.add(vm["uuid"])
-    return problems

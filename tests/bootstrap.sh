@@ -7,7 +7,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 VENV=${VENV:-.venv}
-EXTRAS=${GMD_EXTRAS:-dev,postgres,agent,openstack}
+EXTRAS=${GMD_EXTRAS:-dev,postgres,agent,daemon,admin,openstack}
 PYTHON=${PYTHON:-python3}
 
 die() {

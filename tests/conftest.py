@@ -1,10 +1,18 @@
-"""Shared fixtures: where the project's read-only reference data lives."""
+"""Shared fixtures: where the project's read-only reference data lives; and the test tiers.
+
+Every test is marked from what it uses, so no test file names its tier:
+``postgres`` (the PostgreSQL server fixture, or ``database_url`` on PostgreSQL), ``realvm``
+(the real libvirtd/QEMU guests of tests/realvm.py) and ``slow`` (SLOW below: more than about
+ten seconds on its own). ``make test-fast`` runs the rest: pytest -m "not postgres and not
+realvm and not slow"; ``make test`` runs everything.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import uuid
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +20,64 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("GMD_SHARED", REPO.parent / "shared"))
+
+POSTGRES_FIXTURE = "postgres_server_url"
+REALVM_PLUGIN = "tests.realvm"
+# Tests that take more than about ten seconds alone on a 2-core machine (measured with
+# `pytest --durations=30`), by node id; a name without "[...]" marks every parametrization.
+SLOW = frozenset(
+    {
+        "tests/test_demo.py::test_the_demo_replays_accounts_and_reports_what_the_traces_say",
+        "tests/test_demo.py::test_a_bad_trace_stops_the_demo_naming_the_agent_file_and_line",
+        "tests/test_sim_lpc_egee.py::"
+        "test_roundrobin_least_fair_and_directcontr_not_worse_than_fairshare",
+        "tests/test_daemon_process.py::test_sigkill_during_accounting_leaves_no_partial_interval",
+        "tests/test_explain.py::test_errors_have_exit_codes",
+        "tests/test_enforce_levels.py::test_admin_shows_the_log_and_the_plan",
+        "tests/test_cli.py::test_db_upgrade_and_current",
+    }
+)
+
+
+def _uses_postgres(item: pytest.Item) -> bool:
+    if POSTGRES_FIXTURE in getattr(item, "fixturenames", ()):
+        return True
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and callspec.params.get("database_url") == "postgresql"
+
+
+def _uses_real_vms(item: pytest.Item) -> bool:
+    """A fixture of tests/realvm.py (``real_guests``) among the test's fixtures, directly or
+    through another fixture."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    return any(
+        getattr(fixturedef.func, "__module__", None) == REALVM_PLUGIN
+        for name in item.fixturenames
+        for fixturedef in info.name2fixturedefs.get(name, ())
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    slow_found = set()
+    for item in items:
+        if _uses_postgres(item):
+            item.add_marker(pytest.mark.postgres)
+        if _uses_real_vms(item):
+            item.add_marker(pytest.mark.realvm)
+        slow = {item.nodeid, item.nodeid.split("[")[0]} & SLOW
+        if slow:
+            item.add_marker(pytest.mark.slow)
+            slow_found |= slow
+    # A renamed test would quietly leave the slow tier: say so when its whole file was collected.
+    if not any("::" in arg for arg in config.args):
+        files = {item.nodeid.split("::")[0] for item in items}
+        for name in sorted(SLOW - slow_found):
+            if name.split("::")[0] in files:
+                warnings.warn(
+                    f"tests/conftest.py SLOW names {name}, which is no test", stacklevel=1
+                )
 
 
 @pytest.fixture(scope="session")

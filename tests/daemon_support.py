@@ -14,10 +14,11 @@ from typing import Any
 import numpy as np
 import uvicorn
 
-from gmd.daemon.api.app import create_app, with_body_limit
+from gmd.daemon.api.app import create_app
+from gmd.daemon.api.body_limit import with_body_limit
 from gmd.daemon.config import Config, parse
 from gmd.daemon.ledger import migrate
-from gmd.daemon.ledger.store import USE_COLUMNS
+from gmd.wire import USAGE_FIELDS
 
 INTERVAL_S = 60
 
@@ -99,7 +100,7 @@ def serving(config: Config, *, accountant: bool = False, clock: Any = None) -> I
 def cpu_only(uuid: str, customer: str, cpu_s: float, **flavor: float) -> dict[str, Any]:
     """A VM that used ``cpu_s`` core-seconds and nothing else (hand-worked GM examples)."""
     vm: dict[str, Any] = {"uuid": uuid, "customer": customer, "cpu_s": cpu_s}
-    vm.update(dict.fromkeys(USE_COLUMNS[1:], 0.0))
+    vm.update(dict.fromkeys(USAGE_FIELDS[1:], 0.0))
     if flavor:
         vm["flavor"] = flavor
     return vm

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -20,16 +21,16 @@ import httpx
 import libvirt
 import pytest
 
-from gmd.agent.apply.applier import (
+from gmd.agent.apply.cgroup import CgroupApplier
+from gmd.agent.apply.cgroupfs import SYSTEMD_TEMPLATE, VmIdentity, locate
+from gmd.agent.apply.libvirt import (
     LIVE,
-    CgroupApplier,
-    EnforcementStateError,
     LibvirtApplier,
     disk_caps,
     scaled_blkio_weight,
     scaled_shares,
 )
-from gmd.agent.apply.cgroups import SYSTEMD_TEMPLATE, VmIdentity, locate
+from gmd.agent.apply.state import EnforcementStateError
 from gmd.agent.client import DaemonClient, PlanUnavailable
 from gmd.agent.config import parse_agent
 from gmd.agent.loop import Agent
@@ -342,7 +343,7 @@ def test_a_vm_vanishing_mid_apply_is_forgotten_and_the_others_applied(
     sched = SchedConn(conn)
     sched.lookupByUUIDString(UUID_A).fail_blkio_by_destroying = True
     applier = LibvirtApplier(sched, state_path=tmp_path / "s.json")
-    with caplog.at_level(logging.INFO, "gmd.agent.apply.applier"):
+    with caplog.at_level(logging.INFO, "gmd.agent.apply.base"):
         results = applier.sync(plan("on", item(UUID_A), item(UUID_B)))
     assert dump(results) == [(UUID_B, "apply", True)]
     assert set(applier.remembered) == {UUID_B}
@@ -392,7 +393,7 @@ def test_libvirt_down_forgets_nothing_and_the_next_round_restores(
         raise unreachable_libvirt_error()
 
     sched.lookupByUUIDString = down  # type: ignore[method-assign]
-    with caplog.at_level(logging.WARNING, "gmd.agent.apply.applier"):
+    with caplog.at_level(logging.WARNING, "gmd.agent.apply.base"):
         assert applier.sync(plan("on")) == []
     assert "the rest of the plan waits for the next round" in caplog.text
     assert set(applier.remembered) == {UUID_A, UUID_B}
@@ -486,6 +487,39 @@ def test_cgroup_applier_reports_a_missing_cgroup_and_goes_on(conn: Any, tmp_path
     assert "ENOENT" in error and "cpu.max" in error
     assert (dirs[UUID_A] / "cpu.weight").read_text() == "50\n"
     assert (dirs[UUID_B] / "cpu.weight").read_text() == "50\n"
+
+
+class VanishingIO(FakeCgroupfsIO):
+    """cgroupfs as libvirt leaves it when a VM stops under gmd: the VM's first write finds its
+    directory gone (and, when ``stop`` is set, the VM shut off)."""
+
+    def __init__(self, conn: Any, cgroup: Path, *, stop: bool) -> None:
+        super().__init__(set())
+        self.conn, self.cgroup, self.stop = conn, cgroup, stop
+
+    def write(self, path: Path, line: str) -> None:
+        if path.parent == self.cgroup and self.cgroup.exists():
+            shutil.rmtree(self.cgroup)
+            if self.stop:
+                self.conn.lookupByUUIDString(UUID_A).destroy()
+        super().write(path, line)
+
+
+@pytest.mark.parametrize("stop", [True, False])
+def test_cgroup_applier_forgets_a_vm_whose_cgroup_went_with_it(
+    conn: Any, tmp_path: Path, stop: bool
+) -> None:
+    root, dirs = cgroup_tree(tmp_path, conn)
+    io = VanishingIO(conn, dirs[UUID_A], stop=stop)
+    applier = CgroupApplier(root, state_path=tmp_path / "s.json", libvirt_conn_or_uri=conn, io=io)
+    results = applier.sync(plan("on", item(UUID_A), item(UUID_B)))
+    if stop:  # every file ENOENT and the VM stopped: nothing to report, nothing to put back
+        assert dump(results) == [(UUID_B, "apply", True)]
+        assert set(applier.remembered) == {UUID_B}
+    else:  # still running: a cgroup gone under a live VM is a failure to report
+        assert dump(results) == [(UUID_A, "apply", False), (UUID_B, "apply", True)]
+        assert "ENOENT" in (results[0].error or "")
+        assert set(applier.remembered) == {UUID_A, UUID_B}
 
 
 # --- the agent: fetch, apply, report --------------------------------------------------------------

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from gmd.agent.apply.cgroups import (
+from gmd.agent.apply.cgroupfs import (
     LIBVIRT_TEMPLATE,
     SYSTEMD_TEMPLATE,
     CgroupBackend,
@@ -332,6 +332,8 @@ def test_v2_a_failing_file_is_reported_and_the_others_still_go(v2_tree) -> None:
         f"EACCES (Permission denied) writing '50000 100000' to {cg.dirs[''] / 'cpu.max'}"
     )
     assert "ENODEV" in failed["io.max"] and "'9:9 rbps=5 wbps=5" in failed["io.max"]
+    codes = {Path(r.path).name: r.errno for r in report.failures}
+    assert codes == {"memory.high": errno.ENOENT, "cpu.max": errno.EACCES, "io.max": errno.ENODEV}
     files = {n: (cg.dirs[""] / n).read_text() for n in ("cpu.weight", "io.weight", "io.max")}
     assert files == {
         "cpu.weight": "50\n",
@@ -509,6 +511,7 @@ def test_v1_real_kernel_refusals_are_reported_cleanly(v1_cgroup) -> None:
     report = backend.restore(vm, odd)
     failed = {Path(r.path).name: r.error for r in report.failures}
     assert set(failed) == {"cpu.shares"}  # "-5" -> "-1" wrote nothing: -1 is already there
+    assert report.failures[0].errno is None  # the kernel took the write, and changed it
     assert failed["cpu.shares"] == (
         f"{cpu_dir / 'cpu.shares'} reads '2' after writing ['1'], expected '1'"
     )

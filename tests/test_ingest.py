@@ -14,7 +14,9 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
+from gmd.daemon.api.checks import BatchProblem, ProblemCode, batch_problems
 from gmd.daemon.ledger.accounting import account_due
+from gmd.wire import SampleBatch
 from tests.daemon_support import (
     INTERVAL_S,
     Daemon,
@@ -190,6 +192,15 @@ REFUSALS = [
         id="too-many-vms",
     ),
     pytest.param(
+        lambda b: (
+            b.update(interval_start_s=b["interval_start_s"] + 7),
+            b["vms"].extend([vm("vm-3"), vm("vm-4")]),
+        ),
+        413,
+        "not a multiple of 60 (and 1 more)",
+        id="too-many-vms-among-others",
+    ),
+    pytest.param(
         lambda b: b["vms"][0].update(uuid="x" * 5000),
         413,
         "exceeds the limit of 4096",
@@ -212,6 +223,52 @@ def test_bad_batches_are_refused_with_a_reason_and_leave_nothing(
     assert response.status_code == status, response.text
     assert message in response.json()["detail"]
     assert counts(daemon) == before == dict.fromkeys(TABLES, 0)
+
+
+@pytest.mark.parametrize(
+    ("change", "codes"),
+    [
+        (lambda b: None, []),
+        (lambda b: b.update(interval_s=30), [ProblemCode.INTERVAL_LENGTH]),
+        (lambda b: b.update(interval_start_s=607), [ProblemCode.INTERVAL_ALIGNMENT]),
+        (lambda b: b.update(interval_start_s=1200), [ProblemCode.FUTURE]),
+        (lambda b: b["vms"].extend([vm("vm-3"), vm("vm-4")]), [ProblemCode.TOO_MANY_VMS]),
+        (lambda b: b["vms"].append(vm("vm-1")), [ProblemCode.DUPLICATE_VM]),
+        (
+            lambda b: (b.update(interval_start_s=1207), b["vms"].extend([vm("vm-1"), vm("vm-3")])),
+            [
+                ProblemCode.INTERVAL_ALIGNMENT,
+                ProblemCode.FUTURE,
+                ProblemCode.TOO_MANY_VMS,
+                ProblemCode.DUPLICATE_VM,
+            ],
+        ),
+    ],
+    ids=["fine", "length", "alignment", "future", "too-many", "duplicate", "all"],
+)
+def test_each_batch_problem_has_a_code(change: Any, codes: list[ProblemCode]) -> None:
+    body = good(600)
+    change(body)
+    problems = batch_problems(
+        SampleBatch.model_validate(body), interval_s=60, now_s=1000, clock_skew_s=120, max_vms=3
+    )
+    assert [p.code for p in problems] == codes
+
+
+def test_batch_problems_keep_their_messages() -> None:
+    body = good(1207)
+    body["vms"] += [vm("vm-1"), vm("vm-3")]
+    problems = batch_problems(
+        SampleBatch.model_validate(body), interval_s=60, now_s=1000, clock_skew_s=120, max_vms=3
+    )
+    assert [p.message for p in problems] == [
+        "interval_start_s = 1207 is not a multiple of 60",
+        "interval ends at 1267, 267 s in the future (allowed clock skew: 120 s): is cmp-1's"
+        " clock right?",
+        "4 VMs in one batch; at most 3",
+        "vms[2]: VM vm-1 appears twice in the batch",
+    ]
+    assert problems[2] == BatchProblem(ProblemCode.TOO_MANY_VMS, "4 VMs in one batch; at most 3")
 
 
 def test_a_reused_key_with_other_content_is_a_conflict(daemon: Daemon) -> None:

@@ -108,6 +108,66 @@ def test_wheel_installs_the_systemd_units_entry_points(wheel: zipfile.ZipFile) -
         assert f"{script} = gmd.{package}.cli:main" in text
 
 
+# --- the extras: a compute host installs gmd[agent] and none of the daemon's libraries -----
+
+DAEMON_DISTRIBUTIONS = {"sqlalchemy", "alembic", "fastapi", "uvicorn", "apscheduler", "matplotlib"}
+DAEMON_DISTRIBUTIONS |= {"starlette", "psycopg", "openstacksdk", "httptools", "uvloop"}
+
+
+def requirements_for(zf: zipfile.ZipFile, *extras: str) -> set[str]:
+    """The distributions `pip install gmd[EXTRAS]` asks for by name, as the wheel's METADATA
+    says (self-references such as gmd[daemon] followed)."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    (metadata,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
+    lines = zf.read(metadata).decode().splitlines()
+    requirements = [
+        Requirement(line.split(":", 1)[1]) for line in lines if line.startswith("Requires-Dist:")
+    ]
+    wanted, todo, names = set(), ["", *extras], set()
+    while todo:
+        extra = todo.pop()
+        if extra in wanted:
+            continue
+        wanted.add(extra)
+        for req in requirements:
+            if req.marker is not None and not req.marker.evaluate({"extra": extra}):
+                continue
+            if req.marker is None and extra:
+                continue  # a base requirement, taken with extra ""
+            if canonicalize_name(req.name) == "gmd":
+                todo += sorted(req.extras)
+            else:
+                names.add(canonicalize_name(req.name))
+    return names
+
+
+def test_the_agent_extra_brings_none_of_the_daemons_libraries(wheel: zipfile.ZipFile) -> None:
+    agent = requirements_for(wheel, "agent")
+    assert {"libvirt-python", "pydantic", "httpx", "prometheus-client", "typer"} <= agent
+    assert not agent & DAEMON_DISTRIBUTIONS, sorted(agent & DAEMON_DISTRIBUTIONS)
+    daemon = requirements_for(wheel, "daemon")
+    assert {"sqlalchemy", "alembic", "fastapi", "uvicorn", "apscheduler"} <= daemon
+    assert "libvirt-python" not in daemon
+    admin = requirements_for(wheel, "admin")
+    assert daemon <= admin and "matplotlib" in admin and "libvirt-python" not in admin
+
+
+def test_make_test_installs_every_extra() -> None:
+    """tests/bootstrap.sh's default extras (what `make test` installs) name every extra."""
+    import re
+    import tomllib
+
+    extras = set(
+        tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    )
+    (default,) = re.findall(
+        r"^EXTRAS=\$\{GMD_EXTRAS:-([\w,]+)\}$", (REPO / "tests" / "bootstrap.sh").read_text(), re.M
+    )
+    assert set(default.split(",")) == extras
+
+
 def test_migrations_installed_from_the_wheel_are_found_and_run(
     wheel: zipfile.ZipFile, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Collection
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import Connection, CursorResult, select
 
@@ -39,7 +40,7 @@ def actions(
     customer: str | None = None,
     limit: int | None = None,
     raw: bool = False,
-) -> list[dict[str, object]]:
+) -> list[dict[str, Any]]:
     """Actions in ``[from_s, to_s)`` (by when they were recorded), oldest first. ``raw`` adds
     ``interval_s`` (the interval's start) and ``at_dt`` (an aware datetime) for filtering."""
     query = (

@@ -240,7 +240,7 @@ def judge(
             drf_rank=drf_rank[j],
         )
         rows.append(row)
-    order = np.argsort([r["rank"] for r in rows], kind="stable")
+    order = np.argsort(np.asarray([r["rank"] for r in rows]), kind="stable")
     return Judgement(
         situation=s,
         gamma=float(gamma),

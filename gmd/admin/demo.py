@@ -427,11 +427,11 @@ def replay(layout: Layout, cloud: Cloud, port: int, out: TextIO) -> float:
             raise DemoError(f"the daemon stored {stored} of the {total} batches the agents made")
     finally:
         bar.close()
-        for p, log in procs.values():
+        for p, output in procs.values():
             if p.poll() is None:
                 p.terminate()
                 p.wait()
-            log.close()
+            output.close()
     return time.monotonic() - began
 
 

@@ -3,8 +3,6 @@ host's plan — read from the ledger, as the daemon serves it to agents."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 from sqlalchemy import Connection, select
 
 from gmd.admin.render import Column
@@ -59,7 +57,7 @@ def levels(conn: Connection, config: EnforcementConfig) -> list[dict[str, object
                 "quota_steps": effect.quota_steps,
             }
         )
-    out.sort(key=lambda r: (-int(r["level"]), -float(r["score"]), str(r["customer"])))  # type: ignore[arg-type]
+    out.sort(key=lambda r: (-int(r["level"]), -float(r["score"]), str(r["customer"])))
     return out
 
 
@@ -75,5 +73,5 @@ def plans(
     rows = []
     for name in names:
         for p in host_plan(conn, name, config):
-            rows.append({"host": name, **asdict(p)})
+            rows.append({"host": name, **p.model_dump()})
     return rows

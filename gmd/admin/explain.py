@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from sqlalchemy import Connection, func, select
@@ -132,7 +133,7 @@ class Explanation:
     mode: str
     level_reason: str | None
     actions: list[dict[str, object]]
-    range_summary: dict[str, object] | None = None
+    range_summary: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
 
     def document(self) -> dict[str, object]:
@@ -294,7 +295,7 @@ def _recompute(
         ),
         gamma=acc.gamma,
         endowment=acc.endowment,
-        consumer=acc.consumer,  # type: ignore[arg-type]
+        consumer=acc.consumer,
         weights=acc.weight_vector(),
     )
     mine = index_of.get(customer_id)
@@ -311,7 +312,7 @@ def _recompute(
         vms = []
         for j in ids:
             members = np.flatnonzero(result.consumer_of_vm == j)
-            name = ", ".join(samples[v].uuid for v in members)
+            name = ", ".join(samples[int(v)].uuid for v in members)
             vms.append(
                 VmExplained(
                     name,
@@ -546,7 +547,7 @@ def _range_summary(
         .where(*where)
     ).one()
     terms = dict(
-        conn.execute(  # type: ignore[arg-type]
+        conn.execute(
             select(_terms.c.resource, func.sum(_terms.c.term))
             .select_from(_terms.join(_intervals, _intervals.c.id == _terms.c.interval_id))
             .where(_terms.c.customer_id == customer_id, *where[1:])
@@ -706,13 +707,14 @@ def render_text(e: Explanation, endowment_mode: str) -> str:
             f" {json.dumps(a['before'])} → {json.dumps(a['after'])}; {a['reason']}"
         )
     if e.range_summary is not None:
-        r = e.range_summary
-        terms = ", ".join(f"{k} {v:+.4g}" for k, v in sorted(r["terms"].items()))  # type: ignore[attr-defined]
+        summary = e.range_summary
+        terms = ", ".join(f"{k} {v:+.4g}" for k, v in sorted(summary["terms"].items()))
         say("")
         say(
-            f"Over the range: {r['intervals_with_a_standing']} interval(s) with a standing,"
-            f" greediness summed {r['greediness_sum']:+.6g} ({terms or 'no resource terms'});"
-            f" balance {r['first_balance']:.6g} → {r['last_balance']:.6g}. The interval above"
+            f"Over the range: {summary['intervals_with_a_standing']} interval(s) with a"
+            f" standing, greediness summed {summary['greediness_sum']:+.6g}"
+            f" ({terms or 'no resource terms'}); balance {summary['first_balance']:.6g}"
+            f" → {summary['last_balance']:.6g}. The interval above"
             " is its greediest."
         )
     for note in e.notes:

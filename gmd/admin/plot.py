@@ -61,7 +61,7 @@ def _dates(seconds: np.ndarray) -> np.ndarray:
 
 
 def _color(i: int) -> tuple[float, float, float, float]:
-    return _PALETTE(i % _PALETTE.N)  # type: ignore[no-any-return]
+    return _PALETTE(i % _PALETTE.N)
 
 
 def _legend(ax: Axes) -> None:

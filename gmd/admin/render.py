@@ -13,7 +13,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.table import Table
 
 FORMATS: tuple[str, ...] = ("table", "csv", "json")
@@ -24,7 +24,7 @@ class Column:
     key: str
     header: str
     digits: int | None = 4
-    justify: str = "right"
+    justify: JustifyMethod = "right"
 
 
 def _cell(value: object, digits: int | None) -> str:
@@ -50,12 +50,12 @@ def table_text(
     """A rich table rendered to plain text (colour only when ``width`` is None and a tty)."""
     table = Table(title=title, caption=caption, caption_justify="left")
     for col in columns:
-        table.add_column(col.header, justify=col.justify)  # type: ignore[arg-type]
+        table.add_column(col.header, justify=col.justify)
     for row in rows:
         table.add_row(*(_cell(row.get(c.key, ""), c.digits) for c in columns))
-    console = Console(file=io.StringIO(), width=width or 160, color_system=None)
-    console.print(table)
-    return console.file.getvalue()  # type: ignore[attr-defined]
+    buffer = io.StringIO()
+    Console(file=buffer, width=width or 160, color_system=None).print(table)
+    return buffer.getvalue()
 
 
 def csv_text(rows: Sequence[Mapping[str, object]], columns: Sequence[Column]) -> str:

@@ -127,7 +127,7 @@ def standings(
     if sort == "customer":
         rows.sort(key=lambda r: str(r["customer"]))
     else:
-        rows.sort(key=lambda r: (-float(r[sort]), str(r["customer"])))  # type: ignore[arg-type]
+        rows.sort(key=lambda r: (-float(r[sort]), str(r["customer"])))
     if reverse:
         rows.reverse()
     shown = {str(r["customer"]) for r in rows}

@@ -68,6 +68,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import (
     ColumnElement,
@@ -368,12 +369,14 @@ def _epoch(at: datetime) -> float:
     return (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp()
 
 
-def _float(value: object) -> float:
-    return 0.0 if value is None else float(value)  # type: ignore[arg-type]
+def _float(value: Any) -> float:
+    """A SQL aggregate as a float: NULL (no rows) is 0."""
+    return 0.0 if value is None else float(value)
 
 
-def _int(value: object) -> int:
-    return 0 if value is None else int(value)  # type: ignore[call-overload]
+def _int(value: Any) -> int:
+    """A SQL count or sum as an int: NULL (no rows) is 0."""
+    return 0 if value is None else int(value)
 
 
 def _range_note(rng: _Range) -> str:
@@ -1075,6 +1078,6 @@ def _sort(rows: list[dict[str, object]], columns: Iterable[Column], key: str) ->
     name = keys[0]
     numeric = [r for r in rows if isinstance(r.get(key), int | float)]
     if len(numeric) == len(rows):
-        rows.sort(key=lambda r: (-float(r[key]), str(r[name])))  # type: ignore[arg-type]
+        rows.sort(key=lambda r: (-_float(r[key]), str(r[name])))
     else:
         rows.sort(key=lambda r: (str(r.get(key, "")), str(r[name])))

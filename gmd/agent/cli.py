@@ -27,7 +27,7 @@ from gmd.common import logs
 from gmd.common.config import DEFAULT_PATH, ConfigError
 
 if TYPE_CHECKING:
-    from gmd.agent.apply.applier import PlanApplier
+    from gmd.agent.apply.base import PlanApplier
     from gmd.agent.collect.replay import ReplayClock, ReplayCollector
 
 log = logging.getLogger("gmd.agent")
@@ -43,12 +43,10 @@ def _applier(config: AgentConfig) -> PlanApplier | None:
     if config.collector == "replay":
         log.info("agent.collector = replay: the VMs are recorded traces, no plan is applied")
         return None
-    from gmd.agent.apply.applier import (
-        CgroupApplier,
-        EnforcementStateError,
-        LibvirtApplier,
-    )
-    from gmd.agent.apply.cgroups import CgroupError
+    from gmd.agent.apply.cgroup import CgroupApplier
+    from gmd.agent.apply.cgroupfs import CgroupError
+    from gmd.agent.apply.libvirt import LibvirtApplier
+    from gmd.agent.apply.state import EnforcementStateError
 
     try:
         if config.enforce_backend == "cgroup":
@@ -171,17 +169,20 @@ def agent(
             raise typer.Exit(1)
         log.info("every VM gmd had changed is back to its original settings")
         return
+    collector: Collector
     clock: ReplayClock | None = None
+    replayed: ReplayCollector | None = None
     if config.collector == "replay":
-        collector, clock = _replay_collector(config)
+        replayed, clock = _replay_collector(config)
+        collector = replayed
     else:
         collector = _libvirt_collector(config)
     if dry_run:
         try:
-            if clock is not None:
+            if replayed is not None and clock is not None:
                 from gmd.agent.collect.replay import replay_dry_run
 
-                doc = replay_dry_run(config, collector, clock)  # type: ignore[arg-type]
+                doc = replay_dry_run(config, replayed, clock)
                 span_s = float(config.interval_s)
             else:
                 doc, span_s = dry_run_batch(config, collector)

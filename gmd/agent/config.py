@@ -60,7 +60,7 @@ key                           default                           meaning
 ``cgroup_template``           per detected version: v2          a VM's cgroup below the root;
                               ``SYSTEMD_TEMPLATE``, v1          fields ``{name}``, ``{uuid}``,
                               ``LIBVIRT_TEMPLATE`` (see         ``{id}``, ``{machine}``,
-                              :mod:`gmd.agent.apply.cgroups`)       ``{machine_unit}``
+                              :mod:`gmd.agent.apply.cgroupfs`)       ``{machine_unit}``
 ``collector``                 ``"libvirt"``                     where readings come from:
                                                                 ``"libvirt"`` or ``"replay"``
                                                                 (recorded traces, see
@@ -101,7 +101,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gmd.agent.apply.cgroups import CgroupError, VmIdentity, render_template
+from gmd.agent.apply.cgroupfs import CgroupError, VmIdentity, render_template
 from gmd.agent.collect.replay import trace_ranges
 from gmd.common.config import ConfigError, Reader, default_state_dir, read_document
 from gmd.common.timespec import parse_time

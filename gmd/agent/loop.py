@@ -7,7 +7,7 @@ the spool to the daemon (:mod:`gmd.agent.sender`): a crash anywhere loses nothin
 batch keeps its key until the daemon has acknowledged it, so nothing counts twice.
 
 After sending, at most once per ``plan_every_s``, the agent fetches the host's throttling plan
-and hands it to its applier (:mod:`gmd.agent.apply.applier`), then reports what changed or failed
+and hands it to its applier (:mod:`gmd.agent.apply.base`), then reports what changed or failed
 (``POST /v1/plan/{host}/report``). A plan that cannot be fetched changes nothing: the VMs keep
 their current settings until the daemon says otherwise. Reports that cannot be posted are kept
 (in memory, bounded) and posted with the next round's.
@@ -39,14 +39,14 @@ from gmd.agent.collect.aggregate import (
     load_state,
 )
 from gmd.agent.collect.base import Collector, HostReading
-from gmd.agent.collect.capacity import Capacity, network_bytes_per_s
+from gmd.agent.collect.capacity import Bandwidth, Capacity
 from gmd.agent.config import AgentConfig
 from gmd.agent.sender import Sender
 from gmd.agent.spool import Spool
 from gmd.wire import HostPlan, PlanReport, VmApplyResult
 
 if TYPE_CHECKING:
-    from gmd.agent.apply.applier import PlanApplier
+    from gmd.agent.apply.base import PlanApplier
 
 log = logging.getLogger("gmd.agent")
 
@@ -189,8 +189,8 @@ class Agent:
                     len(self.state.open),
                 )
         kwargs = {} if sys_class_net is None else {"sys_class_net": sys_class_net}
-        self._network_bytes_per_s, self._network_source = network_bytes_per_s(
-            config.network_bytes_per_s, **kwargs
+        self._bandwidth = Bandwidth.of(
+            config.disk_bytes_per_s, config.network_bytes_per_s, **kwargs
         )
         self.capacity: Capacity | None = None
         self._capacity_interval: int | None = None
@@ -204,12 +204,7 @@ class Agent:
         resources = self.collector.resources()
         if resources is None:
             return self.capacity
-        capacity = Capacity(
-            resources.cpu_cores,
-            resources.memory_bytes,
-            self.config.disk_bytes_per_s,
-            self._network_bytes_per_s,
-        )
+        capacity = self._bandwidth.capacity(resources)
         if capacity != self.capacity:
             log.info(
                 "host %s capacity: %g cores, %.1f GiB RAM (%s), disk %.0f MB/s"
@@ -220,7 +215,7 @@ class Agent:
                 self.config.collector,
                 capacity.disk_bytes_per_s / 1e6,
                 capacity.network_bytes_per_s / 1e6,
-                self._network_source,
+                self._bandwidth.network_source,
             )
         self.capacity, self._capacity_interval = capacity, interval
         return capacity
@@ -312,11 +307,13 @@ class Agent:
 
     def _report(self) -> None:
         """Post the unreported results, one report per plan they came from, oldest first."""
+        if self.plans is None:
+            return
         while self._unreported:
             generated = self._unreported[0][0]
             chunk = [r for g, r in self._unreported if g == generated][:MAX_PENDING_RESULTS]
             report = PlanReport(generated_s=generated, results=chunk)
-            outcome = self.plans.post_report(self.config.host, report)  # type: ignore[union-attr]
+            outcome = self.plans.post_report(self.config.host, report)
             if outcome.kind == "unavailable":
                 log.warning(
                     "cannot report %d enforcement result(s) to the daemon (%s): kept for the"
@@ -372,10 +369,7 @@ def dry_run_batch(config: AgentConfig, collector: Collector) -> tuple[dict[str, 
     resources = collector.resources()
     if resources is None:
         raise RuntimeError(f"cannot read the host through libvirt at {config.libvirt_uri}")
-    network, _source = network_bytes_per_s(config.network_bytes_per_s)
-    capacity = Capacity(
-        resources.cpu_cores, resources.memory_bytes, config.disk_bytes_per_s, network
-    )
+    capacity = Bandwidth.of(config.disk_bytes_per_s, config.network_bytes_per_s).capacity(resources)
     reading = collector.collect()
     if not reading.ok:
         raise RuntimeError("; ".join(reading.errors) or "the host could not be read")

@@ -11,9 +11,11 @@ import math
 import os
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 DEFAULT_PATH = Path("/etc/gmd/gmd.toml")
+
+Choice = TypeVar("Choice", bound=str)
 
 
 class ConfigError(ValueError):
@@ -67,7 +69,7 @@ class Reader:
             raise self.fail(key, f"{value!r} is not in {bound}")
         return value
 
-    def choice(self, key: str, default: str, choices: tuple[str, ...]) -> str:
+    def choice(self, key: str, default: Choice, choices: tuple[Choice, ...]) -> Choice:
         value = self.get(key, str, default)
         if value not in choices:
             raise self.fail(key, f"{value!r} is not one of {', '.join(choices)}")

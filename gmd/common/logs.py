@@ -6,8 +6,6 @@ from __future__ import annotations
 import logging
 import sys
 
-LEVELS = ("debug", "info", "warning", "error")
-
 
 def setup(level: str, quiet: tuple[str, ...] = ()) -> None:
     """``level`` for gmd's own loggers; ``quiet`` loggers only say warnings and worse."""

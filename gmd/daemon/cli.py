@@ -12,7 +12,8 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from gmd.common import logs
 from gmd.common.config import ConfigError
-from gmd.daemon.api.app import create_app, with_body_limit
+from gmd.daemon.api.app import create_app
+from gmd.daemon.api.body_limit import with_body_limit
 from gmd.daemon.config import load as load_config
 from gmd.daemon.ledger import migrate
 

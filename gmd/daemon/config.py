@@ -18,11 +18,11 @@ from gmd.common.config import (
     default_state_dir,
     read_document,
 )
-from gmd.fairness.cloud import CONSUMER_MODES, ENDOWMENT_MODES
+from gmd.fairness.cloud import CONSUMER_MODES, ENDOWMENT_MODES, ConsumerMode, EndowmentMode
 from gmd.fairness.decay import DEFAULT_HALF_LIFE_S
 from gmd.fairness.directcontr import UTILITIES
 from gmd.fairness.policy import ThrottlePolicy
-from gmd.wire import resource_names
+from gmd.wire import PLAN_MODES, PlanMode, resource_names
 
 
 def default_database_url() -> str:
@@ -34,8 +34,8 @@ class AccountingConfig:
     interval_s: int = 60
     grace_s: int = 30
     gamma: float = 0.5
-    endowment: str = "flavor"
-    consumer: str = "vm"
+    endowment: EndowmentMode = "flavor"
+    consumer: ConsumerMode = "vm"
     half_life_s: float | None = DEFAULT_HALF_LIFE_S
     utility: str = "psi_double_prime"
     split_io: bool = False
@@ -63,9 +63,6 @@ class DaemonConfig:
     account_every_s: float = 10.0
 
 
-ENFORCEMENT_MODES = ("off", "dry-run", "on")
-
-
 @dataclass(frozen=True)
 class QuotaConfig:
     """OpenStack compute quotas: ``cloud`` names the clouds.yaml entry ("" = no quotas).
@@ -90,7 +87,7 @@ class EnforcementConfig:
     """``mode``: "off" decides nothing; "dry-run" decides and records what it would do;
     "on" also applies it. ``policy`` holds the thresholds and what each level does."""
 
-    mode: str = "dry-run"
+    mode: PlanMode = "dry-run"
     policy: ThrottlePolicy = field(default_factory=ThrottlePolicy)
     quota: QuotaConfig = field(default_factory=QuotaConfig)
 
@@ -217,7 +214,7 @@ def _enforcement(e: Reader) -> EnforcementConfig:
         raise
     except ValueError as exc:
         raise e.fail("", str(exc)) from None
-    mode = e.choice("mode", "dry-run", ENFORCEMENT_MODES)
+    mode = e.choice("mode", "dry-run", PLAN_MODES)
     q = e.sub("quota")
     d_q = QuotaConfig()
     quota = QuotaConfig(

@@ -104,11 +104,3 @@ def drf_key(
     """
     a, r = _pool(use, supply, consumers, resources)
     return -np.sort(-(a / r), axis=1)
-
-
-METRICS = {
-    "price": price,
-    "price_scarcity": price_scarcity,
-    "price_cap_scarcity": price_cap_scarcity,
-    "dominant_share": dominant_share,
-}

@@ -28,8 +28,8 @@ from gmd.fairness.segments import segment_count, segment_sum
 
 EndowmentMode = Literal["equal", "flavor"]
 ConsumerMode = Literal["vm", "customer"]
-ENDOWMENT_MODES: tuple[str, ...] = ("equal", "flavor")
-CONSUMER_MODES: tuple[str, ...] = ("vm", "customer")
+ENDOWMENT_MODES: tuple[EndowmentMode, ...] = ("equal", "flavor")
+CONSUMER_MODES: tuple[ConsumerMode, ...] = ("vm", "customer")
 
 
 @dataclass(frozen=True)
@@ -206,6 +206,7 @@ def cloud_greediness(
         e = (c.supply / np.maximum(per_host, 1)[:, None])[consumer_host]
     else:
         if mode == "flavor":
+            assert c.configured is not None  # _check asked for it
             vm_e = flavor_endowment(c.configured, c.supply, c.host_of)
         else:
             vm_e = as_float_array("endowment", endowment, 2)

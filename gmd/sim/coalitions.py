@@ -165,12 +165,14 @@ class _Engine:
                 if rule == "fcfs":
                     d = None
                 else:
+                    tab = None
                     if rule == "ref":
                         tab = tables.get(c)
                         if tab is None:
                             tab = tables[c] = _LocalTables(c, k)
                         rows = tab.rows
                     else:
+                        assert rand is not None  # made above for every "rand" coalition
                         rows = rand[0]
                     v2 = (
                         a2[rows] * at
@@ -180,11 +182,12 @@ class _Engine:
                         + s2[rows]
                     )
                     own = v2[-1] if rule == "ref" else v2[rows == c][0]
-                    if rule == "ref":
+                    if tab is not None:
                         phi = tab.tables.values(v2.sum(axis=1))
                         d = dict(zip(members, (phi - own[members]).tolist(), strict=True))
                         bump = {o: 2.0 / len(members) for o in members}
                     else:
+                        assert rand is not None
                         vs = v2.sum(axis=1)
                         phi = (vs[rand[1]] - vs[rand[2]]).mean(axis=1)
                         d = dict(zip(members, (phi - own[members]).tolist(), strict=True))
@@ -214,7 +217,7 @@ class _Engine:
                     s2[c, o] += t * t
                     heapq.heappush(heap, (t + duration[j], c, j))
         grand = (1 << k) - 1
-        name = "Ref" if self.rules[grand] == "ref" else f"Rand:{len(self.preds[0])}"  # type: ignore[index]
+        name = "Ref" if self.preds is None else f"Rand:{len(self.preds[0])}"
         schedule = Schedule(w, name, starts[grand], np.full(n, -1, dtype=np.int64))
         return CoalitionRun(w, schedule, starts)
 

@@ -92,7 +92,7 @@ def run_simulate(
     return render(result, fmt)
 
 
-def _progress_bar(enabled: bool, total: int):  # type: ignore[no-untyped-def]
+def _progress_bar(enabled: bool, total: int):
     if not enabled:
         return nullcontext(None)
     from contextlib import contextmanager
@@ -100,7 +100,7 @@ def _progress_bar(enabled: bool, total: int):  # type: ignore[no-untyped-def]
     from rich.progress import Progress
 
     @contextmanager
-    def bar():  # type: ignore[no-untyped-def]
+    def bar():
         with Progress(transient=True) as prog:
             task = prog.add_task("samples", total=total)
             advance: Callable[[int, int], None] = lambda done, _n: prog.update(  # noqa: E731
@@ -115,7 +115,7 @@ def render(result: ExperimentResult, fmt: str) -> str:
     rows = result.summary()
     for row in rows:
         for key in ("wait_s_mean", "wait_s_std"):
-            row[key.replace("_s_", "_h_")] = row[key] / 3600.0  # type: ignore[operator]
+            row[key.replace("_s_", "_h_")] = row[key] / 3600.0
     columns = [
         Column("policy", "policy", justify="left"),
         Column("unfairness_mean", "Δψ/p mean", 2),

@@ -14,6 +14,7 @@ import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -83,7 +84,7 @@ class ExperimentResult:
     def policies(self) -> list[str]:
         return list(self.samples[0].outcomes) if self.samples else []
 
-    def summary(self) -> list[dict[str, object]]:
+    def summary(self) -> list[dict[str, Any]]:
         """One row per policy: mean and standard deviation over samples, CloudShare points."""
         rows = []
         for name in self.policies:
@@ -94,9 +95,10 @@ class ExperimentResult:
                 row[f"{key}_mean"] = _stat(np.nanmean, vals)
                 row[f"{key}_std"] = _stat(np.nanstd, vals)
             if self.config.cloudshare:
-                row["score"] = sum(s.scores.get(name, 0) for s in self.samples)
+                score = sum(s.scores.get(name, 0) for s in self.samples)
                 opponents = max(len(self.policies) - 1, 1)
-                row["score_share"] = row["score"] / (opponents * len(self.samples))
+                row["score"] = score
+                row["score_share"] = score / (opponents * len(self.samples))
             rows.append(row)
         return rows
 
@@ -196,11 +198,11 @@ def run_sample(
         elif spec.is_coalitional:
             schedule = simulate_rand(workload, spec.samples, seed=seed).grand
         else:
-            schedule = simulate(workload, spec.factory(), seed=seed)  # type: ignore[misc]
+            schedule = simulate(workload, spec.new_policy(), seed=seed)
         psi = utilities(schedule, T)
         cs = float("nan")
-        if cloudshare and spec.name == "Ref":
-            cs = _cloudshare(workload, schedule, coalition_run.starts)  # type: ignore[union-attr]
+        if cloudshare and coalition_run is not None:
+            cs = _cloudshare(workload, schedule, coalition_run.starts)
         elif cloudshare and not spec.is_coalitional:
             starts = {c: _coalition_starts(workload, c, spec, seed) for c in range(1, 1 << k)}
             cs = _cloudshare(workload, schedule, starts)
@@ -226,7 +228,7 @@ def _coalition_starts(
     workload: Workload, coalition: int, spec: PolicySpec, seed: int
 ) -> np.ndarray:
     """Start times of coalition's own schedule, indexed like the whole workload's jobs."""
-    sub = simulate(workload.restricted(coalition), spec.factory(), seed=seed)  # type: ignore[misc]
+    sub = simulate(workload.restricted(coalition), spec.new_policy(), seed=seed)
     full = np.full(workload.n_jobs, -1, dtype=np.int64)
     full[((coalition >> workload.org) & 1).astype(bool)] = sub.start
     return full

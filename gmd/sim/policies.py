@@ -194,6 +194,12 @@ class PolicySpec:
     def is_coalitional(self) -> bool:
         return self.factory is None
 
+    def new_policy(self) -> Policy:
+        """A fresh policy object; Ref and Rand, which schedule by coalitions, have none."""
+        if self.factory is None:
+            raise ValueError(f"{self.name} schedules by coalitions: it has no policy object")
+        return self.factory()
+
 
 REGISTRY: dict[str, Callable[[], Policy]] = {
     "ORIG_DIRECT": lambda: DirectContr("psi"),

@@ -22,6 +22,9 @@ import numpy as np
 from gmd.sim.policies import Policy
 from gmd.sim.workload import Workload
 
+_NEVER = 1 << 62
+"""A time after every release and end: the loop's "nothing left to happen"."""
+
 
 @dataclass(frozen=True)
 class Schedule:
@@ -66,13 +69,12 @@ def simulate(
     keys_of = policy.keys
     started, finished = policy.started, policy.finished
     owners = range(k)
-    inf = float("inf")
     i = 0
     while i < n or n_waiting:
-        t = release[i] if i < n else inf
+        t: int = release[i] if i < n else _NEVER
         if heap and heap[0][0] < t:
             t = heap[0][0]
-        if t == inf or (horizon is not None and t >= horizon):
+        if t == _NEVER or (horizon is not None and t >= horizon):
             break
         while heap and heap[0][0] == t:
             _, j = heapq.heappop(heap)

@@ -39,12 +39,12 @@ def shapley_weights(n: int) -> list[Fraction]:
     return [Fraction(factorial(s) * factorial(n - s - 1), factorial(n)) for s in range(n)]
 
 
-def shapley_exact(v: Sequence[object], n: int) -> list[Fraction]:
+def shapley_exact(v: Sequence[int | float | Fraction], n: int) -> list[Fraction]:
     """Exact Shapley values in fractions (``v`` indexed by mask, ints or Fractions)."""
     if len(v) != 1 << n:
         raise ValueError(f"a game on {n} players needs 2^{n} = {1 << n} values, got {len(v)}")
     w = shapley_weights(n)
-    values = [Fraction(x) for x in v]  # type: ignore[arg-type]
+    values = [Fraction(x) for x in v]
     phi = [Fraction(0)] * n
     for mask in range(1 << n):
         size = mask.bit_count()

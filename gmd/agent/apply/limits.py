@@ -1,14 +1,14 @@
 """What gmd wants a VM held to, independent of how a host applies it.
 
 The daemon's plan names, per VM, a :class:`VmLimits`; the cgroup backend
-(:mod:`gmd.agent.apply.cgroups`) and the libvirt applier both translate it into their own knobs.
+(:mod:`gmd.agent.apply.cgroupfs`) and the libvirt applier both translate it into their own knobs.
 Weights are expressed on the cgroup v2 scale because that is what production hosts run and
 what libvirt's ``cpu_shares`` means there; the pure conversions below map them onto the
 cgroup v1 files for the hosts that still have those. Keeping the conversions free of file I/O
 lets them be tested (and reused by the libvirt applier) on their own.
 
 ``None`` in a field always means "gmd asks nothing of this knob": an applier leaves the knob
-at the VM's original value (see :func:`gmd.agent.apply.cgroups.apply`).
+at the VM's original value (see :func:`gmd.agent.apply.cgroupfs.apply`).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _round_half_up(x: float) -> int:
+def round_half_up(x: float) -> int:
     """Round to the nearest integer, halves upwards (Python's round() rounds halves to even,
     which would make the mapping of neighbouring values depend on parity)."""
     return math.floor(x + 0.5)
@@ -162,13 +162,13 @@ class VmLimits:
 def cpu_weight_to_shares(weight: int) -> int:
     """cgroup v2 ``cpu.weight`` -> v1 ``cpu.shares``: linear, 100 <-> 1024, clamped to 2..262144
     (the same mapping systemd and the kernel use, so a weight means the same on both)."""
-    return _clamp(_round_half_up(weight * SHARES_DEFAULT / WEIGHT_DEFAULT), SHARES_MIN, SHARES_MAX)
+    return _clamp(round_half_up(weight * SHARES_DEFAULT / WEIGHT_DEFAULT), SHARES_MIN, SHARES_MAX)
 
 
 def shares_to_cpu_weight(shares: int) -> int:
     """v1 ``cpu.shares`` -> v2 ``cpu.weight``: inverse of :func:`cpu_weight_to_shares`,
     clamped to 1..10000."""
-    return _clamp(_round_half_up(shares * WEIGHT_DEFAULT / SHARES_DEFAULT), WEIGHT_MIN, WEIGHT_MAX)
+    return _clamp(round_half_up(shares * WEIGHT_DEFAULT / SHARES_DEFAULT), WEIGHT_MIN, WEIGHT_MAX)
 
 
 def io_weight_to_blkio(weight: int, blkio_default: int = BLKIO_WEIGHT_DEFAULT_BFQ) -> int:
@@ -179,13 +179,13 @@ def io_weight_to_blkio(weight: int, blkio_default: int = BLKIO_WEIGHT_DEFAULT_BF
     ``blkio.bfq.weight``, 500 for the old CFQ ``blkio.weight``.
     """
     return _clamp(
-        _round_half_up(weight * blkio_default / WEIGHT_DEFAULT), BLKIO_WEIGHT_MIN, BLKIO_WEIGHT_MAX
+        round_half_up(weight * blkio_default / WEIGHT_DEFAULT), BLKIO_WEIGHT_MIN, BLKIO_WEIGHT_MAX
     )
 
 
 def blkio_to_io_weight(blkio: int, blkio_default: int = BLKIO_WEIGHT_DEFAULT_BFQ) -> int:
     """v1 blkio weight -> cgroup v2 ``io.weight``: inverse of :func:`io_weight_to_blkio`."""
-    return _clamp(_round_half_up(blkio * WEIGHT_DEFAULT / blkio_default), WEIGHT_MIN, WEIGHT_MAX)
+    return _clamp(round_half_up(blkio * WEIGHT_DEFAULT / blkio_default), WEIGHT_MIN, WEIGHT_MAX)
 
 
 def cpu_quota_to_us(cores: float, period_us: int) -> int:
@@ -193,7 +193,7 @@ def cpu_quota_to_us(cores: float, period_us: int) -> int:
     minimum (a smaller quota is refused with EINVAL, so it is raised to the smallest cap)."""
     if period_us <= 0:
         raise LimitsError(f"CFS period {period_us!r} us: must be positive")
-    return max(CFS_QUOTA_MIN_US, _round_half_up(cores * period_us))
+    return max(CFS_QUOTA_MIN_US, round_half_up(cores * period_us))
 
 
 def quota_us_to_cores(quota_us: int, period_us: int) -> float | None:

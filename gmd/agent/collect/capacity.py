@@ -68,7 +68,7 @@ def link_speeds_mbit(sys_class_net: Path = SYS_CLASS_NET) -> dict[str, int]:
     veths are skipped (a tap claims 10 Mbit/s, a veth 10 Gbit/s: neither is the host's link).
     A link that is down, or virtio's, reports -1 or refuses to read.
     """
-    speeds = {}
+    speeds: dict[str, int] = {}
     if not sys_class_net.is_dir():
         return speeds
     for iface in sorted(sys_class_net.iterdir()):

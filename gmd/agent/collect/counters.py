@@ -137,7 +137,7 @@ def step(
     start_s = previous.taken_s if previous is not None else new_since_s
     assert start_s is not None
     resets: list[str] = []
-    if restarted:
+    if restarted and previous is not None:
         resets.append(f"process (domain id {previous.run_id} → {reading.run_id})")
 
     cpu_ns = 0

@@ -17,6 +17,7 @@ a lost connection is reopened with exponential backoff while ticks report the ho
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 import xml.etree.ElementTree as ET
@@ -28,6 +29,7 @@ import libvirt
 
 from gmd.agent.collect.base import HostReading, HostResources, Ownership, VmReading
 from gmd.agent.collect.ownership import ownership
+from gmd.agent.libvirt_conn import CONNECTION_LOST, DOMAIN_GONE, open_connection
 
 log = logging.getLogger(__name__)
 
@@ -38,25 +40,7 @@ STATS = (
     | libvirt.VIR_DOMAIN_STATS_INTERFACE
     | libvirt.VIR_DOMAIN_STATS_BLOCK
 )
-# A domain that stopped (or was undefined) after it was listed.
-GONE = frozenset({libvirt.VIR_ERR_NO_DOMAIN, libvirt.VIR_ERR_OPERATION_INVALID})
-# The connection itself failed: reading more domains through it is pointless.
-CONNECTION_LOST = frozenset(
-    {
-        libvirt.VIR_ERR_SYSTEM_ERROR,
-        libvirt.VIR_ERR_RPC,
-        libvirt.VIR_ERR_INVALID_CONN,
-        libvirt.VIR_ERR_NO_CONNECT,
-    }
-)
 KIB = 1024
-
-
-def _quiet(_ctx: object, _err: object) -> None:
-    """libvirt prints every error to stderr by default; the agent logs them itself."""
-
-
-libvirt.registerErrorHandler(_quiet, None)
 
 
 @dataclass
@@ -137,7 +121,7 @@ class LibvirtCollector:
     ) -> None:
         self.uri = uri
         self.default_customer = default_customer
-        self._opener = opener or libvirt.openReadOnly
+        self._opener = opener or functools.partial(open_connection, read_only=True)
         self._clock, self._monotonic = clock, monotonic
         self.describe_every_s = describe_every_s
         self.backoff_initial_s, self.backoff_max_s = backoff_initial_s, backoff_max_s
@@ -224,7 +208,7 @@ class LibvirtCollector:
                 reading = self._read(dom, uuid, stats, taken_s)
             except libvirt.libvirtError as exc:
                 code = exc.get_error_code()
-                if code in GONE:
+                if code in DOMAIN_GONE:
                     log.info("domain %s stopped while being read: %s", uuid, exc)
                     gone.add(uuid)
                     continue
@@ -309,7 +293,7 @@ class LibvirtCollector:
         try:
             return call(dev)
         except libvirt.libvirtError as exc:
-            if exc.get_error_code() in GONE | CONNECTION_LOST:
+            if exc.get_error_code() in DOMAIN_GONE | CONNECTION_LOST:
                 raise
             log.warning("domain %s: cannot read %s %s: %s", uuid, kind, dev, exc)
             return None

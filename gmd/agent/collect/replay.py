@@ -57,7 +57,7 @@ from gmd.agent.collect.base import (
     Ownership,
     VmReading,
 )
-from gmd.agent.collect.capacity import Capacity, network_bytes_per_s
+from gmd.agent.collect.capacity import Bandwidth
 from gmd.common.timespec import iso
 
 if TYPE_CHECKING:
@@ -703,10 +703,7 @@ def replay_dry_run(
     """The batch of the replay's first interval, read every ``tick_s`` of simulated time as
     the agent would; nothing is written or sent (``gmd-agent --dry-run``)."""
     resources = collector.resources()
-    network, _source = network_bytes_per_s(config.network_bytes_per_s)
-    capacity = Capacity(
-        resources.cpu_cores, resources.memory_bytes, config.disk_bytes_per_s, network
-    )
+    capacity = Bandwidth.of(config.disk_bytes_per_s, config.network_bytes_per_s).capacity(resources)
     state = AgentState()
     for t in tick_times(clock.start_s, clock.end_s, config.tick_s):
         clock.now_s = t

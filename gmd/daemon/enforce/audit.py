@@ -30,7 +30,7 @@ def record_host_report(
     with writer(engine).begin() as conn:
         host_id = conn.execute(select(_hosts.c.id).where(_hosts.c.name == host)).scalar()
         owners = dict(
-            conn.execute(  # type: ignore[arg-type]
+            conn.execute(
                 select(_vms.c.uuid, _vms.c.customer_id).where(
                     _vms.c.uuid.in_([r["uuid"] for r in results])
                 )

@@ -146,15 +146,6 @@ def _effect(config: EnforcementConfig, level: int) -> dict[str, object]:
     }
 
 
-def current_levels(conn: Connection) -> dict[int, int]:
-    """Customer id → level, for customers above level 0."""
-    return dict(
-        conn.execute(  # type: ignore[arg-type]
-            select(_levels.c.customer_id, _levels.c.level).where(_levels.c.level > 0)
-        ).all()
-    )
-
-
 def after_interval(config: EnforcementConfig) -> AfterInterval:
     """The accountant's hook: decide levels at the end of each interval it accounts."""
 

@@ -7,8 +7,6 @@ left (or put back) as it was. Weights are on the cgroup v2 / libvirt ``cpu_share
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-
 from sqlalchemy import Connection, func, select
 
 from gmd.daemon.config import EnforcementConfig
@@ -20,21 +18,10 @@ from gmd.daemon.ledger.tables import (
     vms as _vms,
 )
 from gmd.fairness.policy import cpu_cap_cores, weights_for
+from gmd.wire import VmPlanItem
 
 
-@dataclass(frozen=True)
-class VmPlan:
-    uuid: str
-    customer: str
-    level: int
-    cpu_weight: int
-    io_weight: int
-    cpu_quota_cores: float | None
-    disk_read_bytes_per_s: float | None
-    disk_write_bytes_per_s: float | None
-
-
-def host_plan(conn: Connection, host: str, config: EnforcementConfig) -> list[VmPlan]:
+def host_plan(conn: Connection, host: str, config: EnforcementConfig) -> list[VmPlanItem]:
     """The throttled VMs last seen on ``host`` and what to set on each (empty when "off")."""
     if config.mode == "off":
         return []
@@ -58,7 +45,7 @@ def host_plan(conn: Connection, host: str, config: EnforcementConfig) -> list[Vm
         effect = config.policy.effect(level)
         weight = weights_for(effect.weight_factor)
         plans.append(
-            VmPlan(
+            VmPlanItem(
                 uuid=uuid,
                 customer=customer,
                 level=level,
@@ -70,7 +57,3 @@ def host_plan(conn: Connection, host: str, config: EnforcementConfig) -> list[Vm
             )
         )
     return plans
-
-
-def as_documents(plans: list[VmPlan]) -> list[dict[str, object]]:
-    return [asdict(p) for p in plans]

@@ -17,6 +17,7 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import Engine, delete, insert, select, text, update
 
@@ -151,7 +152,7 @@ class QuotaReconciler:
         cid: int,
         level: int,
         steps: int,
-        row: object | None,
+        row: Any,
         dry: bool,
         counts: dict[str, int],
     ) -> None:
@@ -170,7 +171,7 @@ class QuotaReconciler:
                     )
                 )
         else:
-            original = QuotaSet(row.cores, row.ram_mb, row.instances)  # type: ignore[attr-defined]
+            original = QuotaSet(row.cores, row.ram_mb, row.instances)
         target = lowered(original, steps, self.step, self.floor)
         reason = (
             f"level {level} ≥ quota_level {self.config.policy.quota_level}: {steps} step(s) of"
@@ -199,14 +200,14 @@ class QuotaReconciler:
         project: str,
         cid: int,
         level: int,
-        row: object | None,
+        row: Any,
         dry: bool,
         counts: dict[str, int],
     ) -> None:
         """Write the original back if gmd had lowered the quota; forget it once restored."""
         assert row is not None
-        original = QuotaSet(row.cores, row.ram_mb, row.instances)  # type: ignore[attr-defined]
-        applied, held = row.applied, row.steps  # type: ignore[attr-defined]
+        original = QuotaSet(row.cores, row.ram_mb, row.instances)
+        applied, held = row.applied, row.steps
         reason = f"level {level} < quota_level {self.config.policy.quota_level}: original back"
         if applied and not dry:
             write = self.adapter.restore(project, original)

@@ -79,7 +79,7 @@ class QuotaSet:
             if isinstance(value, bool) or not isinstance(value, int) or value < UNLIMITED:
                 raise ValueError(f"QuotaSet.{name} must be an int ≥ -1 (-1: unlimited): {value!r}")
 
-    def as_nova(self) -> dict[str, int]:
+    def as_nova(self) -> dict[str, Any]:
         """The ``quota_set`` attributes as Nova names them."""
         return {"cores": self.cores, "ram": self.ram_mb, "instances": self.instances}
 
@@ -284,7 +284,7 @@ ConnectionFactory: TypeAlias = Callable[..., "Connection"]
 """Called like :func:`openstack.connect`: ``cloud=…, api_timeout=…`` and the retry settings
 of :data:`_NO_SDK_RETRIES`; tests inject one to count or alter connections."""
 
-_NO_SDK_RETRIES: dict[str, int] = {
+_NO_SDK_RETRIES: dict[str, Any] = {
     "connect_retries": 0,
     "status_code_retries": 0,
     "compute_connect_retries": 0,

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import numpy as np
 from sqlalchemy import Connection, Engine, delete, func, insert, select, text, update
@@ -63,9 +64,9 @@ ORIGIN_S = 0.0
 class LedgerRows:
     """What accounting one interval writes: lists of row dicts, keyed like the tables."""
 
-    customers: list[dict[str, object]]
-    resources: list[dict[str, object]]
-    organizations: list[dict[str, object]]
+    customers: list[dict[str, Any]]
+    resources: list[dict[str, Any]]
+    organizations: list[dict[str, Any]]
 
 
 def take_lock(conn: Connection) -> bool:
@@ -106,17 +107,14 @@ def close_due(conn: Connection, now_s: float, grace_s: float) -> int:
             )
         ).scalars()
     )
-    gaps = [
-        {"start_s": s, "length_s": length_s, "state": IntervalState.closed}
-        for s in range(start, due_end - length_s + 1, length_s)
-        if s not in existing
-    ]
+    gap_starts = [s for s in range(start, due_end - length_s + 1, length_s) if s not in existing]
+    gaps = [{"start_s": s, "length_s": length_s, "state": IntervalState.closed} for s in gap_starts]
     if gaps:
         conn.execute(insert(_intervals), gaps)
         log.warning(
             "no samples at all for %d interval(s) from %s: accounted as empty",
             len(gaps),
-            _when(gaps[0]["start_s"]),  # type: ignore[arg-type]
+            _when(gap_starts[0]),
         )
     closed = conn.execute(
         update(_intervals)
@@ -254,22 +252,22 @@ def _rows(
     start_s: int,
     length_s: int,
     prev_start_s: int | None,
-    samples: Sequence[object],
-    hosts: Sequence[object],
-    prev_customers: dict[int, object],
-    prev_orgs: dict[int, object],
+    samples: Sequence[Sequence[Any]],
+    hosts: Sequence[Sequence[Any]],
+    prev_customers: dict[int, Any],
+    prev_orgs: dict[int, Any],
     org_customer: dict[int, int],
     reset: set[int],
 ) -> LedgerRows:
     """The ledger rows of one interval; customers in ``reset`` start from a zero balance."""
-    data = np.array([tuple(r) for r in samples], dtype=np.float64)  # type: ignore[arg-type]
+    data = np.array([tuple(r) for r in samples], dtype=np.float64)
     host_ids = data[:, 0].astype(np.int64)
     customer_ids = data[:, 1].astype(np.int64)
     raw_use = data[:, 2 : 2 + len(USE_COLUMNS)]
     flavor = data[:, 2 + len(USE_COLUMNS) : 2 + len(USE_COLUMNS) + len(FLAVOR_COLUMNS)]
     created = data[:, -1]
 
-    host_table = np.array([tuple(h) for h in hosts], dtype=np.float64)  # type: ignore[arg-type]
+    host_table = np.array([tuple(h) for h in hosts], dtype=np.float64)
     host_index = {int(h): i for i, h in enumerate(host_table[:, 0])}
     missing = set(np.unique(host_ids).tolist()) - host_index.keys()
     if missing:
@@ -311,7 +309,7 @@ def _rows(
         ),
         gamma=config.gamma,
         endowment=config.endowment,
-        consumer=config.consumer,  # type: ignore[arg-type]
+        consumer=config.consumer,
         weights=config.weight_vector(),
     )
 
@@ -323,14 +321,14 @@ def _rows(
         row = prev_customers.get(c)
         if row is not None:
             if c not in reset:
-                prev_balance[i] = row.balance  # type: ignore[attr-defined]
-            before.utility_work[i] = row.utility_work  # type: ignore[attr-defined]
-            before.utility_moment[i] = row.utility_moment  # type: ignore[attr-defined]
+                prev_balance[i] = row.balance
+            before.utility_work[i] = row.utility_work
+            before.utility_moment[i] = row.utility_moment
     for o, a in account_of_org.items():
         row = prev_orgs.get(o)
         if row is not None:
-            before.contribution_work[a] = row.contribution_work  # type: ignore[attr-defined]
-            before.contribution_moment[a] = row.contribution_moment  # type: ignore[attr-defined]
+            before.contribution_work[a] = row.contribution_work
+            before.contribution_moment[a] = row.contribution_moment
     balance = prev_balance * decay + result.customer_greediness
 
     work = normalized_work(use, result.share, config.weight_vector())

@@ -8,12 +8,13 @@ import sys
 import sysconfig
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from alembic import command
 from alembic.config import Config as AlembicConfig
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import create_engine, event
+from sqlalchemy import Connection, create_engine, event
 from sqlalchemy.engine import Engine
 
 _WRITER = "gmd_writer"
@@ -68,6 +69,14 @@ def migrations_dir() -> Path:
     )
 
 
+def _sqlite_pragma(conn: Connection, pragma: str) -> None:
+    """Run a PRAGMA on the driver's own connection: outside SQLAlchemy's transaction, where
+    SQLite honours ``foreign_keys``."""
+    raw = conn.connection.driver_connection
+    assert raw is not None, "a connection in use has a driver connection"
+    raw.execute(f"PRAGMA {pragma}")
+
+
 def _config() -> AlembicConfig:
     cfg = AlembicConfig()
     cfg.set_main_option("script_location", str(migrations_dir()))
@@ -85,7 +94,7 @@ def _migrate(engine: Engine, step: Callable[[AlembicConfig], None]) -> None:
     with engine.connect() as conn:
         sqlite = conn.dialect.name == "sqlite"
         if sqlite:
-            conn.connection.driver_connection.execute("PRAGMA foreign_keys=OFF")
+            _sqlite_pragma(conn, "foreign_keys=OFF")
         try:
             with conn.begin():
                 cfg.attributes["connection"] = conn
@@ -96,7 +105,7 @@ def _migrate(engine: Engine, step: Callable[[AlembicConfig], None]) -> None:
                         raise RuntimeError(f"migration left dangling references: {broken[:5]}")
         finally:
             if sqlite:
-                conn.connection.driver_connection.execute("PRAGMA foreign_keys=ON")
+                _sqlite_pragma(conn, "foreign_keys=ON")
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
@@ -136,7 +145,7 @@ def engine_for(url: str) -> Engine:
     engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 60})
 
     @event.listens_for(engine, "connect")
-    def _configure(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+    def _configure(dbapi_conn: Any, _record: Any) -> None:
         dbapi_conn.isolation_level = None
         dbapi_conn.execute("PRAGMA foreign_keys=ON")
         dbapi_conn.execute("PRAGMA busy_timeout=60000")
@@ -144,7 +153,7 @@ def engine_for(url: str) -> Engine:
             dbapi_conn.execute("PRAGMA journal_mode=WAL")
 
     @event.listens_for(engine, "begin")
-    def _begin(conn) -> None:  # type: ignore[no-untyped-def]
+    def _begin(conn: Connection) -> None:
         immediate = conn.get_execution_options().get(_WRITER, False)
         conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 

@@ -122,7 +122,7 @@ def pending_resets(conn: Connection, after_start_s: int) -> dict[int, int]:
     """Customers with a reset not yet reflected in a ledger row after ``after_start_s`` (the
     latest accounted interval): customer id → the interval it applies from."""
     return dict(
-        conn.execute(  # type: ignore[arg-type]
+        conn.execute(
             select(_resets.c.customer_id, func.max(_resets.c.effective_start_s))
             .where(_resets.c.effective_start_s > after_start_s)
             .group_by(_resets.c.customer_id)

@@ -41,7 +41,7 @@ from gmd.daemon.ledger.tables import (
     samples as _samples,
     vms as _vms,
 )
-from gmd.wire import CAPACITY_FIELDS, FLAVOR_FIELDS, USAGE_FIELDS
+from gmd.wire import CAPACITY_FIELDS, FLAVOR_FIELDS, USAGE_FIELDS, BatchStatus
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class BatchRecord:
 
 @dataclass(frozen=True)
 class IngestResult:
-    status: str  # "accepted" or "duplicate"
+    status: BatchStatus
     samples: int
     late: int
 
@@ -178,7 +178,7 @@ class LedgerStore:
             rows = conn.execute(
                 select(_customers.c.name, _customers.c.id).where(_customers.c.name.in_(missing))
             ).all()
-            fetched = dict(rows)  # type: ignore[arg-type]
+            fetched = dict(rows)
             found.update(fetched)
             new.update(fetched)
         return found

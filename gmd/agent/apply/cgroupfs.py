@@ -36,8 +36,8 @@ configured.
 Every write is one line per ``write()`` call, which cgroupfs needs for files holding one line
 per device. Writes are skipped when the file already holds the wanted value, so applying the
 same limits twice writes nothing the second time. A failing file (ENOENT, EINVAL, EBUSY,
-EACCES, ...) is recorded in the :class:`ApplyReport` and the other files are still written;
-nothing here raises for a per-file failure.
+EACCES, ...) is recorded in the :class:`ApplyReport`, errno included, and the other files are
+still written; nothing here raises for a per-file failure.
 
 The originals are remembered as a :class:`Snapshot` (the raw text of every file the backend may
 touch, JSON-serialisable so the agent can keep it on disk across restarts) and put back exactly
@@ -369,13 +369,16 @@ class Snapshot:
 @dataclass(frozen=True, slots=True)
 class FileResult:
     """What happened to one control file: its text before and after (as read back from the
-    kernel), the lines written, and the error if any step failed."""
+    kernel), the lines written, and if a step failed, the message for the report and the
+    ``errno`` of the first OS error, for callers that must tell a vanished cgroup (ENOENT) from
+    a refused value without reading the message."""
 
     path: str
     before: str | None
     after: str | None
     ok: bool
     error: str | None = None
+    errno: int | None = None
     written: tuple[str, ...] = ()
 
     @property
@@ -389,8 +392,36 @@ class FileResult:
             "after": self.after,
             "ok": self.ok,
             "error": self.error,
+            "errno": self.errno,
             "written": list(self.written),
         }
+
+
+@dataclass
+class _Failures:
+    """The failed steps of one file, in order; the first OS error among them is its errno."""
+
+    messages: list[str] = field(default_factory=list)
+    errno: int | None = None
+
+    def add(self, message: str, exc: BaseException | None = None) -> None:
+        self.messages.append(message)
+        if self.errno is None and isinstance(exc, OSError):
+            self.errno = exc.errno
+
+    @property
+    def message(self) -> str | None:
+        return "; ".join(self.messages) or None
+
+
+def _failed(
+    cg: VmCgroup, path: Path, error: str, *, before: str | None = None, code: int | None = None
+) -> FileResult:
+    """A file left as it was (``before``) because of ``error``, which is logged."""
+    log.warning("cgroup %s: %s", cg.label, error)
+    return FileResult(
+        path=str(path), before=before, after=before, ok=False, error=error, errno=code
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -558,45 +589,40 @@ def _converge(
     except OSError as exc:
         if optional and exc.errno == errno.ENOENT:
             return None
-        error = f"{_describe(exc)} reading {path}"
-        log.warning("cgroup %s: %s", cg.label, error)
-        return FileResult(path=str(path), before=None, after=None, ok=False, error=error)
+        return _failed(cg, path, f"{_describe(exc)} reading {path}", code=exc.errno)
     try:
         current = fmt.parse(before)
         start = base if base is not None else current
         desired = transform(start) if transform is not None else start
     except ValueError as exc:
-        error = f"{path}: cannot use its content {before!r}: {exc}"
-        log.warning("cgroup %s: %s", cg.label, error)
-        return FileResult(path=str(path), before=before, after=before, ok=False, error=error)
-
+        return _failed(cg, path, f"{path}: cannot use its content {before!r}: {exc}", before=before)
     lines = _diff_lines(fmt, current, desired)
     if not lines:
         return FileResult(path=str(path), before=before, after=before, ok=True)
+    return _write(cg, io, path, fmt, before, desired, lines)
 
-    errors: list[str] = []
+
+def _write(
+    cg: VmCgroup,
+    io: CgroupIO,
+    path: Path,
+    fmt: _Format,
+    before: str,
+    desired: State,
+    lines: list[str],
+) -> FileResult:
+    """Write ``lines`` (a failing one does not stop the others) and check what the kernel kept."""
+    failures = _Failures()
     written: list[str] = []
     for line in lines:
         try:
             io.write(path, line)
         except OSError as exc:
-            errors.append(f"{_describe(exc)} writing {line!r} to {path}")
+            failures.add(f"{_describe(exc)} writing {line!r} to {path}", exc)
         else:
             written.append(line)
-    after: str | None
-    try:
-        after = io.read(path).rstrip("\n")
-        after_state = fmt.parse(after)
-    except (OSError, ValueError) as exc:
-        after = None
-        errors.append(f"cannot read {path} back: {exc}")
-    else:
-        if not errors and after_state != desired:
-            errors.append(
-                f"{path} reads {_render(after_state)!r} after writing {written}, "
-                f"expected {_render(desired)!r}"
-            )
-    error = "; ".join(errors) or None
+    after = _read_back(io, path, fmt, desired, written, failures)
+    error = failures.message
     if written:
         log.info("cgroup %s: %s: %r -> %r (wrote %s)", cg.label, path, before, after, written)
     if error:
@@ -607,8 +633,33 @@ def _converge(
         after=after,
         ok=error is None,
         error=error,
+        errno=failures.errno,
         written=tuple(written),
     )
+
+
+def _read_back(
+    io: CgroupIO,
+    path: Path,
+    fmt: _Format,
+    desired: State,
+    written: list[str],
+    failures: _Failures,
+) -> str | None:
+    """The file's text after the writes; the kernel may have refused or normalised a value
+    without failing the write, which only reading it back shows."""
+    try:
+        after = io.read(path).rstrip("\n")
+        after_state = fmt.parse(after)
+    except (OSError, ValueError) as exc:
+        failures.add(f"cannot read {path} back: {exc}", exc)
+        return None
+    if not failures.messages and after_state != desired:
+        failures.add(
+            f"{path} reads {_render(after_state)!r} after writing {written}, "
+            f"expected {_render(desired)!r}"
+        )
+    return after
 
 
 def apply(
@@ -643,10 +694,7 @@ def apply(
     if cg.version == "v1" and limits.io_weight is not None and not weight_file_seen:
         dirpath = cg.dirs["blkio"]
         error = f"{dirpath}: neither {' nor '.join(_V1_WEIGHT_FILES)} exists"
-        log.warning("cgroup %s: %s", cg.label, error)
-        results.append(
-            FileResult(path=str(dirpath), before=None, after=None, ok=False, error=error)
-        )
+        results.append(_failed(cg, dirpath, error))
     return _report(cg, "apply", results)
 
 
@@ -672,12 +720,9 @@ def _run(
             try:
                 base = _format(filename).parse(original)
             except ValueError as exc:
-                error = f"{cg.file(filename)}: snapshot text {original!r} unusable: {exc}"
-                log.warning("cgroup %s: %s", cg.label, error)
+                path = cg.file(filename)
                 results.append(
-                    FileResult(
-                        path=str(cg.file(filename)), before=None, after=None, ok=False, error=error
-                    )
+                    _failed(cg, path, f"{path}: snapshot text {original!r} unusable: {exc}")
                 )
                 continue
         if transform is None and base is None:

@@ -1,0 +1,324 @@
+"""The host side of enforcement: bring this host's VMs to the daemon's plan, and back.
+
+The agent fetches a :class:`~gmd.wire.HostPlan` and hands it to
+:meth:`PlanApplier.sync`, which returns what to report back (:class:`VmApplyResult`). Two
+implementations share the plan logic of :class:`PlanApplier` and differ in how they touch a VM:
+:class:`~gmd.agent.apply.libvirt.LibvirtApplier` (the default, LIVE libvirt tuning) and
+:class:`~gmd.agent.apply.cgroup.CgroupApplier` (the VM's cgroup files).
+
+What gmd changes is remembered on disk (:class:`~gmd.agent.apply.state.EnforcementState`, a
+JSON file): the original values of every knob, read before the first change and written to the
+file *before* any change, so that an agent restart still restores exactly. Policy:
+
+- mode "on": VMs in the plan are brought to their targets (re-applied if someone changed
+  them, after a VM restart — its live settings went with the old process, so its originals are
+  read afresh — and for a VM that migrated in); VMs gmd changed that left the plan are put back
+  exactly as they were.
+- mode "off": every VM gmd changed is put back; the daemon is telling the agent to stop.
+- mode "dry-run": nothing is applied; ``would_apply``/``would_restore`` are reported once per
+  distinct change. VMs gmd had changed while the mode was "on" are put back for real, so that
+  a host in dry-run carries no throttle of gmd's.
+- the daemon unreachable: nothing changes (the agent does not call :meth:`sync`).
+- agent stopped: nothing changes; the state file keeps the originals for the next start (or
+  ``gmd-agent --restore-all``, which puts every remembered VM back and exits).
+
+A failure on one VM (or on one knob of it) is logged and reported (``ok: false``) and the rest
+still goes on; the same failure is reported once, not at every fetch. A VM that vanished
+(stopped, undefined, migrated away) is forgotten: its live settings left with it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from gmd.agent.apply.state import EnforcementState, Settings, VmRecord
+from gmd.wire import ApplyAction, HostPlan, VmApplyResult, VmPlanItem
+
+log = logging.getLogger(__name__)
+
+
+class BackendUnavailable(Exception):
+    """The hypervisor cannot be reached at all: this round stops, nothing is forgotten."""
+
+
+class VmGone(Exception):
+    """The VM stopped or disappeared while it was being changed."""
+
+
+@dataclass(frozen=True)
+class VmRef:
+    """A running VM as the backend found it; ``run_id`` is libvirt's domain id, which changes
+    whenever the VM's process starts (a restart, or a migration in)."""
+
+    uuid: str
+    name: str
+    run_id: int
+    handle: Any = None
+
+
+@dataclass
+class Outcome:
+    """What a change did (or, dry, would do): the knobs that differed, before and after."""
+
+    before: Settings = field(default_factory=dict)
+    after: Settings = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.after)
+
+
+def prefixed(vm: VmRef, errors: list[str]) -> list[str]:
+    """Errors named after their VM, since one report holds those of many."""
+    return [f"VM {vm.uuid} ({vm.name}): {e}" for e in errors]
+
+
+class PlanApplier(ABC):
+    """Applies plans to this host's VMs and remembers originals; see the module docstring.
+
+    Subclasses say how to find a VM, read its originals, and converge it.
+    """
+
+    backend: ClassVar[str]
+
+    def __init__(self, state_path: Path, *, clock: Callable[[], float] = time.time) -> None:
+        self.state = EnforcementState(state_path, self.backend)
+        self._clock = clock
+        self._pending: list[VmApplyResult] = []
+
+    # -- what a backend provides -------------------------------------------------------------------
+
+    @abstractmethod
+    def _find(self, uuid: str) -> VmRef | None:
+        """The running VM, or ``None`` when it does not run here; BackendUnavailable when the
+        hypervisor cannot be asked."""
+
+    @abstractmethod
+    def _snapshot(self, vm: VmRef, known: dict[str, Any]) -> dict[str, Any]:
+        """``known`` completed with the current values of knobs not yet in it (a knob gmd never
+        changed still has its original value). Must not change anything."""
+
+    @abstractmethod
+    def _apply(
+        self, vm: VmRef, item: VmPlanItem, originals: dict[str, Any], *, dry: bool
+    ) -> Outcome:
+        """Bring the VM to the plan's targets (knobs the plan leaves free: to the originals)."""
+
+    @abstractmethod
+    def _restore(self, vm: VmRef, originals: dict[str, Any], *, dry: bool) -> Outcome:
+        """Put every remembered knob back to its original value."""
+
+    def close(self) -> None:  # noqa: B027 - most backends hold nothing to release
+        """Release the backend's connections."""
+
+    # -- the plan ----------------------------------------------------------------------------------
+
+    def sync(self, plan: HostPlan) -> list[VmApplyResult]:
+        """Apply ``plan``; the results worth reporting (changes, first failures, would-dos)."""
+        if plan.mode == "off":
+            return self._off()
+        dry = plan.mode == "dry-run"
+        wanted = {item.uuid: item for item in plan.vms}
+        try:
+            for uuid in sorted(self.state.records):
+                if dry or uuid not in wanted:
+                    self._restore_one(uuid)
+            for uuid, item in wanted.items():
+                self._apply_one(uuid, item, dry=dry)
+            self._settle_dry_run(wanted, dry=dry)
+        except BackendUnavailable as exc:
+            log.warning("enforcement: %s; the rest of the plan waits for the next round", exc)
+        finally:
+            self.state.save()
+        return self._take_results()
+
+    def restore_all(self) -> list[VmApplyResult]:
+        """Put back every VM gmd changed (mode "off", ``gmd-agent --restore-all``)."""
+        if self.state.records:
+            log.info("enforcement: restoring %d VM(s) gmd changed", len(self.state.records))
+        try:
+            for uuid in sorted(self.state.records):
+                self._restore_one(uuid)
+        except BackendUnavailable as exc:
+            log.warning("enforcement: %s; restoring the rest waits for the next round", exc)
+        finally:
+            self.state.save()
+        return self._take_results()
+
+    @property
+    def remembered(self) -> dict[str, VmRecord]:
+        """The VMs whose originals are kept (gmd changed them, or is about to)."""
+        return dict(self.state.records)
+
+    def _off(self) -> list[VmApplyResult]:
+        """Mode "off" ends a dry run too: its would-dos no longer describe anything."""
+        results = self.restore_all()
+        if self.state.dry_run:
+            self.state.dry_run.clear()
+            self.state.save()
+        return results
+
+    def _settle_dry_run(self, wanted: dict[str, VmPlanItem], *, dry: bool) -> None:
+        """A VM that left a dry-run plan would have been put back: say so once. Leaving dry
+        run drops what it would have done, which the real changes now replace."""
+        if not dry:
+            self.state.dry_run.clear()
+            return
+        for uuid in sorted(set(self.state.dry_run) - set(wanted)):
+            was = self.state.dry_run.pop(uuid)
+            self._result(uuid, "would_restore", Outcome(was["after"], was["before"]))
+
+    # -- one VM ------------------------------------------------------------------------------------
+
+    def _apply_one(self, uuid: str, item: VmPlanItem, *, dry: bool) -> None:
+        vm = self._find(uuid)
+        if vm is None:
+            self._not_running(uuid)
+            return
+        record = self._same_process(uuid, vm)
+        try:
+            originals = self._originals(uuid, vm, record, dry=dry)
+            outcome = self._apply(vm, item, originals, dry=dry)
+        except VmGone:
+            if uuid in self.state.records:
+                self._forget(uuid, "vanished while being changed")
+            return
+        if dry:
+            self._note_dry_run(uuid, outcome)
+        elif outcome.changed or outcome.errors:
+            self._result(uuid, "apply", outcome)
+
+    def _not_running(self, uuid: str) -> None:
+        if uuid in self.state.records:
+            self._forget(uuid, "no longer runs on this host")
+        else:
+            log.debug("enforcement: VM %s in the plan does not run here; skipped", uuid)
+
+    def _same_process(self, uuid: str, vm: VmRef) -> VmRecord | None:
+        """The VM's record, dropped if the VM restarted since: the originals it holds went with
+        the old process, and the new one's must be read afresh."""
+        record = self.state.records.get(uuid)
+        if record is None or record.run_id == vm.run_id:
+            return record
+        log.info(
+            "enforcement: VM %s (%s) restarted (domain id %d → %d): its live settings were"
+            " reset; reading its originals afresh and applying the plan again",
+            uuid,
+            vm.name,
+            record.run_id,
+            vm.run_id,
+        )
+        del self.state.records[uuid]
+        return None
+
+    def _originals(
+        self, uuid: str, vm: VmRef, record: VmRecord | None, *, dry: bool
+    ) -> dict[str, Any]:
+        originals = self._snapshot(vm, record.originals if record is not None else {})
+        if not dry and (record is None or originals != record.originals):
+            # Remembered on disk before anything changes, so a crash cannot lose them.
+            self.state.records[uuid] = VmRecord(vm.name, vm.run_id, self._clock(), originals)
+            self.state.save()
+        return originals
+
+    def _note_dry_run(self, uuid: str, outcome: Outcome) -> None:
+        """Keep what a dry run would change, so that it can say what it would put back."""
+        if outcome.changed:
+            self.state.dry_run[uuid] = {"before": outcome.before, "after": outcome.after}
+        else:
+            self.state.dry_run.pop(uuid, None)
+        if outcome.changed or outcome.errors:
+            self._result(uuid, "would_apply", outcome)
+
+    def _restore_one(self, uuid: str) -> None:
+        record = self.state.records[uuid]
+        vm = self._find(uuid)
+        if vm is None:
+            self._forget(uuid, "no longer runs on this host")
+            return
+        if vm.run_id != record.run_id:
+            self._forget(
+                uuid, f"restarted (domain id {record.run_id} → {vm.run_id}): nothing to put back"
+            )
+            return
+        try:
+            outcome = self._restore(vm, record.originals, dry=False)
+        except VmGone:
+            self._forget(uuid, "vanished while being restored")
+            return
+        if not outcome.errors:
+            del self.state.records[uuid]
+            log.info(
+                "enforcement: VM %s (%s) %s",
+                uuid,
+                vm.name,
+                "restored to its original settings" if outcome.changed else "needed no restore",
+            )
+        if outcome.changed or outcome.errors:
+            self._result(uuid, "restore", outcome)
+
+    def _forget(self, uuid: str, why: str) -> None:
+        record = self.state.records.pop(uuid, None)
+        name = record.name if record is not None else "?"
+        log.info("enforcement: VM %s (%s) %s: forgetting its original settings", uuid, name, why)
+        self.state.reported.pop(uuid, None)
+
+    # -- reporting ---------------------------------------------------------------------------------
+
+    def _result(self, uuid: str, action: ApplyAction, outcome: Outcome) -> None:
+        """Queue a result, unless it repeats the failure or would-do last reported for the VM."""
+        error = "; ".join(outcome.errors) or None
+        signature = _signature(action, error, outcome)
+        if signature is not None and self.state.reported.get(uuid) == signature:
+            log.debug("enforcement: VM %s: %s unchanged since reported", uuid, action)
+            return
+        if signature is None:
+            self.state.reported.pop(uuid, None)
+        else:
+            self.state.reported[uuid] = signature
+        _log_result(uuid, action, error, outcome)
+        self._pending.append(
+            VmApplyResult(
+                uuid=uuid,
+                action=action,
+                ok=error is None,
+                error=error[:2000] if error else None,
+                before=outcome.before,
+                after=outcome.after,
+            )
+        )
+
+    def _take_results(self) -> list[VmApplyResult]:
+        out, self._pending = self._pending, []
+        return out
+
+
+def _signature(action: str, error: str | None, outcome: Outcome) -> str | None:
+    """What makes a result a repeat: a would-do's change and error, a failure's error. A
+    successful change is never a repeat (``None``)."""
+    if action.startswith("would_"):
+        return json.dumps([action, error, outcome.after], sort_keys=True, default=str)
+    if error is not None:
+        return json.dumps([action, error], default=str)
+    return None
+
+
+def _log_result(uuid: str, action: str, error: str | None, outcome: Outcome) -> None:
+    if error is not None:
+        log.warning("enforcement: VM %s: %s incomplete: %s", uuid, action, error)
+        return
+    log.info(
+        "enforcement: VM %s: %s %s → %s",
+        uuid,
+        action,
+        json.dumps(outcome.before, sort_keys=True),
+        json.dumps(outcome.after, sort_keys=True),
+    )

@@ -1,0 +1,248 @@
+"""The cgroup applier, for hosts configured not to go through libvirt's tuning: it writes the
+VM's cgroup files through :mod:`gmd.agent.apply.cgroupfs` (v1 or v2, detected), and libvirt
+(read-only) only tells it which VMs run, under which name, domain id and disks."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import math
+import os
+import stat
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import libvirt
+
+from gmd.agent.apply.base import BackendUnavailable, Outcome, PlanApplier, VmGone, VmRef, prefixed
+from gmd.agent.apply.cgroupfs import (
+    ApplyReport,
+    CgroupBackend,
+    CgroupError,
+    CgroupIO,
+    CgroupVersion,
+    Snapshot,
+    VmIdentity,
+    apply as cgroup_apply,
+    restore as cgroup_restore,
+)
+from gmd.agent.apply.libvirt import connect
+from gmd.agent.apply.limits import LimitsError, VmLimits
+from gmd.agent.libvirt_conn import DOMAIN_GONE, NO_SUCH_DOMAIN, LazyConnection, reason
+from gmd.wire import VmPlanItem
+
+log = logging.getLogger(__name__)
+
+
+class _DryIO(CgroupIO):
+    """Reads the real files and keeps writes in memory, merging per-device lines as cgroupfs
+    does, so that :func:`cgroups.apply` run through it reports what it would write and what
+    the files would then read, and the real files stay as they are."""
+
+    def __init__(self, real: CgroupIO) -> None:
+        self.real = real
+        self.files: dict[Path, str] = {}
+
+    def read(self, path: Path) -> str:
+        return self.files[path] if path in self.files else self.real.read(path)
+
+    def write(self, path: Path, line: str) -> None:
+        removal = _KEYED_REMOVAL.get(path.name)
+        if removal is None:
+            self.files[path] = line + "\n"
+            return
+        lines = {ln.split()[0]: ln for ln in self.read(path).splitlines() if ln.strip()}
+        key, _, value = line.partition(" ")
+        if removal(value):
+            lines.pop(key, None)
+        else:
+            lines[key] = line
+        self.files[path] = "".join(f"{ln}\n" for ln in lines.values())
+
+
+# Files with one line per device, and the value that removes a device's line.
+_KEYED_REMOVAL: dict[str, Callable[[str], bool]] = {
+    "io.weight": lambda value: value == "default",
+    "io.max": lambda value: all(f.endswith("=max") for f in value.split()),
+    "blkio.throttle.read_bps_device": lambda value: value == "0",
+    "blkio.throttle.write_bps_device": lambda value: value == "0",
+}
+
+
+def block_device(path: str) -> str | None:
+    """``MAJ:MIN`` of the whole disk holding ``path`` (a block device itself, or a file on a
+    filesystem), since cgroups throttle disks, not partitions; ``None`` when there is none (a
+    network disk, a missing file)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    dev = st.st_rdev if stat.S_ISBLK(st.st_mode) else st.st_dev
+    major, minor = os.major(dev), os.minor(dev)
+    if major == 0:  # tmpfs, overlay, NFS...: no block device to throttle
+        return None
+    sysdir = Path(f"/sys/dev/block/{major}:{minor}")
+    if (sysdir / "partition").exists():
+        with contextlib.suppress(OSError):
+            return (sysdir.resolve().parent / "dev").read_text().strip()
+    return f"{major}:{minor}"
+
+
+def disk_sources(xml: str) -> list[str]:
+    """Host paths of the domain's file and block disks: the only ones a cgroup can throttle."""
+    root = ET.fromstring(xml)
+    out = []
+    for disk in root.iterfind("devices/disk"):
+        source = disk.find("source")
+        if disk.get("device", "disk") != "disk" or source is None:
+            continue
+        path = source.get("file") or source.get("dev")
+        if path:
+            out.append(path)
+    return out
+
+
+class CgroupApplier(PlanApplier):
+    """Writes cgroup files directly (:class:`gmd.agent.apply.cgroupfs.CgroupBackend`); libvirt
+    (read-only) says which VMs run and under which name, domain id and disks."""
+
+    backend = "cgroup"
+
+    def __init__(
+        self,
+        root: Path,
+        template: str | None = None,
+        *,
+        state_path: Path,
+        libvirt_conn_or_uri: Any = "qemu:///system",
+        version: CgroupVersion | None = None,
+        io: CgroupIO | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        super().__init__(state_path, clock=clock)
+        self.cgroups = CgroupBackend(Path(root), template, version=version, io=io)
+        self._libvirt = LazyConnection(libvirt_conn_or_uri, read_only=True)
+        self.uri = self._libvirt.uri
+        log.info(
+            "enforcement through cgroup %s files under %s, template %r",
+            self.cgroups.version,
+            self.cgroups.root,
+            self.cgroups.template,
+        )
+
+    def close(self) -> None:
+        self._libvirt.close()
+
+    def _find(self, uuid: str) -> VmRef | None:
+        conn = connect(self._libvirt)
+        try:
+            dom = conn.lookupByUUIDString(uuid)
+            if not dom.isActive():
+                return None
+            return VmRef(uuid, dom.name(), dom.ID(), dom)
+        except libvirt.libvirtError as exc:
+            if exc.get_error_code() in NO_SUCH_DOMAIN:
+                return None
+            self._libvirt.close()
+            raise BackendUnavailable(f"libvirt {self.uri}: looking up VM {uuid}: {exc}") from None
+
+    def _identity(self, vm: VmRef) -> VmIdentity:
+        return VmIdentity(name=vm.name, uuid=vm.uuid, id=vm.run_id)
+
+    def _snapshot(self, vm: VmRef, known: dict[str, Any]) -> dict[str, Any]:
+        if known:
+            return known
+        return self.cgroups.read_current(self._identity(vm)).to_dict()
+
+    def _limits(self, vm: VmRef, item: VmPlanItem) -> tuple[VmLimits, list[str]]:
+        errors: list[str] = []
+        io = self._disk_caps(vm, item, errors)
+        quota = item.cpu_quota_cores
+        try:
+            limits = VmLimits(
+                cpu_weight=item.cpu_weight,
+                cpu_quota=quota if quota is not None and quota > 0 else None,
+                io_weight=item.io_weight,
+                io_bytes_per_s=io,
+            )
+        except LimitsError as exc:
+            errors.append(f"plan item unusable: {exc}")
+            limits = VmLimits()
+        return limits, errors
+
+    def _disk_caps(
+        self, vm: VmRef, item: VmPlanItem, errors: list[str]
+    ) -> dict[str, tuple[int | None, int | None]]:
+        """The plan's disk caps per host block device behind the VM's disks, split evenly so
+        that the VM as a whole stays under them; why there are none goes to ``errors``."""
+        read, write = item.disk_read_bytes_per_s, item.disk_write_bytes_per_s
+        if read is None and write is None:
+            return {}
+        try:
+            sources = disk_sources(vm.handle.XMLDesc(0))
+        except (libvirt.libvirtError, ET.ParseError) as exc:
+            if isinstance(exc, libvirt.libvirtError) and exc.get_error_code() in DOMAIN_GONE:
+                raise VmGone(vm.uuid) from None
+            errors.append(f"disk caps: cannot read the domain XML: {reason(exc)}")
+            return {}
+        devices = sorted({d for d in map(block_device, sources) if d is not None})
+        if not devices:
+            errors.append("disk caps: no local block device behind its disks; not applied")
+            return {}
+        share = [None if c is None else max(1, math.floor(c / len(devices))) for c in (read, write)]
+        return {d: (share[0], share[1]) for d in devices}
+
+    def _apply(
+        self, vm: VmRef, item: VmPlanItem, originals: dict[str, Any], *, dry: bool
+    ) -> Outcome:
+        limits, errors = self._limits(vm, item)
+        return self._run(vm, originals, limits, errors, dry=dry)
+
+    def _restore(self, vm: VmRef, originals: dict[str, Any], *, dry: bool) -> Outcome:
+        return self._run(vm, originals, None, [], dry=dry)
+
+    def _run(
+        self,
+        vm: VmRef,
+        originals: dict[str, Any],
+        limits: VmLimits | None,
+        errors: list[str],
+        *,
+        dry: bool,
+    ) -> Outcome:
+        try:
+            cg = self.cgroups.locate(self._identity(vm))
+            snapshot = Snapshot.from_dict(originals)
+            io = _DryIO(self.cgroups.io) if dry else self.cgroups.io
+            if limits is None:
+                report = cgroup_restore(cg, snapshot, io=io)
+            else:
+                report = cgroup_apply(cg, limits, snapshot, io=io)
+        except CgroupError as exc:
+            return Outcome(errors=prefixed(vm, [*errors, str(exc)]))
+        if not dry and not errors and _vanished(vm, report):
+            raise VmGone(vm.uuid)
+        outcome = Outcome()
+        for r in report.results:
+            name = Path(r.path).name
+            if r.changed:
+                outcome.before[name], outcome.after[name] = r.before, r.after
+            if not r.ok and r.error:
+                errors.append(r.error)
+        outcome.errors = prefixed(vm, errors)
+        return outcome
+
+
+def _vanished(vm: VmRef, report: ApplyReport) -> bool:
+    """Every file failed for want of a cgroup directory, under a VM that no longer runs."""
+    failures = [r for r in report.results if not r.ok and r.error]
+    if not failures or any(r.errno != errno.ENOENT for r in failures):
+        return False
+    try:
+        return not vm.handle.isActive()
+    except libvirt.libvirtError:
+        return True

@@ -1,0 +1,92 @@
+"""Every refusal as one kind of answer: a :class:`~gmd.wire.Problem` body with a 4xx or 503.
+
+Agents and operators read these bodies to fix what they sent, so each says what is wrong and
+where (``detail``, and for validation failures one line per problem in ``errors``). A database
+that cannot be reached is a 503, which tells agents to spool and retry.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import SQLAlchemyError
+
+from gmd.daemon.api.auth import AuthError
+from gmd.daemon.api.services import Services
+from gmd.wire import Problem
+
+log = logging.getLogger(__name__)
+
+
+class Refused(Exception):
+    def __init__(self, status: int, detail: str, errors: list[str] | None = None) -> None:
+        super().__init__(detail)
+        self.status, self.detail, self.errors = status, detail, errors or []
+
+
+def _where(loc: tuple[Any, ...]) -> str:
+    parts = [p for p in loc if p != "body"]
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "body"
+
+
+def validation_problem(errors: list[Any]) -> Refused:
+    """A 422 naming each of pydantic's ``errors`` by where it is (``vms[0].cpu_s``)."""
+    lines = []
+    for e in errors:
+        where = _where(tuple(e.get("loc", ())))
+        given = e.get("input")
+        shown = "" if isinstance(given, dict | list) else f" (got {json.dumps(given)[:60]})"
+        if e.get("type") == "extra_forbidden":
+            lines.append(f"{where}: unknown field")
+        else:
+            lines.append(f"{where}: {e.get('msg')}{shown}")
+    first = lines[0] if lines else "invalid request"
+    more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
+    return Refused(422, f"invalid batch: {first}{more}", lines)
+
+
+async def refused(request: Request, exc: Refused) -> JSONResponse:
+    if exc.status < 500:
+        log.warning(
+            "%s %s refused (%d): %s", request.method, request.url.path, exc.status, exc.detail
+        )
+    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+    return JSONResponse(
+        Problem(detail=exc.detail, errors=exc.errors).model_dump(),
+        status_code=exc.status,
+        headers=headers,
+    )
+
+
+async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+    return await refused(request, validation_problem(list(exc.errors())))
+
+
+async def unauthorized(request: Request, exc: AuthError) -> JSONResponse:
+    if request.url.path.startswith("/v1/samples"):
+        services: Services = request.app.state.services
+        services.metrics.batches.labels("rejected").inc()
+    return await refused(request, Refused(exc.status, str(exc)))
+
+
+async def database(request: Request, exc: SQLAlchemyError) -> JSONResponse:
+    log.error("%s %s: ledger database error: %s", request.method, request.url.path, exc)
+    return await refused(
+        request, Refused(503, f"ledger database unavailable: {type(exc).__name__}")
+    )
+
+
+def install_handlers(app: FastAPI) -> None:
+    """Answer each kind of refusal on ``app`` with a :class:`~gmd.wire.Problem`."""
+    app.exception_handler(Refused)(refused)
+    app.exception_handler(RequestValidationError)(invalid)
+    app.exception_handler(AuthError)(unauthorized)
+    app.exception_handler(SQLAlchemyError)(database)

@@ -1,0 +1,43 @@
+"""``/v1/plan/{host}``: what each host's agent should set on its VMs, and what it did.
+
+The plan is computed from the ledger on every request, so an agent always gets the levels of
+the latest accounted interval; a host may only read and report on its own plan.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from gmd.daemon.api.deps import Caller, ServicesDep
+from gmd.daemon.enforce.audit import record_host_report
+from gmd.daemon.enforce.plans import host_plan
+from gmd.wire import HostPlan, PlanReport, PlanReportReceipt
+
+router = APIRouter()
+
+
+@router.get("/v1/plan/{host}", response_model=HostPlan)
+def get_plan(host: str, caller_host: Caller, services: ServicesDep) -> HostPlan:
+    """The throttling plan for the VMs on ``host``: what to set on each throttled VM."""
+    services.auth.check_host(caller_host, host)
+    enforcement = services.config.enforcement
+    with services.engine.connect() as conn:
+        plans = host_plan(conn, host, enforcement)
+    return HostPlan(
+        host=host,
+        generated_s=int(services.clock()),
+        mode=enforcement.mode,
+        vms=plans,
+    )
+
+
+@router.post("/v1/plan/{host}/report", response_model=PlanReportReceipt)
+def post_plan_report(
+    host: str, report: PlanReport, caller_host: Caller, services: ServicesDep
+) -> PlanReportReceipt:
+    """Record, in the enforcement log, what the host's agent did with its plan."""
+    services.auth.check_host(caller_host, host)
+    recorded = record_host_report(
+        services.engine, host, report.generated_s, [r.model_dump() for r in report.results]
+    )
+    return PlanReportReceipt(recorded=recorded)

@@ -1,0 +1,95 @@
+"""The daemon's long-lived parts, built once per app and shared by every route.
+
+Routes take them from ``request.app.state.services`` (see :mod:`.deps`) rather than from a
+closure, so each route can live in its own module and a test can build the parts without a
+server. The accountant and the quota reconciler run between the app's startup and shutdown.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from sqlalchemy import Engine
+
+from gmd.daemon.api.auth import TokenAuth
+from gmd.daemon.api.metrics import DaemonMetrics
+from gmd.daemon.config import Config
+from gmd.daemon.enforce.levels import after_interval
+from gmd.daemon.enforce.quota_job import QuotaReconciler
+from gmd.daemon.ledger.accounting import RunReport
+from gmd.daemon.ledger.schedule import Accountant
+from gmd.daemon.ledger.store import LedgerStore
+
+
+class Services:
+    """Configuration, database, clock, metrics, ledger store, token check and accountant.
+
+    ``run_accountant`` None follows ``daemon.accounting`` in the configuration.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        engine: Engine,
+        *,
+        clock: Callable[[], float] = time.time,
+        run_accountant: bool | None = None,
+    ) -> None:
+        self.config, self.engine, self.clock = config, engine, clock
+        self.metrics = DaemonMetrics()
+        self.store = LedgerStore(engine, config.owner_of, config.organization_customers)
+        self.auth = TokenAuth(
+            {h.name: h.token_sha256 for h in config.hosts.values() if h.token_sha256},
+            required=config.daemon.auth == "token",
+        )
+        self.run_accountant = config.daemon.accounting if run_accountant is None else run_accountant
+        self.accountant = Accountant(
+            engine,
+            config.accounting,
+            config.daemon.account_every_s,
+            on_run=self._count_run,
+            on_error=self._count_error,
+            after=after_interval(config.enforcement),
+        )
+        self.quotas: QuotaReconciler | None = None
+
+    def start(self) -> None:
+        """Record the configured organizations, then start the accountant (unless disabled)
+        with the quota reconciler among its jobs when cloud quotas are enforced."""
+        config = self.config
+        self.store.sync_organizations(
+            {config.default_owner} | {h.owner for h in config.hosts.values()}
+        )
+        if not self.run_accountant:
+            return
+        if config.enforcement.quota.cloud and config.enforcement.mode != "off":
+            self.quotas = QuotaReconciler(self.engine, config.enforcement)
+            self.accountant.every(config.enforcement.quota.every_s, self.quotas.run, "quotas")
+        self.accountant.start()
+
+    def stop(self) -> None:
+        self.accountant.stop()
+        if self.quotas is not None:
+            self.quotas.close()
+            self.quotas = None
+
+    @asynccontextmanager
+    async def lifespan(self, _app: FastAPI) -> AsyncIterator[None]:
+        self.start()
+        try:
+            yield
+        finally:
+            self.stop()
+
+    def _count_run(self, report: RunReport) -> None:
+        for seconds in report.seconds:
+            self.metrics.intervals.inc()
+            self.metrics.accounting_seconds.observe(seconds)
+        if report.accounted:
+            self.metrics.last_accounted.set(report.accounted[-1])
+
+    def _count_error(self, _exc: Exception) -> None:
+        self.metrics.accounting_errors.inc()
