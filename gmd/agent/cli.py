@@ -149,25 +149,7 @@ def agent(
         log.error("%s", exc)
         raise typer.Exit(2) from None
     if restore_all:
-        applier = _applier(config)
-        if applier is None:
-            return
-        try:
-            results = applier.restore_all()
-            left = applier.remembered
-        finally:
-            applier.close()
-        for r in results:
-            print(json.dumps(r.model_dump()))
-        if left:
-            log.error(
-                "%d VM(s) could not be restored (still in %s): %s",
-                len(left),
-                config.enforcement_state_path,
-                ", ".join(sorted(left)),
-            )
-            raise typer.Exit(1)
-        log.info("every VM gmd had changed is back to its original settings")
+        _restore_all(config)
         return
     collector: Collector
     clock: ReplayClock | None = None
@@ -178,24 +160,65 @@ def agent(
     else:
         collector = _libvirt_collector(config)
     if dry_run:
-        try:
-            if replayed is not None and clock is not None:
-                from gmd.agent.collect.replay import replay_dry_run
+        _dry_run(config, collector, replayed, clock)
+    else:
+        _serve(config, collector, clock, once=once)
 
-                doc = replay_dry_run(config, replayed, clock)
-                span_s = float(config.interval_s)
-            else:
-                doc, span_s = dry_run_batch(config, collector)
-        except RuntimeError as exc:
-            log.error("%s", exc)
-            raise typer.Exit(1) from None
-        finally:
-            collector.close()
-        log.info(
-            "dry run: %d VMs, use over %.2f s; nothing was sent or written", len(doc["vms"]), span_s
-        )
-        print(json.dumps(doc, indent=2))
+
+def _restore_all(config: AgentConfig) -> None:
+    """--restore-all: every VM gmd changed back to its saved settings; exit 1 if any is left."""
+    applier = _applier(config)
+    if applier is None:
         return
+    try:
+        results = applier.restore_all()
+        left = applier.remembered
+    finally:
+        applier.close()
+    for r in results:
+        print(json.dumps(r.model_dump()))
+    if left:
+        log.error(
+            "%d VM(s) could not be restored (still in %s): %s",
+            len(left),
+            config.enforcement_state_path,
+            ", ".join(sorted(left)),
+        )
+        raise typer.Exit(1)
+    log.info("every VM gmd had changed is back to its original settings")
+
+
+def _dry_run(
+    config: AgentConfig,
+    collector: Collector,
+    replayed: ReplayCollector | None,
+    clock: ReplayClock | None,
+) -> None:
+    """--dry-run: the batch one tick (or the first replayed interval) would send, on stdout."""
+    try:
+        if replayed is not None and clock is not None:
+            from gmd.agent.collect.replay import replay_dry_run
+
+            doc = replay_dry_run(config, replayed, clock)
+            span_s = float(config.interval_s)
+        else:
+            doc, span_s = dry_run_batch(config, collector)
+    except RuntimeError as exc:
+        log.error("%s", exc)
+        raise typer.Exit(1) from None
+    finally:
+        collector.close()
+    log.info(
+        "dry run: %d VMs, use over %.2f s; nothing was sent or written", len(doc["vms"]), span_s
+    )
+    print(json.dumps(doc, indent=2))
+
+
+def _serve(
+    config: AgentConfig, collector: Collector, clock: ReplayClock | None, *, once: bool
+) -> None:
+    """The agent proper: spool, client and applier around the collector, then one tick, the
+    replay, or ticks until SIGTERM; everything it opened is closed however it ends."""
     where = str(config.path) if config.path else f"{DEFAULT_PATH} (absent: all defaults)"
     if config.daemon_url is None:
         log.error("%s: agent.daemon_url is not set: where should batches go?", where)
@@ -245,25 +268,7 @@ def agent(
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda _n, _f: stop.set())
-        log.info(
-            "gmd-agent for host %s: %s, tick %g s, interval %d s, daemon %s, spool %s,"
-            " enforcement %s%s",
-            config.host,
-            f"libvirt {config.libvirt_uri}"
-            if clock is None
-            else f"replaying traces from {config.replay_dir}",
-            config.tick_s,
-            config.interval_s,
-            config.daemon_url,
-            config.spool_path,
-            f"through {config.enforce_backend} every {config.plan_every_s:g} s, state in"
-            f" {config.enforcement_state_path}"
-            if applier is not None
-            else "off",
-            f", metrics on {config.metrics_bind}:{config.metrics_port}"
-            if config.metrics_port
-            else "",
-        )
+        _log_start(config, replaying=clock is not None, enforcing=applier is not None)
         if clock is not None:
             _replay(runner, clock, stop)
             return
@@ -277,6 +282,26 @@ def agent(
         collector.close()
         if applier is not None:
             applier.close()
+
+
+def _log_start(config: AgentConfig, *, replaying: bool, enforcing: bool) -> None:
+    log.info(
+        "gmd-agent for host %s: %s, tick %g s, interval %d s, daemon %s, spool %s,"
+        " enforcement %s%s",
+        config.host,
+        f"replaying traces from {config.replay_dir}"
+        if replaying
+        else f"libvirt {config.libvirt_uri}",
+        config.tick_s,
+        config.interval_s,
+        config.daemon_url,
+        config.spool_path,
+        f"through {config.enforce_backend} every {config.plan_every_s:g} s, state in"
+        f" {config.enforcement_state_path}"
+        if enforcing
+        else "off",
+        f", metrics on {config.metrics_bind}:{config.metrics_port}" if config.metrics_port else "",
+    )
 
 
 def _replay(runner: Agent, clock: ReplayClock, stop: threading.Event | None) -> None:
