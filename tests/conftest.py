@@ -23,10 +23,15 @@ SHARED = Path(os.environ.get("GMD_SHARED", REPO.parent / "shared"))
 
 POSTGRES_FIXTURE = "postgres_server_url"
 REALVM_PLUGIN = "tests.realvm"
-# Tests that take more than about ten seconds alone on a 2-core machine (measured with
-# `pytest --durations=30`), by node id; a name without "[...]" marks every parametrization.
+# Tests that take more than about ten seconds alone on a busy 2-core machine (measured with
+# `pytest --durations=30`: 10-45 s loaded, 4-17 s idle), and two that start real processes and
+# wait on them (6-7 s loaded), which keeps `make test-fast` under a minute. By node id; a name
+# without "[...]" marks every parametrization.
 SLOW = frozenset(
     {
+        "tests/test_agent_process.py::"
+        "test_sigkill_with_a_full_spool_then_restart_loses_and_doubles_nothing",
+        "tests/test_bench.py::test_ingest_bench_posts_and_counts_every_sample",
         "tests/test_demo.py::test_the_demo_replays_accounts_and_reports_what_the_traces_say",
         "tests/test_demo.py::test_a_bad_trace_stops_the_demo_naming_the_agent_file_and_line",
         "tests/test_sim_lpc_egee.py::"
