@@ -8,8 +8,10 @@ changes, the process restarted even if a counter has since grown past its old va
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import operator
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from gmd.agent.collect.base import Ownership, VmReading
 from gmd.wire import USAGE_FIELDS
@@ -28,16 +30,20 @@ class Usage:
     network_tx_bytes: float = 0.0
 
     def amounts(self) -> tuple[float, ...]:
-        return tuple(getattr(self, f) for f in USAGE_FIELDS)
+        return _amounts(self)
 
     def as_wire(self) -> dict[str, float]:
-        return dict(zip(USAGE_FIELDS, self.amounts(), strict=True))
+        return dict(zip(USAGE_FIELDS, _amounts(self), strict=True))
 
     def scaled(self, factor: float) -> Usage:
-        return Usage(*(v * factor for v in self.amounts()))
+        return Usage(*[v * factor for v in _amounts(self)])
 
     def plus(self, other: Usage) -> Usage:
-        return Usage(*(a + b for a, b in zip(self.amounts(), other.amounts(), strict=True)))
+        return Usage(*map(operator.add, _amounts(self), _amounts(other)))
+
+
+# Read once per VM and tick: attrgetter is C, a third of the cost of getattr in a generator.
+_amounts: Callable[[Usage], tuple[float, ...]] = attrgetter(*USAGE_FIELDS)
 
 
 @dataclass(frozen=True, slots=True)
