@@ -18,32 +18,10 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.test_layout import DAEMON_LIBRARIES
+from tests.test_packaging import DAEMON_DISTRIBUTIONS
 
-# What a compute host must not need, by import name and by distribution name.
-DAEMON_MODULES = (
-    "sqlalchemy",
-    "fastapi",
-    "starlette",
-    "alembic",
-    "apscheduler",
-    "psycopg",
-    "matplotlib",
-    "openstack",
-    "uvicorn",
-)
-DAEMON_DISTRIBUTIONS = (
-    "sqlalchemy",
-    "fastapi",
-    "starlette",
-    "alembic",
-    "apscheduler",
-    "psycopg",
-    "psycopg-binary",
-    "matplotlib",
-    "openstacksdk",
-    "uvicorn",
-)
+REPO = Path(__file__).resolve().parents[1]
 
 # Run the entry point's --help, then import every module of its process, then print the
 # top-level names of everything loaded.
@@ -86,7 +64,7 @@ def tops(modules: list[str]) -> set[str]:
 def test_the_agent_loads_none_of_the_daemons_libraries() -> None:
     modules = loaded_by("agent", "gmd-agent")
     assert "gmd.agent.collect.libvirt" in modules  # every module was imported
-    assert not tops(modules) & set(DAEMON_MODULES), sorted(tops(modules) & set(DAEMON_MODULES))
+    assert not tops(modules) & DAEMON_LIBRARIES, sorted(tops(modules) & DAEMON_LIBRARIES)
     crossing = [m for m in modules if m.startswith(("gmd.daemon", "gmd.admin"))]
     assert not crossing, crossing
 
@@ -165,7 +143,7 @@ def test_gmd_agent_installs_and_runs_in_a_clean_virtualenv(tmp_path: Path) -> No
     )
     installed = {d["name"].lower().replace("_", "-") for d in json.loads(listed.stdout)}
     assert {"gmd", "libvirt-python", "httpx", "prometheus-client", "pydantic"} <= installed
-    assert not installed & set(DAEMON_DISTRIBUTIONS), sorted(installed & set(DAEMON_DISTRIBUTIONS))
+    assert not installed & DAEMON_DISTRIBUTIONS, sorted(installed & DAEMON_DISTRIBUTIONS)
 
     agent = subprocess.run(
         [str(venv / "bin" / "gmd-agent"), "--help"],
@@ -181,7 +159,7 @@ def test_gmd_agent_installs_and_runs_in_a_clean_virtualenv(tmp_path: Path) -> No
     # every module of the agent imports there, libvirt's included
     modules = loaded_by("agent", "gmd-agent", python=python, cwd=tmp_path)
     assert "libvirt" in tops(modules)
-    assert not tops(modules) & set(DAEMON_MODULES)
+    assert not tops(modules) & DAEMON_LIBRARIES
     # and from the installed copy, not this checkout
     where = subprocess.run(
         [python, "-c", "import gmd; print(gmd.__file__)"],

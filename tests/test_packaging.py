@@ -110,8 +110,12 @@ def test_wheel_installs_the_systemd_units_entry_points(wheel: zipfile.ZipFile) -
 
 # --- the extras: a compute host installs gmd[agent] and none of the daemon's libraries -----
 
-DAEMON_DISTRIBUTIONS = {"sqlalchemy", "alembic", "fastapi", "uvicorn", "apscheduler", "matplotlib"}
-DAEMON_DISTRIBUTIONS |= {"starlette", "psycopg", "openstacksdk", "httptools", "uvloop"}
+# What a compute host must not need, by distribution name (tests/test_layout.py has the import
+# names); tests/test_agent_install.py checks a real install against it too.
+DAEMON_DISTRIBUTIONS = frozenset(
+    {"sqlalchemy", "alembic", "fastapi", "uvicorn", "apscheduler", "matplotlib", "starlette"}
+    | {"psycopg", "psycopg-binary", "openstacksdk", "httptools", "uvloop"}
+)
 
 
 def requirements_for(zf: zipfile.ZipFile, *extras: str) -> set[str]:

@@ -86,7 +86,7 @@ class BatchRecord:
     host: str
     interval_start_s: int
     interval_s: int
-    capacity: tuple[float, float, float, float]
+    capacity: tuple[float, ...]  # one per CAPACITY_FIELDS
     vm_uuids: list[str]
     customers: list[str]
     use: np.ndarray
