@@ -39,7 +39,7 @@ from gmd.agent.collect.aggregate import (
     load_state,
 )
 from gmd.agent.collect.base import Collector, HostReading
-from gmd.agent.collect.capacity import Bandwidth, Capacity
+from gmd.agent.collect.capacity import SYS_CLASS_NET, Bandwidth, Capacity
 from gmd.agent.config import AgentConfig
 from gmd.agent.sender import Sender
 from gmd.agent.spool import Spool
@@ -188,9 +188,8 @@ class Agent:
                     len(self.state.baselines),
                     len(self.state.open),
                 )
-        kwargs = {} if sys_class_net is None else {"sys_class_net": sys_class_net}
         self._bandwidth = Bandwidth.of(
-            config.disk_bytes_per_s, config.network_bytes_per_s, **kwargs
+            config.disk_bytes_per_s, config.network_bytes_per_s, sys_class_net or SYS_CLASS_NET
         )
         self.capacity: Capacity | None = None
         self._capacity_interval: int | None = None
