@@ -1,26 +1,76 @@
 """What an agent posts and what the daemon answers: the wire format of ``/v1``, in the one place
 both sides import it from (gmd-agent never imports the daemon, nor the daemon the agent).
 
-Pydantic checks shapes and types, and rejects unknown fields, negative or non-finite amounts;
-the daemon's :mod:`gmd.daemon.api.checks` checks what needs its configuration (interval
-length, clock). Amounts are what the agent measured over the interval, in the resources' own
-units.
+Pydantic checks shapes and types in strict mode (a number must be a JSON number: ``"5"``,
+``true`` and ``5.0`` for a count are refused, not coerced), and rejects unknown fields,
+negative or non-finite amounts, VM ids that are not canonical UUIDs and names holding control,
+bidi or zero-width characters; the daemon's :mod:`gmd.daemon.api.checks` checks what needs its
+configuration (interval length, clock, what a host can plausibly do). Amounts are what the
+agent measured over the interval, in the resources' own units.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
+import unicodedata
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Annotated, Literal, NotRequired
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, with_config
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, with_config
 from typing_extensions import TypedDict
+
+# The largest integer a JSON reader in any language holds exactly (2^53 - 1): times beyond it
+# are no time an agent can mean, and would overflow the ledger's 64-bit columns.
+MAX_JSON_INT = 2**53 - 1
 
 Amount = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-Name = Annotated[str, StringConstraints(min_length=1, max_length=255, pattern=r"^[^\x00-\x1f]+$")]
-VmId = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[!-~]+$")]
+UnixTime = Annotated[int, Field(ge=0, le=MAX_JSON_INT)]
+# Unicode categories a name must not hold: control (Cc), format (Cf: bidi overrides, zero-width
+# joiners and spaces), surrogates, private use and unassigned code points, and the line and
+# paragraph separators. Such characters make two names look alike, or reorder a terminal line.
+_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+
+
+@lru_cache(maxsize=65536)
+def visible_name(name: str) -> str:
+    """``name`` unchanged if every character shows as itself, else ValueError naming the first
+    one that does not. Cached: a batch repeats a few customer names hundreds of times."""
+    for i, ch in enumerate(name):
+        if unicodedata.category(ch) in _HIDDEN_CATEGORIES:
+            raise ValueError(
+                f"character {i} is U+{ord(ch):04X} ({unicodedata.name(ch, 'unnamed')}):"
+                " names may not hold control, bidi or zero-width characters"
+            )
+    if name != name.strip():
+        raise ValueError("names may not begin or end with white space")
+    return name
+
+
+Name = Annotated[str, StringConstraints(min_length=1, max_length=255), AfterValidator(visible_name)]
+_CANONICAL_UUID = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+_IS_UUID = re.compile(_CANONICAL_UUID)
+
+
+def canonical_uuid(value: str) -> str:
+    """``value`` if it is a UUID as libvirt and Nova write it, else ValueError: one VM, one
+    spelling (no upper case, braces or missing dashes), and no path or markup in an id."""
+    if not _IS_UUID.match(value):
+        raise ValueError("a VM id must be a UUID: 8-4-4-4-12 lowercase hex digits")
+    return value
+
+
+VmId = Annotated[
+    str,
+    AfterValidator(canonical_uuid),
+    Field(
+        json_schema_extra={"format": "uuid", "pattern": _CANONICAL_UUID},
+        description="the domain's UUID, lowercase, 8-4-4-4-12 hex digits",
+    ),
+]
 Key = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[!-~]+$")]
 
 
@@ -78,7 +128,9 @@ def resource_names(split_io: bool) -> tuple[str, ...]:
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """Strict: unknown fields are refused and nothing is coerced (``"5"`` is not 5)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class Capacity(Strict):
@@ -94,7 +146,7 @@ class Capacity(Strict):
 # into dicts is about twice as fast as building model instances, with the same checks.
 
 
-@with_config(ConfigDict(extra="forbid"))
+@with_config(ConfigDict(extra="forbid", strict=True))
 class Flavor(TypedDict, total=False):
     """What the VM was configured with; a missing amount means "an equal split"."""
 
@@ -104,7 +156,7 @@ class Flavor(TypedDict, total=False):
     network_bytes_per_s: Positive | None
 
 
-@with_config(ConfigDict(extra="forbid"))
+@with_config(ConfigDict(extra="forbid", strict=True))
 class VmUsage(TypedDict):
     """One VM's use in the interval, in the resources' own units, and who owns it."""
 
@@ -117,7 +169,7 @@ class VmUsage(TypedDict):
     network_rx_bytes: Amount
     network_tx_bytes: Amount
     flavor: NotRequired[Flavor]
-    created_s: NotRequired[Annotated[int, Field(ge=0)] | None]
+    created_s: NotRequired[UnixTime | None]
 
 
 class SampleBatch(Strict):
@@ -125,8 +177,8 @@ class SampleBatch(Strict):
 
     key: Key
     host: Name
-    interval_start_s: Annotated[int, Field(ge=0)]
-    interval_s: Annotated[int, Field(gt=0)]
+    interval_start_s: UnixTime
+    interval_s: Annotated[int, Field(gt=0, le=MAX_JSON_INT)]
     capacity: Capacity
     vms: list[VmUsage]
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import socket
 import threading
 import time
+import uuid as uuidlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -124,12 +126,25 @@ class HostSpec:
         }
 
 
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+def as_uuid(name: str) -> str:
+    """The wire's VM id for a test's readable VM name (a fixed UUID per name); a UUID stays
+    itself."""
+    return (
+        name if _UUID.match(name) else str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"gmd-test:{name}"))
+    )
+
+
 def batch(
     host: HostSpec,
     start_s: int,
     vms: list[dict[str, Any]],
     key: str | None = None,
 ) -> dict[str, Any]:
+    """A batch of ``vms`` (whose readable names become UUIDs: see :func:`as_uuid`)."""
+    vms = [{**v, "uuid": as_uuid(v["uuid"])} for v in vms]
     return {
         "key": key or f"{host.name}:{start_s}",
         "host": host.name,
@@ -143,7 +158,8 @@ def batch(
 def random_vms(
     rng: np.random.Generator, host: HostSpec, uuids: list[str], owners: list[str]
 ) -> list[dict[str, Any]]:
-    """Plausible use for each VM: up to 1.5× its flavor, some flavors missing."""
+    """Plausible use for each VM: up to 1.5× its flavor, some flavors missing, scaled down
+    where the VMs together would use more than the host has (the daemon refuses that)."""
     out = []
     for uuid, owner in zip(uuids, owners, strict=True):
         vcpus = float(rng.integers(1, 5))
@@ -160,6 +176,15 @@ def random_vms(
             "flavor": {"vcpus": vcpus, "memory_bytes": ram} if rng.random() < 0.8 else {},
         }
         out.append(vm)
+    for name, capacity in (
+        ("cpu_s", host.cpu_cores),
+        ("memory_byte_s", host.memory_bytes),
+    ):
+        total = sum(v[name] for v in out)
+        room = capacity * INTERVAL_S
+        if total > room:
+            for v in out:
+                v[name] *= room / total
     return out
 
 

@@ -17,6 +17,7 @@ from gmd.agent.collect.counters import Baseline, Usage, counter_delta, step
 from gmd.wire import SampleBatch
 
 OWNER = Ownership("proj-a", "nova/1.1", Flavor(2, 2**31), 1_700_000_000)
+VM1 = "6f1c5b1e-1c2d-4e3f-8a9b-0c1d2e3f4a5b"  # the wire takes VM ids as UUIDs
 GIB = 2**30
 
 
@@ -28,7 +29,7 @@ def reading(
     disks: dict | None = None,
     nics: dict | None = None,
     run_id: int = 1,
-    uuid: str = "vm-1",
+    uuid: str = VM1,
 ) -> VmReading:
     return VmReading(
         uuid=uuid,
@@ -155,15 +156,15 @@ def test_advance_closes_intervals_with_exact_totals() -> None:
         state = r.state
         closed_all.extend(r.closed)
     assert [c.start_s for c in closed_all] == [0, 60, 120]
-    by_start = {c.start_s: c.vms["vm-1"].usage for c in closed_all}
+    by_start = {c.start_s: c.vms[VM1].usage for c in closed_all}
     assert by_start[0].cpu_s == pytest.approx(2.5)  # 55..60
     assert by_start[60].cpu_s == pytest.approx(30.0)
     assert by_start[60].memory_byte_s == pytest.approx(GIB * 60)
     assert by_start[120].cpu_s == pytest.approx(30.0)
     assert list(state.open) == [180]
-    assert state.open[180]["vm-1"].usage.cpu_s == pytest.approx(2.5)
+    assert state.open[180][VM1].usage.cpu_s == pytest.approx(2.5)
     # Nothing invented or lost: every 10 s delta (5 core-seconds) is in exactly one place.
-    total = sum(u.cpu_s for u in by_start.values()) + state.open[180]["vm-1"].usage.cpu_s
+    total = sum(u.cpu_s for u in by_start.values()) + state.open[180][VM1].usage.cpu_s
     assert total == pytest.approx(0.5 * (185 - 55), abs=1e-9)
 
 
@@ -200,12 +201,12 @@ def test_unreadable_host_changes_nothing_but_closes_due_intervals() -> None:
     state = advance(state, host(58.0, [reading(58.0, 8.0)]), 60).state
     r = advance(state, HostReading(65.0, False, errors=("down",)), 60)
     assert [c.start_s for c in r.closed] == [0]
-    assert r.closed[0].vms["vm-1"].usage.cpu_s == 8.0
+    assert r.closed[0].vms[VM1].usage.cpu_s == 8.0
     assert r.state.baselines == state.baselines and r.state.last_ok_s == 58.0
     # Back at 70: the 12 s since 58 are split 2 s / 10 s; interval 0 closes again with 2 s.
     r = advance(r.state, host(70.0, [reading(70.0, 20.0)]), 60)
-    assert [(c.start_s, c.vms["vm-1"].usage.cpu_s) for c in r.closed] == [(0, pytest.approx(2.0))]
-    assert r.state.open[60]["vm-1"].usage.cpu_s == pytest.approx(10.0)
+    assert [(c.start_s, c.vms[VM1].usage.cpu_s) for c in r.closed] == [(0, pytest.approx(2.0))]
+    assert r.state.open[60][VM1].usage.cpu_s == pytest.approx(10.0)
 
 
 def test_an_idle_host_still_reports_every_interval() -> None:
@@ -238,7 +239,7 @@ def test_batch_document_is_a_valid_sample_batch() -> None:
     batch = SampleBatch.model_validate(doc)
     assert batch.vms == [
         {
-            "uuid": "vm-1",
+            "uuid": VM1,
             "customer": "proj-a",
             "cpu_s": 30.0,
             "memory_byte_s": GIB * 60,

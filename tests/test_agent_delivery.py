@@ -23,7 +23,7 @@ from gmd.agent.loop import Agent, AgentMetrics
 from gmd.agent.sender import Sender
 from gmd.agent.spool import Spool, SpoolError
 from tests.agent_fixtures import ScriptedCollector, ScriptedVm
-from tests.daemon_support import Daemon, aligned_past, make_config, serving, token_of
+from tests.daemon_support import Daemon, aligned_past, as_uuid, make_config, serving, token_of
 
 HOST = "cmp-1"
 INTERVAL_S = 60
@@ -79,9 +79,13 @@ class Host:
         self.tmp_path, self.url = tmp_path, url
         self.now = float(start_s - TICK_S)
         self.vms = [
-            ScriptedVm("vm-a", "proj-a", cores=1.5, started_s=start_s - 500),
-            ScriptedVm("vm-b", "proj-b", cores=0.25, rss_bytes=3 * 2**30, started_s=start_s - 9),
-            ScriptedVm("vm-c", "proj-a", cores=0.0, read_bytes_per_s=0, started_s=start_s - 70),
+            ScriptedVm(as_uuid("vm-a"), "proj-a", cores=1.5, started_s=start_s - 500),
+            ScriptedVm(
+                as_uuid("vm-b"), "proj-b", cores=0.25, rss_bytes=3 * 2**30, started_s=start_s - 9
+            ),
+            ScriptedVm(
+                as_uuid("vm-c"), "proj-a", cores=0.0, read_bytes_per_s=0, started_s=start_s - 70
+            ),
         ]
         self.collector = ScriptedCollector(lambda: self.now, self.vms)
         self.transport = Flaky()

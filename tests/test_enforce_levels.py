@@ -14,6 +14,7 @@ from gmd.daemon.ledger.accounting import account_due
 from tests.daemon_support import (
     HostSpec,
     aligned_past,
+    as_uuid,
     auth,
     batch,
     cpu_only,
@@ -75,7 +76,7 @@ def test_a_greedy_customer_climbs_levels_and_its_vm_gets_a_plan(database_url: st
     assert plan["mode"] == "dry-run"
     assert plan["vms"] == [
         {
-            "uuid": "vm-a",
+            "uuid": as_uuid("vm-a"),
             "customer": "a",
             "level": 2,
             "cpu_weight": 25,
@@ -137,7 +138,7 @@ def test_admin_shows_the_log_and_the_plan(tmp_path: Any) -> None:
     assert [(r["customer"], r["level"], r["score"]) for r in shown["levels"]] == [("a", 2, 0.5)]
     assert [
         (p["host"], p["uuid"], p["cpu_weight"], p["cpu_quota_cores"]) for p in shown["plans"]
-    ] == [("cmp-1", "vm-a", 25, 1.5)]
+    ] == [("cmp-1", as_uuid("vm-a"), 25, 1.5)]
     bad = subprocess.run(
         [str(admin), "--config", str(toml), "actions", "--from", "yesterday"],
         capture_output=True,
@@ -155,13 +156,18 @@ def test_host_reports_land_in_the_enforcement_log(database_url: str) -> None:
             "generated_s": 1_800_000_000,
             "results": [
                 {
-                    "uuid": "vm-a",
+                    "uuid": as_uuid("vm-a"),
                     "action": "apply",
                     "ok": True,
                     "before": {"cpu_shares": 100},
                     "after": {"cpu_shares": 25},
                 },
-                {"uuid": "vm-gone", "action": "restore", "ok": False, "error": "no domain"},
+                {
+                    "uuid": as_uuid("vm-gone"),
+                    "action": "restore",
+                    "ok": False,
+                    "error": "no domain",
+                },
             ],
         }
         url = f"{d.url}/v1/plan/{HOST.name}/report"
@@ -182,5 +188,5 @@ def test_host_reports_land_in_the_enforcement_log(database_url: str) -> None:
         ("a", "cmp-1", "host_apply", "ok", False),
         (None, "cmp-1", "host_restore", "failed", False),
     ]
-    assert json.loads(rows[0][5]) == {"vm": "vm-a", "cpu_shares": 25}
+    assert json.loads(rows[0][5]) == {"vm": as_uuid("vm-a"), "cpu_shares": 25}
     assert rows[1][6].startswith("no domain (plan of 1800000000, reported by host cmp-1)")

@@ -24,7 +24,16 @@ import pytest
 from gmd.daemon.config import load
 from gmd.daemon.enforce.levels import after_interval
 from gmd.daemon.ledger.accounting import account_due
-from tests.daemon_support import HostSpec, aligned_past, auth, batch, cpu_only, serving, token_of
+from tests.daemon_support import (
+    HostSpec,
+    aligned_past,
+    as_uuid,
+    auth,
+    batch,
+    cpu_only,
+    serving,
+    token_of,
+)
 
 ADMIN = Path(sys.executable).with_name("gmd-admin")
 CMP1 = HostSpec("cmp-1", cpu_cores=2, memory_bytes=8e9, disk_bytes_per_s=1e8)
@@ -98,7 +107,7 @@ def test_the_latest_interval_explained_host_by_host(ledger: Path) -> None:
     cpu1 = next(r for r in hosts["cmp-1"]["resources"] if r["resource"] == "cpu")
     assert (cpu1["over"], cpu1["unused"], cpu1["credit"]) == pytest.approx((30, 30, 1))
     (vm_a1,) = hosts["cmp-1"]["vms"]
-    assert vm_a1["uuid"] == "vm-a1"
+    assert vm_a1["uuid"] == as_uuid("vm-a1")
     cpu = next(r for r in vm_a1["resources"] if r["resource"] == "cpu")
     assert (cpu["used"], cpu["endowment"], cpu["offset"]) == pytest.approx((90, 60, 30))
     assert cpu["term"] == pytest.approx(0.09375, abs=1e-15)

@@ -15,13 +15,14 @@ import pytest
 import sqlalchemy as sa
 
 from gmd.daemon.api.checks import BatchProblem, ProblemCode, batch_problems
-from gmd.daemon.ledger.accounting import account_due
+from gmd.daemon.ledger.accounting import SAMPLE_USE, account_due, read_samples
 from gmd.wire import SampleBatch
 from tests.daemon_support import (
     INTERVAL_S,
     Daemon,
     HostSpec,
     aligned_past,
+    as_uuid,
     auth,
     batch,
     make_config,
@@ -34,7 +35,7 @@ TABLES = ("batches", "samples", "customers", "vms", "intervals", "host_intervals
 
 def vm(uuid: str, customer: str = "proj-a", cpu_s: float = 30.0, **extra: Any) -> dict[str, Any]:
     return {
-        "uuid": uuid,
+        "uuid": as_uuid(uuid),
         "customer": customer,
         "cpu_s": cpu_s,
         "memory_byte_s": 1e9 * INTERVAL_S,
@@ -112,8 +113,12 @@ def test_two_batches_for_one_vm_and_interval_add_up(daemon: Daemon) -> None:
     assert post(daemon, batch(H1, start, [vm("vm-1", cpu_s=10)], key="a")).status_code == 200
     assert post(daemon, batch(H1, start, [vm("vm-1", cpu_s=5)], key="b")).status_code == 200
     with daemon.engine.connect() as conn:
-        rows = conn.execute(sa.text("SELECT cpu_s, disk_read_bytes FROM samples")).all()
-    assert [tuple(r) for r in rows] == [(15.0, 2e6)]
+        rows = conn.execute(sa.text("SELECT cpu_s FROM samples ORDER BY batch_id")).all()
+        interval_id = conn.execute(sa.text("SELECT id FROM intervals")).scalar_one()
+        merged = read_samples(conn, interval_id)
+    assert [tuple(r) for r in rows] == [(10.0,), (5.0,)]  # each batch's own row
+    assert merged.shape[0] == 1  # accounting sees the VM once, with both parts
+    assert merged[0, SAMPLE_USE].tolist()[:2] == [15.0, 2 * 60 * 1e9]
 
 
 REFUSALS = [
@@ -183,7 +188,10 @@ REFUSALS = [
         id="misaligned",
     ),
     pytest.param(
-        lambda b: b["vms"].append(dict(b["vms"][0])), 422, "VM vm-1 appears twice", id="vm-twice"
+        lambda b: b["vms"].append(dict(b["vms"][0])),
+        422,
+        f"VM {as_uuid('vm-1')} appears twice",
+        id="vm-twice",
     ),
     pytest.param(
         lambda b: b["vms"].extend([vm("vm-3"), vm("vm-4")]),
@@ -266,7 +274,7 @@ def test_batch_problems_keep_their_messages() -> None:
         "interval ends at 1267, 267 s in the future (allowed clock skew: 120 s): is cmp-1's"
         " clock right?",
         "4 VMs in one batch; at most 3",
-        "vms[2]: VM vm-1 appears twice in the batch",
+        f"vms[2]: VM {as_uuid('vm-1')} appears twice in the batch",
     ]
     assert problems[2] == BatchProblem(ProblemCode.TOO_MANY_VMS, "4 VMs in one batch; at most 3")
 
@@ -317,25 +325,38 @@ def test_samples_after_their_interval_closed_are_kept_as_late(daemon: Daemon) ->
     assert late.json() == {"status": "accepted", "key": "late-one", "samples": 1, "late": 1}
     with daemon.engine.connect() as conn:
         rows = conn.execute(
-            sa.text("SELECT cpu_s, late FROM samples WHERE vm_id = 1 ORDER BY late")
+            sa.text(
+                "SELECT cpu_s, late FROM samples JOIN vms ON vms.id = samples.vm_id"
+                " WHERE vms.uuid = :u ORDER BY late"
+            ),
+            {"u": as_uuid("vm-1")},
         ).all()
         ledger_after = conn.execute(sa.text("SELECT * FROM customer_ledger ORDER BY 2")).all()
     assert [(r[0], bool(r[1])) for r in rows] == [(30.0, False), (12.0, True)]
     assert ledger_after == ledger_before
 
 
-def test_samples_before_the_ledger_frontier_are_late(daemon: Daemon) -> None:
-    """A spool replayed after accounting went past its interval: stored, flagged, not counted."""
+def test_samples_behind_the_frontier_are_late_and_before_the_origin_refused(
+    daemon: Daemon,
+) -> None:
+    """A spool replayed after accounting went past its interval: stored, flagged, not counted;
+    but before the ledger's first interval there is no standing to add it to: refused."""
+    assert post(daemon, good(aligned_past(6))).status_code == 200
     assert post(daemon, good(aligned_past(3))).status_code == 200
     account_due(daemon.engine, make_config("sqlite://").accounting)
-    old = aligned_past(10)
-    response = post(daemon, batch(H1, old, [vm("vm-1")], key="from-the-spool"))
+    behind = aligned_past(5)
+    response = post(daemon, batch(H1, behind, [vm("vm-1")], key="from-the-spool"))
     assert response.json()["late"] == 1
     with daemon.engine.connect() as conn:
         state = conn.execute(
-            sa.text("SELECT state, ledger_rows FROM intervals WHERE start_s = :s"), {"s": old}
+            sa.text("SELECT state, ledger_rows FROM intervals WHERE start_s = :s"), {"s": behind}
         ).one()
     assert tuple(state) == ("accounted", 0)
+    before = counts(daemon)
+    refused = post(daemon, batch(H1, aligned_past(10), [vm("vm-1")], key="older-than-ledger"))
+    assert refused.status_code == 422
+    assert "before the ledger's first interval" in refused.json()["detail"]
+    assert counts(daemon) == before
 
 
 def test_unknown_host_without_auth_is_owned_by_the_default_owner(database_url: str) -> None:

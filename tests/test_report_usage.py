@@ -81,7 +81,7 @@ def ledger(database_url: str, tmp_path: Path) -> tuple[str, Path]:
         enforcement=ENFORCEMENT,
         organizations={"customers": {"acme": "c"}},
     )
-    with serving(config) as d:
+    with serving(config, clock=lambda: float(END + 600)) as d:
         for start in (T0, T0 + 60, T0 + 180, T0 + 240):
             post(d.url, HOST1, start, [cpu_only("vm-a", "a", 90.0), cpu_only("vm-b", "b", 30.0)])
             post(d.url, HOST2, start, [cpu_only("vm-c", "c", 60.0)])

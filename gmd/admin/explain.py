@@ -22,15 +22,27 @@ from gmd.admin.actions import actions as list_actions
 from gmd.common.timespec import iso
 from gmd.daemon.config import Config
 from gmd.daemon.ledger import lookup
-from gmd.daemon.ledger.accounting import supply_and_flavor, use_amounts
+from gmd.daemon.ledger.accounting import (
+    SAMPLE_CUSTOMER,
+    SAMPLE_FLAVOR,
+    SAMPLE_HOST,
+    SAMPLE_USE,
+    SAMPLE_VM,
+    accounted_hosts,
+    read_samples,
+    supply_and_flavor,
+    use_amounts,
+)
 from gmd.daemon.ledger.models import (
     ActionKind,
+    BatchState,
     IntervalState,
 )
-from gmd.daemon.ledger.store import CAPACITY_COLUMNS, FLAVOR_COLUMNS, USE_COLUMNS
+from gmd.daemon.ledger.store import CAPACITY_COLUMNS
 from gmd.daemon.ledger.tables import (
     actions as _actions,
     balance_resets as _resets,
+    batches as _batches,
     customer_ledger as _ledger,
     host_intervals as _host_intervals,
     hosts as _hosts,
@@ -247,18 +259,14 @@ def _recompute(
 ) -> tuple[list[HostExplained], float, dict[str, float], int]:
     """The customer's hosts and VMs in the interval, its recomputed G, the share s_i and N."""
     acc = config.accounting
-    samples = conn.execute(
-        select(
-            _samples.c.host_id,
-            _samples.c.customer_id,
-            _vms.c.uuid,
-            *(_samples.c[c] for c in USE_COLUMNS),
-            *(_samples.c[c] for c in FLAVOR_COLUMNS),
-        )
-        .join(_vms, _vms.c.id == _samples.c.vm_id)
-        .where(_samples.c.interval_id == interval_id, _samples.c.late.is_(False))
-        .order_by(_samples.c.host_id, _samples.c.vm_id)
-    ).all()
+    data = read_samples(conn, interval_id)
+    uuids = dict(
+        conn.execute(
+            select(_vms.c.id, _vms.c.uuid).where(
+                _vms.c.id.in_(np.unique(data[:, SAMPLE_VM]).astype(int).tolist())
+            )
+        ).all()
+    )
     hosts = conn.execute(
         select(
             _host_intervals.c.host_id,
@@ -268,21 +276,21 @@ def _recompute(
         )
         .join(_hosts, _hosts.c.id == _host_intervals.c.host_id)
         .join(_orgs, _orgs.c.id == _host_intervals.c.organization_id)
-        .where(_host_intervals.c.interval_id == interval_id)
+        .where(_host_intervals.c.interval_id == interval_id, accounted_hosts(interval_id))
         .order_by(_host_intervals.c.host_id)
     ).all()
     host_index = {int(h.host_id): i for i, h in enumerate(hosts)}
-    n_use, n_flavor = len(USE_COLUMNS), len(FLAVOR_COLUMNS)
-    raw = np.array([tuple(s[3 : 3 + n_use]) for s in samples], dtype=np.float64)
-    flavor = np.array(
-        [tuple(s[3 + n_use : 3 + n_use + n_flavor]) for s in samples], dtype=np.float64
-    )
+    raw = data[:, SAMPLE_USE]
+    flavor = data[:, SAMPLE_FLAVOR]
     capacity = np.array([tuple(h[3:]) for h in hosts], dtype=np.float64)
     supply, configured = supply_and_flavor(acc, capacity, flavor, length_s)
-    customer_ids = sorted({int(s.customer_id) for s in samples})
+    vm_uuid = [str(uuids[int(v)]) for v in data[:, SAMPLE_VM]]
+    sample_customers = data[:, SAMPLE_CUSTOMER].astype(np.int64).tolist()
+    sample_hosts = data[:, SAMPLE_HOST].astype(np.int64).tolist()
+    customer_ids = sorted(set(sample_customers))
     index_of = {c: i for i, c in enumerate(customer_ids)}
-    host_of = np.array([host_index[int(s.host_id)] for s in samples], dtype=np.intp)
-    cust_of = np.array([index_of[int(s.customer_id)] for s in samples], dtype=np.intp)
+    host_of = np.array([host_index[h] for h in sample_hosts], dtype=np.intp)
+    cust_of = np.array([index_of[c] for c in sample_customers], dtype=np.intp)
     result = cloud_greediness(
         CloudInterval(
             use=use_amounts(acc, raw),
@@ -312,7 +320,7 @@ def _recompute(
         vms = []
         for j in ids:
             members = np.flatnonzero(result.consumer_of_vm == j)
-            name = ", ".join(samples[int(v)].uuid for v in members)
+            name = ", ".join(vm_uuid[int(v)] for v in members)
             vms.append(
                 VmExplained(
                     name,
@@ -495,6 +503,20 @@ def explain(
         notes.append(
             "Some of this customer's samples for this interval arrived after it was accounted"
             " (late): they are stored but not counted."
+        )
+    set_aside = conn.execute(
+        select(func.count())
+        .select_from(_batches)
+        .where(
+            _batches.c.interval_id == interval_id,
+            _batches.c.late.is_(False),
+            _batches.c.state != BatchState.accepted,
+        )
+    ).scalar_one()
+    if set_aside:
+        notes.append(
+            f"{set_aside} batch(es) of this interval could not be accounted and were quarantined:"
+            " the interval was accounted without them (gmd-admin batches --quarantined)."
         )
     summary = None
     if from_s is not None or to_s is not None:

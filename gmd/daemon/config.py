@@ -61,6 +61,21 @@ class DaemonConfig:
     max_body_bytes: int = 16 * 1024 * 1024
     accounting: bool = True
     account_every_s: float = 10.0
+    max_late_s: int = 7 * 86400
+    plausibility_margin: float = 0.1
+    max_host_cores: float = 4096
+    max_host_memory_bytes: float = 64 * 2**40
+    max_host_disk_bytes_per_s: float = 1e12
+    max_host_network_bytes_per_s: float = 1e12
+
+    def max_capacity(self) -> tuple[float, ...]:
+        """The sane bounds of a host's capacity, one per :data:`~gmd.wire.CAPACITY_FIELDS`."""
+        return (
+            self.max_host_cores,
+            self.max_host_memory_bytes,
+            self.max_host_disk_bytes_per_s,
+            self.max_host_network_bytes_per_s,
+        )
 
 
 @dataclass(frozen=True)
@@ -262,6 +277,18 @@ def _daemon(d: Reader, path: Path | None) -> DaemonConfig:
         max_body_bytes=int(d.number("max_body_bytes", 16 * 1024 * 1024, 1024, 2**31)),
         accounting=d.get("accounting", bool, True),
         account_every_s=d.number("account_every_s", 10.0, 0.01, 3600),
+        max_late_s=int(d.number("max_late_s", DaemonConfig.max_late_s, 60, 366 * 86400)),
+        plausibility_margin=d.number("plausibility_margin", 0.1, 0.0, 10.0),
+        max_host_cores=d.number("max_host_cores", DaemonConfig.max_host_cores, 1, 1e7),
+        max_host_memory_bytes=d.number(
+            "max_host_memory_bytes", DaemonConfig.max_host_memory_bytes, 2**20, 2**70
+        ),
+        max_host_disk_bytes_per_s=d.number(
+            "max_host_disk_bytes_per_s", DaemonConfig.max_host_disk_bytes_per_s, 1, 1e15
+        ),
+        max_host_network_bytes_per_s=d.number(
+            "max_host_network_bytes_per_s", DaemonConfig.max_host_network_bytes_per_s, 1, 1e15
+        ),
     )
     d.done()
     return config

@@ -47,7 +47,7 @@ def validation_problem(errors: list[Any]) -> Refused:
         if e.get("type") == "extra_forbidden":
             lines.append(f"{where}: unknown field")
         else:
-            lines.append(f"{where}: {e.get('msg')}{shown}")
+            lines.append(f"{where}: {str(e.get('msg')).removeprefix('Value error, ')}{shown}")
     first = lines[0] if lines else "invalid request"
     more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
     return Refused(422, f"invalid batch: {first}{more}", lines)

@@ -37,6 +37,12 @@ class DaemonMetrics:
         self.accounting_errors = Counter(
             "gmd_accounting_errors", "Accountant runs that failed (see the log).", registry=r
         )
+        self.quarantined = Counter(
+            "gmd_accounting_quarantined_batches",
+            "Batches accounting could not account and set aside (gmd-admin batches"
+            " --quarantined lists them).",
+            registry=r,
+        )
         self.last_accounted = Gauge(
             "gmd_accounting_last_interval_start_seconds",
             "Start (Unix time) of the latest interval this daemon accounted.",

@@ -18,12 +18,24 @@ from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
 
-from gmd.daemon.api.checks import BatchProblem, ProblemCode, batch_problems
+from gmd.daemon.api.checks import (
+    BatchProblem,
+    Plausible,
+    ProblemCode,
+    batch_problems,
+    implausible,
+)
 from gmd.daemon.api.deps import Caller, ServicesDep
 from gmd.daemon.api.errors import Refused, validation_problem
 from gmd.daemon.api.metrics import DaemonMetrics
 from gmd.daemon.api.services import Services
-from gmd.daemon.ledger.store import BatchRecord, IngestResult, KeyReused
+from gmd.daemon.ledger.store import (
+    BatchRecord,
+    BeforeOrigin,
+    CapacityConflict,
+    IngestResult,
+    KeyReused,
+)
 from gmd.wire import (
     CAPACITY_FIELDS,
     FLAVOR_FIELDS,
@@ -88,11 +100,17 @@ def store_batch(
     """Check ``batch`` against the caller and the daemon's settings, then store it."""
     services.auth.check_host(host, batch.host)
     check_batch(services, batch)
+    record = record_of(batch, digest)
+    d = services.config.daemon
+    refuse(services, batch, implausible(record, Plausible(d.plausibility_margin, d.max_capacity())))
     try:
-        result = services.store.ingest(record_of(batch, digest), services.clock())
-    except KeyReused as exc:
+        result = services.store.ingest(record, services.clock())
+    except (KeyReused, CapacityConflict) as exc:
         services.metrics.batches.labels("rejected").inc()
         raise Refused(409, str(exc)) from None
+    except BeforeOrigin as exc:
+        services.metrics.batches.labels("rejected").inc()
+        raise Refused(422, f"batch {batch.key} from {batch.host}: {exc}") from None
     _count(services.metrics, batch, result)
     services.metrics.ingest_seconds.observe(time.perf_counter() - started)
     return BatchReceipt(
@@ -113,7 +131,13 @@ def check_batch(services: Services, batch: SampleBatch) -> None:
         now_s=services.clock(),
         clock_skew_s=config.daemon.clock_skew_s,
         max_vms=config.daemon.max_batch_vms,
+        max_late_s=config.daemon.max_late_s,
     )
+    refuse(services, batch, problems)
+
+
+def refuse(services: Services, batch: SampleBatch, problems: list[BatchProblem]) -> None:
+    """Raise :class:`Refused` listing ``problems`` of ``batch``, if there are any."""
     if not problems:
         return
     services.metrics.batches.labels("rejected").inc()

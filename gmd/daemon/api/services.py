@@ -90,6 +90,8 @@ class Services:
             self.metrics.accounting_seconds.observe(seconds)
         if report.accounted:
             self.metrics.last_accounted.set(report.accounted[-1])
+        if report.quarantined:
+            self.metrics.quarantined.inc(len(report.quarantined))
 
     def _count_error(self, _exc: Exception) -> None:
         self.metrics.accounting_errors.inc()

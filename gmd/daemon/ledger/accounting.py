@@ -20,7 +20,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -30,11 +30,14 @@ from sqlalchemy import Connection, Engine, delete, func, insert, select, text, u
 from gmd.daemon.config import AccountingConfig
 from gmd.daemon.ledger.migrate import writer
 from gmd.daemon.ledger.models import (
+    BatchState,
     IntervalState,
 )
+from gmd.daemon.ledger.quarantine import Quarantined, bad_data, isolate
 from gmd.daemon.ledger.store import CAPACITY_COLUMNS, FLAVOR_COLUMNS, USE_COLUMNS
 from gmd.daemon.ledger.tables import (
     balance_resets as _resets,
+    batches as _batches,
     customer_ledger as _customer_ledger,
     host_intervals as _host_intervals,
     intervals as _intervals,
@@ -79,12 +82,14 @@ def take_lock(conn: Connection) -> bool:
     )
 
 
-def close_due(conn: Connection, now_s: float, grace_s: float) -> int:
+def close_due(conn: Connection, now_s: float, grace_s: float, limit: int | None = None) -> int:
     """Close every interval whose grace period is over, creating the ones nobody reported.
 
     From the first interval ever seen up to the last one due, every interval exists
     afterwards, so that the ledger shows a gap as an interval without samples rather than as
-    nothing. Returns how many intervals were closed.
+    nothing. With ``limit``, only the next ``limit`` intervals are considered (created or
+    closed), so that a catch-up proceeds in bounded steps; call again for the rest. Returns how
+    many intervals were closed.
     """
     lengths = conn.execute(
         select(_intervals.c.length_s, func.min(_intervals.c.start_s)).group_by(
@@ -100,6 +105,8 @@ def close_due(conn: Connection, now_s: float, grace_s: float) -> int:
     first = conn.execute(select(func.min(_intervals.c.start_s))).scalar_one()
     due_end = math.floor(now_s - grace_s)
     start = first if last_open is None else last_open + length_s
+    if limit is not None:
+        due_end = min(due_end, start + limit * length_s)
     existing = set(
         conn.execute(
             select(_intervals.c.start_s).where(
@@ -121,6 +128,7 @@ def close_due(conn: Connection, now_s: float, grace_s: float) -> int:
         .where(
             _intervals.c.state == IntervalState.open,
             _intervals.c.start_s + _intervals.c.length_s + grace_s <= now_s,
+            _intervals.c.start_s + _intervals.c.length_s <= due_end,
         )
         .values(state=IntervalState.closed)
     ).rowcount
@@ -131,9 +139,17 @@ def _when(start_s: int) -> str:
     return datetime.fromtimestamp(start_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def compute_rows(conn: Connection, interval_id: int, config: AccountingConfig) -> LedgerRows:
+def compute_rows(
+    conn: Connection,
+    interval_id: int,
+    config: AccountingConfig,
+    batch_ids: Sequence[int] | None = None,
+) -> LedgerRows:
     """The rows accounting writes for an interval, from its on-time samples and the standing
-    after the previous interval with rows. Reads only; :func:`account_next` writes."""
+    after the previous interval with rows. Reads only; :func:`account_next` writes.
+
+    ``batch_ids`` restricts the interval to those batches (and their hosts): how accounting
+    finds which batches it cannot account."""
     start_s, length_s = conn.execute(
         select(_intervals.c.start_s, _intervals.c.length_s).where(_intervals.c.id == interval_id)
     ).one()
@@ -147,19 +163,8 @@ def compute_rows(conn: Connection, interval_id: int, config: AccountingConfig) -
         .order_by(_intervals.c.start_s.desc())
         .limit(1)
     ).first()
-    samples = conn.execute(
-        select(
-            _samples.c.host_id,
-            _samples.c.customer_id,
-            *(_samples.c[c] for c in USE_COLUMNS),
-            *(_samples.c[c] for c in FLAVOR_COLUMNS),
-            _vms.c.created_s,
-        )
-        .join(_vms, _vms.c.id == _samples.c.vm_id)
-        .where(_samples.c.interval_id == interval_id, _samples.c.late.is_(False))
-        .order_by(_samples.c.host_id, _samples.c.vm_id)
-    ).all()
-    if not samples:
+    data = read_samples(conn, interval_id, batch_ids, (_vms.c.created_s,))
+    if not len(data):
         return LedgerRows([], [], [])
 
     prev_customers = {}
@@ -183,7 +188,9 @@ def compute_rows(conn: Connection, interval_id: int, config: AccountingConfig) -
             _host_intervals.c.organization_id,
             *(_host_intervals.c[c] for c in CAPACITY_COLUMNS),
         )
-        .where(_host_intervals.c.interval_id == interval_id)
+        .where(
+            _host_intervals.c.interval_id == interval_id, accounted_hosts(interval_id, batch_ids)
+        )
         .order_by(_host_intervals.c.host_id)
     ).all()
     org_customer = dict(
@@ -210,13 +217,88 @@ def compute_rows(conn: Connection, interval_id: int, config: AccountingConfig) -
         start_s,
         length_s,
         None if prev is None else prev.start_s,
-        samples,
+        data,
         hosts,
         prev_customers,
         prev_orgs,
         org_customer,
         reset,
     )
+
+
+# The columns of read_samples' array: host, VM, customer, the usage fields, the flavor fields,
+# then the extra columns asked for.
+SAMPLE_HOST, SAMPLE_VM, SAMPLE_CUSTOMER = 0, 1, 2
+SAMPLE_USE = slice(3, 3 + len(USE_COLUMNS))
+SAMPLE_FLAVOR = slice(SAMPLE_USE.stop, SAMPLE_USE.stop + len(FLAVOR_COLUMNS))
+SAMPLE_EXTRA = SAMPLE_FLAVOR.stop
+
+
+def accounted_hosts(interval_id: int, batch_ids: Sequence[int] | None = None) -> Any:
+    """The condition on ``host_intervals.host_id`` that keeps the hosts an interval is
+    accounted with: those with an on-time batch still accepted (of ``batch_ids``, if given).
+
+    A host whose only batches came late, or were quarantined, is not part of the interval, so
+    a late batch that created a host's capacity row changes nothing accounted."""
+    query = select(_batches.c.host_id).where(
+        _batches.c.interval_id == interval_id,
+        _batches.c.late.is_(False),
+        _batches.c.state == BatchState.accepted,
+    )
+    if batch_ids is not None:
+        query = query.where(_batches.c.id.in_(list(batch_ids)))
+    return _host_intervals.c.host_id.in_(query)
+
+
+def read_samples(
+    conn: Connection,
+    interval_id: int,
+    batch_ids: Sequence[int] | None = None,
+    extra: Sequence[Any] = (),
+) -> np.ndarray:
+    """The interval's on-time samples, one row per VM and host, as floats: see ``SAMPLE_*``
+    for the columns; ``extra`` are more numeric columns of ``samples`` or ``vms``.
+
+    Each batch has rows of its own; a VM reported by two batches of its host (an agent that
+    restarted mid-interval) is one row here, its use added up and its owner and flavor those
+    of the latest batch. Ordered by host and VM."""
+    query = (
+        select(
+            _samples.c.host_id,
+            _samples.c.vm_id,
+            _samples.c.customer_id,
+            *(_samples.c[c] for c in USE_COLUMNS),
+            *(_samples.c[c] for c in FLAVOR_COLUMNS),
+            *extra,
+        )
+        .join(_vms, _vms.c.id == _samples.c.vm_id)
+        .where(_samples.c.interval_id == interval_id, _samples.c.late.is_(False))
+        .order_by(_samples.c.host_id, _samples.c.vm_id, _samples.c.batch_id)
+    )
+    if batch_ids is not None:
+        query = query.where(_samples.c.batch_id.in_(list(batch_ids)))
+    rows = conn.execute(query).all()
+    width = SAMPLE_EXTRA + len(extra)
+    data = np.array([tuple(r) for r in rows], dtype=np.float64).reshape(len(rows), width)
+    return merge_vm_rows(data)
+
+
+def merge_vm_rows(data: np.ndarray) -> np.ndarray:
+    """``data`` (ordered by host, VM, batch) with each VM's rows on a host made one: usage
+    summed, every other column from its last row. Returns ``data`` itself when no VM has
+    two rows, the common case."""
+    if len(data) < 2:
+        return data
+    same = (data[1:, SAMPLE_HOST] == data[:-1, SAMPLE_HOST]) & (
+        data[1:, SAMPLE_VM] == data[:-1, SAMPLE_VM]
+    )
+    if not same.any():
+        return data
+    starts = np.flatnonzero(np.concatenate(([True], ~same)))
+    ends = np.concatenate((starts[1:], [len(data)])) - 1
+    merged = data[ends].copy()
+    merged[:, SAMPLE_USE] = np.add.reduceat(data[:, SAMPLE_USE], starts, axis=0)
+    return merged
 
 
 def supply_and_flavor(
@@ -252,20 +334,20 @@ def _rows(
     start_s: int,
     length_s: int,
     prev_start_s: int | None,
-    samples: Sequence[Sequence[Any]],
+    data: np.ndarray,
     hosts: Sequence[Sequence[Any]],
     prev_customers: dict[int, Any],
     prev_orgs: dict[int, Any],
     org_customer: dict[int, int],
     reset: set[int],
 ) -> LedgerRows:
-    """The ledger rows of one interval; customers in ``reset`` start from a zero balance."""
-    data = np.array([tuple(r) for r in samples], dtype=np.float64)
-    host_ids = data[:, 0].astype(np.int64)
-    customer_ids = data[:, 1].astype(np.int64)
-    raw_use = data[:, 2 : 2 + len(USE_COLUMNS)]
-    flavor = data[:, 2 + len(USE_COLUMNS) : 2 + len(USE_COLUMNS) + len(FLAVOR_COLUMNS)]
-    created = data[:, -1]
+    """The ledger rows of one interval; customers in ``reset`` start from a zero balance.
+    ``data`` is :func:`read_samples`' array with ``vms.created_s`` as its one extra column."""
+    host_ids = data[:, SAMPLE_HOST].astype(np.int64)
+    customer_ids = data[:, SAMPLE_CUSTOMER].astype(np.int64)
+    raw_use = data[:, SAMPLE_USE]
+    flavor = data[:, SAMPLE_FLAVOR]
+    created = data[:, SAMPLE_EXTRA]
 
     host_table = np.array([tuple(h) for h in hosts], dtype=np.float64)
     host_index = {int(h): i for i, h in enumerate(host_table[:, 0])}
@@ -398,14 +480,27 @@ def _rows(
 AfterInterval = Callable[[Connection, int, int, int], object]
 
 
+class AccountingStuck(RuntimeError):
+    """An interval cannot be accounted, and leaving out batches does not help: a bug or a
+    broken standing, not bad input. Accounting stops at that interval until it is fixed."""
+
+
 def account_next(
-    engine: Engine, config: AccountingConfig, after: AfterInterval | None = None
+    engine: Engine,
+    config: AccountingConfig,
+    after: AfterInterval | None = None,
+    on_quarantine: Callable[[list[Quarantined]], object] | None = None,
 ) -> int | None:
     """Account the earliest closed interval, if this process holds the lock and its turn has
     come. Returns its start, or None when there was nothing to do (or another daemon is at it).
 
     ``after(conn, interval_id, start_s, length_s)`` runs in the same transaction once the rows
     are written (the daemon decides throttle levels there), so both land or neither.
+
+    One bad batch must not stop accounting for good (intervals are accounted in order): when
+    the interval fails with its data, the batches that make it fail are found, quarantined
+    (``on_quarantine`` hears of them) and the interval is accounted without them, all in this
+    transaction. :class:`AccountingStuck` when no batch explains the failure.
     """
     with writer(engine).begin() as conn:
         if not take_lock(conn):
@@ -419,11 +514,43 @@ def account_next(
         ).first()
         if row is None:
             return None
-        rows = compute_rows(conn, row.id, config)
-        write_rows(conn, row.id, rows)
+        interval_id, start_s = int(row.id), int(row.start_s)
+
+        def account(batch_ids: Sequence[int] | None = None, *, keep: bool = True) -> None:
+            with conn.begin_nested() as savepoint:
+                write_rows(conn, interval_id, compute_rows(conn, interval_id, config, batch_ids))
+                if not keep:
+                    savepoint.rollback()
+
+        try:
+            account()
+        except Exception as exc:
+            if not bad_data(exc):
+                raise
+            found = isolate(conn, interval_id, lambda ids: account(ids, keep=False), exc)
+            if not found:
+                raise AccountingStuck(
+                    f"interval {_when(start_s)} cannot be accounted and no batch of it explains"
+                    f" why: {exc}"
+                ) from exc
+            log.error(
+                "interval %s: %d batch(es) quarantined, accounted without them: %s",
+                _when(start_s),
+                len(found),
+                "; ".join(f"{q.key} from {q.host}: {q.error}" for q in found),
+            )
+            if on_quarantine is not None:
+                on_quarantine(found)
+            try:
+                account()
+            except Exception as again:
+                raise AccountingStuck(
+                    f"interval {_when(start_s)} still cannot be accounted without its"
+                    f" quarantined batches: {again}"
+                ) from again
         if after is not None:
-            after(conn, row.id, row.start_s, row.length_s)
-        return int(row.start_s)
+            after(conn, interval_id, start_s, int(row.length_s))
+        return start_s
 
 
 def write_rows(conn: Connection, interval_id: int, rows: LedgerRows) -> None:
@@ -453,6 +580,14 @@ class RunReport:
     closed: int
     accounted: list[int]
     seconds: list[float]
+    quarantined: list[Quarantined] = field(default_factory=list)
+    stopped: bool = False
+    """the run ended early because it was asked to stop (``should_stop``)"""
+
+
+# How many intervals one transaction creates at most while catching up: bounds its memory and
+# how long ingest waits for it (a day of 60 s intervals).
+CLOSE_CHUNK = 1440
 
 
 def account_due(
@@ -461,21 +596,37 @@ def account_due(
     now_s: float | None = None,
     budget_s: float = 60.0,
     after: AfterInterval | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> RunReport:
-    """One accountant run: close what is due, then account closed intervals in order until
-    none is left or ``budget_s`` has passed (a long catch-up continues at the next run)."""
+    """One accountant run: close what is due and account closed intervals in order, until
+    none is left, ``budget_s`` has passed (a long catch-up continues at the next run) or
+    ``should_stop()`` says so (the daemon is stopping: each interval is its own transaction,
+    so stopping between two loses nothing).
+
+    Intervals are closed (and gaps created) at most :data:`CLOSE_CHUNK` at a time, each chunk
+    its own short transaction, so that a catch-up over days neither holds the writer lock nor
+    builds its list of intervals in memory all at once."""
     now = time.time() if now_s is None else now_s
-    with writer(engine).begin() as conn:
-        closed = close_due(conn, now, config.grace_s) if take_lock(conn) else 0
+    closed = 0
     accounted: list[int] = []
     seconds: list[float] = []
+    quarantined: list[Quarantined] = []
     began = time.monotonic()
+    stopped = False
     while time.monotonic() - began < budget_s:
-        t0 = time.monotonic()
-        start = account_next(engine, config, after)
-        if start is None:
+        if should_stop is not None and should_stop():
+            stopped = True
             break
+        t0 = time.monotonic()
+        start = account_next(engine, config, after, quarantined.extend)
+        if start is None:
+            with writer(engine).begin() as conn:
+                newly = close_due(conn, now, config.grace_s, CLOSE_CHUNK) if take_lock(conn) else 0
+            closed += newly
+            if not newly:
+                break
+            continue
         accounted.append(start)
         seconds.append(time.monotonic() - t0)
         log.info("accounted interval %s in %.3f s", _when(start), seconds[-1])
-    return RunReport(closed, accounted, seconds)
+    return RunReport(closed, accounted, seconds, quarantined, stopped)

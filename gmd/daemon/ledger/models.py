@@ -19,12 +19,14 @@ from sqlalchemy import (
     Double,
     Enum,
     ForeignKey,
+    Index,
     Integer,
     MetaData,
     String,
     Text,
-    UniqueConstraint,
+    false,
     func,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -47,6 +49,18 @@ class IntervalState(enum.StrEnum):
     accounted = "accounted"
 
 
+class BatchState(enum.StrEnum):
+    """What became of a batch. ``quarantined``: accounting failed with it and went on without
+    it (its samples wait in ``quarantined_samples``); the operator then ``released`` it (its
+    samples are back as late ones, which no accounted interval is recomputed from) or
+    ``dropped`` it (its samples are deleted; the row stays, so a retry is still a duplicate)."""
+
+    accepted = "accepted"
+    quarantined = "quarantined"
+    released = "released"
+    dropped = "dropped"
+
+
 class ActionKind(enum.StrEnum):
     """What an ``enforcement_actions`` row records. Stored as its value; the names are the
     values so that any driver's adaptation of an enum gives the same text."""
@@ -57,6 +71,9 @@ class ActionKind(enum.StrEnum):
     quota_lower = "quota_lower"
     quota_restore = "quota_restore"
     reset = "reset"
+    batch_quarantine = "batch_quarantine"
+    batch_release = "batch_release"
+    batch_drop = "batch_drop"
 
 
 class ActionStatus(enum.StrEnum):
@@ -124,6 +141,16 @@ class Batch(Base):
     """One agent POST; its key makes a retried batch count once, its digest catches key reuse."""
 
     __tablename__ = "batches"
+    # The few batches an operator must look at (gmd-admin batches --quarantined), found without
+    # reading the millions that were simply accepted.
+    __table_args__ = (
+        Index(
+            "ix_batches_unsettled",
+            "state",
+            postgresql_where=text("state <> 'accepted'"),
+            sqlite_where=text("state <> 'accepted'"),
+        ),
+    )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     key: Mapped[str] = mapped_column(String(128), unique=True)
     digest: Mapped[str] = mapped_column(String(64))
@@ -133,10 +160,20 @@ class Batch(Base):
         DateTime(timezone=True), server_default=func.now()
     )
     samples: Mapped[int] = mapped_column(Integer)
+    late: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    state: Mapped[BatchState] = mapped_column(
+        Enum(BatchState, name="batch_state", native_enum=False, length=16),
+        default=BatchState.accepted,
+        server_default=BatchState.accepted.value,
+    )
+    error: Mapped[str | None] = mapped_column(Text)
 
 
 class HostInterval(Base):
-    """A host's capacity during one interval (its supply is capacity × length)."""
+    """A host's capacity during one interval (its supply is capacity × length), as its first
+    accepted batch gave it: a later batch with another capacity is refused, never applied.
+    Accounting reads the rows of hosts with an on-time batch it accounts, so a row that a late
+    batch created changes no accounted interval."""
 
     __tablename__ = "host_intervals"
     interval_id: Mapped[int] = mapped_column(ForeignKey("intervals.id"), primary_key=True)
@@ -148,13 +185,15 @@ class HostInterval(Base):
     network_bytes_per_s: Mapped[float] = mapped_column(Double)
 
 
-class Sample(Base):
-    """What one VM used on one host in one interval, with its owner and flavor then.
+class _SampleColumns:
+    """What one VM used on one host in one interval, per batch, with its owner and flavor then.
 
-    Several batches for the same VM, host and interval add up (an agent restarted mid-interval
-    sends the rest under a new key). Samples that arrive after their interval closed are kept
-    in rows of their own with ``late`` set, so that accounting, and re-accounting, read exactly
-    the on-time rows. Flavor amounts are NULL where the flavor sets none.
+    One row per batch and VM: an agent restarted mid-interval sends the rest under a new key,
+    and accounting adds the rows up (owner and flavor from the latest batch). Keeping batches
+    apart lets accounting leave out exactly one batch that it cannot account (quarantine).
+    Samples that arrive after their interval closed have ``late`` set, so that accounting, and
+    re-accounting, read exactly the on-time rows. Flavor amounts are NULL where the flavor sets
+    none.
 
     This is the ledger's one high-volume table, so only ``vm_id`` is a foreign key: the other
     references are written by the one ingest path in the same transaction that creates or finds
@@ -162,12 +201,6 @@ class Sample(Base):
     ~4 ms per 500-VM batch on PostgreSQL, 60 % of the insert with all five.
     """
 
-    __tablename__ = "samples"
-    __table_args__ = (
-        UniqueConstraint(
-            "interval_id", "host_id", "vm_id", "late", name="uq_samples_interval_host_vm_late"
-        ),
-    )
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
     interval_id: Mapped[int] = mapped_column(Integer)
     vm_id: Mapped[int] = mapped_column(ForeignKey("vms.id"))
@@ -185,6 +218,19 @@ class Sample(Base):
     flavor_disk_bytes_per_s: Mapped[float | None] = mapped_column(Double)
     flavor_network_bytes_per_s: Mapped[float | None] = mapped_column(Double)
     late: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class Sample(_SampleColumns, Base):
+    __doc__ = _SampleColumns.__doc__
+    __tablename__ = "samples"
+    __table_args__ = (Index("ix_samples_interval_host_vm", "interval_id", "host_id", "vm_id"),)
+
+
+class QuarantinedSample(_SampleColumns, Base):
+    """The samples of quarantined batches, moved out of ``samples`` so that neither accounting
+    nor any report reads them until the operator releases or drops their batch."""
+
+    __tablename__ = "quarantined_samples"
 
 
 class CustomerLedger(Base):

@@ -3,12 +3,15 @@
 The first run waits one grace period after start, so that agents which spooled while the
 daemon was down can replay before the intervals they missed are closed. Runs never overlap;
 a run that fails is logged, counted and retried at the next tick (the interval it was on stays
-closed and unaccounted: nothing is half written).
+closed and unaccounted: nothing is half written). Stopping asks a run in progress to end after
+the interval it is on, so that a daemon told to stop mid-catch-up does so within about one
+interval's accounting, not after the whole catch-up.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
@@ -16,7 +19,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import Engine
 
 from gmd.daemon.config import AccountingConfig
-from gmd.daemon.ledger.accounting import AfterInterval, RunReport, account_due
+from gmd.daemon.ledger.accounting import AccountingStuck, AfterInterval, RunReport, account_due
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +37,22 @@ class Accountant:
         self.engine, self.config, self.every_s = engine, config, every_s
         self.on_run, self.on_error, self.after = on_run, on_error, after
         self._scheduler = BackgroundScheduler(timezone=UTC)
+        self._stopping = threading.Event()
 
     def run_once(self, now_s: float | None = None) -> RunReport | None:
         try:
-            report = account_due(self.engine, self.config, now_s, after=self.after)
+            report = account_due(
+                self.engine,
+                self.config,
+                now_s,
+                after=self.after,
+                should_stop=self._stopping.is_set,
+            )
+        except AccountingStuck as exc:
+            log.critical("accounting is stuck, nothing after this interval is accounted: %s", exc)
+            if self.on_error is not None:
+                self.on_error(exc)
+            return None
         except Exception as exc:
             log.exception("accounting failed; retrying at the next run")
             if self.on_error is not None:
@@ -81,5 +96,6 @@ class Accountant:
         )
 
     def stop(self) -> None:
+        self._stopping.set()
         if self._scheduler.running:
             self._scheduler.shutdown(wait=True)

@@ -15,6 +15,7 @@ writers is retried.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -51,29 +52,34 @@ FLAVOR_COLUMNS = tuple(f"flavor_{f}" for f in FLAVOR_FIELDS)
 CAPACITY_COLUMNS = CAPACITY_FIELDS
 
 
-_SAMPLE_KEY = ("interval_id", "host_id", "vm_id", "late")
 _PER_VM = ("vm_id", "customer_id", *USE_COLUMNS, *FLAVOR_COLUMNS)
 _PG_TYPES = {"vm_id": "integer", "customer_id": "integer"}
 # PostgreSQL takes a whole batch as one statement over arrays (unnest): one round trip and no
 # per-row statement. The arrays travel as array literals ('{1.5,2.0,null}') that the server
 # parses in C, ~50 times cheaper than the driver adapting 8,000 Python floats one by one.
-_SAMPLE_COLUMNS = (*_SAMPLE_KEY, "batch_id", "customer_id", *USE_COLUMNS, *FLAVOR_COLUMNS)
+_SAMPLE_COLUMNS = ("interval_id", "host_id", "late", "batch_id", *_PER_VM)
 _PG_SAMPLES = text(
     f"INSERT INTO samples ({', '.join(_SAMPLE_COLUMNS)})"
-    " SELECT :interval_id, :host_id, v.vm_id, :late, :batch_id, v.customer_id, "
-    + ", ".join(f"v.{c}" for c in (*USE_COLUMNS, *FLAVOR_COLUMNS))
+    " SELECT :interval_id, :host_id, :late, :batch_id, "
+    + ", ".join(f"v.{c}" for c in _PER_VM)
     + " FROM unnest("
     + ", ".join(f"CAST(:{c} AS {_PG_TYPES.get(c, 'double precision')}[])" for c in _PER_VM)
     + f") AS v({', '.join(_PER_VM)})"
-    + f" ON CONFLICT ({', '.join(_SAMPLE_KEY)}) DO UPDATE SET "
-    + ", ".join(f"{c} = samples.{c} + excluded.{c}" for c in USE_COLUMNS)
-    + ", "
-    + ", ".join(f"{c} = excluded.{c}" for c in (*FLAVOR_COLUMNS, "customer_id"))
 )
 
 
 class KeyReused(ValueError):
     """A batch key arrived again with different content: a bug or a clash between agents."""
+
+
+class CapacityConflict(ValueError):
+    """A batch gives its host another capacity than the host's first batch for the interval:
+    accepting it would change what the interval is (or was) accounted from."""
+
+
+class BeforeOrigin(ValueError):
+    """A batch for an interval before the first one of a ledger that has begun accounting:
+    there is no standing to add it to."""
 
 
 @dataclass(frozen=True)
@@ -273,6 +279,13 @@ class LedgerStore:
             # Before the closed frontier, an interval is history already: accounting has gone
             # past it, so its samples can only be late ones.
             behind = frontier is not None and start_s < frontier
+            if behind:
+                origin = conn.execute(select(func.min(_intervals.c.start_s))).scalar_one()
+                if start_s < origin:
+                    raise BeforeOrigin(
+                        f"interval {start_s} is before the ledger's first interval ({origin}),"
+                        " and accounting has begun: there is nothing to add it to"
+                    )
             conn.execute(
                 upsert(conn, _intervals)
                 .values(
@@ -324,16 +337,7 @@ class LedgerStore:
                 return IngestResult("duplicate", n, 0)
             host_id, org_id = self._host_id(conn, record.host, new_hosts)
             interval_id, on_time = self._interval(conn, record.interval_start_s, record.interval_s)
-            cap = dict(zip(CAPACITY_COLUMNS, record.capacity, strict=True))
-            stmt = upsert(conn, _host_intervals).values(
-                interval_id=interval_id, host_id=host_id, organization_id=org_id, **cap
-            )
-            conn.execute(
-                stmt.on_conflict_do_update(
-                    index_elements=["interval_id", "host_id"],
-                    set_={c: stmt.excluded[c] for c in (*CAPACITY_COLUMNS, "organization_id")},
-                )
-            )
+            self._fix_capacity(conn, record, interval_id, host_id, org_id)
             customer_ids = self._customer_ids(conn, record.customers, new_customers)
             vm_ids = self._vm_ids(conn, record, host_id, customer_ids, new_vms)
             batch_id = conn.execute(
@@ -344,6 +348,7 @@ class LedgerStore:
                     host_id=host_id,
                     interval_id=interval_id,
                     samples=n,
+                    late=not on_time,
                 )
                 .returning(_batches.c.id)
             ).scalar_one()
@@ -360,6 +365,35 @@ class LedgerStore:
             self._ids.vms.update(new_vms)
         return IngestResult("accepted", n, 0 if on_time else n)
 
+    def _fix_capacity(
+        self, conn: Connection, record: BatchRecord, interval_id: int, host_id: int, org_id: int
+    ) -> None:
+        """Record the host's capacity for the interval, unless a batch already did: then it must
+        be the same (raises :class:`CapacityConflict`), since accounting may have used it."""
+        cap = dict(zip(CAPACITY_COLUMNS, record.capacity, strict=True))
+        conn.execute(
+            upsert(conn, _host_intervals)
+            .values(interval_id=interval_id, host_id=host_id, organization_id=org_id, **cap)
+            .on_conflict_do_nothing()
+        )
+        stored = conn.execute(
+            select(*(_host_intervals.c[c] for c in CAPACITY_COLUMNS)).where(
+                _host_intervals.c.interval_id == interval_id,
+                _host_intervals.c.host_id == host_id,
+            )
+        ).one()
+        differ = [
+            f"{c} {theirs:g} (first batch: {ours:g})"
+            for c, ours, theirs in zip(CAPACITY_COLUMNS, stored, record.capacity, strict=True)
+            if not math.isclose(ours, theirs, rel_tol=1e-12)
+        ]
+        if differ:
+            raise CapacityConflict(
+                f"batch {record.key} gives host {record.host} another capacity for interval"
+                f" {record.interval_start_s} than its first batch did: {', '.join(differ)};"
+                " a host's capacity is fixed for an interval by its first batch"
+            )
+
     def _write_samples(
         self,
         conn: Connection,
@@ -372,7 +406,7 @@ class LedgerStore:
         on_time: bool,
     ) -> None:
         # A second batch for the same VM, host and interval (an agent restarted mid-interval)
-        # adds its use; owner and flavor are the latest reported.
+        # gets rows of its own; accounting adds them up.
         if conn.dialect.name == "postgresql":
             columns = {
                 "vm_id": _array_literal(vm_ids),
@@ -406,17 +440,7 @@ class LedgerStore:
             }
             for vm_id, customer, u, f in zip(vm_ids, record.customers, use, flavor, strict=True)
         ]
-        stmt = upsert(conn, _samples)
-        conn.execute(
-            stmt.on_conflict_do_update(
-                index_elements=list(_SAMPLE_KEY),
-                set_={
-                    **{c: _samples.c[c] + stmt.excluded[c] for c in USE_COLUMNS},
-                    **{c: stmt.excluded[c] for c in (*FLAVOR_COLUMNS, "customer_id")},
-                },
-            ),
-            rows,
-        )
+        conn.execute(_samples.insert(), rows)
 
 
 def _array_literal(values: np.ndarray | list[int]) -> str:

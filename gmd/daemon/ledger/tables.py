@@ -24,6 +24,7 @@ from gmd.daemon.ledger.models import (
     Interval,
     Organization,
     OrganizationLedger,
+    QuarantinedSample,
     QuotaOriginal,
     Sample,
     Vm,
@@ -37,6 +38,7 @@ intervals = cast(Table, Interval.__table__)
 batches = cast(Table, Batch.__table__)
 host_intervals = cast(Table, HostInterval.__table__)
 samples = cast(Table, Sample.__table__)
+quarantined_samples = cast(Table, QuarantinedSample.__table__)
 customer_ledger = cast(Table, CustomerLedger.__table__)
 resource_ledger = cast(Table, CustomerResourceLedger.__table__)
 organization_ledger = cast(Table, OrganizationLedger.__table__)
