@@ -37,6 +37,7 @@ from gmd.common.timespec import iso as iso_time, parse_time
 from gmd.daemon.config import Config, load as load_config
 from gmd.daemon.ledger import migrate
 from gmd.daemon.ledger.lookup import UnknownCustomer
+from gmd.daemon.ledger.models import BatchState
 from gmd.fairness.scenarios import SCENARIOS
 
 app = typer.Typer(
@@ -549,6 +550,121 @@ def reset_command(
         f" accounting starts it from 0 at the interval of"
         f" {iso_time(result.effective_start_s)}."
     )
+
+
+batches_app = typer.Typer(rich_markup_mode=None)
+app.add_typer(batches_app, name="batches")
+
+
+@batches_app.callback(invoke_without_command=True)
+def batches_command(
+    ctx: typer.Context,
+    quarantined: Annotated[
+        bool,
+        typer.Option(
+            "--quarantined", help="Only batches accounting could not account and set aside."
+        ),
+    ] = False,
+    state: Annotated[
+        list[BatchState] | None,
+        typer.Option("--state", help="Only batches in this state (repeatable)."),
+    ] = None,
+    host: Annotated[str | None, typer.Option("--host", help="Only this host's batches.")] = None,
+    from_: Annotated[
+        str | None,
+        typer.Option(
+            "--from",
+            help="Intervals from: ISO date/time (UTC), now-7d, now-12h, Unix seconds.",
+        ),
+    ] = None,
+    to: Annotated[str | None, typer.Option("--to", help="Intervals before, same forms.")] = None,
+    limit: Annotated[int, typer.Option(help="At most this many, newest first.", min=1)] = 100,
+    fmt: Annotated[Format, typer.Option("--format", help="table, csv or json.")] = Format.table,
+) -> None:
+    """List batches, newest interval first: their host, state (accepted, quarantined,
+    released, dropped), whether they came late, and why accounting quarantined them.
+
+    A quarantined batch made its interval fail to account (a number the engine cannot take,
+    say); the interval was accounted without it. Decide with `gmd-admin batches release KEY`
+    or `gmd-admin batches drop KEY`. Exit codes: 0 listed, 1 database unavailable, 2 bad
+    option.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    from gmd.admin.batches import COLUMNS as BATCH_COLUMNS, batch_rows
+
+    states = tuple(state or ()) + ((BatchState.quarantined,) if quarantined else ())
+    now = time.time()
+    try:
+        from_s = None if from_ is None else parse_time(from_, now)
+        to_s = None if to is None else parse_time(to, now)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    with _database(ctx) as engine, engine.connect() as conn:
+        rows = batch_rows(
+            conn, states=states or None, host=host, from_s=from_s, to_s=to_s, limit=limit
+        )
+    if fmt is Format.json:
+        sys.stdout.write(json_text({"batches": rows}))
+    elif fmt is Format.csv:
+        sys.stdout.write(csv_text(rows, BATCH_COLUMNS))
+    else:
+        what = "quarantined " if states == (BatchState.quarantined,) else ""
+        caption = f"{len(rows)} {what}batch(es)" + (
+            f" (at most {limit})" if len(rows) == limit else ""
+        )
+        sys.stdout.write(table_text(rows, BATCH_COLUMNS, title="Batches", caption=caption))
+
+
+def _decide(ctx: typer.Context, key: str, reason: str, by: str | None, release: bool) -> None:
+    import getpass
+
+    from gmd.daemon.ledger import quarantine
+
+    if not reason.strip():
+        raise _fail("--reason must say why (it is kept in the enforcement log)")
+    requester = by or getpass.getuser()
+    decide = quarantine.release if release else quarantine.drop
+    try:
+        with _database(ctx) as engine, migrate.writer(engine).begin() as conn:
+            row = decide(conn, key, reason, requester)
+    except quarantine.BatchDecisionError as exc:
+        typer.echo(f"gmd-admin: {exc}", err=True)
+        raise typer.Exit(3) from None
+    done = (
+        "released: its samples are kept as late ones (reports show them; no accounted interval"
+        " changes)"
+        if release
+        else "dropped: its samples are deleted"
+    )
+    typer.echo(
+        f"batch {key} ({row.samples} VMs from {row.host}, interval {iso_time(row.start_s)})"
+        f" {done}; recorded in the enforcement log as by {requester}."
+    )
+
+
+_KEY = Annotated[str, typer.Argument(help="The batch key (gmd-admin batches --quarantined).")]
+_REASON = Annotated[
+    str, typer.Option("--reason", help="Why; kept in the enforcement log (required).")
+]
+_BY = Annotated[str | None, typer.Option("--by", help="Who decides (default: the login name).")]
+
+
+@batches_app.command("release")
+def batches_release(ctx: typer.Context, key: _KEY, reason: _REASON, by: _BY = None) -> None:
+    """Release a quarantined batch: its samples come back as late samples, which reports
+    count and no accounted interval is recomputed from (accounted intervals never change).
+    Exit codes: 0 released, 1 database unavailable, 2 bad option, 3 no such quarantined
+    batch."""
+    _decide(ctx, key, reason, by, release=True)
+
+
+@batches_app.command("drop")
+def batches_drop(ctx: typer.Context, key: _KEY, reason: _REASON, by: _BY = None) -> None:
+    """Drop a quarantined batch: its samples are deleted; the batch stays listed (dropped) so
+    that an agent's retry of its key is not stored again. Exit codes: 0 dropped, 1 database
+    unavailable, 2 bad option, 3 no such quarantined batch."""
+    _decide(ctx, key, reason, by, release=False)
 
 
 @app.command("explain")

@@ -211,19 +211,22 @@ def compute_rows(
                 )
             ).scalars()
         )
-    return _rows(
-        config,
-        interval_id,
-        start_s,
-        length_s,
-        None if prev is None else prev.start_s,
-        data,
-        hosts,
-        prev_customers,
-        prev_orgs,
-        org_customer,
-        reset,
-    )
+    # A batch holding numbers beyond float range overflows here; the engine then refuses the
+    # non-finite result by name, which is what isolates the batch (numpy need not warn too).
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _rows(
+            config,
+            interval_id,
+            start_s,
+            length_s,
+            None if prev is None else prev.start_s,
+            data,
+            hosts,
+            prev_customers,
+            prev_orgs,
+            org_customer,
+            reset,
+        )
 
 
 # The columns of read_samples' array: host, VM, customer, the usage fields, the flavor fields,
