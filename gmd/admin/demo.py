@@ -222,6 +222,8 @@ def write_configs(
         f"port = {port}",
         'auth = "token"',
         "accounting = false",
+        "# the replay posts days-old intervals: take them however long the replay runs",
+        f"max_late_s = {cloud.end_s - cloud.start_s + 86400}",
         "",
         "[enforcement]",
         'mode = "dry-run"',
