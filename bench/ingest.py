@@ -32,6 +32,15 @@ import sqlalchemy as sa
 from ledger_accounting import postgres_url
 
 INTERVAL_S = 60
+CAPACITY = {
+    "cpu_cores": 64,
+    "memory_bytes": 512e9,
+    "disk_bytes_per_s": 1e9,
+    "network_bytes_per_s": 1.25e9,
+}
+# Per usage field (cpu_s, memory_byte_s, disk read/write, network rx/tx), what the host offers
+# per second.
+HOST_PER_S = np.array([64, 512e9, 1e9, 1e9, 1.25e9, 1.25e9])
 
 
 def free_port() -> int:
@@ -49,21 +58,18 @@ def bodies(
     for r in range(rounds):
         start = first_s + r * INTERVAL_S
         for h in range(n_hosts):
-            use = rng.uniform(0, 1, (vms, 6)) * [120, 8e9 * 60, 1e9, 1e9, 1e8, 1e8]
+            # The host's VMs together at about 80 % of each resource it has (the daemon
+            # refuses more than the host can give).
+            use = rng.uniform(0, 1, (vms, 6)) * (1.6 * INTERVAL_S / vms) * HOST_PER_S
             batch = {
                 "key": f"cmp-{h}:{start}",
                 "host": f"cmp-{h}",
                 "interval_start_s": start,
                 "interval_s": INTERVAL_S,
-                "capacity": {
-                    "cpu_cores": 64,
-                    "memory_bytes": 512e9,
-                    "disk_bytes_per_s": 1e9,
-                    "network_bytes_per_s": 1.25e9,
-                },
+                "capacity": CAPACITY,
                 "vms": [
                     {
-                        "uuid": f"vm-{h}-{j}",
+                        "uuid": f"00000000-0000-4000-8000-{h:06d}{j:06d}",
                         "customer": f"proj-{(h * vms + j) % customers}",
                         "cpu_s": u[0],
                         "memory_byte_s": u[1],

@@ -1,7 +1,9 @@
 """Writing what agents report into the ledger: one batch, one transaction.
 
 A batch either lands whole or not at all. Its key makes a retry count once; its digest tells a
-retry from a different batch that reuses the key. Customers, VMs, hosts and organizations are
+retry from a different batch that reuses the key. Its samples are rows of its own (so that
+accounting can leave one batch out), and the host's capacity for the interval is the one its
+first batch gave: another batch may not change what an interval is, or was, accounted from. Customers, VMs, hosts and organizations are
 created on first sight; their ids are cached per process once committed (ids never change),
 which saves most round trips on the hot path.
 
