@@ -443,7 +443,7 @@ def account(layout: Layout, cloud: Cloud, out: TextIO) -> tuple[int, float]:
     from gmd.daemon.config import load
     from gmd.daemon.enforce.levels import after_interval
     from gmd.daemon.ledger import migrate
-    from gmd.daemon.ledger.accounting import account_due, account_next
+    from gmd.daemon.ledger.accounting import account_next, close_all_due
 
     began = time.monotonic()
     config = load(layout.config)
@@ -453,9 +453,7 @@ def account(layout: Layout, cloud: Cloud, out: TextIO) -> tuple[int, float]:
     done = 0
     try:
         # close every replayed interval as the accountant would once its grace period is over
-        account_due(
-            engine, config.accounting, now_s=cloud.end_s + config.accounting.grace_s, budget_s=0
-        )
+        close_all_due(engine, cloud.end_s + config.accounting.grace_s, config.accounting.grace_s)
         while account_next(engine, config.accounting, hook) is not None:
             done += 1
             bar.update(done)

@@ -593,6 +593,21 @@ class RunReport:
 CLOSE_CHUNK = 1440
 
 
+def close_chunk(engine: Engine, now_s: float, grace_s: float) -> int:
+    """Close (and create) the next :data:`CLOSE_CHUNK` due intervals in a transaction of their
+    own, if this process holds the accounting lock. Returns how many it closed."""
+    with writer(engine).begin() as conn:
+        return close_due(conn, now_s, grace_s, CLOSE_CHUNK) if take_lock(conn) else 0
+
+
+def close_all_due(engine: Engine, now_s: float, grace_s: float) -> int:
+    """Close every interval due at ``now_s``, a chunk per transaction. Returns how many."""
+    total = 0
+    while newly := close_chunk(engine, now_s, grace_s):
+        total += newly
+    return total
+
+
 def account_due(
     engine: Engine,
     config: AccountingConfig,
@@ -610,7 +625,7 @@ def account_due(
     its own short transaction, so that a catch-up over days neither holds the writer lock nor
     builds its list of intervals in memory all at once."""
     now = time.time() if now_s is None else now_s
-    closed = 0
+    closed = close_chunk(engine, now, config.grace_s)
     accounted: list[int] = []
     seconds: list[float] = []
     quarantined: list[Quarantined] = []
@@ -623,8 +638,7 @@ def account_due(
         t0 = time.monotonic()
         start = account_next(engine, config, after, quarantined.extend)
         if start is None:
-            with writer(engine).begin() as conn:
-                newly = close_due(conn, now, config.grace_s, CLOSE_CHUNK) if take_lock(conn) else 0
+            newly = close_chunk(engine, now, config.grace_s)
             closed += newly
             if not newly:
                 break

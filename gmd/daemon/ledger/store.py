@@ -3,9 +3,9 @@
 A batch either lands whole or not at all. Its key makes a retry count once; its digest tells a
 retry from a different batch that reuses the key. Its samples are rows of its own (so that
 accounting can leave one batch out), and the host's capacity for the interval is the one its
-first batch gave: another batch may not change what an interval is, or was, accounted from. Customers, VMs, hosts and organizations are
-created on first sight; their ids are cached per process once committed (ids never change),
-which saves most round trips on the hot path.
+first batch gave: another batch may not change what an interval is, or was, accounted from.
+Customers, VMs, hosts and organizations are created on first sight; their ids are cached per
+process once committed (ids never change), which saves most round trips on the hot path.
 
 Concurrency: the batch takes a shared lock on its interval's row, and closing an interval
 takes an exclusive one, so a batch is either in before the interval closes (on time) or sees
