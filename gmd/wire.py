@@ -193,6 +193,17 @@ ApplyAction = Literal["apply", "restore", "would_apply", "would_restore"]
 """What an agent did to a VM (``would_``: what it would have done, in dry-run)."""
 
 
+# What a VM's settings were or became (cpu_shares, vcpu_quota, a cgroup file…): a few named
+# values, bounded so that a report cannot bloat the enforcement log.
+Settings = Annotated[
+    dict[
+        Annotated[str, StringConstraints(min_length=1, max_length=64)],
+        float | int | Annotated[str, StringConstraints(max_length=256)] | None,
+    ],
+    Field(max_length=32),
+]
+
+
 class VmApplyResult(Strict):
     """What an agent did (or, in dry-run, would have done) to one VM, and whether it worked."""
 
@@ -200,14 +211,14 @@ class VmApplyResult(Strict):
     action: ApplyAction
     ok: bool
     error: Annotated[str, StringConstraints(max_length=2000)] | None = None
-    before: dict[str, float | int | str | None] = {}
-    after: dict[str, float | int | str | None] = {}
+    before: Settings = {}
+    after: Settings = {}
 
 
 class PlanReport(Strict):
     """An agent's account of applying the plan it fetched (only the VMs it changed or failed)."""
 
-    generated_s: Annotated[int, Field(ge=0)]
+    generated_s: UnixTime
     results: Annotated[list[VmApplyResult], Field(max_length=10000)]
 
 

@@ -2,7 +2,7 @@
 
 Each resource's routes live in their own module and reach the daemon's parts through
 :class:`~.services.Services`, so this module only wires: services, lifespan, error handlers,
-routers, and the OpenAPI description of the batch body that FastAPI cannot see.
+routers, and the OpenAPI description of the bodies that FastAPI cannot see.
 """
 
 from __future__ import annotations
@@ -19,11 +19,13 @@ from gmd.daemon.api import health, plans, samples
 from gmd.daemon.api.errors import install_handlers
 from gmd.daemon.api.services import Services
 from gmd.daemon.config import Config
-from gmd.wire import Problem, SampleBatch
+from gmd.wire import PlanReport, Problem, SampleBatch
 
 ROUTERS = (samples.router, plans.router, health.router)
 # Every route may answer with these; the bodies are all a Problem.
-PROBLEM_STATUSES = (400, 401, 403, 409, 413, 422, 503)
+PROBLEM_STATUSES = (400, 401, 403, 409, 413, 415, 422, 503)
+# Request bodies the routes read and validate themselves (see describe_bodies).
+BODIES = (SampleBatch, PlanReport)
 
 
 def create_app(
@@ -49,24 +51,25 @@ def create_app(
     install_handlers(app)
     for router in ROUTERS:
         app.include_router(router)
-    describe_batch_body(app)
+    describe_bodies(app)
     return app
 
 
-def describe_batch_body(app: FastAPI) -> None:
-    """Make ``app``'s spec FastAPI's plus the batch schema, which the samples route parses
-    itself (with orjson) and so FastAPI does not describe."""
-    batch_schema = SampleBatch.model_json_schema(ref_template="#/components/schemas/{model}")
-    batch_defs = batch_schema.pop("$defs", {})
+def describe_bodies(app: FastAPI) -> None:
+    """Make ``app``'s spec FastAPI's plus the schemas of the bodies that routes parse
+    themselves (the batch and the plan report), which FastAPI therefore does not describe."""
+    components: dict[str, Any] = {}
+    for model in BODIES:
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        components.update(schema.pop("$defs", {}))
+        components[model.__name__] = schema
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             spec = get_openapi(
                 title=app.title, version=app.version, summary=app.summary, routes=app.routes
             )
-            schemas = spec.setdefault("components", {}).setdefault("schemas", {})
-            schemas.update(batch_defs)
-            schemas["SampleBatch"] = batch_schema
+            spec.setdefault("components", {}).setdefault("schemas", {}).update(components)
             app.openapi_schema = spec
         return app.openapi_schema
 

@@ -8,13 +8,22 @@ to protect memory; this guard sits in front of the app (it is what uvicorn serve
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from fastapi import FastAPI
 
+log = logging.getLogger(__name__)
+
 
 class BodyLimit:
-    """Refuse bodies over ``limit`` bytes with 413 before they are read into memory."""
+    """Refuse bodies over ``limit`` bytes with 413 before they are read into memory.
+
+    A declared length over the limit is refused before the app runs. A body sent without one
+    (chunked) is counted as the app reads it: past the limit the read raises, and whatever
+    the app then tries to answer (Starlette's error middleware answers 500 to an exception it
+    does not know) is held back, so the client gets this 413 and nothing else.
+    """
 
     def __init__(self, app: Any, limit: int) -> None:
         self.app, self.limit = app, limit
@@ -25,32 +34,61 @@ class BodyLimit:
             return
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            await self._refuse(send, int(declared))
+            await self._refuse(scope, send, int(declared))
             return
         seen = 0
+        over = False
+        started = False
 
         async def counted() -> dict[str, Any]:
-            nonlocal seen
+            nonlocal seen, over
             message = await receive()
             seen += len(message.get("body", b""))
             if seen > self.limit:
+                over = True
                 raise _TooLarge(seen)
             return message
 
-        try:
-            await self.app(scope, counted, send)
-        except _TooLarge as exc:
-            await self._refuse(send, exc.size)
+        async def guarded(message: dict[str, Any]) -> None:
+            nonlocal started
+            if over:
+                return
+            started = True
+            await send(message)
 
-    async def _refuse(self, send: Any, size: int) -> None:
+        try:
+            await self.app(scope, counted, guarded)
+        except _TooLarge:
+            pass
+        except Exception:
+            if not over:
+                raise
+        if over and not started:
+            await self._refuse(scope, send, seen)
+
+    async def _refuse(self, scope: dict[str, Any], send: Any, size: int) -> None:
+        log.warning(
+            "%s %s refused (413): body of %d+ bytes exceeds daemon.max_body_bytes = %d",
+            scope.get("method", "?"),
+            scope.get("path", "?"),
+            size,
+            self.limit,
+        )
         body = json.dumps(
-            {"detail": f"request body of {size}+ bytes exceeds the limit of {self.limit}"}
+            {
+                "detail": f"request body of {size}+ bytes exceeds the limit of {self.limit}"
+                " (daemon.max_body_bytes)",
+                "errors": [],
+            }
         ).encode()
         await send(
             {
                 "type": "http.response.start",
                 "status": 413,
-                "headers": [(b"content-type", b"application/json")],
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                ],
             }
         )
         await send({"type": "http.response.body", "body": body})

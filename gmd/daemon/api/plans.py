@@ -6,14 +6,26 @@ the latest accounted interval; a host may only read and report on its own plan.
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
+from pydantic import ValidationError
 
 from gmd.daemon.api.deps import Caller, ServicesDep
+from gmd.daemon.api.errors import json_document, validation_problem
 from gmd.daemon.enforce.audit import record_host_report
 from gmd.daemon.enforce.plans import host_plan
 from gmd.wire import HostPlan, PlanReport, PlanReportReceipt
 
 router = APIRouter()
+
+# The route reads its body itself (so that any body gets a 4xx, never FastAPI's form parsing
+# or a 500), so the spec is told what it holds.
+_REPORT_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/PlanReport"}}},
+    }
+}
 
 
 @router.get("/v1/plan/{host}", response_model=HostPlan)
@@ -31,13 +43,23 @@ def get_plan(host: str, caller_host: Caller, services: ServicesDep) -> HostPlan:
     )
 
 
-@router.post("/v1/plan/{host}/report", response_model=PlanReportReceipt)
-def post_plan_report(
-    host: str, report: PlanReport, caller_host: Caller, services: ServicesDep
+@router.post("/v1/plan/{host}/report", response_model=PlanReportReceipt, openapi_extra=_REPORT_BODY)
+async def post_plan_report(
+    host: str, request: Request, caller_host: Caller, services: ServicesDep
 ) -> PlanReportReceipt:
-    """Record, in the enforcement log, what the host's agent did with its plan."""
+    """Record, in the enforcement log, what the host's agent did with its plan
+    (a ``PlanReport``)."""
     services.auth.check_host(caller_host, host)
-    recorded = record_host_report(
-        services.engine, host, report.generated_s, [r.model_dump() for r in report.results]
+    document = json_document(request.headers.get("content-type"), await request.body())
+    try:
+        report = PlanReport.model_validate(document)
+    except ValidationError as exc:
+        raise validation_problem(exc.errors(), "invalid report") from None
+    recorded = await run_in_threadpool(
+        record_host_report,
+        services.engine,
+        host,
+        report.generated_s,
+        [r.model_dump() for r in report.results],
     )
     return PlanReportReceipt(recorded=recorded)
