@@ -238,3 +238,66 @@ def test_two_daemons_on_one_postgresql_account_each_interval_once(
         with admin.connect() as conn:
             conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+def test_sigterm_mid_catch_up_stops_within_seconds_and_exits_0(tmp_path: Path) -> None:
+    """Three days of intervals to catch up on: SIGTERM ends the run after the interval it is
+    on, the daemon exits 0 (not -15), and what was accounted stays accounted."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    seed(url, [aligned_past(3 * 1440), aligned_past(2)], hosts=2, vms_per_host=3, customers=2)
+    port = free_port()
+    config = write_config(tmp_path / "gmd.toml", url, port)
+    log = tmp_path / "daemon.log"
+    engine = migrate.engine_for(url)
+    try:
+        with daemon_process(config, port, log) as proc:
+            deadline = time.monotonic() + 60
+            while True:
+                with engine.connect() as conn:
+                    done = conn.execute(
+                        sa.text("SELECT count(*) FROM intervals WHERE state = 'accounted'")
+                    ).scalar_one()
+                if done >= 5:
+                    break
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.05)
+            asked = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(30)
+            took = time.monotonic() - asked
+        with engine.connect() as conn:
+            states = dict(
+                conn.execute(sa.text("SELECT state, count(*) FROM intervals GROUP BY 1")).all()
+            )
+    finally:
+        engine.dispose()
+    assert code == 0, log.read_text()
+    assert took < 10, f"took {took:.1f} s to stop"
+    assert "Traceback" not in log.read_text()
+    assert states.get("accounted", 0) >= 5
+
+
+def test_an_address_in_use_exits_3_naming_it(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = write_config(tmp_path / "gmd.toml", f"sqlite:///{tmp_path / 'l.db'}", port)
+        done = subprocess.run(
+            [str(DAEMON), "--config", str(config)], capture_output=True, text=True, timeout=60
+        )
+    assert done.returncode == 3, done.stderr
+    assert f"cannot listen on 127.0.0.1 port {port}: Address already in use" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_bogus_log_level_is_an_option_error(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "gmd.toml", f"sqlite:///{tmp_path / 'l.db'}", free_port())
+    done = subprocess.run(
+        [str(DAEMON), "--config", str(config), "--log-level", "bogus"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "'bogus' is not one of" in done.stderr and "Traceback" not in done.stderr

@@ -128,7 +128,9 @@ def agent(
             " a running agent would throttle them again at its next plan.",
         ),
     ] = False,
-    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    log_level: Annotated[
+        logs.LogLevel, typer.Option(help="debug, info, warning or error.")
+    ] = logs.LogLevel.info,
 ) -> None:
     """Sample the VMs of this host through libvirt and send their use to gmd-daemon.
 
@@ -142,7 +144,7 @@ def agent(
     spool or the enforcement state cannot be used (or --restore-all left VMs unrestored, or a
     replay's batches were not all delivered), 2 bad configuration.
     """
-    logs.setup(log_level, quiet=("httpx",))
+    logs.setup(log_level.value, quiet=("httpx",))
     try:
         config = load_agent(config_path)
     except ConfigError as exc:

@@ -5,6 +5,16 @@ from __future__ import annotations
 
 import logging
 import sys
+from enum import StrEnum
+
+
+class LogLevel(StrEnum):
+    """The levels the services' ``--log-level`` takes (a typo is an option error, exit 2)."""
+
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
 
 
 def setup(level: str, quiet: tuple[str, ...] = ()) -> None:

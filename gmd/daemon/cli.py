@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import logging
+import signal
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -45,17 +50,22 @@ def serve(
             "share one PostgreSQL with one that accounts.",
         ),
     ] = None,
-    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    log_level: Annotated[
+        logs.LogLevel, typer.Option(help="debug, info, warning or error.")
+    ] = logs.LogLevel.info,
 ) -> None:
     """Serve the gmd API: POST /v1/samples, GET /v1/plan/HOST, /healthz, /metrics.
 
     An empty database gets the current schema; an older one must be upgraded first with
-    `gmd-admin db upgrade`. Exit codes: 0 stopped cleanly, 1 database unusable, 2 bad
-    configuration.
+    `gmd-admin db upgrade`. SIGTERM or SIGINT stops it: requests in flight are answered and an
+    accounting catch-up ends after the interval it is on (within a few seconds).
+
+    Exit codes: 0 stopped cleanly (also on SIGTERM/SIGINT), 1 database unusable, 2 bad
+    configuration or option, 3 cannot listen on the address (in use, or not permitted).
     """
     # apscheduler and alembic's routine chatter (every scheduler tick, every schema probe)
     # would drown what matters.
-    logs.setup(log_level, quiet=("apscheduler", "alembic.runtime.migration"))
+    logs.setup(log_level.value, quiet=("apscheduler", "alembic.runtime.migration"))
     try:
         config = load_config(config_path)
     except ConfigError as exc:
@@ -94,16 +104,61 @@ def serve(
         config.accounting.interval_s,
         "on" if (d.accounting if accounting is None else accounting) else "off",
     )
-    uvicorn.run(
-        with_body_limit(api, d.max_body_bytes),
-        host=bind or d.bind,
-        port=port if port is not None else d.port,
-        ssl_certfile=str(d.tls_cert) if d.tls_cert else None,
-        ssl_keyfile=str(d.tls_key) if d.tls_key else None,
-        log_level=log_level.lower(),
-        access_log=log_level.lower() == "debug",
-        timeout_graceful_shutdown=10,
+    where = (bind or d.bind, port if port is not None else d.port)
+    try:
+        sock = listen(*where)
+    except OSError as exc:
+        log.error("cannot listen on %s port %d: %s", where[0], where[1], exc.strerror or exc)
+        raise typer.Exit(EXIT_CANNOT_LISTEN) from None
+    server = _Server(
+        uvicorn.Config(
+            with_body_limit(api, d.max_body_bytes),
+            ssl_certfile=str(d.tls_cert) if d.tls_cert else None,
+            ssl_keyfile=str(d.tls_key) if d.tls_key else None,
+            log_level=log_level.value,
+            access_log=log_level is logs.LogLevel.debug,
+            timeout_graceful_shutdown=10,
+        )
     )
+    with sock:
+        server.run(sockets=[sock])
+
+
+EXIT_CANNOT_LISTEN = 3
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host``:``port``, bound here rather than by uvicorn so that an
+    address in use is one log line and exit 3, not uvicorn's start-up failure."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, minus its habit (0.29+) of re-raising the signal that stopped it once
+    the graceful shutdown is done: the daemon stopped cleanly, so it exits 0, as systemd and
+    the README expect, not -15."""
+
+    @contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
 
 
 def main() -> None:
