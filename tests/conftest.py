@@ -41,6 +41,8 @@ SLOW = frozenset(
         "tests/test_enforce_levels.py::test_admin_shows_the_log_and_the_plan",
         "tests/test_cli.py::test_db_upgrade_and_current",
         "tests/test_api_fuzz.py::test_no_request_gets_a_5xx_or_an_undocumented_answer",
+        "tests/test_collect_replay.py::"
+        "test_a_replaying_agent_killed_mid_replay_resumes_without_counting_twice",
     }
 )
 

@@ -440,8 +440,15 @@ def test_gmd_agent_replays_and_exits(tmp_path: Path, caplog: pytest.LogCaptureFi
 
         done = runner.invoke(agent_cli, ["--config", str(toml)])
         assert done.exit_code == 0, done.output
-        again = runner.invoke(agent_cli, ["--config", str(toml)])
-        assert again.exit_code == 1 and "holds the state of an earlier run" in caplog.text
+        caplog.clear()
+        caplog.set_level(logging.INFO)
+        again = runner.invoke(agent_cli, ["--config", str(toml)])  # resumes a finished replay
+        assert again.exit_code == 0, again.output
+        assert "resuming the replay of" in caplog.text and "after 0 ticks" in caplog.text
+        other = toml.read_text().replace('replay_vms = "1-2"', 'replay_vms = "1-3"')
+        toml.write_text(other)
+        refused = runner.invoke(agent_cli, ["--config", str(toml)])
+        assert refused.exit_code == 1 and "holds another replay (it differs in vms" in caplog.text
         down = write_replay_config(tmp_path / "down", "http://127.0.0.1:9", start, hours=1)
         lost = runner.invoke(agent_cli, ["--config", str(down)])
         assert lost.exit_code == 1 and "12 batches of the replay could not be" in caplog.text
@@ -457,3 +464,63 @@ def test_gmd_agent_replays_and_exits(tmp_path: Path, caplog: pytest.LogCaptureFi
     first = sum(integral(r, cpu_s, FIRST_ROW_S, FIRST_ROW_S + INTERVAL_S) for r in rows)
     assert sum(v["cpu_s"] for v in batch.vms) == pytest.approx(first, rel=1e-9)
     assert intervals[0][1] == pytest.approx(first, rel=1e-9)
+
+
+def test_a_replaying_agent_killed_mid_replay_resumes_without_counting_twice(
+    tmp_path: Path,
+) -> None:
+    """gmd-agent replaying two simulated hours, SIGKILLed part-way and started again: it
+    resumes from its spool, and the ledger holds every simulated interval exactly once, each
+    with the traces' CPU integral over it."""
+    import signal
+    import subprocess
+    import sys
+
+    config = make_config(
+        f"sqlite:///{tmp_path / 'ledger.db'}",
+        {HOST: "operator"},
+        accounting={"interval_s": INTERVAL_S, "grace_s": 0},
+    )
+    start = aligned_start(40)
+    agent_bin = Path(sys.executable).with_name("gmd-agent")
+    with serving(config) as d:
+        toml = write_replay_config(tmp_path, d.url, start, hours=2)
+        toml.write_text(toml.read_text() + "replay_speed = 1200\n")  # 2 h in ~6 s
+
+        def stored() -> int:
+            with d.engine.connect() as conn:
+                return int(conn.execute(sa.text("SELECT count(*) FROM batches")).scalar_one())
+
+        log = (tmp_path / "agent.log").open("ab")
+        first = subprocess.Popen([str(agent_bin), "--config", str(toml)], stdout=log, stderr=log)
+        deadline = time.monotonic() + 60
+        while stored() < 6:
+            assert first.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+        killed_at = stored()
+        second = subprocess.run(
+            [str(agent_bin), "--config", str(toml)], stdout=log, stderr=log, timeout=120
+        )
+        log.close()
+        text = (tmp_path / "agent.log").read_text()
+        assert second.returncode == 0, text
+        assert "resuming the replay of" in text
+        with d.engine.connect() as conn:
+            intervals = conn.execute(
+                sa.text(
+                    "SELECT i.start_s, count(DISTINCT s.batch_id), sum(s.cpu_s) FROM samples s"
+                    " JOIN intervals i ON i.id = s.interval_id GROUP BY i.start_s"
+                    " ORDER BY i.start_s"
+                )
+            ).all()
+            batches = stored()
+    assert killed_at < 24
+    assert [s for s, _n, _c in intervals] == [start + k * INTERVAL_S for k in range(24)]
+    assert batches == 24 and all(n == 1 for _s, n, _c in intervals)
+    rows = rows_of(TRACES / "1.csv"), rows_of(TRACES / "2.csv")
+    for k, (_s, _n, cpu) in enumerate(intervals):
+        t0 = FIRST_ROW_S + k * INTERVAL_S
+        want = sum(integral(r, cpu_s, t0, t0 + INTERVAL_S) for r in rows)
+        assert cpu == pytest.approx(want, rel=1e-9, abs=1e-6), k

@@ -256,7 +256,7 @@ def _serve(
     try:
         if once and clock is not None:
             clock.end_s = clock.start_s + config.interval_s
-            _replay(runner, clock, None)
+            _replay(runner, clock, None, once=True)
             return
         if once:
             report = runner.tick()
@@ -306,13 +306,20 @@ def _log_start(config: AgentConfig, *, replaying: bool, enforcing: bool) -> None
     )
 
 
-def _replay(runner: Agent, clock: ReplayClock, stop: threading.Event | None) -> None:
+def _replay(
+    runner: Agent, clock: ReplayClock, stop: threading.Event | None, *, once: bool = False
+) -> None:
     """Replay the clock's span through the agent; exit 1 if its spool is another run's or
-    batches are left undelivered (a replay that silently misses intervals misleads)."""
-    from gmd.agent.collect.replay import ReplayError, replay_run
+    batches are left undelivered (a replay that silently misses intervals misleads).
+
+    The replay's plan is recorded beside the spool before the first tick (not for --once), so
+    that after a crash or SIGKILL the agent started again resumes where its spool left off."""
+    from gmd.agent.collect.replay import ReplayError, replay_run, save_plan
 
     try:
-        report = replay_run(runner, clock, stop=stop)
+        if not clock.resumed and not once:
+            save_plan(runner.config, clock)
+        report = replay_run(runner, clock, stop=stop, resume=clock.resumed)
     except ReplayError as exc:
         log.error("%s", exc)
         raise typer.Exit(1) from None

@@ -35,6 +35,7 @@ silently change every integral after it, and the purpose of a replay is exact fi
 from __future__ import annotations
 
 import bisect
+import json
 import logging
 import math
 import re
@@ -417,6 +418,8 @@ class ReplayClock:
     trace_start_s: float
     speed: float | None = None
     now_s: float = field(default=math.nan)
+    resumed: bool = False
+    """the clock is the one an earlier run of this replay recorded (see :func:`save_plan`)"""
 
     def __post_init__(self) -> None:
         if math.isnan(self.now_s):
@@ -519,6 +522,12 @@ class ReplayCollector:
     def resources(self) -> HostResources:
         return self._resources
 
+    def resume_at(self, sim_s: float) -> None:
+        """Continue from an earlier run's last reading at simulated ``sim_s``: a VM that
+        stopped since is then reported once more with its final counters, as it would have
+        been without the interruption."""
+        self._previous_trace_s = self.clock.to_trace(sim_s)
+
     def collect(self) -> HostReading:
         now = self.clock.now_s
         t = self.clock.to_trace(now)
@@ -574,22 +583,25 @@ def replay_from_config(
     traces = [read_trace(p) for p in trace_paths(config.replay_dir, names)]
     customers = config.replay_customers or None
     vms = replay_vms(traces, config.host, customers, config.default_customer)
-    start = now - DEFAULT_HISTORY_S if config.replay_start_s is None else config.replay_start_s
-    clock = plan_clock(
-        traces,
-        start_s=start,
-        interval_s=config.interval_s,
-        end_s=config.replay_end_s,
-        speed=config.replay_speed,
-        offset_s=config.replay_offset_s,
-        now_s=now,
-    )
+    clock = load_plan(config)
+    if clock is None:
+        start = now - DEFAULT_HISTORY_S if config.replay_start_s is None else config.replay_start_s
+        clock = plan_clock(
+            traces,
+            start_s=start,
+            interval_s=config.interval_s,
+            end_s=config.replay_end_s,
+            speed=config.replay_speed,
+            offset_s=config.replay_offset_s,
+            now_s=now,
+        )
     collector = ReplayCollector(
         vms, clock, cores=config.replay_host_cores, memory_bytes=config.replay_host_memory_bytes
     )
     log.info(
-        "replaying %d VMs (%d ever running) of %s as host %s: simulated %s → %s (%.1f days),"
+        "%s %d VMs (%d ever running) of %s as host %s: simulated %s → %s (%.1f days),"
         " trace from %.0f, %s; capacity %g cores, %.1f GiB",
+        "resuming the replay of" if clock.resumed else "replaying",
         len(vms),
         sum(1 for vm in vms if vm.trace.runs),
         config.replay_dir,
@@ -603,6 +615,85 @@ def replay_from_config(
         collector.resources().memory_bytes / 2**30,
     )
     return collector, clock
+
+
+# -- the plan of a replay, kept beside the spool ------------------------------------------------
+
+
+def plan_path(config: AgentConfig) -> Path:
+    """Where a replay's plan (its clock and what it replays) is kept: beside the spool, whose
+    state is only meaningful with it."""
+    return Path(f"{config.spool_path}.replay.json")
+
+
+def _identity(config: AgentConfig) -> dict[str, Any]:
+    """What makes two runs the same replay. Not the start and end: ``now-7d`` means another
+    instant at every start, and a restarted replay must go on with the clock it had."""
+    customers = config.replay_customers
+    return {
+        "host": config.host,
+        "replay_dir": str(config.replay_dir),
+        "vms": list(config.replay_vms),
+        "customers": dict(customers) if isinstance(customers, Mapping) else list(customers),
+        "default_customer": config.default_customer,
+        "interval_s": config.interval_s,
+        "tick_s": config.tick_s,
+        "offset_s": config.replay_offset_s,
+        "host_cores": config.replay_host_cores,
+        "host_memory_bytes": config.replay_host_memory_bytes,
+    }
+
+
+def save_plan(config: AgentConfig, clock: ReplayClock) -> None:
+    """Record the replay's clock beside its spool (atomically), so that an agent restarted
+    after a crash or SIGKILL resumes the same simulated span instead of starting another."""
+    document = {
+        "replay": _identity(config),
+        "clock": {
+            "start_s": clock.start_s,
+            "end_s": clock.end_s,
+            "trace_start_s": clock.trace_start_s,
+            "speed": clock.speed,
+        },
+    }
+    path = plan_path(config)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(json.dumps(document, indent=1))
+        tmp.replace(path)
+    except OSError as exc:
+        raise ReplayError(f"cannot record the replay's plan in {path}: {exc.strerror}") from None
+
+
+def load_plan(config: AgentConfig) -> ReplayClock | None:
+    """The clock an earlier run of this same replay recorded, or None when there is none.
+    :class:`ReplayError` when the spool's plan is another replay's."""
+    path = plan_path(config)
+    try:
+        document = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise ReplayError(f"cannot read the replay plan {path}: {exc}") from None
+    recorded = document.get("replay")
+    if recorded != json.loads(json.dumps(_identity(config))):
+        differ = sorted(
+            k
+            for k, v in json.loads(json.dumps(_identity(config))).items()
+            if (recorded or {}).get(k) != v
+        )
+        raise ReplayError(
+            f"spool {config.spool_path} holds another replay (it differs in"
+            f" {', '.join(differ) or 'its format'}; plan {path}): use a new agent.spool_path"
+        )
+    c = document["clock"]
+    return ReplayClock(
+        float(c["start_s"]),
+        float(c["end_s"]),
+        float(c["trace_start_s"]),
+        None if c["speed"] is None else float(c["speed"]),
+        resumed=True,
+    )
 
 
 # -- driving an agent -------------------------------------------------------------------------
@@ -642,6 +733,7 @@ def replay_run(
     on_tick: Callable[[ReplayClock], None] | None = None,
     wall: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], Any] = time.sleep,
+    resume: bool = False,
 ) -> ReplayReport:
     """Tick ``agents`` (the hosts of one replay, sharing ``clock``) through simulated time.
 
@@ -652,29 +744,47 @@ def replay_run(
     after the first. ``stop`` ends the run early (between ticks); ``on_tick`` is called after
     each tick (a progress bar: ``clock.fraction``). At the end each spool is sent once more.
 
-    A replay always starts from scratch: an agent whose spool holds the state of an earlier
-    run (:class:`ReplayError`) would measure from another run's counters, and send the same
-    simulated intervals a second time, which the daemon would add up.
+    An agent whose spool holds the state of an earlier run either resumes it (``resume``: the
+    same replay, with the same clock; it ticks on from its last saved reading, whose counters
+    the state holds, so nothing is measured twice and the batches still in the spool keep
+    their keys) or is refused (:class:`ReplayError`): measuring another replay from those
+    counters, or the same simulated span again, would count twice.
     """
     agents = [agents] if not isinstance(agents, Sequence) else list(agents)
     if not agents:
         raise ReplayError("no agent to replay")
     tick_s = agents[0].config.tick_s
+    done: list[float | None] = []
     for agent in agents:
         if agent.config.tick_s != tick_s or agent.config.interval_s != agents[0].config.interval_s:
             raise ReplayError("the agents of one replay must share tick_s and interval_s")
-        if agent.state.last_ok_s is not None:
+        last = agent.state.last_ok_s
+        if last is not None and not resume:
             raise ReplayError(
                 f"spool {agent.spool.path} holds the state of an earlier run (host"
-                f" {agent.config.host}): a replay starts from scratch; use a new"
+                f" {agent.config.host}) but not the plan of this replay: use a new"
                 " agent.spool_path"
             )
+        if last is not None and not clock.start_s <= last <= clock.end_s:
+            raise ReplayError(
+                f"spool {agent.spool.path} holds a reading at {iso(last)}, outside this replay"
+                f" ({iso(clock.start_s)} → {iso(clock.end_s)}): use a new agent.spool_path"
+            )
+        if last is not None and isinstance(agent.collector, ReplayCollector):
+            agent.collector.resume_at(last)
+        done.append(last)
+    resumed_at = min((d for d in done if d is not None), default=None)
+    if resumed_at is not None:
+        clock.now_s = resumed_at
     wall_start = wall()
+    first = clock.start_s if resumed_at is None else resumed_at
     ticks = batches = 0
     stopped = False
     for t in tick_times(clock.start_s, clock.end_s, tick_s):
+        if all(d is not None and t <= d for d in done):
+            continue  # ticked before the interruption
         if clock.speed is not None:
-            delay = wall_start + (t - clock.start_s) / clock.speed - wall()
+            delay = wall_start + (t - first) / clock.speed - wall()
             if delay > 0:
                 if stop is not None:
                     stop.wait(delay)
@@ -684,8 +794,9 @@ def replay_run(
             stopped = True
             break
         clock.now_s = t
-        for agent in agents:
-            batches += agent.tick(now_s=t).batches
+        for agent, d in zip(agents, done, strict=True):
+            if d is None or t > d:
+                batches += agent.tick(now_s=t).batches
         ticks += 1
         if on_tick is not None:
             on_tick(clock)
