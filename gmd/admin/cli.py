@@ -152,6 +152,16 @@ def db_current(ctx: typer.Context) -> None:
     raise typer.Exit(1)
 
 
+def _times(*given: str | None) -> tuple[float | None, ...]:
+    """Each of the ``--at/--from/--to`` options given, as Unix seconds (None where absent);
+    a time gmd cannot read ends the command with exit 2 and what it can read."""
+    now = time.time()
+    try:
+        return tuple(None if t is None else parse_time(t, now) for t in given)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+
+
 def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
     typer.echo(f"gmd-admin: error: {message}", err=True)
     return typer.Exit(code)
@@ -318,12 +328,7 @@ def actions_command(
 ) -> None:
     """The enforcement log: every level change, plan, host report and quota change gmd made
     or, in dry-run, would have made — with the balance and thresholds that caused it."""
-    now = time.time()
-    try:
-        from_s = None if from_ is None else parse_time(from_, now)
-        to_s = None if to is None else parse_time(to, now)
-    except ValueError as exc:
-        raise _fail(str(exc)) from None
+    from_s, to_s = _times(from_, to)
     with _database(ctx) as engine, engine.connect() as conn:
         rows = list_actions(conn, from_s=from_s, to_s=to_s, customer=customer, limit=limit)
     if fmt is Format.json:
@@ -594,12 +599,7 @@ def batches_command(
     from gmd.admin.batches import COLUMNS as BATCH_COLUMNS, batch_rows
 
     states = tuple(state or ()) + ((BatchState.quarantined,) if quarantined else ())
-    now = time.time()
-    try:
-        from_s = None if from_ is None else parse_time(from_, now)
-        to_s = None if to is None else parse_time(to, now)
-    except ValueError as exc:
-        raise _fail(str(exc)) from None
+    from_s, to_s = _times(from_, to)
     with _database(ctx) as engine, engine.connect() as conn:
         rows = batch_rows(
             conn, states=states or None, host=host, from_s=from_s, to_s=to_s, limit=limit
@@ -705,13 +705,7 @@ def explain_command(
         raise _fail("explain writes text or JSON (--format table|json), not CSV")
     if at is not None and (from_ is not None or to is not None):
         raise _fail("give either --at or --from/--to, not both")
-    now = time.time()
-    try:
-        at_s = None if at is None else parse_time(at, now)
-        from_s = None if from_ is None else parse_time(from_, now)
-        to_s = None if to is None else parse_time(to, now)
-    except ValueError as exc:
-        raise _fail(str(exc)) from None
+    at_s, from_s, to_s = _times(at, from_, to)
     config = _load_config(ctx)
     try:
         with _database(ctx) as engine, engine.connect() as conn:
@@ -873,12 +867,7 @@ def plot_command(
         raise _fail(str(exc)) from None
     if customer and top is not None:
         raise _fail("--top chooses customers when no --customer is given: give one or the other")
-    now = time.time()
-    try:
-        from_s = None if from_ is None else parse_time(from_, now)
-        to_s = None if to is None else parse_time(to, now)
-    except ValueError as exc:
-        raise _fail(str(exc)) from None
+    from_s, to_s = _times(from_, to)
     if from_s is not None and to_s is not None and from_s >= to_s:
         raise _fail(
             f"--from {from_} ({iso_time(from_s)}) is not before --to {to} ({iso_time(to_s)})"
