@@ -22,6 +22,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
+from gmd.admin.explain import explain
 from gmd.daemon.api.samples import record_of
 from gmd.daemon.ledger import accounting
 from gmd.daemon.ledger.accounting import (
@@ -268,6 +269,10 @@ def test_late_batches_leave_every_accounted_input_as_it_was(daemon: Daemon) -> N
         capacity_after = stored_rows(conn, "host_intervals", interval_id, "host_id")
     assert after == before
     assert sorted(again.customers, key=lambda r: r["customer_id"]) == before
+    with daemon.engine.connect() as conn:
+        explained = explain(conn, config, "a", at_s=start)
+    assert not any("has changed" in note for note in explained.notes), explained.notes
+    assert any("arrived after it was accounted" in note for note in explained.notes)
     # The late host's row exists (a report can show it), the accounted hosts' are unchanged.
     assert capacity_after[: len(capacity_before)] == capacity_before
     assert len(capacity_after) == len(capacity_before) + 1
@@ -337,6 +342,24 @@ def test_a_poison_batch_is_quarantined_and_accounting_goes_on(
         first_interval = {name: bal for start, name, bal in rows if start == first}
         assert set(first_interval) == {"a", "b"}
         assert all(abs(v) < 1e3 for _s, _n, v in rows)
+
+
+def test_the_daemon_counts_and_logs_what_it_quarantines(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = make_config(f"sqlite:///{tmp_path / 'l.db'}", {SMALL.name: "operator"})
+    with serving(config) as d:
+        bad = ok_batch(aligned_past(4), key="poison")
+        bad["vms"][0].update(disk_read_bytes=1e308, disk_write_bytes=1e308)
+        store_directly(d.engine, bad)
+        assert post(d, ok_batch(aligned_past(3))).status_code == 200
+        report = d.app.state.services.accountant.run_once()
+        metrics = httpx.get(f"{d.url}/metrics").text
+    assert report is not None and [q.key for q in report.quarantined] == ["poison"]
+    assert "gmd_accounting_quarantined_batches_total 1.0" in metrics
+    assert "gmd_accounting_errors_total 0.0" in metrics
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert any("1 batch(es) quarantined" in e and "poison from cmp-1" in e for e in errors)
 
 
 def test_the_operator_lists_releases_and_drops_quarantined_batches(tmp_path: Path) -> None:
