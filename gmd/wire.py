@@ -205,12 +205,17 @@ Settings = Annotated[
 
 
 class VmApplyResult(Strict):
-    """What an agent did (or, in dry-run, would have done) to one VM, and whether it worked."""
+    """What an agent did (or, in dry-run, would have done) to one VM, and whether it worked.
+
+    ``error`` may not hold NUL: PostgreSQL's text columns cannot store it, so the report would
+    fail as a database error (a 503, which agents retry for ever). No OS or libvirt message
+    holds one: they are C strings.
+    """
 
     uuid: VmId
     action: ApplyAction
     ok: bool
-    error: Annotated[str, StringConstraints(max_length=2000)] | None = None
+    error: Annotated[str, StringConstraints(max_length=2000, pattern=r"^[^\x00]*$")] | None = None
     before: Settings = {}
     after: Settings = {}
 

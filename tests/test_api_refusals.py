@@ -5,6 +5,7 @@ what the ledger's columns hold. Against the real app under uvicorn."""
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 
 import httpx
@@ -72,6 +73,7 @@ def report(**changes: object) -> dict[str, object]:
         "uuid": as_uuid("vm-a"),
         "action": "apply",
         "ok": True,
+        "error": None,
         "before": {"cpu_shares": 100},
         "after": {"cpu_shares": 25},
     }
@@ -138,6 +140,22 @@ REPORT_REFUSALS = [
         "results[0].ok",
         id="ok-string",
     ),
+    pytest.param(
+        {"Content-Type": "application/json"},
+        json.dumps(report(ok=False, error="e" * 2001)).encode(),
+        422,
+        "results[0].error: String should have at most 2000 characters",
+        id="error-2001-chars",
+    ),
+    # PostgreSQL's text cannot hold NUL: there such an error was a database error, a 503 that
+    # agents retry for ever (SQLite stored it).
+    pytest.param(
+        {"Content-Type": "application/json"},
+        json.dumps(report(ok=False, error="no such file: /sys/fs/cgroup/\x00")).encode(),
+        422,
+        "results[0].error",
+        id="error-NUL",
+    ),
 ]
 
 
@@ -183,3 +201,56 @@ def test_the_spec_describes_both_bodies_and_every_refusal(daemon: Daemon) -> Non
         "$ref": "#/components/schemas/PlanReport"
     }
     assert {"400", "413", "415", "422"} <= set(report_op["responses"])
+
+
+def test_a_chunked_body_over_the_limit_is_one_warning_and_no_error(
+    daemon: Daemon, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The guard's line alone: no 500 from Starlette, no "Exception in ASGI application"."""
+    with caplog.at_level(logging.WARNING):
+        response = httpx.post(
+            f"{daemon.url}/v1/plan/{HOST.name}/report",
+            content=chunks(4 * LIMIT),
+            headers={**auth(HOST.name), "Content-Type": "application/json"},
+        )
+    assert response.status_code == 413
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"POST /v1/plan/{HOST.name}/report refused (413): body of ")
+    assert lines[0].endswith(f"bytes exceeds daemon.max_body_bytes = {LIMIT}")
+
+
+def test_extreme_values_in_a_plan_report_are_recorded_as_sent(daemon: Daemon) -> None:
+    """What fits the schema is no 5xx: the largest numbers JSON has, the longest error."""
+    before = {"cpu_shares": 1e308, "cpu.max": -1e308, "weight": 2**63, "path": "p" * 256}
+    after = {"cpu_shares": 2**70, "cpu.max": "max", "weight": None}
+    body = report(
+        generated_s=2**53 - 1, ok=False, error="E" * 1999 + "\n", before=before, after=after
+    )
+    response = httpx.post(
+        f"{daemon.url}/v1/plan/{HOST.name}/report", json=body, headers=auth(HOST.name)
+    )
+    assert response.status_code == 200 and response.json() == {"recorded": 1}, response.text
+    with daemon.engine.connect() as conn:
+        row = conn.execute(
+            sa.text("SELECT status, before, after, reason FROM enforcement_actions")
+        ).one()
+    vm = {"vm": as_uuid("vm-a")}
+    assert row.status == "failed"
+    assert json.loads(row.before) == {**vm, **before}
+    assert json.loads(row.after) == {
+        **vm,
+        "cpu_shares": float(2**70),
+        "cpu.max": "max",
+        "weight": None,
+    }
+    assert row.reason == "E" * 1999 + f"\n (plan of {2**53 - 1}, reported by host {HOST.name})"
+
+
+def test_a_hidden_character_in_the_path_host_is_422_even_without_auth(tmp_path: object) -> None:
+    config = make_config(f"sqlite:///{tmp_path}/l.db", {}, daemon={"auth": "none"})
+    with serving(config) as d:
+        got = httpx.get(f"{d.url}/v1/plan/a%00b")
+        posted = httpx.post(f"{d.url}/v1/plan/a%E2%80%8Bb/report", json=report())
+    assert got.status_code == 422 and "U+0000" in got.json()["detail"]
+    assert posted.status_code == 422 and "ZERO WIDTH SPACE" in posted.json()["detail"]

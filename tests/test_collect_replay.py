@@ -16,13 +16,14 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from typer.testing import CliRunner
 
 from gmd.agent.cli import app as agent_cli
-from gmd.agent.client import DaemonClient
+from gmd.agent.client import DaemonClient, PostOutcome
 from gmd.agent.collect.aggregate import AgentState, advance
 from gmd.agent.collect.base import Flavor
 from gmd.agent.collect.replay import (
@@ -34,6 +35,7 @@ from gmd.agent.collect.replay import (
     deal_customers,
     plan_clock,
     read_trace,
+    replay_key,
     replay_run,
     replay_vms,
     tick_times,
@@ -388,8 +390,17 @@ def test_a_replayed_host_is_accounted_as_the_trace_says(tmp_path: Path) -> None:
                     " JOIN customers c ON c.id = l.customer_id GROUP BY c.name"
                 )
             ).all()
+        again = replay_run(agent, clock, resume=True)  # the same replay, resumed once done
+        assert (again.finished_before, again.ticks, again.batches, again.waiting) == (
+            True,
+            0,
+            0,
+            0,
+        )
         with pytest.raises(ReplayError, match="holds the state of an earlier run"):
-            replay_run(agent, clock)  # the same simulated span again would count twice
+            replay_run(agent, clock)  # a caller that checked no plan: it could count twice
+        with d.engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT count(*) FROM batches")).scalar_one() == 24
         spool.close()
 
     t0, t1 = clock.to_trace(start), clock.to_trace(end)
@@ -405,6 +416,183 @@ def test_a_replayed_host_is_accounted_as_the_trace_says(tmp_path: Path) -> None:
         assert list(got[name][:3]) == pytest.approx(want[name], rel=1e-9, abs=4)  # whole bytes
     assert want["globex"][0] > 10 * want["acme"][0] > 0  # the 32-core VM dominates
     assert sorted(ledger) == [("acme", 24, 2, 2), ("globex", 24, 1, 1)]
+
+
+class Crash(Exception):
+    """What SIGKILL would do to the agent at that point: nothing after it runs."""
+
+
+class FlakyClient(DaemonClient):
+    """A real client to the test daemon that can be made to fail: ``"down"`` (the daemon
+    cannot be reached: batches stay in the spool) or ``"dies"`` (the daemon stores the next
+    batch and the agent dies before it hears so, the batch still in its spool)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url, token_of(HOST))
+        self.mode = "up"
+        self.outcomes: list[str] = []
+
+    def post_batch(self, body: bytes) -> PostOutcome:
+        if self.mode == "down":
+            return PostOutcome("unavailable", None, "ConnectError: the test daemon is down")
+        outcome = super().post_batch(body)
+        self.outcomes.append(outcome.detail)
+        if self.mode == "dies":
+            raise Crash
+        return outcome
+
+
+def ledger_of(engine: sa.Engine) -> tuple[list[Any], list[Any], list[Any]]:
+    """What a daemon holds: per interval and VM, the summed use and how many batches carried
+    it; per interval, its batches; and every batch's key and content digest."""
+    with engine.connect() as conn:
+        use = conn.execute(
+            sa.text(
+                "SELECT i.start_s, v.uuid, count(*), sum(s.cpu_s), sum(s.memory_byte_s),"
+                " sum(s.disk_read_bytes), sum(s.disk_write_bytes), sum(s.network_rx_bytes),"
+                " sum(s.network_tx_bytes) FROM samples s JOIN intervals i ON i.id = s.interval_id"
+                " JOIN vms v ON v.id = s.vm_id GROUP BY i.start_s, v.uuid"
+                " ORDER BY i.start_s, v.uuid"
+            )
+        ).all()
+        per_interval = conn.execute(
+            sa.text(
+                "SELECT i.start_s, count(*) FROM batches b JOIN intervals i ON i.id = b.interval_id"
+                " GROUP BY i.start_s ORDER BY i.start_s"
+            )
+        ).all()
+        keys = conn.execute(sa.text("SELECT key, digest FROM batches ORDER BY key")).all()
+    return [tuple(r) for r in use], [tuple(r) for r in per_interval], [tuple(r) for r in keys]
+
+
+def test_an_interrupted_replay_resumes_and_delivers_what_an_uninterrupted_one_does(
+    tmp_path: Path,
+) -> None:
+    """One replay run straight through into one daemon, and the same replay into another
+    daemon stopped part-way (the stop event), started again, crashed (batches spooled while
+    the daemon was down, one stored by the daemon but not acknowledged, no final send) just
+    before a VM stops, and resumed from its reopened spool: both ledgers hold the same use
+    per VM and interval, from the same batches under the same keys — no interval missing,
+    none doubled. A spool lost afterwards replays into nothing but duplicates."""
+    (tmp_path / "traces").mkdir()
+    off = "\t0;" * 9 + "\t0"  # every column but the timestamp zero: the VM is not running
+    stops = cut(  # VM 1 with lines 12-14 off: it stops ~3000 s in, then runs again
+        TRACES / "1.csv",
+        tmp_path / "traces" / "7.csv",
+        2,
+        40,
+        lambda n, line: line.split(";")[0] + ";" + off if n in (12, 13, 14) else line,
+    )
+    traces = [read_trace(TRACES / "24.csv"), read_trace(TRACES / "39.csv"), read_trace(stops)]
+    paused = traces[2]
+    assert [r.run_id for r in paused.runs] == [1, 2]
+    start = aligned_start(30)
+    plan = plan_clock(traces, start_s=start, interval_s=INTERVAL_S, end_s=start + 2 * 3600)
+    tick_s = 150
+    ticks = list(tick_times(plan.start_s, plan.end_s, tick_s))
+    # The last tick at which the paused VM still runs: the crash comes right after it, so the
+    # resumed agent must report the VM's final counters once more at the next tick.
+    last_running = max(k for k, t in enumerate(ticks) if plan.to_trace(t) < paused.runs[0].end_s)
+    assert 12 < last_running < len(ticks) - 10
+
+    def clock() -> ReplayClock:
+        return ReplayClock(plan.start_s, plan.end_s, plan.trace_start_s)
+
+    def agent_on(directory: Path, client: DaemonClient, c: ReplayClock) -> Agent:
+        cfg = agent_config(directory, client.base_url)
+        spool = Spool(cfg.spool_path, max_bytes=2**30, max_batches=10**6)
+        collector = ReplayCollector(replay_vms(traces, HOST, CUSTOMERS), c)
+        return Agent(cfg, collector, spool, Sender(spool, client), key=replay_key("t", c))
+
+    def daemon(name: str) -> Any:
+        ledger = f"sqlite:///{tmp_path / name}.db"
+        return serving(
+            make_config(ledger, {HOST: "operator"}, accounting={"interval_s": INTERVAL_S})
+        )
+
+    with daemon("straight") as straight, daemon("interrupted") as interrupted:
+        c = clock()
+        agent = agent_on(tmp_path / "straight", DaemonClient(straight.url, token_of(HOST)), c)
+        whole = replay_run(agent, c)
+        agent.spool.close()
+        assert (whole.ticks, whole.batches, whole.waiting, whole.resumed_s) == (49, 24, 0, None)
+
+        # 1. Stopped (SIGTERM) after 7 ticks: the final send delivers everything made so far.
+        stop = threading.Event()
+        c = clock()
+        client = FlakyClient(interrupted.url)
+        agent = agent_on(tmp_path / "interrupted", client, c)
+        done = [0]
+
+        def count_to(k: int) -> Callable[[ReplayClock], None]:
+            def on_tick(_c: ReplayClock) -> None:
+                done[0] += 1
+                if done[0] == k:
+                    stop.set()
+
+            return on_tick
+
+        first = replay_run(agent, c, stop=stop, on_tick=count_to(7))
+        assert (first.stopped, first.ticks, first.reached_s, first.waiting) == (
+            True,
+            7,
+            ticks[6],
+            0,
+        )
+        agent.spool.close()
+
+        # 2. Resumed, then killed: the daemon down for a while, and at tick `last_running`
+        # the daemon stores the oldest spooled batch but the agent dies before the answer.
+        c = clock()
+        client = FlakyClient(interrupted.url)
+        agent = agent_on(tmp_path / "interrupted", client, c)
+
+        def misfortune(now: ReplayClock) -> None:
+            k = ticks.index(now.now_s)
+            if k == last_running - 6:
+                client.mode = "down"
+            elif k == last_running - 1:
+                client.mode = "dies"
+
+        with pytest.raises(Crash):
+            replay_run(agent, c, on_tick=misfortune, resume=True)
+        assert agent.state.last_ok_s == ticks[last_running]
+        agent.spool.close()  # the process is gone: nothing else runs, the lock is released
+        del agent
+
+        # 3. Started again from the reopened spool: it goes on from the last committed tick.
+        c = clock()
+        client = FlakyClient(interrupted.url)
+        agent = agent_on(tmp_path / "interrupted", client, c)
+        assert agent.spool.size()[0] >= 3  # made while the daemon was down, never sent
+        rest = replay_run(agent, c, resume=True)
+        assert (rest.resumed_s, rest.stopped, rest.waiting) == (ticks[last_running], False, 0)
+        assert rest.ticks == len(ticks) - 1 - last_running
+        assert client.outcomes[0] == "duplicate"  # the batch the daemon had before the crash
+        agent.spool.close()
+
+        want, got = ledger_of(straight.engine), ledger_of(interrupted.engine)
+        use, per_interval, _keys = got
+        assert [s for s, _n in per_interval] == [plan.start_s + k * INTERVAL_S for k in range(24)]
+        assert all(n == 1 for _s, n in per_interval)  # one batch per interval: none doubled
+        assert all(row[2] == 1 for row in use)
+        assert got == want  # the same use per VM and interval, the same keys and contents
+        paused_uuid = vm_uuid(HOST, stops)
+        crash_interval = int(ticks[last_running] // INTERVAL_S * INTERVAL_S)
+        assert any(r[0] == crash_interval and r[1] == paused_uuid and r[3] > 0 for r in use)
+
+        # 4. The spool lost with everything delivered: the replay made again from scratch is
+        # the same batches under the same keys, which the daemon does not count twice.
+        for leftover in (tmp_path / "interrupted").glob("spool.db*"):
+            leftover.unlink()
+        c = clock()
+        client = FlakyClient(interrupted.url)
+        agent = agent_on(tmp_path / "interrupted", client, c)
+        again = replay_run(agent, c)
+        agent.spool.close()
+        assert (again.batches, again.waiting) == (24, 0)
+        assert client.outcomes == ["duplicate"] * 24
+        assert ledger_of(interrupted.engine) == want
 
 
 def write_replay_config(tmp_path: Path, url: str, start: int, hours: float) -> Path:
@@ -444,7 +632,10 @@ def test_gmd_agent_replays_and_exits(tmp_path: Path, caplog: pytest.LogCaptureFi
         caplog.set_level(logging.INFO)
         again = runner.invoke(agent_cli, ["--config", str(toml)])  # resumes a finished replay
         assert again.exit_code == 0, again.output
-        assert "resuming the replay of" in caplog.text and "after 0 ticks" in caplog.text
+        assert "resuming the replay of" in caplog.text
+        assert (
+            "the replay had already finished" in caplog.text and "after 0 ticks" not in caplog.text
+        )
         other = toml.read_text().replace('replay_vms = "1-2"', 'replay_vms = "1-3"')
         toml.write_text(other)
         refused = runner.invoke(agent_cli, ["--config", str(toml)])
@@ -516,7 +707,9 @@ def test_a_replaying_agent_killed_mid_replay_resumes_without_counting_twice(
                 )
             ).all()
             batches = stored()
+            keys = conn.execute(sa.text("SELECT key FROM batches")).scalars().all()
     assert killed_at < 24
+    assert all(k.startswith(f"{HOST}/") and "/replay-" in k for k in keys)  # deterministic
     assert [s for s, _n, _c in intervals] == [start + k * INTERVAL_S for k in range(24)]
     assert batches == 24 and all(n == 1 for _s, n, _c in intervals)
     rows = rows_of(TRACES / "1.csv"), rows_of(TRACES / "2.csv")

@@ -301,3 +301,70 @@ def test_a_bogus_log_level_is_an_option_error(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "'bogus' is not one of" in done.stderr and "Traceback" not in done.stderr
+
+
+def run_daemon(config: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    """gmd-daemon run to its end (for the ways it refuses to start)."""
+    return subprocess.run(
+        [str(DAEMON), "--config", str(config), *options],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_stops_an_idle_daemon_with_0(tmp_path: Path, stop: signal.Signals) -> None:
+    port = free_port()
+    config = write_config(tmp_path / "gmd.toml", f"sqlite:///{tmp_path / 'l.db'}", port)
+    log = tmp_path / "daemon.log"
+    with daemon_process(config, port, log) as proc:
+        proc.send_signal(stop)
+        code = proc.wait(10)
+    assert code == 0, log.read_text()
+    assert "Traceback" not in log.read_text()
+
+
+def test_an_address_not_on_this_host_exits_3_naming_it(tmp_path: Path) -> None:
+    port = free_port()
+    config = write_config(tmp_path / "gmd.toml", f"sqlite:///{tmp_path / 'l.db'}", port)
+    done = run_daemon(config, "--bind", "192.0.2.1")  # TEST-NET-1: on no host
+    assert done.returncode == 3, done.stderr
+    assert f"cannot listen on 192.0.2.1 port {port}: Cannot assign requested address" in (
+        done.stderr
+    )
+    assert "Traceback" not in done.stderr
+
+
+def test_a_database_that_cannot_be_written_exits_1_not_3(tmp_path: Path) -> None:
+    """Read, but not written (a read-only file, role or standby): the app's start would fail
+    in uvicorn's lifespan, with a traceback and uvicorn's exit 3, which says "cannot listen"."""
+    path = tmp_path / "l.db"
+    engine = migrate.engine_for(f"sqlite:///{path}")
+    migrate.upgrade(engine)
+    engine.dispose()
+    url = f"sqlite:///file:{path}?mode=ro&uri=true"
+    done = run_daemon(write_config(tmp_path / "gmd.toml", url, free_port()))
+    assert done.returncode == 1, done.stderr
+    assert "cannot use the ledger database" in done.stderr
+    assert "attempt to write a readonly database" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_an_unusable_tls_certificate_is_a_configuration_error(tmp_path: Path) -> None:
+    pem = tmp_path / "not-a.pem"
+    pem.write_text("not a certificate\n")
+    config = write_config(tmp_path / "gmd.toml", f"sqlite:///{tmp_path / 'l.db'}", free_port())
+    with config.open("a") as f:  # the [daemon] section is the file's last
+        f.write(f'tls_cert = "{pem}"\ntls_key = "{pem}"\n')
+    done = run_daemon(config)
+    assert done.returncode == 2, done.stderr
+    assert f"cannot use daemon.tls_cert {pem} with daemon.tls_key {pem}" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_port_out_of_range_is_an_option_error(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "gmd.toml", f"sqlite:///{tmp_path / 'l.db'}", free_port())
+    done = run_daemon(config, "--port", "99999")
+    assert done.returncode == 2, done.stderr
+    assert "--port" in done.stderr and "Traceback" not in done.stderr

@@ -11,6 +11,7 @@ import json
 import logging
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -20,11 +21,12 @@ from prometheus_client import start_http_server
 from gmd.agent.client import DaemonClient
 from gmd.agent.collect.base import Collector
 from gmd.agent.config import AgentConfig, load_agent
-from gmd.agent.loop import Agent, AgentMetrics, dry_run_batch
+from gmd.agent.loop import Agent, AgentMetrics, dry_run_batch, new_key
 from gmd.agent.sender import Sender
 from gmd.agent.spool import Spool, SpoolError
 from gmd.common import logs
 from gmd.common.config import DEFAULT_PATH, ConfigError
+from gmd.common.timespec import iso
 
 if TYPE_CHECKING:
     from gmd.agent.apply.base import PlanApplier
@@ -86,6 +88,18 @@ def _replay_collector(config: AgentConfig) -> tuple[ReplayCollector, ReplayClock
 
     try:
         return replay_from_config(config)
+    except ReplayError as exc:
+        log.error("%s", exc)
+        raise typer.Exit(1) from None
+
+
+def _replay_key(config: AgentConfig, clock: ReplayClock) -> Callable[[str, int], str]:
+    """The replay's deterministic batch keys (:func:`gmd.agent.collect.replay.replay_key`);
+    exit 1 when the traces cannot be read again to tell which replay this is."""
+    from gmd.agent.collect.replay import ReplayError, replay_id, replay_key
+
+    try:
+        return replay_key(replay_id(config, clock), clock)
     except ReplayError as exc:
         log.error("%s", exc)
         raise typer.Exit(1) from None
@@ -234,6 +248,7 @@ def _serve(
     except SpoolError as exc:
         log.error("%s", exc)
         raise typer.Exit(1) from None
+    key = new_key if clock is None else _replay_key(config, clock)
     client = DaemonClient(config.daemon_url, config.token, timeout_s=config.timeout_s)
     metrics = AgentMetrics()
     try:
@@ -249,6 +264,7 @@ def _serve(
         spool,
         Sender(spool, client),
         metrics,
+        key=key,
         applier=applier,
         plans=client if applier is not None else None,
     )
@@ -313,7 +329,9 @@ def _replay(
     batches are left undelivered (a replay that silently misses intervals misleads).
 
     The replay's plan is recorded beside the spool before the first tick (not for --once), so
-    that after a crash or SIGKILL the agent started again resumes where its spool left off."""
+    that after a crash or SIGKILL the agent started again resumes where its spool left off; a
+    replay an earlier run had finished has nothing left to tick, and exits 0 once the batches
+    its spool still held are delivered."""
     from gmd.agent.collect.replay import ReplayError, replay_run, save_plan
 
     try:
@@ -323,14 +341,25 @@ def _replay(
     except ReplayError as exc:
         log.error("%s", exc)
         raise typer.Exit(1) from None
-    log.info(
-        "replay %s after %d ticks of simulated time (%.1f of %.1f hours): %d batches made",
-        "stopped" if report.stopped else "done",
-        report.ticks,
-        (report.reached_s - report.start_s) / 3600,
-        (report.end_s - report.start_s) / 3600,
-        report.batches,
-    )
+    if report.finished_before:
+        log.info(
+            "the replay had already finished (simulated %s → %s, spool %s): nothing to replay",
+            iso(report.start_s),
+            iso(report.end_s),
+            runner.spool.path,
+        )
+    else:
+        log.info(
+            "replay %s after %d ticks of simulated time (%.1f of %.1f hours%s): %d batches made",
+            "stopped" if report.stopped else "done",
+            report.ticks,
+            (report.reached_s - report.start_s) / 3600,
+            (report.end_s - report.start_s) / 3600,
+            ""
+            if report.resumed_s is None
+            else f", resumed at {(report.resumed_s - report.start_s) / 3600:.1f}",
+            report.batches,
+        )
     if report.waiting:
         log.error(
             "%d batches of the replay could not be delivered (the daemon did not take them);"

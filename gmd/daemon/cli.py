@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 import uvicorn
 from sqlalchemy.exc import SQLAlchemyError
+from uvicorn.config import STARTUP_FAILURE
 
 from gmd.common import logs
 from gmd.common.config import ConfigError
@@ -41,7 +42,9 @@ def serve(
     bind: Annotated[
         str | None, typer.Option(help="Address to listen on (default: daemon.bind).")
     ] = None,
-    port: Annotated[int | None, typer.Option(help="Port (default: daemon.port, 8470).")] = None,
+    port: Annotated[
+        int | None, typer.Option(min=0, max=65535, help="Port (default: daemon.port, 8470).")
+    ] = None,
     accounting: Annotated[
         bool | None,
         typer.Option(
@@ -60,8 +63,9 @@ def serve(
     `gmd-admin db upgrade`. SIGTERM or SIGINT stops it: requests in flight are answered and an
     accounting catch-up ends after the interval it is on (within a few seconds).
 
-    Exit codes: 0 stopped cleanly (also on SIGTERM/SIGINT), 1 database unusable, 2 bad
-    configuration or option, 3 cannot listen on the address (in use, or not permitted).
+    Exit codes: 0 stopped cleanly (also on SIGTERM/SIGINT), 1 database unusable (cannot be
+    reached, read or written, or at another schema), 2 bad configuration or option (TLS
+    certificate and key included), 3 cannot listen on the address (in use, or not permitted).
     """
     # apscheduler and alembic's routine chatter (every scheduler tick, every schema probe)
     # would drown what matters.
@@ -72,6 +76,7 @@ def serve(
         log.error("%s", exc)
         raise typer.Exit(2) from None
     engine = migrate.engine_for(config.database_url)
+    api = create_app(config, engine, accountant=accounting)
     try:
         revision = migrate.current(engine)
         if revision is None:
@@ -85,6 +90,10 @@ def serve(
                 migrate.head(),
             )
             raise typer.Exit(1)
+        # The first write the app's start makes (the rest follows in its lifespan). A database
+        # that can be read but not written (a read-only file, role or standby) then fails here,
+        # as one line and exit 1, not as a lifespan traceback and uvicorn's exit 3.
+        api.state.services.store.sync_organizations([config.default_owner])
     except SQLAlchemyError as exc:
         log.error(
             "cannot use the ledger database %s: %s",
@@ -93,7 +102,25 @@ def serve(
         )
         raise typer.Exit(1) from None
     d = config.daemon
-    api = create_app(config, engine, accountant=accounting)
+    server = _Server(
+        uvicorn.Config(
+            with_body_limit(api, d.max_body_bytes),
+            ssl_certfile=str(d.tls_cert) if d.tls_cert else None,
+            ssl_keyfile=str(d.tls_key) if d.tls_key else None,
+            log_level=log_level.value,
+            access_log=log_level is logs.LogLevel.debug,
+            timeout_graceful_shutdown=10,
+        )
+    )
+    try:
+        # Loaded here, not when serving, so that a certificate or key that cannot be read or
+        # used is a configuration error (one line, exit 2), not a traceback.
+        server.config.load()
+    except OSError as exc:  # ssl.SSLError included
+        log.error(
+            "cannot use daemon.tls_cert %s with daemon.tls_key %s: %s", d.tls_cert, d.tls_key, exc
+        )
+        raise typer.Exit(2) from None
     scheme = "https" if d.tls_cert else "http"
     log.info(
         "gmd-daemon on %s://%s:%d, ledger %s, %d s intervals, accounting %s",
@@ -110,18 +137,17 @@ def serve(
     except OSError as exc:
         log.error("cannot listen on %s port %d: %s", where[0], where[1], exc.strerror or exc)
         raise typer.Exit(EXIT_CANNOT_LISTEN) from None
-    server = _Server(
-        uvicorn.Config(
-            with_body_limit(api, d.max_body_bytes),
-            ssl_certfile=str(d.tls_cert) if d.tls_cert else None,
-            ssl_keyfile=str(d.tls_key) if d.tls_key else None,
-            log_level=log_level.value,
-            access_log=log_level is logs.LogLevel.debug,
-            timeout_graceful_shutdown=10,
-        )
-    )
     with sock:
-        server.run(sockets=[sock])
+        try:
+            server.run(sockets=[sock])
+        except SystemExit as exc:
+            # uvicorn exits 3 when the app's start (its lifespan) fails, but 3 says "cannot
+            # listen" here; that start writes to the ledger, which the check above just did,
+            # so what failed is the database (gone since), and that is 1.
+            if exc.code != STARTUP_FAILURE:
+                raise
+            log.error("gmd-daemon could not start its services (see above)")
+            raise typer.Exit(1) from None
 
 
 EXIT_CANNOT_LISTEN = 3

@@ -30,14 +30,28 @@ its final counters, so nothing it used is lost (libvirt cannot do that for a VM 
 
 **Bad data stops the replay** with the file and line (:class:`TraceError`): a skipped row would
 silently change every integral after it, and the purpose of a replay is exact figures.
+
+**Resuming.** A replay is deterministic: the same traces on the same clock give the same
+readings at the same simulated instants. Its plan (what it replays, and its clock) is kept beside
+the spool (:func:`save_plan`), whose state holds the counters of the last tick and its simulated
+time (``last_ok_s``). An agent killed mid-replay and started again with the same replay takes
+the recorded clock (:func:`load_plan`) and ticks on from that instant (:func:`replay_run` with
+``resume``): the next reading is measured from the saved counters, the intervals closed before
+are not made again, the open ones go on, and the batches still spooled are sent under the keys
+they were made with. Those keys are themselves deterministic (:func:`replay_key`: host,
+interval, the replay, and the tick that closed it), so a batch made twice — a spool lost while
+its batches were already delivered — is a duplicate the daemon acknowledges without counting.
+Another replay on the same spool is refused.
 """
 
 from __future__ import annotations
 
 import bisect
+import hashlib
 import json
 import logging
 import math
+import os
 import re
 import threading
 import time
@@ -626,14 +640,34 @@ def plan_path(config: AgentConfig) -> Path:
     return Path(f"{config.spool_path}.replay.json")
 
 
+def traces_digest(directory: Path, names: Iterable[str]) -> str:
+    """A SHA-256 over the named traces' file names and bytes: what the replay reads, so that a
+    trace edited, added (with every trace of a directory replayed) or removed makes another
+    replay, not a resumed one whose counters no longer match the saved baselines."""
+    digest = hashlib.sha256()
+    for path in trace_paths(directory, names):
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise TraceError(f"{path}: cannot read: {exc.strerror}") from None
+        digest.update(f"{path.name}\0{len(data)}\0".encode())
+        digest.update(data)
+    return digest.hexdigest()
+
+
 def _identity(config: AgentConfig) -> dict[str, Any]:
-    """What makes two runs the same replay. Not the start and end: ``now-7d`` means another
-    instant at every start, and a restarted replay must go on with the clock it had."""
+    """What makes two runs the same replay: the host, the traces (their contents too), the
+    owners and what the counters are read and folded with. Not the start and end: ``now-7d``
+    means another instant at every start, and a restarted replay must go on with the clock it
+    had. Nor the speed, which paces the replay but changes no figure."""
     customers = config.replay_customers
+    directory = config.replay_dir
+    names = list(config.replay_vms) or ([] if directory is None else trace_names(directory))
     return {
         "host": config.host,
-        "replay_dir": str(config.replay_dir),
+        "replay_dir": str(directory),
         "vms": list(config.replay_vms),
+        "traces_sha256": None if directory is None else traces_digest(directory, names),
         "customers": dict(customers) if isinstance(customers, Mapping) else list(customers),
         "default_customer": config.default_customer,
         "interval_s": config.interval_s,
@@ -644,9 +678,16 @@ def _identity(config: AgentConfig) -> dict[str, Any]:
     }
 
 
+def _as_json(value: dict[str, Any]) -> dict[str, Any]:
+    """``value`` as it reads back from the plan file (tuples become lists, keys strings)."""
+    result: dict[str, Any] = json.loads(json.dumps(value))
+    return result
+
+
 def save_plan(config: AgentConfig, clock: ReplayClock) -> None:
-    """Record the replay's clock beside its spool (atomically), so that an agent restarted
-    after a crash or SIGKILL resumes the same simulated span instead of starting another."""
+    """Record the replay's clock beside its spool (atomically and durably, before the first
+    tick commits a state that needs it), so that an agent restarted after a crash or SIGKILL
+    resumes the same simulated span instead of starting another."""
     document = {
         "replay": _identity(config),
         "clock": {
@@ -659,7 +700,10 @@ def save_plan(config: AgentConfig, clock: ReplayClock) -> None:
     path = plan_path(config)
     tmp = path.with_name(path.name + ".tmp")
     try:
-        tmp.write_text(json.dumps(document, indent=1))
+        with tmp.open("w") as f:
+            f.write(json.dumps(document, indent=1))
+            f.flush()
+            os.fsync(f.fileno())
         tmp.replace(path)
     except OSError as exc:
         raise ReplayError(f"cannot record the replay's plan in {path}: {exc.strerror}") from None
@@ -667,7 +711,9 @@ def save_plan(config: AgentConfig, clock: ReplayClock) -> None:
 
 def load_plan(config: AgentConfig) -> ReplayClock | None:
     """The clock an earlier run of this same replay recorded, or None when there is none.
-    :class:`ReplayError` when the spool's plan is another replay's."""
+    :class:`ReplayError` when the spool's plan is another replay's. The speed is the one
+    configured now: it only paces the replay, and a replay resumed at another speed counts
+    the same."""
     path = plan_path(config)
     try:
         document = json.loads(path.read_text())
@@ -675,25 +721,55 @@ def load_plan(config: AgentConfig) -> ReplayClock | None:
         return None
     except (OSError, ValueError) as exc:
         raise ReplayError(f"cannot read the replay plan {path}: {exc}") from None
-    recorded = document.get("replay")
-    if recorded != json.loads(json.dumps(_identity(config))):
-        differ = sorted(
-            k
-            for k, v in json.loads(json.dumps(_identity(config))).items()
-            if (recorded or {}).get(k) != v
-        )
+    recorded = document.get("replay") if isinstance(document, dict) else None
+    identity = _as_json(_identity(config))
+    if recorded != identity:
+        differ = [k for k, v in identity.items() if (recorded or {}).get(k) != v]
         raise ReplayError(
             f"spool {config.spool_path} holds another replay (it differs in"
             f" {', '.join(differ) or 'its format'}; plan {path}): use a new agent.spool_path"
         )
-    c = document["clock"]
-    return ReplayClock(
-        float(c["start_s"]),
-        float(c["end_s"]),
-        float(c["trace_start_s"]),
-        None if c["speed"] is None else float(c["speed"]),
-        resumed=True,
-    )
+    try:
+        c = document["clock"]
+        return ReplayClock(
+            float(c["start_s"]),
+            float(c["end_s"]),
+            float(c["trace_start_s"]),
+            config.replay_speed,
+            resumed=True,
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ReplayError(f"the replay plan {path} has no usable clock ({exc!r})") from None
+
+
+def replay_id(config: AgentConfig, clock: ReplayClock) -> str:
+    """A short digest of what is replayed and on which clock: the same replay, run again or
+    resumed, has the same id; another (other traces, host, owners, start, mapping onto the
+    traces) has another."""
+    document = {
+        "replay": _as_json(_identity(config)),
+        "start_s": clock.start_s,
+        "trace_start_s": clock.trace_start_s,
+    }
+    return hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def replay_key(replay: str, clock: ReplayClock) -> Callable[[str, int], str]:
+    """The batch keys of a replay (``Agent(key=…)``): host, interval, the replay
+    (:func:`replay_id`) and the simulated instant of the tick that closed the batch.
+
+    Deterministic, where a live agent's keys are random: a replay reads the same counters at
+    the same instants every time, so a batch made again (a spool lost after its batches were
+    delivered, a resumed agent) is the same batch under the same key, which the daemon
+    acknowledges as a duplicate instead of counting it twice. The closing tick tells apart
+    the batches of one interval that different ticks close (a late part). At most 128
+    printable characters, like :func:`gmd.agent.loop.new_key`'s."""
+
+    def key(host: str, interval_start_s: int) -> str:
+        name = "".join(c if "!" <= c <= "~" else "_" for c in host)[:64]
+        return f"{name}/{interval_start_s}/replay-{replay}/{round(clock.now_s * 1000)}"
+
+    return key
 
 
 # -- driving an agent -------------------------------------------------------------------------
@@ -712,6 +788,14 @@ class ReplayReport:
     """batches left in the spools after the final send (the daemon could not take them)"""
     stopped: bool
     """interrupted before the end"""
+    resumed_s: float | None = None
+    """the simulated time of the earlier run's last reading this run went on from (the
+    earliest over the agents); ``None`` when it started from the clock's start"""
+
+    @property
+    def finished_before(self) -> bool:
+        """The replay had been done to its end by an earlier run: nothing was left to tick."""
+        return self.resumed_s is not None and self.resumed_s >= self.end_s
 
 
 def tick_times(start_s: float, end_s: float, tick_s: float) -> Iterator[float]:
@@ -745,10 +829,15 @@ def replay_run(
     each tick (a progress bar: ``clock.fraction``). At the end each spool is sent once more.
 
     An agent whose spool holds the state of an earlier run either resumes it (``resume``: the
-    same replay, with the same clock; it ticks on from its last saved reading, whose counters
-    the state holds, so nothing is measured twice and the batches still in the spool keep
-    their keys) or is refused (:class:`ReplayError`): measuring another replay from those
-    counters, or the same simulated span again, would count twice.
+    caller has checked that it is the same replay, with the same clock — :func:`load_plan`)
+    or is refused (:class:`ReplayError`): measuring another replay from those counters, or
+    the same simulated span again, would count twice. Resuming, the clock starts at the
+    state's last reading (``last_ok_s``, one of the ticks of :func:`tick_times`), and each
+    agent ticks only the later ticks: its next reading is measured from the saved counters
+    (a VM that stopped in between is reported once more, as :meth:`ReplayCollector.resume_at`
+    says), the intervals it closed before are in its spool or already delivered and are not
+    made again, and the open ones in the state go on. The batches still spooled are sent by
+    the first tick (or the final send, when the replay had already reached its end).
     """
     agents = [agents] if not isinstance(agents, Sequence) else list(agents)
     if not agents:
@@ -776,6 +865,11 @@ def replay_run(
     resumed_at = min((d for d in done if d is not None), default=None)
     if resumed_at is not None:
         clock.now_s = resumed_at
+        log.info(
+            "resuming the replay at simulated %s (%.0f%% done), where the spools left off",
+            iso(resumed_at),
+            clock.fraction * 100,
+        )
     wall_start = wall()
     first = clock.start_s if resumed_at is None else resumed_at
     ticks = batches = 0
@@ -805,7 +899,9 @@ def replay_run(
         if agent.sender is not None:
             agent.sender.drain()
         waiting += agent.spool.size()[0]
-    return ReplayReport(ticks, clock.start_s, clock.now_s, clock.end_s, batches, waiting, stopped)
+    return ReplayReport(
+        ticks, clock.start_s, clock.now_s, clock.end_s, batches, waiting, stopped, resumed_at
+    )
 
 
 def replay_dry_run(

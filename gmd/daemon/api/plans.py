@@ -11,10 +11,10 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
 
 from gmd.daemon.api.deps import Caller, ServicesDep
-from gmd.daemon.api.errors import json_document, validation_problem
+from gmd.daemon.api.errors import Refused, json_document, validation_problem
 from gmd.daemon.enforce.audit import record_host_report
 from gmd.daemon.enforce.plans import host_plan
-from gmd.wire import HostPlan, PlanReport, PlanReportReceipt
+from gmd.wire import HostPlan, PlanReport, PlanReportReceipt, visible_name
 
 router = APIRouter()
 
@@ -32,6 +32,7 @@ _REPORT_BODY = {
 def get_plan(host: str, caller_host: Caller, services: ServicesDep) -> HostPlan:
     """The throttling plan for the VMs on ``host``: what to set on each throttled VM."""
     services.auth.check_host(caller_host, host)
+    check_host_name(host)
     enforcement = services.config.enforcement
     with services.engine.connect() as conn:
         plans = host_plan(conn, host, enforcement)
@@ -50,6 +51,7 @@ async def post_plan_report(
     """Record, in the enforcement log, what the host's agent did with its plan
     (a ``PlanReport``)."""
     services.auth.check_host(caller_host, host)
+    check_host_name(host)
     document = json_document(request.headers.get("content-type"), await request.body())
     try:
         report = PlanReport.model_validate(document)
@@ -63,3 +65,14 @@ async def post_plan_report(
         [r.model_dump() for r in report.results],
     )
     return PlanReportReceipt(recorded=recorded)
+
+
+def check_host_name(host: str) -> None:
+    """A host name from the path, held to the rules of a batch's ``host`` (with ``auth =
+    "none"`` nothing else checks it, and PostgreSQL cannot even compare a NUL)."""
+    try:
+        visible_name(host)
+    except ValueError as exc:
+        raise Refused(422, f"host {host!r}: {exc}") from None
+    if len(host) > 255:
+        raise Refused(422, "host: names are at most 255 characters")
