@@ -19,7 +19,6 @@ from pydantic import ValidationError
 
 from gmd.daemon.api.checks import (
     BatchProblem,
-    Plausible,
     ProblemCode,
     batch_problems,
     implausible,
@@ -89,8 +88,7 @@ def store_batch(
     services.auth.check_host(host, batch.host)
     check_batch(services, batch)
     record = record_of(batch, digest)
-    d = services.config.daemon
-    refuse(services, batch, implausible(record, Plausible(d.plausibility_margin, d.max_capacity())))
+    refuse(services, batch, implausible(record, services.plausible))
     try:
         result = services.store.ingest(record, services.clock())
     except (KeyReused, CapacityConflict) as exc:

@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from sqlalchemy import Engine
 
 from gmd.daemon.api.auth import TokenAuth
+from gmd.daemon.api.checks import Plausible
 from gmd.daemon.api.metrics import DaemonMetrics
 from gmd.daemon.config import Config
 from gmd.daemon.enforce.levels import after_interval
@@ -40,6 +41,8 @@ class Services:
     ) -> None:
         self.config, self.engine, self.clock = config, engine, clock
         self.metrics = DaemonMetrics()
+        d = config.daemon
+        self.plausible = Plausible(d.plausibility_margin, d.max_capacity())
         self.store = LedgerStore(engine, config.owner_of, config.organization_customers)
         self.auth = TokenAuth(
             {h.name: h.token_sha256 for h in config.hosts.values() if h.token_sha256},

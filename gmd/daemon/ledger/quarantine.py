@@ -37,8 +37,8 @@ from gmd.daemon.ledger.tables import (
 log = logging.getLogger(__name__)
 
 _SAMPLE_COLUMNS = tuple(c.name for c in _samples.columns)
-# A batch is tried on its own at most this many times per failing interval (halving finds k
-# culprits among n batches in about k·log2(n) tries); past it the interval is a bug to report.
+# At most this many trials (accounting a subset of the batches) per failing interval: halving
+# finds k culprits among n batches in about 2·k·log2(n); past it the interval is a bug to report.
 MAX_TRIES = 512
 
 
@@ -165,6 +165,8 @@ class BatchRow:
 
 
 def describe(conn: Connection, ids: Sequence[int]) -> dict[int, BatchRow]:
+    """The batches ``ids`` with their host's name and interval's start, for messages and the
+    enforcement log."""
     rows = conn.execute(
         select(
             _batches.c.id,
