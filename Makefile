@@ -15,16 +15,19 @@ lint: setup
 	$(BIN)/mypy gmd
 
 # The tests use a real PostgreSQL (tests/postgres.sh starts a private cluster and prints its
-# URL) and a real libvirtd with QEMU (tests/libvirt.sh installs and starts them).
+# URL), a real libvirtd with QEMU (tests/libvirt.sh installs and starts them) and real
+# Keystone, Nova and Placement from PyPI (tests/openstack.sh; its venv and seed under var/).
 test: lint
 	@GMD_WITH_POSTGRES=1 bash tests/bootstrap.sh
 	@bash tests/libvirt.sh >/dev/null
-	@url=$$(bash tests/postgres.sh) && GMD_TEST_POSTGRES_URL=$$url $(BIN)/pytest
+	@cloud=$$(bash tests/openstack.sh) || cloud=; url=$$(bash tests/postgres.sh) && \
+		GMD_TEST_OPENSTACK=$$cloud GMD_TEST_POSTGRES_URL=$$url $(BIN)/pytest; \
+		status=$$?; bash tests/openstack.sh stop; exit $$status
 
 # The quick loop while editing (about a minute on 2 cores): no PostgreSQL, no real VMs, none of
 # the slow tests (tests/conftest.py marks them), on every core. `make test` runs everything.
 test-fast: lint
-	$(BIN)/pytest -q -n auto -m "not postgres and not realvm and not slow"
+	$(BIN)/pytest -q -n auto -m "not postgres and not realvm and not openstack and not slow"
 
 # A small cloud on this machine: gmd-daemon on SQLite, one gmd-agent per simulated host
 # replaying real Bitbrains VMs, then standings, reports, explain, enforcement and a plot

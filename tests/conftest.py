@@ -2,9 +2,10 @@
 
 Every test is marked from what it uses, so no test file names its tier:
 ``postgres`` (the PostgreSQL server fixture, or ``database_url`` on PostgreSQL), ``realvm``
-(the real libvirtd/QEMU guests of tests/realvm.py) and ``slow`` (SLOW below: more than about
-ten seconds on its own). ``make test-fast`` runs the rest: pytest -m "not postgres and not
-realvm and not slow"; ``make test`` runs everything.
+(the real libvirtd/QEMU guests of tests/realvm.py), ``openstack`` (the real Keystone, Nova
+and Placement of tests/openstack_support.py) and ``slow`` (SLOW below: more than about ten
+seconds on its own). ``make test-fast`` runs the rest: pytest -m "not postgres and not realvm
+and not openstack and not slow"; ``make test`` runs everything.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ SHARED = Path(os.environ.get("GMD_SHARED", REPO.parent / "shared"))
 
 POSTGRES_FIXTURE = "postgres_server_url"
 REALVM_PLUGIN = "tests.realvm"
+OPENSTACK_FIXTURE = "openstack_info"
 # Tests that take more than about ten seconds alone on a busy 2-core machine (measured with
 # `pytest --durations=30`: 10-45 s loaded, 4-17 s idle), and two that start real processes and
 # wait on them (6-7 s loaded), which keeps `make test-fast` under a minute. By node id; a name
@@ -74,6 +76,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.postgres)
         if _uses_real_vms(item):
             item.add_marker(pytest.mark.realvm)
+        if OPENSTACK_FIXTURE in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.openstack)
         slow = {item.nodeid, item.nodeid.split("[")[0]} & SLOW
         if slow:
             item.add_marker(pytest.mark.slow)

@@ -213,12 +213,12 @@ def build_seed(state: Path) -> None:
     conf = write_keystone(run)
     user, group = pwd.getpwuid(os.getuid()).pw_name, grp.getgrgid(os.getgid()).gr_name
     manage = [str(bin_ / "keystone-manage"), "--config-file", str(conf)]
-    sh(manage + ["db_sync"])
+    sh([*manage, "db_sync"])
     for what in ("fernet_setup", "credential_setup"):
-        sh(manage + [what, "--keystone-user", user, "--keystone-group", group])
+        sh([*manage, what, "--keystone-user", user, "--keystone-group", group])
     sh(
-        manage
-        + [
+        [
+            *manage,
             "bootstrap",
             "--bootstrap-password",
             PASSWORD,
@@ -240,8 +240,13 @@ def build_seed(state: Path) -> None:
     say("seeding Placement and Nova")
     write_placement(run, keystone_url)
     sh(
-        [str(bin_ / "placement-manage"), "--config-file", str(run / "placement/placement.conf")]
-        + ["db", "sync"]
+        [
+            str(bin_ / "placement-manage"),
+            "--config-file",
+            str(run / "placement/placement.conf"),
+            "db",
+            "sync",
+        ]
     )
     api_paste = state / "venv" / "etc" / "nova" / "api-paste.ini"
     for name in ("nova-legacy", "nova-unified"):
@@ -252,10 +257,10 @@ def build_seed(state: Path) -> None:
         nova = [str(bin_ / "nova-manage"), "--config-file", str(conf)]
         cell0 = f"sqlite:///{directory / 'nova_cell0.sqlite'}"
         cell1 = f"sqlite:///{directory / 'nova_cell1.sqlite'}"
-        sh(nova + ["api_db", "sync"])
-        sh(nova + ["cell_v2", "map_cell0", "--database_connection", cell0])
-        sh(nova + ["db", "sync"])
-        sh(nova + ["cell_v2", "create_cell", "--name", "cell1"] + ["--database_connection", cell1])
+        sh([*nova, "api_db", "sync"])
+        sh([*nova, "cell_v2", "map_cell0", "--database_connection", cell0])
+        sh([*nova, "db", "sync"])
+        sh([*nova, "cell_v2", "create_cell", "--name", "cell1", "--database_connection", cell1])
         info["nova"][name] = {
             "region": REGIONS[name],
             "url": f"http://127.0.0.1:{PORTS[name]}/v2.1",

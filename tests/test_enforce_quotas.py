@@ -1,7 +1,10 @@
-"""Nova quota enforcement: the pure lowering arithmetic, and the adapter against a fake cloud.
+"""Quota enforcement: the pure lowering arithmetic, and what only a fake cloud can show.
 
-The adapter tests use the real openstacksdk, configured by a ``clouds.yaml`` as in production,
-against ``tests/fake_openstack.py`` (Keystone + Nova on 127.0.0.1).
+What the real services do (lowering with force, read-back, restore, 400/401/403/406, unified
+limits) is in test_openstack_quotas.py against real Keystone and Nova. Here the real
+openstacksdk, configured by a ``clouds.yaml`` as in production, meets ``tests/fake_openstack.py``
+for what a real service cannot be made to do on demand: 5xx, slowness, a refused connection,
+a 401 on a valid token, and an SDK that breaks.
 """
 
 from __future__ import annotations
@@ -13,13 +16,11 @@ from typing import Any
 
 import pytest
 
+from gmd.daemon.enforce.nova_quotas import NovaQuotas
 from gmd.daemon.enforce.quotas import (
-    NovaQuotas,
     QuotaError,
-    QuotaNotApplied,
     QuotaSet,
     QuotaStep,
-    QuotaWrite,
     lowered,
 )
 from tests.fake_openstack import FakeOpenStack, write_clouds_yaml
@@ -146,105 +147,11 @@ def puts(fake: FakeOpenStack) -> list[Any]:
     return [r.body for r in fake.requests if r.method == "PUT"]
 
 
-def test_get_reads_the_project_quota(fake: FakeOpenStack) -> None:
-    fake.quotas[PID] = {"cores": 64, "ram": 131072}
-    with adapter() as nova:
-        assert nova.get(PID) == QuotaSet(cores=64, ram_mb=131072, instances=10)
-        assert nova.get("another-project") == DEFAULTS
-
-
-def test_lower_read_back_and_restore_exactly_the_original(fake: FakeOpenStack) -> None:
-    # The operator gave this customer its own quota: restore must bring back exactly that,
-    # not the cloud's defaults (which Nova's revert/DELETE would).
-    fake.quotas[PID] = {"cores": 64, "ram": 131072, "instances": 30}
-    with adapter() as nova:
-        original = nova.get(PID)
-        assert original == QuotaSet(64, 131072, 30)
-        target = lowered(original, 2, QuotaStep(), QuotaSet(4, 8192, 2))
-        assert target == QuotaSet(32, 65536, 15)
-
-        write = nova.apply(PID, target)
-        assert write == QuotaWrite(CLOUD, PID, "apply", original, target, target, True)
-        assert write.ok
-        assert fake.quota(PID)["cores"] == 32
-        assert fake.quota(PID)["ram"] == 65536
-        assert fake.quota(PID)["instances"] == 15
-
-        back = nova.restore(PID, original)
-        assert back == QuotaWrite(CLOUD, PID, "restore", target, original, original, True)
-        assert nova.get(PID) == QuotaSet(64, 131072, 30)
-
-    assert puts(fake) == [
-        {"quota_set": {"cores": 32, "ram": 65536, "instances": 15}},
-        {"quota_set": {"cores": 64, "ram": 131072, "instances": 30}},
-    ]
-    assert fake.count("DELETE", "/os-quota-sets") == 0
-    # Every write was read back: one GET before and one after each PUT.
-    assert fake.count("GET", QUOTA_PATH) == 1 + 2 + 2 + 1
-    # One connection, one token for all of it.
-    assert fake.count("POST", "/v3/auth/tokens") == 1
-
-
 def test_apply_of_the_current_values_writes_nothing(fake: FakeOpenStack) -> None:
     with adapter() as nova:
         write = nova.apply(PID, DEFAULTS)
     assert write.ok and not write.written
     assert write.before == write.after == DEFAULTS
-    assert puts(fake) == []
-
-
-def test_unified_limits_no_op_is_not_applied_and_opens_the_breaker(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    with FakeOpenStack(unified_limits=True) as fake:
-        use_cloud(fake, tmp_path, monkeypatch)
-        nova = adapter()
-        target = QuotaSet(10, 25600, 5)
-        with pytest.raises(QuotaNotApplied) as caught:
-            nova.apply(PID, target)
-        error = caught.value
-        assert error.kind == "not_applied"
-        assert error.write == QuotaWrite(CLOUD, PID, "apply", DEFAULTS, target, DEFAULTS, True)
-        assert not error.write.ok
-        message = str(error)
-        assert "unified-limits" in message
-        assert f"project {PID}" in message
-        assert "cloud 'fake'" in message
-        assert "pointless until it is reconfigured" in message
-        assert nova.disabled_reason == message
-
-        # The breaker: no more writes to this cloud, restore included; reads still work.
-        for call in (lambda: nova.apply(PID, target), lambda: nova.restore(PID, DEFAULTS)):
-            with pytest.raises(QuotaError) as refused:
-                call()
-            assert refused.value.kind == "disabled"
-            assert "disabled until it is reconfigured" in str(refused.value)
-            assert "unified-limits" in str(refused.value)  # names the original reason
-        assert nova.get(PID) == DEFAULTS
-        assert len(puts(fake)) == 1
-
-        # Reconfiguration = a new adapter: it tries again (and fails again here).
-        with pytest.raises(QuotaNotApplied):
-            adapter().apply(PID, target)
-        assert len(puts(fake)) == 2
-
-
-def test_wrong_password_is_unauthorized_and_not_retried(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    with FakeOpenStack() as fake:
-        path = write_clouds_yaml(tmp_path, fake, password="wrong")
-        monkeypatch.setenv("OS_CLIENT_CONFIG_FILE", str(path))
-        sleeps = Sleeps()
-        with pytest.raises(QuotaError) as caught:
-            adapter(sleeps).apply(PID, QuotaSet(1, 1, 1))
-    error = caught.value
-    assert (error.kind, error.status) == ("unauthorized", 401)
-    assert (error.cloud, error.project_id, error.operation) == (CLOUD, PID, "apply (read before)")
-    assert str(error).startswith(f"apply (read before) of the Nova quota of project {PID} on")
-    assert "cloud 'fake'" in str(error) and "clouds.yaml" in str(error)
-    assert fake.count("POST", "/v3/auth/tokens") == 1
-    assert sleeps == []
     assert puts(fake) == []
 
 
@@ -259,39 +166,6 @@ def test_401_from_nova_is_not_retried_by_us(fake: FakeOpenStack) -> None:
     # all: two GETs and two tokens, not the 3 attempts our retries would make.
     assert fake.count("GET", QUOTA_PATH) == 2
     assert fake.count("POST", "/v3/auth/tokens") == 2
-
-
-def test_403_for_a_non_admin_user_is_forbidden_and_not_retried(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    with FakeOpenStack(roles=("member", "reader")) as fake:
-        use_cloud(fake, tmp_path, monkeypatch)
-        sleeps = Sleeps()
-        nova = adapter(sleeps)
-        assert nova.get(PID) == DEFAULTS  # reading is allowed
-        with pytest.raises(QuotaError) as caught:
-            nova.apply(PID, QuotaSet(10, 25600, 5))
-    error = caught.value
-    assert (error.kind, error.status, error.operation) == ("forbidden", 403, "apply")
-    assert "admin role" in str(error) and "os-quota-sets:update" in str(error)
-    assert f"project {PID} on cloud 'fake'" in str(error)
-    assert len(puts(fake)) == 1
-    assert sleeps == []
-    assert nova.disabled_reason is None  # a 403 is not the unified-limits breaker
-
-
-@pytest.mark.parametrize(("status", "kind"), [(400, "bad_request"), (404, "not_found")])
-def test_client_errors_are_classified_and_not_retried(
-    fake: FakeOpenStack, status: int, kind: str
-) -> None:
-    fake.fail(status, 1, method="PUT")
-    sleeps = Sleeps()
-    with pytest.raises(QuotaError) as caught:
-        adapter(sleeps).apply(PID, QuotaSet(10, 25600, 5))
-    assert (caught.value.kind, caught.value.status) == (kind, status)
-    assert f"(HTTP {status})" in str(caught.value)
-    assert sleeps == []
-    assert len(puts(fake)) == 1
 
 
 def test_503_twice_then_ok_is_retried_with_exponential_backoff(fake: FakeOpenStack) -> None:
@@ -402,6 +276,8 @@ def test_anything_the_sdk_raises_becomes_a_quota_error(fake: FakeOpenStack) -> N
             "status_code_retries": 0,
             "compute_connect_retries": 0,
             "compute_status_code_retries": 0,
+            "identity_connect_retries": 0,
+            "identity_status_code_retries": 0,
         }
     ]
 

@@ -18,11 +18,14 @@ from gmd.common.config import (
     default_state_dir,
     read_document,
 )
+from gmd.daemon.enforce.quotas import QuotaBackendKind
 from gmd.fairness.cloud import CONSUMER_MODES, ENDOWMENT_MODES, ConsumerMode, EndowmentMode
 from gmd.fairness.decay import DEFAULT_HALF_LIFE_S
 from gmd.fairness.directcontr import UTILITIES
 from gmd.fairness.policy import ThrottlePolicy
 from gmd.wire import PLAN_MODES, PlanMode, resource_names
+
+QUOTA_BACKENDS = tuple(kind.value for kind in QuotaBackendKind)
 
 
 def default_database_url() -> str:
@@ -83,9 +86,14 @@ class QuotaConfig:
     """OpenStack compute quotas: ``cloud`` names the clouds.yaml entry ("" = no quotas).
 
     Each step removes ``step_*`` of the original quota (a fraction), never below ``floor_*``.
+    ``backend`` says where the quotas live (Nova's legacy quotas, Keystone's unified limits,
+    or "auto": found out from the cloud); ``limits_cloud`` is the clouds.yaml entry that writes
+    Keystone limits ("" = ``cloud``).
     """
 
     cloud: str = ""
+    backend: str = "auto"
+    limits_cloud: str = ""
     step_cores: float = 0.25
     step_ram: float = 0.25
     step_instances: float = 0.25
@@ -234,6 +242,8 @@ def _enforcement(e: Reader) -> EnforcementConfig:
     d_q = QuotaConfig()
     quota = QuotaConfig(
         cloud=q.get("cloud", str, ""),
+        backend=q.choice("backend", d_q.backend, QUOTA_BACKENDS),
+        limits_cloud=q.get("limits_cloud", str, ""),
         step_cores=q.number("step_cores", d_q.step_cores, 0, 1),
         step_ram=q.number("step_ram", d_q.step_ram, 0, 1),
         step_instances=q.number("step_instances", d_q.step_instances, 0, 1),

@@ -1,11 +1,12 @@
-"""Bringing customers' Nova quotas in line with their throttle levels, and auditing it.
+"""Bringing customers' compute quotas in line with their throttle levels, and auditing it.
 
-Runs on its own schedule, outside any accounting transaction (it talks to a remote API). For
+Runs on its own schedule, outside any accounting transaction (it talks to remote APIs). For
 each customer, the wanted number of quota steps is its level's ``quota_steps``; the original
-quota is read from Nova and stored in the ledger *before* the first write, so that whatever
-happens after, the exact original can be written back. Every write is read back by the
-adapter; an unchanged quota (Nova's unified-limits driver) disables further writes to that
-cloud until the daemon is reconfigured (restarted), and says so once.
+quota is read from the cloud (Nova's quota, or Keystone's limits and which of them were
+defaults) and stored in the ledger *before* the first write, so that whatever happens after,
+exactly the original can be put back. Every write is read back by the backend; a write that
+does not take effect disables further writes to that cloud until the daemon is reconfigured
+(restarted), and says so once.
 
 In dry-run the originals are read and stored (``applied`` False) and "would" actions are
 recorded once per change of wanted steps; nothing is written to Nova.
@@ -22,7 +23,15 @@ from typing import Any
 from sqlalchemy import Engine, delete, insert, select, text, update
 
 from gmd.daemon.config import EnforcementConfig
-from gmd.daemon.enforce.quotas import NovaQuotas, QuotaError, QuotaSet, QuotaStep, lowered
+from gmd.daemon.enforce.quota_backends import QuotaBackend, build_backend
+from gmd.daemon.enforce.quotas import (
+    RESOURCES,
+    QuotaError,
+    QuotaOriginal,
+    QuotaSet,
+    QuotaStep,
+    lowered,
+)
 from gmd.daemon.ledger.migrate import writer
 from gmd.daemon.ledger.models import ActionKind, ActionStatus
 from gmd.daemon.ledger.tables import (
@@ -53,7 +62,7 @@ class QuotaReconciler:
         self,
         engine: Engine,
         config: EnforcementConfig,
-        adapter_factory: Callable[[], NovaQuotas] | None = None,
+        adapter_factory: Callable[[], QuotaBackend] | None = None,
     ) -> None:
         self.engine, self.config = engine, config
         q = config.quota
@@ -61,13 +70,19 @@ class QuotaReconciler:
         self.step = QuotaStep(cores=q.step_cores, ram=q.step_ram, instances=q.step_instances)
         self.floor = QuotaSet(q.floor_cores, q.floor_ram_mb, q.floor_instances)
         self._factory = adapter_factory or (
-            lambda: NovaQuotas(q.cloud, timeout_s=q.timeout_s, retries=q.retries)
+            lambda: build_backend(
+                q.backend,
+                q.cloud,
+                limits_cloud=q.limits_cloud,
+                timeout_s=q.timeout_s,
+                retries=q.retries,
+            )
         )
-        self._adapter: NovaQuotas | None = None
+        self._adapter: QuotaBackend | None = None
         self._disabled_said = False
 
     @property
-    def adapter(self) -> NovaQuotas:
+    def adapter(self) -> QuotaBackend:
         if self._adapter is None:
             self._adapter = self._factory()
         return self._adapter
@@ -157,7 +172,8 @@ class QuotaReconciler:
         counts: dict[str, int],
     ) -> None:
         if row is None:
-            original = self.adapter.get(project)
+            kept = self.adapter.original(project)
+            original = kept.quota
             with writer(self.engine).begin() as conn:
                 conn.execute(
                     insert(_originals).values(
@@ -166,6 +182,7 @@ class QuotaReconciler:
                         cores=original.cores,
                         ram_mb=original.ram_mb,
                         instances=original.instances,
+                        unset=",".join(r for r in RESOURCES if r in kept.unset),
                         steps=0,
                         applied=False,
                     )
@@ -186,7 +203,8 @@ class QuotaReconciler:
             counts["would"] += 1
             return
         write = self.adapter.apply(project, target)
-        self._hold(cid, steps, applied=True)
+        self._hold(cid, steps, applied=True, backend=write.backend.value)
+        reason += f"; written to {write.backend.value}"
         self._record(
             cid, ActionKind.quota_lower, ActionStatus.ok, False, write.before, write.after, reason
         )
@@ -207,10 +225,14 @@ class QuotaReconciler:
         """Write the original back if gmd had lowered the quota; forget it once restored."""
         assert row is not None
         original = QuotaSet(row.cores, row.ram_mb, row.instances)
+        unset = frozenset(r for r in row.unset.split(",") if r)
         applied, held = row.applied, row.steps
         reason = f"level {level} < quota_level {self.config.policy.quota_level}: original back"
+        if unset:
+            reason += f" (no project limit of its own for {', '.join(sorted(unset))})"
         if applied and not dry:
-            write = self.adapter.restore(project, original)
+            write = self.adapter.restore(project, QuotaOriginal(original, unset))
+            reason += f"; written to {write.backend.value}"
             self._record(
                 cid,
                 ActionKind.quota_restore,
@@ -238,12 +260,15 @@ class QuotaReconciler:
                 )
             )
 
-    def _hold(self, cid: int, steps: int, *, applied: bool) -> None:
+    def _hold(self, cid: int, steps: int, *, applied: bool, backend: str | None = None) -> None:
+        values: dict[str, Any] = {"steps": steps, "applied": applied}
+        if backend is not None:
+            values["backend"] = backend
         with writer(self.engine).begin() as conn:
             conn.execute(
                 update(_originals)
                 .where(_originals.c.customer_id == cid, _originals.c.cloud == self.cloud)
-                .values(steps=steps, applied=applied)
+                .values(**values)
             )
 
     def _failed(self, project: str, cid: int, level: int, steps: int, exc: QuotaError) -> None:

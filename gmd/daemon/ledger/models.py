@@ -296,6 +296,11 @@ class QuotaOriginal(Base):
     instances: Mapped[int] = mapped_column(Integer)
     steps: Mapped[int] = mapped_column(Integer)
     applied: Mapped[bool] = mapped_column(Boolean)
+    unset: Mapped[str] = mapped_column(String(64), server_default="")
+    """Comma-separated resources that had no limit of the project's own (Keystone limits:
+    restoring deletes the project limit gmd created)"""
+    backend: Mapped[str | None] = mapped_column(String(32))
+    """Where the lowered quota was written (``nova``, ``keystone-limits``); None until then"""
     recorded_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now()
     )
