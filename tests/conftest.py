@@ -19,6 +19,9 @@ from pathlib import Path
 
 import pytest
 
+# Test modules import it before they name it in pytest_plugins: rewrite its asserts all the same.
+pytest.register_assert_rewrite("tests.openstack_support")
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("GMD_SHARED", REPO.parent / "shared"))
 

@@ -31,7 +31,7 @@ from gmd.admin.enforcement import (
     plans as enforcement_plans,
 )
 from gmd.admin.render import csv_text, json_text, table_text
-from gmd.admin.standings import COLUMNS as STANDINGS_COLUMNS, standings
+from gmd.admin.standings import COLUMNS as STANDINGS_COLUMNS, shown_columns, standings
 from gmd.common.config import ConfigError
 from gmd.common.timespec import iso as iso_time, parse_time
 from gmd.daemon.config import Config, load as load_config
@@ -271,6 +271,7 @@ class SortKey(StrEnum):
     priority = "priority"
     vms = "vms"
     customer = "customer"
+    name = "name"
 
 
 @app.command("standings")
@@ -284,7 +285,8 @@ def standings_command(
         bool, typer.Option("--all", help="Also list customers without a standing (zeros).")
     ] = False,
     customer: Annotated[
-        str | None, typer.Option("--customer", help="Only this customer (project uuid).")
+        str | None,
+        typer.Option("--customer", help="Only this customer (project uuid or project name)."),
     ] = None,
     fmt: Annotated[Format, typer.Option("--format", help="table, csv or json.")] = Format.table,
 ) -> None:
@@ -307,8 +309,9 @@ def standings_command(
     elif fmt is Format.csv:
         sys.stdout.write(csv_text(result.rows, STANDINGS_COLUMNS))
     else:
+        columns = shown_columns(result.rows)
         sys.stdout.write(
-            table_text(result.rows, STANDINGS_COLUMNS, title="Standings", caption=result.caption())
+            table_text(result.rows, columns, title="Standings", caption=result.caption())
         )
 
 

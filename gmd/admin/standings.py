@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection, func, or_, select
 
 from gmd.admin.render import Column
 from gmd.common.timespec import iso
@@ -23,6 +23,7 @@ from gmd.daemon.ledger.tables import (
 
 COLUMNS = (
     Column("customer", "Customer", None, "left"),
+    Column("name", "Project", None, "left"),
     Column("balance", "Balance", 4),
     Column("greediness", "GM (last)", 4),
     Column("utility", "Utility", 4),
@@ -30,6 +31,13 @@ COLUMNS = (
     Column("vms", "VMs", None),
 )
 SORT_KEYS: tuple[str, ...] = tuple(c.key for c in COLUMNS)
+
+
+def shown_columns(rows: list[dict[str, object]]) -> tuple[Column, ...]:
+    """The table's columns: the project name only when some customer has one."""
+    if any(r.get("name") for r in rows):
+        return COLUMNS
+    return tuple(c for c in COLUMNS if c.key != "name")
 
 
 @dataclass(frozen=True)
@@ -72,7 +80,8 @@ def standings(
 ) -> Standings:
     """Rows sorted by ``sort``: numbers greatest first, names A→Z; ``reverse`` flips that.
 
-    ``everyone`` lists customers without a standing too (with zeros).
+    ``everyone`` lists customers without a standing too (with zeros). ``customer`` is a
+    project uuid or the project's name.
     """
     if sort not in SORT_KEYS:
         raise ValueError(f"cannot sort by {sort!r}; choose one of {', '.join(SORT_KEYS)}")
@@ -90,6 +99,7 @@ def standings(
     query = (
         select(
             _customers.c.name.label("customer"),
+            _customers.c.display_name.label("name"),
             _ledger.c.balance,
             _ledger.c.greediness,
             _ledger.c.utility,
@@ -100,7 +110,9 @@ def standings(
         .where(_ledger.c.interval_id == row.id)
     )
     if customer is not None:
-        query = query.where(_customers.c.name == customer)
+        query = query.where(
+            or_(_customers.c.name == customer, _customers.c.display_name == customer)
+        )
     rows = [dict(r._mapping) for r in conn.execute(query)]
     reset_ids = pending_resets(conn, row.start_s)
     reset_names = set(
@@ -111,21 +123,22 @@ def standings(
             r["balance"] = 0.0
     if everyone:
         listed = {r["customer"] for r in rows}
-        names = conn.execute(select(_customers.c.name)).scalars()
+        names = conn.execute(select(_customers.c.name, _customers.c.display_name)).all()
         rows += [
             {
                 "customer": n,
+                "name": shown,
                 "balance": 0.0,
                 "greediness": 0.0,
                 "utility": 0.0,
                 "priority": 0.0,
                 "vms": 0,
             }
-            for n in names
-            if n not in listed and (customer is None or n == customer)
+            for n, shown in names
+            if n not in listed and (customer is None or customer in (n, shown))
         ]
-    if sort == "customer":
-        rows.sort(key=lambda r: str(r["customer"]))
+    if sort in ("customer", "name"):
+        rows.sort(key=lambda r: (str(r[sort] or ""), str(r["customer"])))
     else:
         rows.sort(key=lambda r: (-float(r[sort]), str(r["customer"])))
     if reverse:

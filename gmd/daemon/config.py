@@ -103,6 +103,8 @@ class QuotaConfig:
     every_s: float = 60.0
     timeout_s: float = 10.0
     retries: int = 2
+    names_every_s: float = 3600.0
+    """How often customers' project names are read from Keystone (0: never)"""
 
 
 @dataclass(frozen=True)
@@ -253,6 +255,7 @@ def _enforcement(e: Reader) -> EnforcementConfig:
         every_s=q.number("every_s", d_q.every_s, 1, 86400),
         timeout_s=q.number("timeout_s", d_q.timeout_s, 0.1, 600),
         retries=int(q.number("retries", d_q.retries, 0, 20)),
+        names_every_s=q.number("names_every_s", d_q.names_every_s, 0, 7 * 86400),
     )
     q.done()
     e.done()

@@ -23,6 +23,7 @@ from gmd.daemon.enforce.quota_job import QuotaReconciler
 from gmd.daemon.ledger.accounting import RunReport
 from gmd.daemon.ledger.schedule import Accountant
 from gmd.daemon.ledger.store import LedgerStore
+from gmd.daemon.project_names import NameRefresher, ProjectNames
 
 
 class Services:
@@ -58,6 +59,7 @@ class Services:
             after=after_interval(config.enforcement),
         )
         self.quotas: QuotaReconciler | None = None
+        self.names: NameRefresher | None = None
 
     def start(self) -> None:
         """Record the configured organizations, then start the accountant (unless disabled)
@@ -71,6 +73,11 @@ class Services:
         if config.enforcement.quota.cloud and config.enforcement.mode != "off":
             self.quotas = QuotaReconciler(self.engine, config.enforcement)
             self.accountant.every(config.enforcement.quota.every_s, self.quotas.run, "quotas")
+        q = config.enforcement.quota
+        if q.cloud and q.names_every_s > 0:
+            client = ProjectNames(q.cloud, timeout_s=q.timeout_s, retries=q.retries)
+            self.names = NameRefresher(self.engine, client)
+            self.accountant.every(q.names_every_s, self.names.run, "project names", at_start=True)
         self.accountant.start()
 
     def stop(self) -> None:
@@ -78,6 +85,9 @@ class Services:
         if self.quotas is not None:
             self.quotas.close()
             self.quotas = None
+        if self.names is not None:
+            self.names.close()
+            self.names = None
 
     @asynccontextmanager
     async def lifespan(self, _app: FastAPI) -> AsyncIterator[None]:

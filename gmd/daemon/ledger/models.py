@@ -101,6 +101,10 @@ class Customer(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(255), unique=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    display_name: Mapped[str | None] = mapped_column(String(255))
+    """The project's name, for people (Keystone's, else the Nova metadata's); None: unknown"""
+    display_source: Mapped[str | None] = mapped_column(String(16))
+    """Where display_name was read: ``keystone`` or ``nova``"""
 
 
 class Host(Base):

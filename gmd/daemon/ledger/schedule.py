@@ -81,9 +81,11 @@ class Accountant:
             self.every_s,
         )
 
-    def every(self, seconds: float, job: Callable[[], object], name: str) -> None:
-        """Run ``job`` every ``seconds`` beside the accountant (never two at once); a failure
-        is logged and the job runs again at its next time."""
+    def every(
+        self, seconds: float, job: Callable[[], object], name: str, *, at_start: bool = False
+    ) -> None:
+        """Run ``job`` every ``seconds`` beside the accountant (never two at once), and once at
+        start when ``at_start``; a failure is logged and the job runs again at its next time."""
 
         def guarded() -> None:
             try:
@@ -91,8 +93,9 @@ class Accountant:
             except Exception:
                 log.exception("%s failed; it runs again in %g s", name, seconds)
 
+        first = {"next_run_time": datetime.now(UTC)} if at_start else {}
         self._scheduler.add_job(
-            guarded, "interval", seconds=seconds, max_instances=1, coalesce=True, id=name
+            guarded, "interval", seconds=seconds, max_instances=1, coalesce=True, id=name, **first
         )
 
     def stop(self) -> None:
