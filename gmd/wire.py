@@ -19,7 +19,15 @@ from functools import lru_cache
 from typing import Annotated, Literal, NotRequired
 
 import orjson
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, with_config
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    model_validator,
+    with_config,
+)
 from typing_extensions import TypedDict
 
 # The largest integer a JSON reader in any language holds exactly (2^53 - 1): times beyond it
@@ -50,7 +58,11 @@ def visible_name(name: str) -> str:
     return name
 
 
-Name = Annotated[str, StringConstraints(min_length=1, max_length=255), AfterValidator(visible_name)]
+MAX_NAME = 255
+"""The longest name (host, customer, project name) the ledger stores."""
+Name = Annotated[
+    str, StringConstraints(min_length=1, max_length=MAX_NAME), AfterValidator(visible_name)
+]
 _CANONICAL_UUID = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 _IS_UUID = re.compile(_CANONICAL_UUID)
 
@@ -172,6 +184,10 @@ class VmUsage(TypedDict):
     created_s: NotRequired[UnixTime | None]
 
 
+MAX_CUSTOMER_NAMES = 10_000
+"""At most one name per VM; a host holds far fewer VMs than this."""
+
+
 class SampleBatch(Strict):
     """One host's usage in one interval. ``key`` makes a retry count once."""
 
@@ -181,6 +197,20 @@ class SampleBatch(Strict):
     interval_s: Annotated[int, Field(gt=0, le=MAX_JSON_INT)]
     capacity: Capacity
     vms: list[VmUsage]
+    customer_names: Annotated[dict[Name, Name], Field(max_length=MAX_CUSTOMER_NAMES)] = {}
+    """Customer → its project's name as Nova wrote it into the domains (for people; Keystone's
+    name, where the daemon reads one, wins). Only customers of this batch's VMs."""
+
+    @model_validator(mode="after")
+    def _names_of_this_batch(self) -> SampleBatch:
+        if self.customer_names:
+            mine = {vm["customer"] for vm in self.vms}
+            stray = sorted(set(self.customer_names) - mine)
+            if stray:
+                raise ValueError(
+                    f"customer_names names {stray[0]!r}, which owns no VM of this batch"
+                )
+        return self
 
 
 PlanMode = Literal["off", "dry-run", "on"]

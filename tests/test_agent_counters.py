@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from gmd.agent.collect.aggregate import (
@@ -30,6 +32,7 @@ def reading(
     nics: dict | None = None,
     run_id: int = 1,
     uuid: str = VM1,
+    owner: Ownership = OWNER,
 ) -> VmReading:
     return VmReading(
         uuid=uuid,
@@ -39,7 +42,7 @@ def reading(
         memory_rss_bytes=rss,
         disks=disks if disks is not None else {"vda": (1000, 500)},
         nics=nics if nics is not None else {"tap0": (300, 200)},
-        owner=OWNER,
+        owner=owner,
     )
 
 
@@ -251,6 +254,26 @@ def test_batch_document_is_a_valid_sample_batch() -> None:
             "created_s": 1_700_000_000,
         }
     ]
+
+
+def test_project_names_go_with_the_batch_and_the_state() -> None:
+    named = replace(OWNER, customer_name="Project A")
+    state = advance(AgentState(), host(0.0, [reading(0.0, 0.0, owner=named)]), 60).state
+    state = advance(state, host(30.0, [reading(30.0, 10.0, owner=named)]), 60).state
+    assert load_state(dump_state(state)) == state
+    r = advance(state, host(60.0, [reading(60.0, 30.0, owner=named)]), 60)
+    capacity = {
+        "cpu_cores": 8,
+        "memory_bytes": 3e10,
+        "disk_bytes_per_s": 1,
+        "network_bytes_per_s": 1,
+    }
+    doc = batch_document(r.closed[0], key="k", host="cmp-1", capacity=capacity)
+    assert SampleBatch.model_validate(doc).customer_names == {"proj-a": "Project A"}
+    # Without names the document is the one agents sent before names existed.
+    state = advance(AgentState(), host(0.0, [reading(0.0, 0.0)]), 60).state
+    r = advance(state, host(60.0, [reading(60.0, 30.0)]), 60)
+    assert "customer_names" not in batch_document(r.closed[0], key="k", host="h", capacity={})
 
 
 def test_baseline_of_a_restarted_vm_does_not_carry_old_devices() -> None:

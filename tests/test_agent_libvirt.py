@@ -100,10 +100,18 @@ def test_owner_flavor_and_creation_time_from_metadata() -> None:
     owners = {v.uuid: v.owner for v in reading.vms}
     assert owners == {
         NOVA: Ownership(
-            "7f3e1c2b9a8d4e5f6a7b8c9d0e1f2a3b", "nova/1.1", Flavor(2.0, 4096 * MIB), 1709294400
+            "7f3e1c2b9a8d4e5f6a7b8c9d0e1f2a3b",
+            "nova/1.1",
+            Flavor(2.0, 4096 * MIB),
+            1709294400,
+            "acme",  # the project's name, as Nova wrote it beside the uuid
         ),
         NOVA10: Ownership(
-            "11112222333344445555666677778888", "nova/1.0", Flavor(1.0, 2048 * MIB), 1579077000
+            "11112222333344445555666677778888",
+            "nova/1.0",
+            Flavor(1.0, 2048 * MIB),
+            1579077000,
+            "legacy",
         ),
         # gmd's namespace gives 6 vCPUs; the RAM comes from the domain's <memory> (8 GiB).
         GMD: Ownership("physics-lab", "gmd", Flavor(6.0, 8 * 2**30)),

@@ -52,3 +52,20 @@ def test_gmd_namespace_then_default_then_unknown() -> None:
 def test_no_metadata_element_at_all() -> None:
     xml = "<domain><name>bare</name><memory unit='MB'>1000</memory></domain>"
     assert ownership_from_xml(xml) == Ownership("unknown", "unknown", Flavor(None, 1e9))
+
+
+def test_the_project_name_beside_the_uuid_if_the_daemon_would_accept_it() -> None:
+    def owner(project: str) -> Ownership:
+        return ownership_from_xml(
+            domain(
+                f'<nova:instance xmlns:nova="{NOVA_11}"><nova:owner>{project}</nova:owner>'
+                "</nova:instance>"
+            )
+        )
+
+    assert owner('<nova:project uuid="p1"> acme </nova:project>').customer_name == "acme"
+    assert owner('<nova:project uuid="p1"/>').customer_name is None
+    # A name the daemon refuses (a bidi override, too long) is dropped, never the usage.
+    hidden = owner('<nova:project uuid="p1">acme\u202egnp</nova:project>')
+    assert (hidden.customer, hidden.customer_name) == ("p1", None)
+    assert owner(f'<nova:project uuid="p1">{"x" * 256}</nova:project>').customer_name is None

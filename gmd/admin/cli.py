@@ -30,8 +30,8 @@ from gmd.admin.enforcement import (
     levels as enforcement_levels,
     plans as enforcement_plans,
 )
-from gmd.admin.render import csv_text, json_text, table_text
-from gmd.admin.standings import COLUMNS as STANDINGS_COLUMNS, shown_columns, standings
+from gmd.admin.render import csv_text, json_text, table_text, without_empty
+from gmd.admin.standings import COLUMNS as STANDINGS_COLUMNS, standings
 from gmd.common.config import ConfigError
 from gmd.common.timespec import iso as iso_time, parse_time
 from gmd.daemon.config import Config, load as load_config
@@ -309,7 +309,7 @@ def standings_command(
     elif fmt is Format.csv:
         sys.stdout.write(csv_text(result.rows, STANDINGS_COLUMNS))
     else:
-        columns = shown_columns(result.rows)
+        columns = without_empty(STANDINGS_COLUMNS, result.rows)
         sys.stdout.write(
             table_text(result.rows, columns, title="Standings", caption=result.caption())
         )
@@ -509,7 +509,8 @@ def report_command(
         sys.stdout.write(csv_text(result.rows, result.columns))
     else:
         title = f"Usage by {group_by}, {iso_time(from_s)} to {iso_time(to_s)}"
-        rows, columns, caption = result.table_rows(), result.columns, result.caption()
+        rows, caption = result.table_rows(), result.caption()
+        columns = without_empty(result.columns, rows)
         # up to 16 columns by customer: wide enough that no number is cut short
         sys.stdout.write(table_text(rows, columns, title=title, caption=caption, width=200))
 

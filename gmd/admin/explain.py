@@ -44,6 +44,7 @@ from gmd.daemon.ledger.tables import (
     balance_resets as _resets,
     batches as _batches,
     customer_ledger as _ledger,
+    customers as _customers,
     host_intervals as _host_intervals,
     hosts as _hosts,
     intervals as _intervals,
@@ -119,6 +120,7 @@ class HostExplained:
 @dataclass
 class Explanation:
     customer: str
+    """the project uuid, however the operator named it"""
     start_s: int
     length_s: int
     resources: tuple[str, ...]
@@ -147,11 +149,14 @@ class Explanation:
     actions: list[dict[str, object]]
     range_summary: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
+    name: str | None = None
+    """the project's name, where the ledger knows it"""
 
     def document(self) -> dict[str, object]:
         """Everything, as JSON-ready values."""
         return {
             "customer": self.customer,
+            "name": self.name,
             "interval": {"start": iso(self.start_s), "start_s": self.start_s, "s": self.length_s},
             "gamma": self.gamma,
             "share": self.share,
@@ -464,6 +469,9 @@ def explain(
 ) -> Explanation:
     """Explain one interval of ``customer`` (see :func:`_pick_interval` for which)."""
     customer_id = lookup.customer_id(conn, customer)
+    customer, name = conn.execute(
+        select(_customers.c.name, _customers.c.display_name).where(_customers.c.id == customer_id)
+    ).one()
     interval_id, start_s, length_s = _pick_interval(conn, customer_id, at_s, from_s, to_s)
     acc = config.accounting
     hosts, greediness, share, active = _recompute(conn, config, interval_id, length_s, customer_id)
@@ -523,6 +531,7 @@ def explain(
         summary = _range_summary(conn, customer_id, from_s, to_s)
     return Explanation(
         customer=customer,
+        name=name,
         start_s=start_s,
         length_s=length_s,
         resources=acc.resources,
@@ -621,7 +630,8 @@ def render_text(e: Explanation, endowment_mode: str) -> str:
     length = e.length_s
     out: list[str] = []
     say = out.append
-    say(f"Customer {e.customer}, interval {iso(e.start_s)} ({length} s)")
+    who = e.customer if e.name is None else f"{e.customer} ({e.name})"
+    say(f"Customer {who}, interval {iso(e.start_s)} ({length} s)")
     say("")
     share = ", ".join(_rate(r, v, length) for r, v in e.share.items())
     say(

@@ -108,11 +108,18 @@ def _balances(
 ) -> None:
     weight = policy.priority_weight
     for i, name in enumerate(data.customers):
-        ax.plot(end, data.balances.balance[i], color=_color(i), marker=marker, ms=3, label=name)
+        ax.plot(
+            end,
+            data.balances.balance[i],
+            color=_color(i),
+            marker=marker,
+            ms=3,
+            label=data.label(name),
+        )
     if weight:
         scores = data.balances.scores(weight)
         for i, name in enumerate(data.customers):
-            ax.plot(end, scores[i], color=_color(i), ls=":", label=f"{name} score")
+            ax.plot(end, scores[i], color=_color(i), ls=":", label=f"{data.label(name)} score")
     for k, (enter, leave) in enumerate(zip(policy.enter, policy.leave, strict=True), start=1):
         shade = _THRESHOLD_COLORS(k / max(policy.levels, 1))
         ax.axhline(enter, color=shade, ls="-", lw=1, label=f"level {k} enter")
@@ -137,7 +144,7 @@ def _levels(ax: Axes, data: CustomerSeries, policy: ThrottlePolicy, mode: str) -
         start, stop = float(line.start_s[0]), float(line.end_s[-1])
         for i, steps in enumerate(data.levels):
             t, level = steps.steps(start, stop)
-            label = steps.customer + (" (dry-run)" if steps.any_dry_run else "")
+            label = data.label(steps.customer) + (" (dry-run)" if steps.any_dry_run else "")
             # wider first, so that a customer hidden under another at the same level shows
             ax.plot(
                 _dates(t),
@@ -177,7 +184,8 @@ def _breakdown(ax: Axes, data: CustomerSeries, end: np.ndarray, marker: str | No
         ax.plot(end, terms[k], color=_color(k + 3), marker=marker, ms=2, lw=1, label=resource)
     ax.axhline(0.0, color="grey", lw=0.5, label="_nolegend_")
     ax.set_title(
-        f"Per-resource terms of {first}'s interval greediness (> 0: took more than its endowment)"
+        f"Per-resource terms of {data.label(first)}'s interval greediness"
+        " (> 0: took more than its endowment)"
     )
     ax.set_ylabel("GM term")
     ax.grid(True, alpha=0.3)

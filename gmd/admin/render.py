@@ -27,6 +27,18 @@ class Column:
     justify: JustifyMethod = "right"
 
 
+PROJECT = Column("name", "Project", None, "left")
+"""A customer's project name beside its uuid (the key), where the ledger knows it."""
+
+
+def without_empty(columns: Sequence[Column], rows: Sequence[Mapping[str, object]]) -> list[Column]:
+    """A table's columns without the project name when no row has one: a cloud without
+    Keystone names shows no empty column. CSV and JSON keep every column, for scripts."""
+    if any(row.get(PROJECT.key) for row in rows):
+        return list(columns)
+    return [c for c in columns if c.key != PROJECT.key]
+
+
 def _cell(value: object, digits: int | None) -> str:
     if value is None:  # no host, no cap: a dash, not Python's "None"
         return "-"

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -38,7 +38,7 @@ from sqlalchemy import Connection, Select, select
 
 from gmd.admin.actions import level_changes
 from gmd.common.timespec import iso
-from gmd.daemon.ledger.lookup import customer_ids
+from gmd.daemon.ledger.lookup import customer_ids, display_names
 from gmd.daemon.ledger.models import (
     IntervalState,
 )
@@ -193,6 +193,12 @@ class CustomerSeries:
     resources: ResourceSeries
     chosen_by: str
     """"customer" when named by the operator, else "top N" (greatest final balances)"""
+    names: dict[str, str] = field(default_factory=dict)
+    """customer → its project name, where the ledger knows it"""
+
+    def label(self, customer: str) -> str:
+        """How a customer is named on the plot: its project name, else its uuid."""
+        return self.names.get(customer, customer)
 
 
 def timeline(conn: Connection, from_s: float | None = None, to_s: float | None = None) -> Timeline:
@@ -388,6 +394,7 @@ def collect(
         raise EmptyRange(f"no accounted interval with ledger rows from {line.describe()}")
     if not customers:
         ids = customer_ids(conn, top_customers(conn, line, top))
+    shown = display_names(conn)
     return CustomerSeries(
         customers=tuple(ids),
         timeline=line,
@@ -395,4 +402,5 @@ def collect(
         levels=levels(conn, ids, line),
         resources=resource_terms(conn, ids, line),
         chosen_by="customer" if customers else f"top {top}",
+        names={c: shown[cid] for c, cid in ids.items() if cid in shown},
     )

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, func, or_, select
 
-from gmd.admin.render import Column
+from gmd.admin.render import PROJECT, Column
 from gmd.common.timespec import iso
 from gmd.daemon.ledger.models import IntervalState
 from gmd.daemon.ledger.resets import pending_resets
@@ -23,7 +23,7 @@ from gmd.daemon.ledger.tables import (
 
 COLUMNS = (
     Column("customer", "Customer", None, "left"),
-    Column("name", "Project", None, "left"),
+    PROJECT,
     Column("balance", "Balance", 4),
     Column("greediness", "GM (last)", 4),
     Column("utility", "Utility", 4),
@@ -31,13 +31,6 @@ COLUMNS = (
     Column("vms", "VMs", None),
 )
 SORT_KEYS: tuple[str, ...] = tuple(c.key for c in COLUMNS)
-
-
-def shown_columns(rows: list[dict[str, object]]) -> tuple[Column, ...]:
-    """The table's columns: the project name only when some customer has one."""
-    if any(r.get("name") for r in rows):
-        return COLUMNS
-    return tuple(c for c in COLUMNS if c.key != "name")
 
 
 @dataclass(frozen=True)

@@ -82,7 +82,7 @@ from sqlalchemy import (
 )
 
 from gmd.admin.actions import level_changes
-from gmd.admin.render import Column
+from gmd.admin.render import PROJECT, Column
 from gmd.common.timespec import iso
 from gmd.daemon.ledger import lookup
 from gmd.daemon.ledger.models import (
@@ -396,6 +396,7 @@ def _end_note(rng: _Range, what: str) -> str:
 
 _CUSTOMER_HEAD = (
     Column("customer", "Customer", None, "left"),
+    PROJECT,
     Column("gm_sum", "GM sum", 4),
     Column("gm_mean", "GM mean", 6),
     Column("balance", "Balance (end)", 4),
@@ -479,6 +480,7 @@ def _by_customer(
     step("resets and names")
     reset = set(_resets_after(conn, rng.end_start, rng.hi)) if rng.end_start is not None else set()
     names = _customer_names(conn)
+    shown = lookup.display_names(conn)
 
     # Standings at the end come from before the range when it has only intervals without
     # samples; a range without any accounted interval lists nobody for them.
@@ -495,6 +497,7 @@ def _by_customer(
         seconds, mode = throttled.get(cid, (0, ""))
         rows[cid] = {
             "customer": names.get(cid, str(cid)),
+            "name": shown.get(cid),
             "gm_sum": total,
             "gm_mean": total / rng.accounted if rng.accounted else 0.0,
             "balance": balance,
@@ -829,6 +832,7 @@ def _period_columns(unit: str, one_customer: bool) -> tuple[Column, ...]:
         return (
             head,
             Column("customer", "Customer", None, "left"),
+            PROJECT,
             Column("intervals", "Intervals", None),
             Column("gm_sum", "GM sum", 4),
             Column("gm_mean", "GM mean", 6),
@@ -905,7 +909,8 @@ def _by_period(
             )
         resets = _resets_after(conn, end_start, rng.hi).get(customer_id, [])
         name = _customer_names(conn).get(customer_id, str(customer_id))
-        rows = []
+        project = lookup.display_names(conn).get(customer_id)
+        rows: list[dict[str, object]] = []
         for p in sorted(bounds):
             first, stop = bounds[p]
             for k in range(first, stop):
@@ -920,6 +925,7 @@ def _by_period(
                 {
                     unit: label[p],
                     "customer": name,
+                    "name": project,
                     "intervals": stop - first,
                     "gm_sum": total,
                     "gm_mean": total / (stop - first) if stop > first else 0.0,

@@ -19,15 +19,13 @@ from sqlalchemy import Engine, select, update
 from gmd.daemon.enforce.openstack_client import MalformedAnswer, OpenStackClient, checked
 from gmd.daemon.enforce.quotas import QuotaError
 from gmd.daemon.ledger.migrate import writer
+from gmd.daemon.ledger.models import NameSource
 from gmd.daemon.ledger.tables import customers as _customers
 
 if TYPE_CHECKING:
     from openstack.connection import Connection
 
 log = logging.getLogger(__name__)
-
-KEYSTONE = "keystone"
-NOVA_METADATA = "nova"
 
 
 def project_key(name: str) -> str:
@@ -63,7 +61,9 @@ class ProjectNames(OpenStackClient):
         return self.call("list", "*", read)
 
 
-def store_names(engine: Engine, names: dict[str, str], source: str = KEYSTONE) -> int:
+def store_names(
+    engine: Engine, names: dict[str, str], source: NameSource = NameSource.keystone
+) -> int:
     """Write the names of customers whose uuid is among ``names``; returns how many changed.
 
     A Nova-metadata name never replaces one from Keystone.
@@ -82,7 +82,7 @@ def store_names(engine: Engine, names: dict[str, str], source: str = KEYSTONE) -
         wanted = names.get(project_key(name)) or names.get(name)
         if wanted is None or (wanted == shown and source == shown_source):
             continue
-        if source == NOVA_METADATA and shown_source == KEYSTONE:
+        if source is NameSource.nova and shown_source == NameSource.keystone:
             continue
         changes.append((cid, wanted))
     if changes:

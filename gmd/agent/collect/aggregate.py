@@ -139,8 +139,11 @@ def batch_document(
 ) -> dict[str, Any]:
     """The ``SampleBatch`` (``POST /v1/samples`` body) for one closed interval."""
     vms = []
+    names: dict[str, str] = {}
     for uuid in sorted(closed.vms):
         totals = closed.vms[uuid]
+        if totals.owner.customer_name is not None:
+            names[totals.owner.customer] = totals.owner.customer_name
         vm: dict[str, Any] = {
             "uuid": uuid,
             "customer": totals.owner.customer,
@@ -159,6 +162,8 @@ def batch_document(
         "interval_s": closed.interval_s,
         "capacity": capacity,
         "vms": vms,
+        # only when known: a batch without names is the same document as before they existed
+        **({"customer_names": names} if names else {}),
     }
 
 
@@ -166,11 +171,14 @@ def batch_document(
 
 
 def _owner_doc(o: Ownership) -> list[Any]:
-    return [o.customer, o.source, o.flavor.vcpus, o.flavor.memory_bytes, o.created_s]
+    return [o.customer, o.source, o.flavor.vcpus, o.flavor.memory_bytes, o.created_s] + (
+        [] if o.customer_name is None else [o.customer_name]
+    )
 
 
 def _owner_of(doc: list[Any]) -> Ownership:
-    return Ownership(doc[0], doc[1], Flavor(doc[2], doc[3]), doc[4])
+    """An owner :func:`_owner_doc` wrote (a state from before project names has five items)."""
+    return Ownership(doc[0], doc[1], Flavor(doc[2], doc[3]), doc[4], *doc[5:6])
 
 
 def dump_state(state: AgentState) -> bytes:

@@ -35,12 +35,14 @@ class Flavor:
 @dataclass(frozen=True, slots=True)
 class Ownership:
     """Who a VM belongs to and where that was read (``source``: "nova/1.1", "nova/1.0",
-    "gmd", "default" or "unknown"), for the log and ``--dry-run``."""
+    "gmd", "default" or "unknown"), for the log and ``--dry-run``. ``customer_name`` is the
+    project's name as Nova wrote it into the domain, for people; the customer is its uuid."""
 
     customer: str = UNKNOWN_CUSTOMER
     source: str = "unknown"
     flavor: Flavor = field(default_factory=Flavor)
     created_s: int | None = None
+    customer_name: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

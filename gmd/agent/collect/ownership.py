@@ -24,6 +24,7 @@ import time
 import xml.etree.ElementTree as ET
 
 from gmd.agent.collect.base import UNKNOWN_CUSTOMER, Flavor, Ownership
+from gmd.wire import MAX_NAME, visible_name
 
 NOVA_NS = (
     ("nova/1.1", "http://openstack.org/xmlns/libvirt/nova/1.1"),
@@ -67,6 +68,18 @@ def _customer(text: str | None) -> str | None:
     return text if _VALID_NAME.match(text) else None
 
 
+def _project_name(text: str | None) -> str | None:
+    """The project's name as the daemon accepts names (:func:`gmd.wire.visible_name`), else
+    None: a name the daemon would refuse must not make it refuse the batch, the usage."""
+    if text is None:
+        return None
+    text = text.strip()
+    try:
+        return visible_name(text) if 0 < len(text) <= MAX_NAME else None
+    except ValueError:
+        return None
+
+
 def _created_s(text: str | None) -> int | None:
     """Nova writes ``YYYY-MM-DD HH:MM:SS`` in UTC."""
     if not text:
@@ -90,12 +103,15 @@ def domain_flavor(root: ET.Element) -> Flavor:
     return Flavor(vcpus, memory_bytes)
 
 
-def _nova(instance: ET.Element, ns: str) -> tuple[str | None, Flavor | None, int | None]:
+def _nova(instance: ET.Element, source: str, ns: str, fallback: Flavor) -> Ownership | None:
+    """The owner Nova wrote into ``<instance>``; None if it names no valid project."""
+
     def q(path: str) -> str:
         return "/".join(f"{{{ns}}}{part}" for part in path.split("/"))
 
     project = instance.find(q("owner/project"))
     customer = _customer(project.get("uuid")) if project is not None else None
+    name = _project_name(project.text) if project is not None else None
     flavor = None
     f = instance.find(q("flavor"))
     if f is not None:
@@ -103,7 +119,10 @@ def _nova(instance: ET.Element, ns: str) -> tuple[str | None, Flavor | None, int
         flavor = Flavor(
             _positive(f.findtext(q("vcpus"))), None if memory_mib is None else memory_mib * MIB
         )
-    return customer, flavor, _created_s(instance.findtext(q("creationTime")))
+    if customer is None:
+        return None
+    created_s = _created_s(instance.findtext(q("creationTime")))
+    return Ownership(customer, source, flavor or fallback, created_s, name)
 
 
 def ownership(root: ET.Element, default_customer: str | None = None) -> Ownership:
@@ -115,9 +134,9 @@ def ownership(root: ET.Element, default_customer: str | None = None) -> Ownershi
             instance = metadata.find(f"{{{ns}}}instance")
             if instance is None:
                 continue
-            customer, flavor, created_s = _nova(instance, ns)
-            if customer is not None:
-                return Ownership(customer, source, flavor or fallback_flavor, created_s)
+            owner = _nova(instance, source, ns, fallback_flavor)
+            if owner is not None:
+                return owner
         mine = metadata.find(f"{{{GMD_NS}}}vm")
         if mine is not None:
             customer = _customer(mine.get("customer"))

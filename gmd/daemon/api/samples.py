@@ -163,6 +163,7 @@ def record_of(batch: SampleBatch, digest: str) -> BatchRecord:
             dtype=np.float64,
         ).reshape(len(vms), len(FLAVOR_FIELDS)),
         created_s=[v.get("created_s") for v in vms],
+        customer_names=dict(batch.customer_names),
     )
 
 

@@ -1,5 +1,11 @@
 """Customers by name: every command and route that takes a customer's name turns it into the
-ledger's id here, and refuses a name the ledger has never seen the same way."""
+ledger's id here, and refuses a name the ledger has never seen the same way.
+
+A customer is named by its project uuid (the ledger's key) or, where the ledger knows it, by
+the project's name (``customers.display_name``, from Keystone or the Nova metadata): people
+know their projects by name. The uuid wins when a string is both; a project name that two
+customers share (projects in different domains) is refused, naming their uuids.
+"""
 
 from __future__ import annotations
 
@@ -13,30 +19,61 @@ from gmd.daemon.ledger.tables import customers as _customers
 class UnknownCustomer(LookupError):
     """Customers the ledger has never seen (their names in ``names``)."""
 
-    def __init__(self, *names: str) -> None:
+    def __init__(self, *names: str, detail: str | None = None) -> None:
         self.names = names
         listed = ", ".join(repr(n) for n in names)
         verb = "is" if len(names) == 1 else "are"
-        super().__init__(f"customer{'s' * (len(names) != 1)} {listed} {verb} not in the ledger")
+        super().__init__(
+            detail or f"customer{'s' * (len(names) != 1)} {listed} {verb} not in the ledger"
+        )
 
 
 def customer_id(conn: Connection, name: str) -> int:
-    """The id of customer ``name``; :class:`UnknownCustomer` if the ledger has never seen it."""
-    cid = conn.execute(select(_customers.c.id).where(_customers.c.name == name)).scalar()
-    if cid is None:
-        raise UnknownCustomer(name)
-    return int(cid)
+    """The id of customer ``name`` (uuid or project name); :class:`UnknownCustomer` if the
+    ledger has never seen it."""
+    return customer_ids(conn, [name])[name]
 
 
 def customer_ids(conn: Connection, names: Sequence[str]) -> dict[str, int]:
     """Name → id for each name; :class:`UnknownCustomer` naming every name not found."""
     if not names:
         return {}
+    wanted = set(names)
     rows = conn.execute(
-        select(_customers.c.name, _customers.c.id).where(_customers.c.name.in_(set(names)))
+        select(_customers.c.name, _customers.c.id).where(_customers.c.name.in_(wanted))
     )
     found = {str(name): int(cid) for name, cid in rows}
+    rest = wanted - found.keys()
+    if rest:
+        by_project: dict[str, list[tuple[str, int]]] = {}
+        for uuid, shown, cid in conn.execute(
+            select(_customers.c.name, _customers.c.display_name, _customers.c.id).where(
+                _customers.c.display_name.in_(rest)
+            )
+        ):
+            by_project.setdefault(str(shown), []).append((str(uuid), int(cid)))
+        for shown, matches in by_project.items():
+            if len(matches) > 1:
+                uuids = ", ".join(sorted(u for u, _ in matches))
+                raise UnknownCustomer(
+                    shown,
+                    detail=f"project name {shown!r} names {len(matches)} customers ({uuids});"
+                    " give the uuid",
+                )
+            found[shown] = matches[0][1]
     missing = [n for n in dict.fromkeys(names) if n not in found]
     if missing:
         raise UnknownCustomer(*missing)
     return {n: found[n] for n in names}
+
+
+def display_names(conn: Connection) -> dict[int, str]:
+    """Customer id → project name, for the customers whose name the ledger knows."""
+    return {
+        int(cid): str(shown)
+        for cid, shown in conn.execute(
+            select(_customers.c.id, _customers.c.display_name).where(
+                _customers.c.display_name.is_not(None)
+            )
+        )
+    }

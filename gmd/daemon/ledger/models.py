@@ -84,6 +84,15 @@ class ActionStatus(enum.StrEnum):
     failed = "failed"
 
 
+class NameSource(enum.StrEnum):
+    """Where a customer's project name was read (``customers.display_source``). Keystone is
+    the authority; the Nova metadata an agent read from a domain only fills in until it
+    speaks."""
+
+    keystone = "keystone"
+    nova = "nova"
+
+
 class Organization(Base):
     """Whoever contributed hosts; may also be a customer (then ``customer_id`` is set)."""
 
@@ -104,7 +113,7 @@ class Customer(Base):
     display_name: Mapped[str | None] = mapped_column(String(255))
     """The project's name, for people (Keystone's, else the Nova metadata's); None: unknown"""
     display_source: Mapped[str | None] = mapped_column(String(16))
-    """Where display_name was read: ``keystone`` or ``nova``"""
+    """Where display_name was read: a :class:`NameSource`"""
 
 
 class Host(Base):

@@ -26,13 +26,14 @@ from typing import Any
 
 import numpy as np
 import orjson
-from sqlalchemy import Connection, Engine, Table, bindparam, func, select, text, update
+from sqlalchemy import Connection, Engine, Table, bindparam, func, or_, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from gmd.daemon.ledger.migrate import writer
 from gmd.daemon.ledger.models import (
     IntervalState,
+    NameSource,
 )
 from gmd.daemon.ledger.tables import (
     batches as _batches,
@@ -100,6 +101,8 @@ class BatchRecord:
     use: np.ndarray
     flavor: np.ndarray
     created_s: list[int | None]
+    customer_names: dict[str, str] = field(default_factory=dict)
+    """customer → its project's name from the Nova metadata, where the agent read one"""
 
 
 @dataclass(frozen=True)
@@ -172,8 +175,16 @@ class LedgerStore:
     # -- ids -----------------------------------------------------------------------------------
 
     def _customer_ids(
-        self, conn: Connection, names: Iterable[str], new: dict[str, int]
+        self,
+        conn: Connection,
+        names: Iterable[str],
+        new: dict[str, int],
+        shown: Mapping[str, str] | None = None,
     ) -> dict[str, int]:
+        """Ids by name, creating the customers not seen yet. ``shown`` (customer → project
+        name from the Nova metadata) names a customer the first time this daemon sees it, if
+        nothing has named it yet: Keystone's names, read by the daemon itself, come first, and
+        a customer is looked up here once per daemon, so names cost no round trip per batch."""
         wanted = set(names)
         with self._ids.lock:
             found = {n: self._ids.customers[n] for n in wanted if n in self._ids.customers}
@@ -183,6 +194,20 @@ class LedgerStore:
                 upsert(conn, _customers).on_conflict_do_nothing(),
                 [{"name": n} for n in missing],
             )
+            named = [(n, shown[n]) for n in missing if shown and n in shown]
+            if named:
+                conn.execute(
+                    update(_customers)
+                    .where(
+                        _customers.c.name == bindparam("customer"),
+                        or_(
+                            _customers.c.display_name.is_(None),
+                            _customers.c.display_source == NameSource.nova,
+                        ),
+                    )
+                    .values(display_name=bindparam("shown"), display_source=NameSource.nova),
+                    [{"customer": n, "shown": v} for n, v in named],
+                )
             rows = conn.execute(
                 select(_customers.c.name, _customers.c.id).where(_customers.c.name.in_(missing))
             ).all()
@@ -340,7 +365,9 @@ class LedgerStore:
             host_id, org_id = self._host_id(conn, record.host, new_hosts)
             interval_id, on_time = self._interval(conn, record.interval_start_s, record.interval_s)
             self._fix_capacity(conn, record, interval_id, host_id, org_id)
-            customer_ids = self._customer_ids(conn, record.customers, new_customers)
+            customer_ids = self._customer_ids(
+                conn, record.customers, new_customers, record.customer_names
+            )
             vm_ids = self._vm_ids(conn, record, host_id, customer_ids, new_vms)
             batch_id = conn.execute(
                 _batches.insert()
