@@ -147,14 +147,6 @@ def puts(fake: FakeOpenStack) -> list[Any]:
     return [r.body for r in fake.requests if r.method == "PUT"]
 
 
-def test_apply_of_the_current_values_writes_nothing(fake: FakeOpenStack) -> None:
-    with adapter() as nova:
-        write = nova.apply(PID, DEFAULTS)
-    assert write.ok and not write.written
-    assert write.before == write.after == DEFAULTS
-    assert puts(fake) == []
-
-
 def test_401_from_nova_is_not_retried_by_us(fake: FakeOpenStack) -> None:
     fake.fail(401, None)
     sleeps = Sleeps()
@@ -280,19 +272,3 @@ def test_anything_the_sdk_raises_becomes_a_quota_error(fake: FakeOpenStack) -> N
             "identity_status_code_retries": 0,
         }
     ]
-
-
-def test_injected_factory_is_used_once_for_all_calls(fake: FakeOpenStack) -> None:
-    import openstack
-
-    made: list[str] = []
-
-    def factory(**kw: Any) -> Any:
-        made.append(kw["cloud"])
-        return openstack.connect(**kw)
-
-    with adapter(connection_factory=factory) as nova:
-        nova.apply(PID, QuotaSet(5, 12800, 2))
-        nova.restore(PID, DEFAULTS)
-    assert made == [CLOUD]
-    assert fake.quota(PID)["cores"] == 20

@@ -86,6 +86,26 @@ def test_greedy_project_is_lowered_below_its_usage_step_by_step_and_restored(
     assert usage(real_cloud, LEGACY, project)["cores"] == {"limit": 20, "in_use": 8, "reserved": 0}
 
 
+def test_writing_what_is_there_writes_nothing_and_one_connection_serves_every_call(
+    real_cloud: RealCloud,
+) -> None:
+    import openstack
+
+    project = real_cloud.new_project()
+    made: list[str] = []
+
+    def factory(**kw: Any) -> Any:
+        made.append(kw["cloud"])
+        return openstack.connect(**kw)
+
+    with NovaQuotas(LEGACY, timeout_s=30, retries=0, connection_factory=factory) as quotas:
+        same = quotas.apply(project, DEFAULTS)
+        assert same.ok and not same.written and same.before == same.after == DEFAULTS
+        assert quotas.apply(project, QuotaSet(5, 12800, 2)).written
+        assert quotas.restore(project, QuotaOriginal(DEFAULTS)).after == DEFAULTS
+    assert made == [LEGACY]
+
+
 def test_a_quota_of_the_operators_own_is_restored_exactly(real_cloud: RealCloud) -> None:
     project = real_cloud.new_project()
     real_cloud.add_servers("nova-legacy", project, count=3, vcpus=4, ram_mb=8192)
