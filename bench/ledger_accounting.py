@@ -26,7 +26,7 @@ import sqlalchemy as sa
 from accounting import INTERVAL_S, random_cloud
 
 from gmd.daemon.config import parse
-from gmd.daemon.ledger import migrate
+from gmd.daemon.ledger import migrate, partitions
 from gmd.daemon.ledger.accounting import account_next, compute_rows, write_rows
 from gmd.daemon.ledger.models import (
     Batch,
@@ -69,6 +69,7 @@ def seed(engine: sa.Engine, n_vms: int, n_hosts: int, n_customers: int, n_orgs: 
     flavor = np.asarray(interval.configured) / INTERVAL_S
     host_of = np.asarray(interval.host_of_vm)
     customer_of = np.asarray(interval.customer_of_vm)
+    partitions.ensure_days(engine, [START_S // partitions.DAY_S])
     with engine.begin() as conn:
         conn.execute(
             sa.insert(Organization.__table__),
@@ -100,7 +101,9 @@ def seed(engine: sa.Engine, n_vms: int, n_hosts: int, n_customers: int, n_orgs: 
         )
         interval_id = conn.execute(
             sa.insert(Interval.__table__)
-            .values(start_s=START_S, length_s=int(INTERVAL_S), state=IntervalState.closed)
+            .values(
+                id=START_S, start_s=START_S, length_s=int(INTERVAL_S), state=IntervalState.closed
+            )
             .returning(Interval.__table__.c.id)
         ).scalar_one()
         conn.execute(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+
+import pytest
 import sqlalchemy as sa
 
 from gmd.daemon.ledger import migrate
@@ -71,5 +74,112 @@ def test_0002_keeps_rows_written_under_0001(database_url: str) -> None:
             assert conn.execute(sa.text("SELECT customer_id FROM samples")).scalar_one() == 7
             assert conn.execute(sa.text("SELECT priority FROM customer_ledger")).scalar_one() == -2
             assert conn.execute(sa.text("SELECT digest FROM batches")).scalar_one() == ""
+    finally:
+        engine.dispose()
+
+
+DAY = 86400
+T0 = 1_764_000_000 - 1_764_000_000 % DAY + 3600  # an hour into a UTC day
+ROWS_0006 = [
+    "INSERT INTO customers (id, name) VALUES (7, 'p')",
+    "INSERT INTO organizations (id, name) VALUES (1, 'op')",
+    "INSERT INTO hosts (id, name, organization_id) VALUES (1, 'h', 1)",
+    "INSERT INTO vms (id, uuid, customer_id, host_id) VALUES (3, 'v', 7, 1)",
+    # ids 1, 2, 3 in order of creation; the third interval a day later, created first
+    f"INSERT INTO intervals (id, start_s, length_s, state) VALUES (3, {T0 + DAY}, 60, 'open')",
+    f"INSERT INTO intervals (id, start_s, length_s, state) VALUES (1, {T0}, 60, 'accounted')",
+    f"INSERT INTO intervals (id, start_s, length_s, state) VALUES (2, {T0 + 60}, 60, 'closed')",
+    "INSERT INTO batches (id, key, digest, host_id, interval_id, samples) VALUES"
+    " (1, 'k1', 'd', 1, 1, 1), (2, 'k2', 'd', 1, 2, 1), (3, 'k3', 'd', 1, 3, 1)",
+    "INSERT INTO host_intervals VALUES (1, 1, 1, 2, 8e9, 1e8, 1e8), (3, 1, 1, 2, 8e9, 1e8, 1e8)",
+    "INSERT INTO samples (id, interval_id, vm_id, host_id, customer_id, batch_id, cpu_s,"
+    " memory_byte_s, disk_read_bytes, disk_write_bytes, network_rx_bytes, network_tx_bytes,"
+    " late) VALUES (10, 1, 3, 1, 7, 1, 1, 2, 3, 4, 5, 6, false),"
+    " (11, 2, 3, 1, 7, 2, 1, 2, 3, 4, 5, 6, true), (12, 3, 3, 1, 7, 3, 9, 2, 3, 4, 5, 6, false)",
+    "INSERT INTO customer_ledger (interval_id, customer_id, greediness, balance, utility_work,"
+    " utility_moment, utility, priority, vms) VALUES (1, 7, 0.5, 0.5, 2, 0, 2, -2, 1)",
+    "INSERT INTO customer_resource_ledger VALUES (1, 7, 'cpu', 0.5)",
+    "INSERT INTO organization_ledger VALUES (1, 1, 1, 0, 1, 0, 1)",
+    "INSERT INTO customer_levels VALUES (7, 1, 0, 0.5, 1)",
+    "INSERT INTO enforcement_actions (id, interval_id, customer_id, kind, status, dry_run,"
+    " reason) VALUES (5, 1, 7, 'level', 'ok', false, 'r')",
+]
+
+
+def test_0007_renumbers_intervals_by_their_start_and_keeps_every_row(database_url: str) -> None:
+    engine = migrate.engine_for(database_url)
+    try:
+        migrate.upgrade(engine, "0006")
+        with engine.begin() as conn:
+            for statement in ROWS_0006:
+                conn.execute(sa.text(statement))
+        migrate.upgrade(engine)
+        with engine.begin() as conn:
+
+            def rows(sql: str) -> list[tuple]:
+                return [tuple(r) for r in conn.execute(sa.text(sql))]
+
+            assert rows("SELECT id, start_s FROM intervals ORDER BY id") == [
+                (T0, T0),
+                (T0 + 60, T0 + 60),
+                (T0 + DAY, T0 + DAY),
+            ]
+            assert rows(
+                "SELECT id, interval_id, batch_id, late, cpu_s FROM samples ORDER BY id"
+            ) == [
+                (10, T0, 1, False, 1.0),
+                (11, T0 + 60, 2, True, 1.0),
+                (12, T0 + DAY, 3, False, 9.0),
+            ]
+            assert rows("SELECT key, interval_id FROM batches ORDER BY id") == [
+                ("k1", T0),
+                ("k2", T0 + 60),
+                ("k3", T0 + DAY),
+            ]
+            assert rows("SELECT interval_id FROM host_intervals ORDER BY 1") == [(T0,), (T0 + DAY,)]
+            for table in (
+                "customer_ledger",
+                "customer_resource_ledger",
+                "organization_ledger",
+                "customer_levels",
+                "enforcement_actions",
+            ):
+                assert rows(f"SELECT interval_id FROM {table}") == [(T0,)], table
+            # Sequences go on from the copied rows, in 64 bits.
+            conn.execute(
+                sa.text(
+                    "INSERT INTO batches (key, digest, host_id, interval_id, samples)"
+                    f" VALUES ('k4', 'd', 1, {T0}, 0)"
+                )
+            )
+            assert rows("SELECT max(id) FROM batches") == [(4,)]
+            # A key is unique per interval.
+            with pytest.raises(sa.exc.IntegrityError), conn.begin_nested():
+                conn.execute(
+                    sa.text(
+                        "INSERT INTO batches (key, digest, host_id, interval_id, samples)"
+                        f" VALUES ('k4', 'd', 1, {T0}, 0)"
+                    )
+                )
+            if conn.dialect.name == "postgresql":
+                days = {
+                    r[0]
+                    for r in conn.execute(
+                        sa.text(
+                            "SELECT c.relname FROM pg_inherits i JOIN pg_class c"
+                            " ON c.oid = i.inhrelid JOIN pg_class p ON p.oid = i.inhparent"
+                            " WHERE p.relname = 'samples'"
+                        )
+                    )
+                }
+                first = time.strftime("%Y%m%d", time.gmtime(T0))
+                second = time.strftime("%Y%m%d", time.gmtime(T0 + DAY))
+                assert {f"samples_{first}", f"samples_{second}"} <= days
+        migrate.downgrade(engine, "0006")
+        with engine.connect() as conn:
+            got = conn.execute(sa.text("SELECT count(*) FROM samples")).scalar_one()
+            assert got == 3
+            assert conn.execute(sa.text("SELECT count(*) FROM batches")).scalar_one() == 4
+        migrate.upgrade(engine)
     finally:
         engine.dispose()

@@ -115,7 +115,10 @@ def close_due(conn: Connection, now_s: float, grace_s: float, limit: int | None 
         ).scalars()
     )
     gap_starts = [s for s in range(start, due_end - length_s + 1, length_s) if s not in existing]
-    gaps = [{"start_s": s, "length_s": length_s, "state": IntervalState.closed} for s in gap_starts]
+    gaps = [
+        {"id": s, "start_s": s, "length_s": length_s, "state": IntervalState.closed}
+        for s in gap_starts
+    ]
     if gaps:
         conn.execute(insert(_intervals), gaps)
         log.warning(

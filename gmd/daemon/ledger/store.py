@@ -35,6 +35,7 @@ from gmd.daemon.ledger.models import (
     IntervalState,
     NameSource,
 )
+from gmd.daemon.ledger.partitions import DAY_S, ensure_days
 from gmd.daemon.ledger.tables import (
     batches as _batches,
     customers as _customers,
@@ -144,6 +145,7 @@ class LedgerStore:
         self.owner_of = owner_of
         self.organization_customers = dict(organization_customers or {})
         self._ids = _Ids()
+        self._partition_days: set[int] = set()
 
     # -- organizations -------------------------------------------------------------------------
 
@@ -316,6 +318,7 @@ class LedgerStore:
             conn.execute(
                 upsert(conn, _intervals)
                 .values(
+                    id=start_s,
                     start_s=start_s,
                     length_s=length_s,
                     state=IntervalState.accounted if behind else IntervalState.open,
@@ -345,7 +348,17 @@ class LedgerStore:
             time.sleep(0.01 * 2**attempt)
         raise AssertionError("unreachable")
 
+    def _partition_for(self, start_s: int) -> None:
+        """The raw tables' partition of the interval's day, made if it is missing (PostgreSQL;
+        the daemon makes them ahead, so this is a set lookup but for a replay of old days)."""
+        day = start_s // DAY_S
+        if day in self._partition_days:
+            return
+        ensure_days(self.engine, [day])
+        self._partition_days.add(day)
+
     def _ingest_once(self, record: BatchRecord, now_s: float) -> IngestResult:
+        self._partition_for(record.interval_start_s)
         n = len(record.vm_uuids)
         new_customers: dict[str, int] = {}
         new_hosts: dict[str, tuple[int, int]] = {}
