@@ -152,6 +152,35 @@ def db_current(ctx: typer.Context) -> None:
     raise typer.Exit(1)
 
 
+@db_app.command("usage")
+def db_usage(
+    ctx: typer.Context,
+    exact: Annotated[
+        bool,
+        typer.Option("--exact", help="Count rows (slow on a big PostgreSQL ledger)."),
+    ] = False,
+    fmt: Annotated[Format, typer.Option("--format", help="table, csv or json.")] = Format.table,
+) -> None:
+    """Rows and bytes per ledger table, the oldest interval each holds, how long [retention]
+    keeps it and when its oldest rows are due.
+
+    On PostgreSQL rows are the planner's estimates unless --exact, and the raw tables' bytes
+    add up their daily partitions; on SQLite rows are counted and bytes come from dbstat.
+    """
+    from gmd.admin.db_usage import COLUMNS as USAGE_COLUMNS, usage as ledger_usage
+
+    config = _load_config(ctx)
+    with _database(ctx) as engine, engine.connect() as conn:
+        result = ledger_usage(conn, config.retention, exact=exact)
+    if fmt is Format.json:
+        sys.stdout.write(json_text(result.document()))
+    elif fmt is Format.csv:
+        sys.stdout.write(csv_text(result.rows, USAGE_COLUMNS))
+    else:
+        caption = "; ".join([f"{result.partitions} partition(s)", *result.notes])
+        sys.stdout.write(table_text(result.rows, USAGE_COLUMNS, title="Ledger", caption=caption))
+
+
 def _times(*given: str | None) -> tuple[float | None, ...]:
     """Each of the ``--at/--from/--to`` options given, as Unix seconds (None where absent);
     a time gmd cannot read ends the command with exit 2 and what it can read."""

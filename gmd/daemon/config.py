@@ -7,6 +7,7 @@ errors that name the file and the key.
 
 from __future__ import annotations
 
+import itertools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,6 +119,29 @@ class EnforcementConfig:
 
 
 @dataclass(frozen=True)
+class RetentionConfig:
+    """How long the ledger keeps each kind of row, in days (0: for ever).
+
+    ``raw_days``: samples, batches and host capacities (on PostgreSQL whole daily partitions
+    are dropped; on SQLite rows are deleted ``delete_chunk`` at a time). ``ledger_days``: the
+    per-interval customer, resource and organization rows; ``rollup_days``: the hourly and
+    daily rollups that reports read for older ranges. ``every_s``: how often the daemon
+    purges; one run stops after ``max_run_s`` and the next goes on.
+    """
+
+    raw_days: float = 31.0
+    ledger_days: float = 400.0
+    rollup_days: float = 0.0
+    every_s: float = 3600.0
+    delete_chunk: int = 10_000
+    max_run_s: float = 60.0
+
+    def cutoff_s(self, days: float, now_s: float) -> int | None:
+        """The time before which rows kept ``days`` days are due; None: kept for ever."""
+        return None if days == 0 else int(now_s - days * 86400)
+
+
+@dataclass(frozen=True)
 class HostConfig:
     name: str
     owner: str
@@ -134,6 +158,7 @@ class Config:
     hosts: dict[str, HostConfig] = field(default_factory=dict)
     organization_customers: dict[str, str] = field(default_factory=dict)
     enforcement: EnforcementConfig = field(default_factory=EnforcementConfig)
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
 
     def owner_of(self, host: str) -> str:
         """The organization that contributed ``host``: configured, else the default owner."""
@@ -183,6 +208,7 @@ def parse(document: dict[str, Any], source: str = "<config>", path: Path | None 
 
     daemon = _daemon(root.sub("daemon"), path)
     enforcement = _enforcement(root.sub("enforcement"))
+    retention = _retention(root.sub("retention"), daemon)
 
     orgs = root.sub("organizations")
     default_owner = orgs.get("default_owner", str, "operator")
@@ -207,7 +233,9 @@ def parse(document: dict[str, Any], source: str = "<config>", path: Path | None 
     # a host that runs both.
     root.get("agent", dict, {})
     root.done()
-    return Config(path, url, accounting, daemon, default_owner, hosts, org_customers, enforcement)
+    return Config(
+        path, url, accounting, daemon, default_owner, hosts, org_customers, enforcement, retention
+    )
 
 
 def _numbers(r: Reader, key: str, default: tuple[float, ...]) -> tuple[float, ...]:
@@ -260,6 +288,36 @@ def _enforcement(e: Reader) -> EnforcementConfig:
     q.done()
     e.done()
     return EnforcementConfig(mode, policy, quota)
+
+
+def _retention(r: Reader, daemon: DaemonConfig) -> RetentionConfig:
+    config = RetentionConfig(
+        raw_days=r.number("raw_days", RetentionConfig.raw_days, 0, 100 * 366),
+        ledger_days=r.number("ledger_days", RetentionConfig.ledger_days, 0, 100 * 366),
+        rollup_days=r.number("rollup_days", RetentionConfig.rollup_days, 0, 1000 * 366),
+        every_s=r.number("every_s", RetentionConfig.every_s, 1, 7 * 86400),
+        delete_chunk=int(r.number("delete_chunk", RetentionConfig.delete_chunk, 1, 10_000_000)),
+        max_run_s=r.number("max_run_s", RetentionConfig.max_run_s, 0.1, 86400),
+    )
+    # A batch may arrive max_late_s after its interval: its day must still be kept, or the
+    # late batch would land in a day already purged.
+    if config.raw_days and config.raw_days * 86400 <= daemon.max_late_s + 86400:
+        raise r.fail(
+            "raw_days",
+            f"{config.raw_days:g} days do not outlast [daemon] max_late_s"
+            f" ({daemon.max_late_s / 86400:g} days) by a day: raw data must be kept longer"
+            " than a batch may arrive late",
+        )
+    longest = [(k, getattr(config, k)) for k in ("raw_days", "ledger_days", "rollup_days")]
+    for (shorter, a), (longer, b) in itertools.pairwise(longest):
+        if b and (a == 0 or a > b):
+            raise r.fail(
+                longer,
+                f"{b:g} days is shorter than {shorter} ({'for ever' if a == 0 else f'{a:g}'}):"
+                " each summary must be kept at least as long as what it sums",
+            )
+    r.done()
+    return config
 
 
 def _daemon(d: Reader, path: Path | None) -> DaemonConfig:

@@ -20,7 +20,9 @@ from gmd.daemon.api.metrics import DaemonMetrics
 from gmd.daemon.config import Config
 from gmd.daemon.enforce.levels import after_interval
 from gmd.daemon.enforce.quota_job import QuotaReconciler
+from gmd.daemon.ledger import partitions
 from gmd.daemon.ledger.accounting import RunReport
+from gmd.daemon.ledger.retention import purge
 from gmd.daemon.ledger.schedule import Accountant
 from gmd.daemon.ledger.store import LedgerStore
 from gmd.daemon.project_names import NameRefresher, ProjectNames
@@ -62,14 +64,23 @@ class Services:
         self.names: NameRefresher | None = None
 
     def start(self) -> None:
-        """Record the configured organizations, then start the accountant (unless disabled)
-        with the quota reconciler among its jobs when cloud quotas are enforced."""
+        """Record the configured organizations and make the raw tables' partitions of the
+        coming days, then start the accountant (unless disabled) with its jobs: partitions
+        ahead, retention, the quota reconciler when cloud quotas are enforced, names."""
         config = self.config
         self.store.sync_organizations(
             {config.default_owner} | {h.owner for h in config.hosts.values()}
         )
+        partitions.make_ahead(self.engine)
         if not self.run_accountant:
             return
+        retention = config.retention
+        self.accountant.every(
+            min(retention.every_s, 3600.0), lambda: partitions.make_ahead(self.engine), "partitions"
+        )
+        self.accountant.every(
+            retention.every_s, lambda: purge(self.engine, retention), "retention", at_start=True
+        )
         if config.enforcement.quota.cloud and config.enforcement.mode != "off":
             self.quotas = QuotaReconciler(self.engine, config.enforcement)
             self.accountant.every(config.enforcement.quota.every_s, self.quotas.run, "quotas")
