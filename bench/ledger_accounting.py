@@ -41,7 +41,9 @@ from gmd.daemon.ledger.models import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-START_S = 1_800_000_000 - 1_800_000_000 % 60
+# Ten minutes into an hour: an interval that does not end an hour, so what is timed is the
+# accounting of every interval, not the hour's rollup that one in sixty intervals adds.
+START_S = 1_800_000_000 - 1_800_000_000 % 3600 + 600
 
 
 def postgres_url(given: str | None) -> tuple[str, sa.Engine | None, str | None]:

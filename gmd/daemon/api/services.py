@@ -20,7 +20,7 @@ from gmd.daemon.api.metrics import DaemonMetrics
 from gmd.daemon.config import Config
 from gmd.daemon.enforce.levels import after_interval
 from gmd.daemon.enforce.quota_job import QuotaReconciler
-from gmd.daemon.ledger import partitions
+from gmd.daemon.ledger import partitions, rollups
 from gmd.daemon.ledger.accounting import RunReport
 from gmd.daemon.ledger.retention import purge
 from gmd.daemon.ledger.schedule import Accountant
@@ -80,6 +80,9 @@ class Services:
         )
         self.accountant.every(
             retention.every_s, lambda: purge(self.engine, retention), "retention", at_start=True
+        )
+        self.accountant.every(
+            3600.0, lambda: rollups.backfill(self.engine), "rollups", at_start=True
         )
         if config.enforcement.quota.cloud and config.enforcement.mode != "off":
             self.quotas = QuotaReconciler(self.engine, config.enforcement)

@@ -28,6 +28,7 @@ import numpy as np
 from sqlalchemy import Connection, Engine, delete, func, insert, select, text, update
 
 from gmd.daemon.config import AccountingConfig
+from gmd.daemon.ledger import rollups
 from gmd.daemon.ledger.migrate import writer
 from gmd.daemon.ledger.models import (
     BatchState,
@@ -500,7 +501,8 @@ def account_next(
     """Account the earliest closed interval, if this process holds the lock and its turn has
     come. Returns its start, or None when there was nothing to do (or another daemon is at it).
 
-    ``after(conn, interval_id, start_s, length_s)`` runs in the same transaction once the rows
+    The hour (and day) the interval completes is rolled up in the same transaction.
+    ``after(conn, interval_id, start_s, length_s)`` runs in it too once the rows
     are written (the daemon decides throttle levels there), so both land or neither.
 
     One bad batch must not stop accounting for good (intervals are accounted in order): when
@@ -554,6 +556,7 @@ def account_next(
                     f"interval {_when(start_s)} still cannot be accounted without its"
                     f" quarantined batches: {again}"
                 ) from again
+        rollups.after_interval(conn, start_s, int(row.length_s))
         if after is not None:
             after(conn, interval_id, start_s, int(row.length_s))
         return start_s

@@ -382,3 +382,96 @@ class BalanceReset(Base):
     previous_balance: Mapped[float] = mapped_column(Double)
     requested_by: Mapped[str] = mapped_column(String(255))
     reason: Mapped[str] = mapped_column(Text)
+
+
+class RollupPeriod(Base):
+    """A period (an hour or a UTC day) whose rollups are written: reports read the rollups of
+    the periods listed here and the ledger's own rows elsewhere. An hour is rolled up in the
+    transaction that accounts its last interval, a day with its last hour."""
+
+    __tablename__ = "rollup_periods"
+    period_s: Mapped[int] = mapped_column(Integer, primary_key=True)
+    """3600 (an hour) or 86400 (a UTC day)"""
+    start_s: Mapped[int] = mapped_column(ID64, primary_key=True)
+    intervals: Mapped[int] = mapped_column(Integer)
+    """accounted intervals starting in the period"""
+    with_rows: Mapped[int] = mapped_column(Integer)
+    """of which with ledger rows (the others had no samples at all)"""
+    seconds: Mapped[int] = mapped_column(BigInteger)
+    """their total length"""
+    end_interval_id: Mapped[int | None] = mapped_column(ID64)
+    """the last interval with ledger rows: where the ``*_end`` standings were read"""
+
+
+class CustomerRollup(Base):
+    """A customer over a period: sums of its interval greediness, the most VMs it ran in one
+    interval, what its VMs used (on-time samples), and its standing after the period."""
+
+    __tablename__ = "customer_rollups"
+    __table_args__ = (Index("ix_customer_rollups_customer", "customer_id", "period_s", "start_s"),)
+    period_s: Mapped[int] = mapped_column(Integer, primary_key=True)
+    start_s: Mapped[int] = mapped_column(ID64, primary_key=True)
+    customer_id: Mapped[int] = mapped_column(ForeignKey("customers.id"), primary_key=True)
+    intervals: Mapped[int] = mapped_column(Integer)
+    """intervals of the period in which it had a ledger row"""
+    gm_sum: Mapped[float] = mapped_column(Double)
+    gm_positive: Mapped[float] = mapped_column(Double)
+    vms_max: Mapped[int] = mapped_column(Integer)
+    balance_end: Mapped[float] = mapped_column(Double)
+    utility_end: Mapped[float] = mapped_column(Double)
+    priority_end: Mapped[float] = mapped_column(Double)
+    cpu_s: Mapped[float] = mapped_column(Double)
+    memory_byte_s: Mapped[float] = mapped_column(Double)
+    disk_bytes: Mapped[float] = mapped_column(Double)
+    network_bytes: Mapped[float] = mapped_column(Double)
+
+
+class CustomerResourceRollup(Base):
+    """One resource's terms of a customer's greediness over a period."""
+
+    __tablename__ = "customer_resource_rollups"
+    period_s: Mapped[int] = mapped_column(Integer, primary_key=True)
+    start_s: Mapped[int] = mapped_column(ID64, primary_key=True)
+    customer_id: Mapped[int] = mapped_column(ForeignKey("customers.id"), primary_key=True)
+    resource: Mapped[str] = mapped_column(String(16), primary_key=True)
+    term_sum: Mapped[float] = mapped_column(Double)
+    term_over: Mapped[float] = mapped_column(Double)
+    """the sum of its positive terms"""
+    term_under: Mapped[float] = mapped_column(Double)
+    """the sum of its negative terms"""
+    term_max: Mapped[float] = mapped_column(Double)
+
+
+class HostRollup(Base):
+    """A host over a period: its on-time samples, the most VMs and customers it ran in one
+    interval, what they used and what it supplied."""
+
+    __tablename__ = "host_rollups"
+    period_s: Mapped[int] = mapped_column(Integer, primary_key=True)
+    start_s: Mapped[int] = mapped_column(ID64, primary_key=True)
+    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"), primary_key=True)
+    organization_id: Mapped[int] = mapped_column(ForeignKey("organizations.id"))
+    """its owner during the period's last interval"""
+    samples: Mapped[int] = mapped_column(BigInteger)
+    vms_max: Mapped[int] = mapped_column(Integer)
+    customers_max: Mapped[int] = mapped_column(Integer)
+    cpu_s: Mapped[float] = mapped_column(Double)
+    memory_byte_s: Mapped[float] = mapped_column(Double)
+    disk_bytes: Mapped[float] = mapped_column(Double)
+    network_bytes: Mapped[float] = mapped_column(Double)
+    cpu_supplied_core_s: Mapped[float] = mapped_column(Double)
+
+
+class OrganizationRollup(Base):
+    """An organization over a period: its DirectContr standing after it, and the CPU its
+    hosts supplied and its customers' VMs used there."""
+
+    __tablename__ = "organization_rollups"
+    period_s: Mapped[int] = mapped_column(Integer, primary_key=True)
+    start_s: Mapped[int] = mapped_column(ID64, primary_key=True)
+    organization_id: Mapped[int] = mapped_column(ForeignKey("organizations.id"), primary_key=True)
+    contribution_end: Mapped[float] = mapped_column(Double)
+    utility_end: Mapped[float] = mapped_column(Double)
+    priority_end: Mapped[float] = mapped_column(Double)
+    cpu_supplied_core_s: Mapped[float] = mapped_column(Double)
+    cpu_used_core_s: Mapped[float] = mapped_column(Double)

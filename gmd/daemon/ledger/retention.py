@@ -8,7 +8,8 @@ What is kept (``[retention]``, :class:`~gmd.daemon.config.RetentionConfig`):
   chunk its own short transaction, so that ingest never waits long behind a purge.
 - **ledger** (``ledger_days``): ``customer_ledger``, ``customer_resource_ledger`` and
   ``organization_ledger``, deleted a chunk at a time on both.
-- **rollups** (``rollup_days``, for ever by default).
+- **rollups** (``rollup_days``, for ever by default): the hourly and daily rollups, by the
+  start of their period.
 
 Two things are never purged, whatever the configuration: raw rows of an interval that is not
 accounted yet (accounting stalled for a month must still find its samples), and the ledger
@@ -23,13 +24,15 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
-from sqlalchemy import Connection, Engine, Table, func, select, text
+from sqlalchemy import Column, Connection, Engine, Table, func, select, text
 
 from gmd.daemon.config import RetentionConfig
 from gmd.daemon.ledger import partitions
 from gmd.daemon.ledger.migrate import writer
 from gmd.daemon.ledger.models import IntervalState
+from gmd.daemon.ledger.rollups import ROLLUP_TABLES
 from gmd.daemon.ledger.tables import (
     batches,
     customer_ledger,
@@ -69,6 +72,7 @@ class Cutoffs:
 
     raw_s: int | None
     ledger_s: int | None
+    rollup_s: int | None = None
 
 
 def cutoffs(conn: Connection, config: RetentionConfig, now_s: float) -> Cutoffs:
@@ -88,7 +92,7 @@ def cutoffs(conn: Connection, config: RetentionConfig, now_s: float) -> Cutoffs:
         ).scalar()
         if latest is not None:
             ledger = min(ledger, int(latest))
-    return Cutoffs(raw, ledger)
+    return Cutoffs(raw, ledger, config.cutoff_s(config.rollup_days, now_s))
 
 
 def purge(engine: Engine, config: RetentionConfig, now_s: float | None = None) -> PurgeReport:
@@ -115,6 +119,12 @@ def purge(engine: Engine, config: RetentionConfig, now_s: float | None = None) -
         for table in LEDGER_TABLES:
             if not _chunks(engine, table, due.ledger_s, config.delete_chunk, deadline, report):
                 report.unfinished = True
+                return _logged(report)
+    if due.rollup_s is not None:
+        for table in ROLLUP_TABLES:
+            key = table.c.start_s
+            if not _chunks(engine, table, due.rollup_s, config.delete_chunk, deadline, report, key):
+                report.unfinished = True
                 break
     return _logged(report)
 
@@ -126,13 +136,15 @@ def _chunks(
     chunk: int,
     deadline: float,
     report: PurgeReport,
+    key: Column[Any] | None = None,
 ) -> bool:
-    """Delete ``table``'s rows of intervals before ``before_s``, ``chunk`` rows a
-    transaction; False when the deadline came first."""
+    """Delete ``table``'s rows of intervals (or periods: ``key``) before ``before_s``,
+    ``chunk`` rows a transaction; False when the deadline came first."""
     row = "rowid" if engine.dialect.name == "sqlite" else "ctid"
+    column = "interval_id" if key is None else key.name
     statement = text(
         f"DELETE FROM {table.name} WHERE {row} IN"
-        f" (SELECT {row} FROM {table.name} WHERE interval_id < :before LIMIT :chunk)"
+        f" (SELECT {row} FROM {table.name} WHERE {column} < :before LIMIT :chunk)"
     )
     while True:
         with writer(engine).begin() as conn:

@@ -18,14 +18,19 @@ from gmd.daemon.ledger.models import (
     CustomerLedger,
     CustomerLevel,
     CustomerResourceLedger,
+    CustomerResourceRollup,
+    CustomerRollup,
     EnforcementAction,
     Host,
     HostInterval,
+    HostRollup,
     Interval,
     Organization,
     OrganizationLedger,
+    OrganizationRollup,
     QuarantinedSample,
     QuotaOriginal,
+    RollupPeriod,
     Sample,
     Vm,
 )
@@ -46,3 +51,8 @@ levels = cast(Table, CustomerLevel.__table__)
 quota_originals = cast(Table, QuotaOriginal.__table__)
 actions = cast(Table, EnforcementAction.__table__)
 balance_resets = cast(Table, BalanceReset.__table__)
+rollup_periods = cast(Table, RollupPeriod.__table__)
+customer_rollups = cast(Table, CustomerRollup.__table__)
+resource_rollups = cast(Table, CustomerResourceRollup.__table__)
+host_rollups = cast(Table, HostRollup.__table__)
+organization_rollups = cast(Table, OrganizationRollup.__table__)

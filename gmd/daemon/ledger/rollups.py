@@ -1,0 +1,525 @@
+"""Hourly and daily rollups: what reports over long ranges read instead of every interval.
+
+A 100,000-VM cloud writes ~2,000 customer rows, ~8,000 resource terms and 100,000 samples
+every minute; a month's report over them reads billions of rows. Slurm keeps hourly, daily
+and monthly usage rollups for the same reason. Here an hour is rolled up in the transaction
+that accounts its last interval (the first whose end reaches the hour's end), from the hour's
+ledger rows and on-time samples, and a UTC day in the one that rolls up its last hour, from
+its hours: both land with the interval or neither does. Rolling a period up again replaces
+its rows, so it is idempotent; :func:`backfill` rolls up the complete periods a ledger from
+before rollups (or a crash between schema upgrade and start) lacks.
+
+What a period holds (``start_s`` is its start; intervals belong to the period they start in):
+
+- ``rollup_periods``: accounted intervals, how many had ledger rows, their seconds, and the
+  last one with rows (where the standings "at the end" are read);
+- ``customer_rollups``: per customer, intervals with a row, Σ greediness, Σ positive
+  greediness, the most VMs in one interval, its balance, utility and priority after the
+  period (0 when it had no row in the period's last interval with rows: negligible), and what
+  its VMs used (on-time samples; disk = read + written, network = received + sent);
+- ``customer_resource_rollups``: per customer and resource, Σ, Σ positive, Σ negative and
+  the largest of its terms;
+- ``host_rollups``: per host, on-time samples, the most VMs and customers in one interval,
+  what they used, the CPU it supplied (core-seconds, intervals it was accounted in), its
+  owner in the period's last interval;
+- ``organization_rollups``: per organization, its standing after the period, the CPU its
+  hosts supplied and what was used on them.
+
+Late samples are not rolled up: they can still arrive after the hour is rolled up, and they
+are few (a partial index finds them by range).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from sqlalchemy import (
+    Connection,
+    Engine,
+    and_,
+    case,
+    delete,
+    distinct,
+    exists,
+    func,
+    insert,
+    select,
+)
+
+from gmd.daemon.ledger.migrate import writer
+from gmd.daemon.ledger.models import BatchState, IntervalState
+from gmd.daemon.ledger.tables import (
+    batches as _batches,
+    customer_ledger as _ledger,
+    customer_rollups as _customer_rollups,
+    host_intervals as _host_intervals,
+    host_rollups as _host_rollups,
+    intervals as _intervals,
+    organization_ledger as _org_ledger,
+    organization_rollups as _org_rollups,
+    resource_ledger as _terms,
+    resource_rollups as _resource_rollups,
+    rollup_periods as _periods,
+    samples as _samples,
+)
+
+log = logging.getLogger(__name__)
+
+HOUR_S = 3600
+DAY_S = 86400
+PERIODS = (HOUR_S, DAY_S)
+ROLLUP_TABLES = (_periods, _customer_rollups, _resource_rollups, _host_rollups, _org_rollups)
+USED = ("cpu_s", "memory_byte_s", "disk_bytes", "network_bytes")
+
+
+def after_interval(conn: Connection, start_s: int, length_s: int) -> None:
+    """Roll up the hour, and the day, that the interval just accounted completes."""
+    end = start_s + length_s
+    hour = start_s - start_s % HOUR_S
+    if end >= hour + HOUR_S:
+        roll_hour(conn, hour)
+        day = start_s - start_s % DAY_S
+        if end >= day + DAY_S:
+            roll_day(conn, day)
+
+
+def _clear(conn: Connection, period_s: int, start_s: int) -> None:
+    for table in ROLLUP_TABLES:
+        conn.execute(delete(table).where(table.c.period_s == period_s, table.c.start_s == start_s))
+
+
+def _insert(conn: Connection, table: Any, rows: list[dict[str, Any]]) -> None:
+    if rows:
+        conn.execute(insert(table), rows)
+
+
+def roll_hour(conn: Connection, hour_s: int) -> None:
+    """Write the rollups of the hour starting at ``hour_s`` from its intervals' rows."""
+    lo, hi = hour_s, hour_s + HOUR_S
+    _clear(conn, HOUR_S, hour_s)
+    ivs = conn.execute(
+        select(_intervals.c.id, _intervals.c.length_s, _intervals.c.ledger_rows).where(
+            _intervals.c.id >= lo,
+            _intervals.c.id < hi,
+            _intervals.c.state == IntervalState.accounted,
+        )
+    ).all()
+    if not ivs:
+        return
+    with_rows = [int(r.id) for r in ivs if (r.ledger_rows or 0) > 0]
+    end_id = max(with_rows) if with_rows else None
+    base = {"period_s": HOUR_S, "start_s": hour_s}
+    _insert(
+        conn,
+        _periods,
+        [
+            {
+                **base,
+                "intervals": len(ivs),
+                "with_rows": len(with_rows),
+                "seconds": sum(int(r.length_s) for r in ivs),
+                "end_interval_id": end_id,
+            }
+        ],
+    )
+    in_hour = and_(_ledger.c.interval_id >= lo, _ledger.c.interval_id < hi)
+    customers: dict[int, dict[str, Any]] = {}
+    for r in conn.execute(
+        select(
+            _ledger.c.customer_id,
+            func.count().label("n"),
+            func.sum(_ledger.c.greediness).label("gm"),
+            func.sum(case((_ledger.c.greediness > 0, _ledger.c.greediness), else_=0.0)).label(
+                "pos"
+            ),
+            func.max(_ledger.c.vms).label("vms"),
+        )
+        .where(in_hour)
+        .group_by(_ledger.c.customer_id)
+    ):
+        customers[int(r.customer_id)] = {
+            **base,
+            "customer_id": int(r.customer_id),
+            "intervals": int(r.n),
+            "gm_sum": float(r.gm),
+            "gm_positive": float(r.pos),
+            "vms_max": int(r.vms or 0),
+            "balance_end": 0.0,
+            "utility_end": 0.0,
+            "priority_end": 0.0,
+            **dict.fromkeys(USED, 0.0),
+        }
+    if end_id is not None:
+        for r in conn.execute(
+            select(
+                _ledger.c.customer_id, _ledger.c.balance, _ledger.c.utility, _ledger.c.priority
+            ).where(_ledger.c.interval_id == end_id)
+        ):
+            row = customers.get(int(r.customer_id))
+            if row is not None:
+                row.update(
+                    balance_end=float(r.balance),
+                    utility_end=float(r.utility),
+                    priority_end=float(r.priority),
+                )
+    hosts = _host_rows(conn, lo, hi, base)
+    s = _samples.c
+    for r in conn.execute(
+        select(
+            s.host_id,
+            s.customer_id,
+            func.count().label("n"),
+            func.sum(s.cpu_s).label("cpu"),
+            func.sum(s.memory_byte_s).label("memory"),
+            func.sum(s.disk_read_bytes + s.disk_write_bytes).label("disk"),
+            func.sum(s.network_rx_bytes + s.network_tx_bytes).label("network"),
+        )
+        .where(s.interval_id >= lo, s.interval_id < hi, s.late.is_(False))
+        .group_by(s.host_id, s.customer_id)
+    ):
+        used = dict(
+            zip(USED, (float(r.cpu), float(r.memory), float(r.disk), float(r.network)), strict=True)
+        )
+        customer = customers.get(int(r.customer_id))
+        if customer is not None:
+            for k, v in used.items():
+                customer[k] += v
+        host = hosts.get(int(r.host_id))
+        if host is not None:
+            host["samples"] += int(r.n)
+            for k, v in used.items():
+                host[k] += v
+    _insert(conn, _customer_rollups, list(customers.values()))
+    _insert(conn, _host_rollups, list(hosts.values()))
+    _insert(conn, _resource_rollups, _resource_rows(conn, lo, hi, base))
+    _insert(conn, _org_rollups, _organization_rows(conn, end_id, hosts.values(), base))
+
+
+def _host_rows(
+    conn: Connection, lo: int, hi: int, base: dict[str, int]
+) -> dict[int, dict[str, Any]]:
+    """The hour's hosts that were accounted (an on-time, accepted batch in an interval), with
+    the CPU they supplied, their peaks and their owner in their last interval."""
+    hi_c = _host_intervals.c
+    accounted = exists().where(
+        _batches.c.interval_id == hi_c.interval_id,
+        _batches.c.host_id == hi_c.host_id,
+        _batches.c.late.is_(False),
+        _batches.c.state == BatchState.accepted,
+    )
+    hosts: dict[int, dict[str, Any]] = {}
+    for r in conn.execute(
+        select(hi_c.host_id, hi_c.organization_id, hi_c.cpu_cores, _intervals.c.length_s)
+        .join(_intervals, _intervals.c.id == hi_c.interval_id)
+        .where(hi_c.interval_id >= lo, hi_c.interval_id < hi, accounted)
+        .order_by(hi_c.interval_id)
+    ):
+        host = hosts.setdefault(
+            int(r.host_id),
+            {
+                **base,
+                "host_id": int(r.host_id),
+                "samples": 0,
+                "vms_max": 0,
+                "customers_max": 0,
+                **dict.fromkeys(USED, 0.0),
+                "cpu_supplied_core_s": 0.0,
+            },
+        )
+        host["organization_id"] = int(r.organization_id)
+        host["cpu_supplied_core_s"] += float(r.cpu_cores) * int(r.length_s)
+    s = _samples.c
+    per_interval = (
+        select(
+            s.host_id,
+            func.count(distinct(s.vm_id)).label("vms"),
+            func.count(distinct(s.customer_id)).label("customers"),
+        )
+        .where(s.interval_id >= lo, s.interval_id < hi, s.late.is_(False))
+        .group_by(s.interval_id, s.host_id)
+        .subquery()
+    )
+    for peak in conn.execute(
+        select(
+            per_interval.c.host_id,
+            func.max(per_interval.c.vms).label("vms"),
+            func.max(per_interval.c.customers).label("customers"),
+        ).group_by(per_interval.c.host_id)
+    ):
+        found = hosts.get(int(peak.host_id))
+        if found is not None:
+            found["vms_max"], found["customers_max"] = int(peak.vms), int(peak.customers)
+    return hosts
+
+
+def _resource_rows(
+    conn: Connection, lo: int, hi: int, base: dict[str, int]
+) -> list[dict[str, Any]]:
+    t = _terms.c
+    return [
+        {
+            **base,
+            "customer_id": int(r.customer_id),
+            "resource": str(r.resource),
+            "term_sum": float(r.total),
+            "term_over": float(r.over),
+            "term_under": float(r.under),
+            "term_max": float(r.top),
+        }
+        for r in conn.execute(
+            select(
+                t.customer_id,
+                t.resource,
+                func.sum(t.term).label("total"),
+                func.sum(case((t.term > 0, t.term), else_=0.0)).label("over"),
+                func.sum(case((t.term < 0, t.term), else_=0.0)).label("under"),
+                func.max(t.term).label("top"),
+            )
+            .where(t.interval_id >= lo, t.interval_id < hi)
+            .group_by(t.customer_id, t.resource)
+        )
+    ]
+
+
+def _organization_rows(
+    conn: Connection, end_id: int | None, hosts: Iterable[dict[str, Any]], base: dict[str, int]
+) -> list[dict[str, Any]]:
+    orgs: dict[int, dict[str, Any]] = {}
+
+    def org(oid: int) -> dict[str, Any]:
+        return orgs.setdefault(
+            oid,
+            {
+                **base,
+                "organization_id": oid,
+                "contribution_end": 0.0,
+                "utility_end": 0.0,
+                "priority_end": 0.0,
+                "cpu_supplied_core_s": 0.0,
+                "cpu_used_core_s": 0.0,
+            },
+        )
+
+    for host in hosts:
+        row = org(host["organization_id"])
+        row["cpu_supplied_core_s"] += host["cpu_supplied_core_s"]
+        row["cpu_used_core_s"] += host["cpu_s"]
+    if end_id is not None:
+        for r in conn.execute(select(_org_ledger).where(_org_ledger.c.interval_id == end_id)):
+            org(int(r.organization_id)).update(
+                contribution_end=float(r.contribution),
+                utility_end=float(r.utility),
+                priority_end=float(r.priority),
+            )
+    return list(orgs.values())
+
+
+def roll_day(conn: Connection, day_s: int) -> None:
+    """Write the rollups of the UTC day starting at ``day_s`` from its hours' rollups."""
+    lo, hi = day_s, day_s + DAY_S
+    _clear(conn, DAY_S, day_s)
+    p = _periods.c
+    period = conn.execute(
+        select(
+            func.count().label("hours"),
+            func.sum(p.intervals).label("intervals"),
+            func.sum(p.with_rows).label("with_rows"),
+            func.sum(p.seconds).label("seconds"),
+            func.max(p.end_interval_id).label("end_id"),
+        ).where(p.period_s == HOUR_S, p.start_s >= lo, p.start_s < hi)
+    ).one()
+    if not period.hours:
+        return
+    end_id = None if period.end_id is None else int(period.end_id)
+    base = {"period_s": DAY_S, "start_s": day_s}
+    _insert(
+        conn,
+        _periods,
+        [
+            {
+                **base,
+                "intervals": int(period.intervals),
+                "with_rows": int(period.with_rows),
+                "seconds": int(period.seconds),
+                "end_interval_id": end_id,
+            }
+        ],
+    )
+    last_hour = None if end_id is None else end_id - end_id % HOUR_S
+
+    def hours_of(table: Any) -> Any:
+        return and_(table.c.period_s == HOUR_S, table.c.start_s >= lo, table.c.start_s < hi)
+
+    c = _customer_rollups.c
+    customers = {
+        int(r.customer_id): {
+            **base,
+            "customer_id": int(r.customer_id),
+            "intervals": int(r.intervals),
+            "gm_sum": float(r.gm_sum),
+            "gm_positive": float(r.gm_positive),
+            "vms_max": int(r.vms_max),
+            "balance_end": 0.0,
+            "utility_end": 0.0,
+            "priority_end": 0.0,
+            **{k: float(getattr(r, k)) for k in USED},
+        }
+        for r in conn.execute(
+            select(
+                c.customer_id,
+                func.sum(c.intervals).label("intervals"),
+                func.sum(c.gm_sum).label("gm_sum"),
+                func.sum(c.gm_positive).label("gm_positive"),
+                func.max(c.vms_max).label("vms_max"),
+                *(func.sum(c[k]).label(k) for k in USED),
+            )
+            .where(hours_of(_customer_rollups))
+            .group_by(c.customer_id)
+        )
+    }
+    if last_hour is not None:
+        for r in conn.execute(
+            select(c.customer_id, c.balance_end, c.utility_end, c.priority_end).where(
+                c.period_s == HOUR_S, c.start_s == last_hour
+            )
+        ):
+            customers[int(r.customer_id)].update(
+                balance_end=float(r.balance_end),
+                utility_end=float(r.utility_end),
+                priority_end=float(r.priority_end),
+            )
+    _insert(conn, _customer_rollups, list(customers.values()))
+
+    t = _resource_rollups.c
+    _insert(
+        conn,
+        _resource_rollups,
+        [
+            {**base, **dict(r._mapping)}
+            for r in conn.execute(
+                select(
+                    t.customer_id,
+                    t.resource,
+                    func.sum(t.term_sum).label("term_sum"),
+                    func.sum(t.term_over).label("term_over"),
+                    func.sum(t.term_under).label("term_under"),
+                    func.max(t.term_max).label("term_max"),
+                )
+                .where(hours_of(_resource_rollups))
+                .group_by(t.customer_id, t.resource)
+            )
+        ],
+    )
+
+    h = _host_rollups.c
+    hosts: dict[int, dict[str, Any]] = {}
+    for r in conn.execute(select(_host_rollups).where(hours_of(_host_rollups)).order_by(h.start_s)):
+        host = hosts.setdefault(
+            int(r.host_id),
+            {
+                **base,
+                "host_id": int(r.host_id),
+                "samples": 0,
+                "vms_max": 0,
+                "customers_max": 0,
+                **dict.fromkeys(USED, 0.0),
+                "cpu_supplied_core_s": 0.0,
+            },
+        )
+        host["organization_id"] = int(r.organization_id)  # the latest hour's owner
+        host["samples"] += int(r.samples)
+        host["vms_max"] = max(host["vms_max"], int(r.vms_max))
+        host["customers_max"] = max(host["customers_max"], int(r.customers_max))
+        host["cpu_supplied_core_s"] += float(r.cpu_supplied_core_s)
+        for k in USED:
+            host[k] += float(getattr(r, k))
+    _insert(conn, _host_rollups, list(hosts.values()))
+
+    o = _org_rollups.c
+    orgs = {
+        int(r.organization_id): {
+            **base,
+            "organization_id": int(r.organization_id),
+            "contribution_end": 0.0,
+            "utility_end": 0.0,
+            "priority_end": 0.0,
+            "cpu_supplied_core_s": float(r.supplied),
+            "cpu_used_core_s": float(r.used),
+        }
+        for r in conn.execute(
+            select(
+                o.organization_id,
+                func.sum(o.cpu_supplied_core_s).label("supplied"),
+                func.sum(o.cpu_used_core_s).label("used"),
+            )
+            .where(hours_of(_org_rollups))
+            .group_by(o.organization_id)
+        )
+    }
+    if last_hour is not None:
+        for r in conn.execute(
+            select(o.organization_id, o.contribution_end, o.utility_end, o.priority_end).where(
+                o.period_s == HOUR_S, o.start_s == last_hour
+            )
+        ):
+            orgs[int(r.organization_id)].update(
+                contribution_end=float(r.contribution_end),
+                utility_end=float(r.utility_end),
+                priority_end=float(r.priority_end),
+            )
+    _insert(conn, _org_rollups, list(orgs.values()))
+
+
+def complete_until(conn: Connection) -> int | None:
+    """The end of the last accounted interval: every period ending by then is complete."""
+    row = conn.execute(
+        select(_intervals.c.start_s, _intervals.c.length_s)
+        .where(_intervals.c.state == IntervalState.accounted)
+        .order_by(_intervals.c.start_s.desc())
+        .limit(1)
+    ).first()
+    return None if row is None else int(row.start_s) + int(row.length_s)
+
+
+def missing(conn: Connection, period_s: int, limit: int) -> list[int]:
+    """Starts of complete periods with accounted intervals and raw data still kept, but no
+    rollup, oldest first."""
+    until = complete_until(conn)
+    oldest_raw = conn.execute(select(func.min(_samples.c.interval_id))).scalar()
+    if until is None or oldest_raw is None:
+        return []
+    start = _intervals.c.id - _intervals.c.id % period_s
+    done = select(_periods.c.start_s).where(_periods.c.period_s == period_s)
+    return [
+        int(s)
+        for (s,) in conn.execute(
+            select(start)
+            .distinct()
+            .where(
+                _intervals.c.state == IntervalState.accounted,
+                _intervals.c.id >= int(oldest_raw) - int(oldest_raw) % period_s,
+                start + period_s <= until,
+                start.not_in(done),
+            )
+            .order_by(start)
+            .limit(limit)
+        )
+    ]
+
+
+def backfill(engine: Engine, limit: int = 48) -> int:
+    """Roll up up to ``limit`` complete hours (then days) that have no rollup yet, each in a
+    transaction of its own; returns how many periods were rolled up."""
+    done = 0
+    for period_s, roll in ((HOUR_S, roll_hour), (DAY_S, roll_day)):
+        with engine.connect() as conn:
+            starts = missing(conn, period_s, limit)
+        for start in starts:
+            with writer(engine).begin() as conn:
+                roll(conn, start)
+            done += 1
+    if done:
+        log.info("rollups: %d period(s) rolled up after the fact", done)
+    return done
