@@ -11,6 +11,8 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
+from gmd.admin.coverage import coverage
+from gmd.admin.usage import GROUPS, report
 from gmd.daemon.config import Config
 from gmd.daemon.ledger import rollups
 from gmd.daemon.ledger.accounting import account_due
@@ -218,4 +220,57 @@ def test_a_day_adds_up_its_hours(database_url: str) -> None:
             mine = [h for (s, h_id), h in host_hours.items() if h_id == hid and s < day + DAY]
             assert row["samples"] == sum(h["samples"] for h in mine)
             assert row["cpu_supplied_core_s"] == sum(h["cpu_supplied_core_s"] for h in mine)
+    engine.dispose()
+
+
+@pytest.mark.parametrize("interval_s", [600, 21600])
+def test_reports_read_rollups_and_say_what_the_intervals_say(
+    database_url: str, interval_s: int
+) -> None:
+    """Every report over a range with rolled-up hours (600 s intervals) or days (6 h ones)
+    equals the same report read from the per-interval rows alone."""
+    now = int(time.time())
+    if interval_s == 600:
+        first = now - now % HOUR - 3 * HOUR
+        starts = [first + 600 * k for k in range(13)]
+    else:
+        first = now - now % DAY - 2 * DAY
+        starts = [first + interval_s * k for k in range(5)]
+    config = ledger(database_url, interval_s, starts)
+    engine = sa.create_engine(config.database_url)
+    # From inside the first period to past the last: ragged ends read per interval.
+    lo, hi = first + interval_s, starts[-1] + interval_s
+
+    def reports() -> dict[tuple[str, str | None], list[dict[str, Any]]]:
+        with engine.connect() as conn:
+            assert coverage(conn, lo, hi).rolled or not rolled_up()
+            return {
+                (group, who): report(conn, group, lo, hi, customer=who).rows
+                for group in GROUPS
+                for who in (None, "a")
+                if not (group == "organization" and who)
+            }
+
+    def rolled_up() -> int:
+        with engine.connect() as conn:
+            return int(conn.execute(sa.text("SELECT count(*) FROM rollup_periods")).scalar_one())
+
+    with engine.connect() as conn:
+        runs = coverage(conn, lo, hi).rolled
+    assert runs  # the middle of the range is read from rollups
+    with_rollups = reports()
+    with engine.begin() as conn:
+        for name in KEYS:
+            conn.execute(sa.text(f"DELETE FROM {name}"))
+    assert rolled_up() == 0
+    without = reports()
+    for key, rows in without.items():
+        assert len(with_rollups[key]) == len(rows), key
+        for got, want in zip(with_rollups[key], rows, strict=True):
+            assert got.keys() == want.keys()
+            for column, value in want.items():
+                if isinstance(value, float):
+                    assert got[column] == pytest.approx(value, rel=1e-9, abs=1e-12), (key, column)
+                else:
+                    assert got[column] == value, (key, column)
     engine.dispose()

@@ -71,36 +71,47 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     ColumnElement,
     Connection,
     and_,
     case,
     distinct,
+    exists,
     func,
-    not_,
+    literal,
     select,
+    union_all,
 )
 
 from gmd.admin.actions import level_changes
+from gmd.admin.coverage import Coverage, coverage
 from gmd.admin.render import PROJECT, Column
 from gmd.common.timespec import iso
 from gmd.daemon.ledger import lookup
 from gmd.daemon.ledger.models import (
     ActionKind,
     ActionStatus,
+    BatchState,
     IntervalState,
 )
+from gmd.daemon.ledger.rollups import served_peaks
 from gmd.daemon.ledger.tables import (
     actions as _actions,
     balance_resets as _resets,
+    batches as _batches,
     customer_ledger as _ledger,
+    customer_rollups as _customer_rollups,
     customers as _customers,
     host_intervals as _host_intervals,
+    host_rollups as _host_rollups,
     hosts as _hosts,
     intervals as _intervals,
     organization_ledger as _org_ledger,
+    organization_rollups as _org_rollups,
     organizations as _organizations,
     resource_ledger as _terms,
+    resource_rollups as _resource_rollups,
     samples as _samples,
 )
 
@@ -209,12 +220,12 @@ class _Range:
     """ledger rows of each accounted interval"""
     end_id: int | None
     end_start: int | None
+    cover: Coverage
 
-    def where(self) -> list[ColumnElement[bool]]:
-        return [_intervals.c.start_s >= self.lo, _intervals.c.start_s < self.hi]
-
-    def accounted_where(self) -> list[ColumnElement[bool]]:
-        return [*self.where(), _intervals.c.state == IntervalState.accounted]
+    def ids(self, column: Any) -> list[ColumnElement[bool]]:
+        """``column`` (an interval id, i.e. its start) in the range: an index or partition
+        range, never a join to ``intervals``."""
+        return [column >= self.lo, column < self.hi]
 
     @property
     def accounted(self) -> int:
@@ -259,6 +270,7 @@ def _load_range(conn: Connection, lo: int, hi: int) -> _Range:
         rows,
         None if end is None else end[0],
         None if end is None else end[1],
+        coverage(conn, lo, hi),
     )
 
 
@@ -369,6 +381,11 @@ def _epoch(at: datetime) -> float:
     return (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp()
 
 
+def _only(column: Any, customer_id: int | None) -> list[ColumnElement[bool]]:
+    """The condition keeping one customer's rows, if the report is about one."""
+    return [] if customer_id is None else [column == customer_id]
+
+
 def _float(value: Any) -> float:
     """A SQL aggregate as a float: NULL (no rows) is 0."""
     return 0.0 if value is None else float(value)
@@ -425,14 +442,18 @@ def _by_customer(
     the customers kept — unless the rows are sorted by one of them."""
     only = [] if customer_id is None else [_ledger.c.customer_id == customer_id]
     step("GM sums")
+    cr = _customer_rollups.c
+    both = union_all(
+        select(_ledger.c.customer_id.label("cid"), _ledger.c.greediness.label("gm")).where(
+            rng.cover.raw_where(_ledger.c.interval_id), *only
+        ),
+        select(cr.customer_id, cr.gm_sum).where(
+            rng.cover.rolled_where(_customer_rollups), *_only(cr.customer_id, customer_id)
+        ),
+    ).subquery()
     gm = {
         int(cid): _float(total)
-        for cid, total in conn.execute(
-            select(_ledger.c.customer_id, func.sum(_ledger.c.greediness))
-            .select_from(_ledger.join(_intervals, _intervals.c.id == _ledger.c.interval_id))
-            .where(*rng.accounted_where(), *only)
-            .group_by(_ledger.c.customer_id)
-        )
+        for cid, total in conn.execute(select(both.c.cid, func.sum(both.c.gm)).group_by(both.c.cid))
     }
     step("standings at the end")
     end: dict[int, tuple[float, float, float]] = {}
@@ -528,14 +549,20 @@ def _by_customer(
                 select(_terms.c.resource).distinct().where(_terms.c.interval_id == rng.end_id)
             ).scalars()
         )
-    query = (
-        select(_terms.c.customer_id, _terms.c.resource, func.sum(_terms.c.term))
-        .select_from(_terms.join(_intervals, _intervals.c.id == _terms.c.interval_id))
-        .where(*rng.accounted_where())
-        .group_by(_terms.c.customer_id, _terms.c.resource)
+    kept_t = [] if wanted is None else [_terms.c.customer_id.in_(sorted(wanted))]
+    rr = _resource_rollups.c
+    kept_r = [] if wanted is None else [rr.customer_id.in_(sorted(wanted))]
+    both_terms = union_all(
+        select(
+            _terms.c.customer_id.label("cid"), _terms.c.resource, _terms.c.term.label("term")
+        ).where(rng.cover.raw_where(_terms.c.interval_id), *kept_t),
+        select(rr.customer_id, rr.resource, rr.term_sum).where(
+            rng.cover.rolled_where(_resource_rollups), *kept_r
+        ),
+    ).subquery()
+    query = select(both_terms.c.cid, both_terms.c.resource, func.sum(both_terms.c.term)).group_by(
+        both_terms.c.cid, both_terms.c.resource
     )
-    if wanted is not None:
-        query = query.where(_terms.c.customer_id.in_(sorted(wanted)))
     if wanted != set():
         for cid, resource, total in conn.execute(query):
             terms[int(cid)][str(resource)] = _float(total)
@@ -568,8 +595,7 @@ def _late_by(
     """Late sample rows of the range's intervals, counted per ``key``."""
     query = (
         select(key, func.count())
-        .select_from(_samples.join(_intervals, _intervals.c.id == _samples.c.interval_id))
-        .where(*rng.where(), _samples.c.late.is_(True))
+        .where(*rng.ids(_samples.c.interval_id), _samples.c.late.is_(True))
         .group_by(key)
     )
     if customer_id is not None:
@@ -611,43 +637,76 @@ def _by_organization(
             )
         }
     step("hosts and supply")
+    hc, hr = _host_intervals.c, _host_rollups.c
+    accounted = exists().where(
+        _batches.c.interval_id == hc.interval_id,
+        _batches.c.host_id == hc.host_id,
+        _batches.c.late.is_(False),
+        _batches.c.state == BatchState.accepted,
+    )
+    raw_hosts = (
+        select(
+            hc.organization_id.label("oid"),
+            hc.host_id.label("host"),
+            (hc.cpu_cores * _intervals.c.length_s).label("supplied"),
+            literal(0.0).label("used"),
+        )
+        .join(_intervals, _intervals.c.id == hc.interval_id)
+        .where(rng.cover.raw_where(hc.interval_id), accounted)
+    )
+    s_ = _samples.c
+    raw_use = (
+        select(
+            hc.organization_id.label("oid"),
+            hc.host_id.label("host"),
+            literal(0.0).label("supplied"),
+            s_.cpu_s.label("used"),
+        )
+        .join(
+            _host_intervals,
+            and_(hc.interval_id == s_.interval_id, hc.host_id == s_.host_id),
+        )
+        .where(rng.cover.raw_where(s_.interval_id), s_.late.is_(False))
+    )
+    rolled = select(hr.organization_id, hr.host_id, hr.cpu_supplied_core_s, hr.cpu_s).where(
+        rng.cover.rolled_where(_host_rollups)
+    )
+    both = union_all(raw_hosts, raw_use, rolled).subquery()
     supply = {
-        int(r.organization_id): (int(r.hosts), _float(r.cpu))
+        int(r.oid): (int(r.hosts), _float(r.supplied), _float(r.used))
         for r in conn.execute(
             select(
-                _host_intervals.c.organization_id,
-                func.count(distinct(_host_intervals.c.host_id)).label("hosts"),
-                func.sum(_host_intervals.c.cpu_cores * _intervals.c.length_s).label("cpu"),
-            )
-            .select_from(
-                _host_intervals.join(_intervals, _intervals.c.id == _host_intervals.c.interval_id)
-            )
-            .where(*rng.where())
-            .group_by(_host_intervals.c.organization_id)
+                both.c.oid,
+                func.count(distinct(both.c.host)).label("hosts"),
+                func.sum(both.c.supplied).label("supplied"),
+                func.sum(both.c.used).label("used"),
+            ).group_by(both.c.oid)
         )
     }
-    step("samples on their hosts")
-    on_time = not_(_samples.c.late)
-    use = {
-        int(r.organization_id): (int(r.customers), _float(r.cpu), _int(r.late))
-        for r in conn.execute(
-            select(
-                _host_intervals.c.organization_id,
-                func.count(distinct(case((on_time, _samples.c.customer_id)))).label("customers"),
-                func.sum(case((on_time, _samples.c.cpu_s), else_=0.0)).label("cpu"),
-                func.sum(case((_samples.c.late, 1), else_=0)).label("late"),
-            )
+    step("customers served and late samples")
+    served: dict[int, int] = defaultdict(int)
+    for a, b in rng.cover.raw:
+        for oid, n in served_peaks(conn, a, b):
+            served[oid] = max(served[oid], n)
+    orc = _org_rollups.c
+    for oid, n in conn.execute(
+        select(orc.organization_id, func.max(orc.customers_max))
+        .where(rng.cover.rolled_where(_org_rollups))
+        .group_by(orc.organization_id)
+    ):
+        served[int(oid)] = max(served[int(oid)], int(n))
+    late = {
+        int(oid): int(n)
+        for oid, n in conn.execute(
+            select(hc.organization_id, func.count())
             .select_from(
-                _samples.join(_intervals, _intervals.c.id == _samples.c.interval_id).join(
+                _samples.join(
                     _host_intervals,
-                    and_(
-                        _host_intervals.c.interval_id == _samples.c.interval_id,
-                        _host_intervals.c.host_id == _samples.c.host_id,
-                    ),
+                    and_(hc.interval_id == s_.interval_id, hc.host_id == s_.host_id),
                 )
             )
-            .where(*rng.where())
-            .group_by(_host_intervals.c.organization_id)
+            .where(*rng.ids(s_.interval_id), s_.late.is_(True))
+            .group_by(hc.organization_id)
         )
     }
     orgs = {
@@ -658,10 +717,10 @@ def _by_organization(
     }
     names = _customer_names(conn)
     rows = []
-    for oid in set(end) | set(supply) | set(use):
+    for oid in set(end) | set(supply) | set(served) | set(late):
         contribution, utility, priority = end.get(oid, (0.0, 0.0, 0.0))
-        hosts, supplied = supply.get(oid, (0, 0.0))
-        customers, used, late = use.get(oid, (0, 0.0, 0))
+        hosts, supplied, used = supply.get(oid, (0, 0.0, 0.0))
+        customers = served.get(oid, 0)
         name, cid = orgs.get(oid, (str(oid), None))
         rows.append(
             {
@@ -674,13 +733,15 @@ def _by_organization(
                 "customers": customers,
                 "cpu_supplied_core_s": supplied,
                 "cpu_used_core_s": used,
-                "late_samples": late,
+                "late_samples": late.get(oid, 0),
             }
         )
     notes = [
         _end_note(rng, "contribution, utility and priority"),
-        "hosts, supply and use: host intervals and on-time samples of the range, by the"
-        " organization that owned the host then; cpu_supplied = cores × interval length",
+        "hosts, supply and use: the hosts accounted in the range's intervals (an on-time"
+        " batch) and their on-time samples, by the organization that owned the host then;"
+        " cpu_supplied = cores × interval length; customers: the most its hosts served in one"
+        " interval",
     ]
     return ORGANIZATION_COLUMNS, rows, notes
 
@@ -705,31 +766,59 @@ def _by_host(
     conn: Connection, rng: _Range, step: _Steps, customer_id: int | None
 ) -> tuple[tuple[Column, ...], list[dict[str, object]], list[str]]:
     step("samples per host")
-    s = _samples.c
-    on_time = not_(s.late)
-
-    def on(value: ColumnElement[float]) -> ColumnElement[float]:
-        return func.sum(case((on_time, value), else_=0.0))
-
-    query = (
-        select(
-            s.host_id,
-            func.count(distinct(case((on_time, s.vm_id)))).label("vms"),
-            func.count(distinct(case((on_time, s.customer_id)))).label("customers"),
-            func.sum(case((on_time, 1), else_=0)).label("samples"),
-            on(s.cpu_s).label("cpu"),
-            on(s.memory_byte_s).label("memory"),
-            on(s.disk_read_bytes + s.disk_write_bytes).label("disk"),
-            on(s.network_rx_bytes + s.network_tx_bytes).label("network"),
-            func.sum(case((s.late, 1), else_=0)).label("late"),
+    s_ = _samples.c
+    # A customer's share of a host is not rolled up: its report reads the samples.
+    cover = rng.cover if customer_id is None else Coverage(rng.lo, rng.hi, (), ((rng.lo, rng.hi),))
+    mine = [] if customer_id is None else [s_.customer_id == customer_id]
+    raw = select(
+        s_.host_id.label("host"),
+        literal(1, BigInteger).label("samples"),
+        s_.cpu_s.label("cpu"),
+        s_.memory_byte_s.label("memory"),
+        (s_.disk_read_bytes + s_.disk_write_bytes).label("disk"),
+        (s_.network_rx_bytes + s_.network_tx_bytes).label("network"),
+    ).where(cover.raw_where(s_.interval_id), s_.late.is_(False), *mine)
+    hr = _host_rollups.c
+    rolled = select(
+        hr.host_id, hr.samples, hr.cpu_s, hr.memory_byte_s, hr.disk_bytes, hr.network_bytes
+    ).where(cover.rolled_where(_host_rollups))
+    both = union_all(raw, rolled).subquery()
+    found = {
+        int(r.host): r
+        for r in conn.execute(
+            select(
+                both.c.host,
+                func.sum(both.c.samples).label("samples"),
+                func.sum(both.c.cpu).label("cpu"),
+                func.sum(both.c.memory).label("memory"),
+                func.sum(both.c.disk).label("disk"),
+                func.sum(both.c.network).label("network"),
+            ).group_by(both.c.host)
         )
-        .select_from(_samples.join(_intervals, _intervals.c.id == s.interval_id))
-        .where(*rng.where())
-        .group_by(s.host_id)
+    }
+    step("peaks and late samples")
+    per_interval = (
+        select(
+            s_.host_id.label("host"),
+            func.count(distinct(s_.vm_id)).label("vms"),
+            func.count(distinct(s_.customer_id)).label("customers"),
+        )
+        .where(cover.raw_where(s_.interval_id), s_.late.is_(False), *mine)
+        .group_by(s_.interval_id, s_.host_id)
     )
-    if customer_id is not None:
-        query = query.where(s.customer_id == customer_id)
-    found = conn.execute(query).all()
+    peaks_of = union_all(
+        per_interval,
+        select(hr.host_id, hr.vms_max, hr.customers_max).where(cover.rolled_where(_host_rollups)),
+    ).subquery()
+    peaks = {
+        int(h): (int(v), int(c))
+        for h, v, c in conn.execute(
+            select(
+                peaks_of.c.host, func.max(peaks_of.c.vms), func.max(peaks_of.c.customers)
+            ).group_by(peaks_of.c.host)
+        )
+    }
+    late = _late_by(conn, rng, s_.host_id, customer_id)
     step("names")
     hosts = {
         int(r.id): (str(r.name), str(r.org))
@@ -740,25 +829,28 @@ def _by_host(
         )
     }
     rows = []
-    for r in found:
-        name, org = hosts.get(int(r.host_id), (str(r.host_id), ""))
+    for hid in set(found) | set(late):
+        r = found.get(hid)
+        name, org = hosts.get(hid, (str(hid), ""))
+        vms, customers = peaks.get(hid, (0, 0))
         rows.append(
             {
                 "host": name,
                 "organization": org,
-                "vms": _int(r.vms),
-                "customers": _int(r.customers),
-                "samples": _int(r.samples),
-                "cpu_core_s": _float(r.cpu),
-                "memory_byte_s": _float(r.memory),
-                "disk_bytes": _float(r.disk),
-                "network_bytes": _float(r.network),
-                "late_samples": _int(r.late),
+                "vms": vms,
+                "customers": customers,
+                "samples": 0 if r is None else _int(r.samples),
+                "cpu_core_s": 0.0 if r is None else _float(r.cpu),
+                "memory_byte_s": 0.0 if r is None else _float(r.memory),
+                "disk_bytes": 0.0 if r is None else _float(r.disk),
+                "network_bytes": 0.0 if r is None else _float(r.network),
+                "late_samples": late.get(hid, 0),
             }
         )
     notes = [
         "on-time samples of the intervals starting in the range (late ones counted apart);"
-        " disk = read + written, network = received + sent; organization: the owner now"
+        " disk = read + written, network = received + sent; vms and customers: the most in"
+        " one interval; organization: the owner now"
     ]
     return HOST_COLUMNS, rows, notes
 
@@ -781,21 +873,31 @@ def _by_resource(
     t = _terms.c
     # Per customer first, then per resource: "customers over" needs each customer's terms,
     # and COUNT(DISTINCT …) over every term row would sort them all on PostgreSQL.
-    per_customer = (
+    rr = _resource_rollups.c
+    terms = union_all(
         select(
+            t.customer_id.label("cid"),
             t.resource,
-            func.sum(t.term).label("total"),
-            func.sum(case((t.term > 0, t.term), else_=0.0)).label("over"),
-            func.sum(case((t.term < 0, t.term), else_=0.0)).label("under"),
-            func.max(t.term).label("top"),
+            t.term.label("total"),
+            case((t.term > 0, t.term), else_=0.0).label("over"),
+            case((t.term < 0, t.term), else_=0.0).label("under"),
+            t.term.label("top"),
+        ).where(rng.cover.raw_where(t.interval_id), *_only(t.customer_id, customer_id)),
+        select(
+            rr.customer_id, rr.resource, rr.term_sum, rr.term_over, rr.term_under, rr.term_max
+        ).where(rng.cover.rolled_where(_resource_rollups), *_only(rr.customer_id, customer_id)),
+    ).subquery()
+    inner = (
+        select(
+            terms.c.resource,
+            func.sum(terms.c.total).label("total"),
+            func.sum(terms.c.over).label("over"),
+            func.sum(terms.c.under).label("under"),
+            func.max(terms.c.top).label("top"),
         )
-        .select_from(_terms.join(_intervals, _intervals.c.id == t.interval_id))
-        .where(*rng.accounted_where())
-        .group_by(t.resource, t.customer_id)
+        .group_by(terms.c.resource, terms.c.cid)
+        .subquery()
     )
-    if customer_id is not None:
-        per_customer = per_customer.where(t.customer_id == customer_id)
-    inner = per_customer.subquery()
     query = select(
         inner.c.resource,
         func.sum(inner.c.total).label("total"),
@@ -859,7 +961,9 @@ def _by_period(
     conn: Connection, rng: _Range, step: _Steps, unit: str, customer_id: int | None
 ) -> tuple[tuple[Column, ...], list[dict[str, object]], list[str]]:
     shift, size = _PERIODS[unit]
-    period = (_intervals.c.start_s + shift) // size
+
+    def period(start: Any) -> Any:
+        return (start + shift) // size
 
     def start_of(index: int) -> int:
         return index * size - shift
@@ -872,11 +976,11 @@ def _by_period(
             lo, hi = max(start_of(p), rng.lo), min(start_of(p + 1), rng.hi)
             bounds[p] = (rng.index(lo), rng.index(hi))
     step("late samples")
+    late_period = period(_samples.c.interval_id)
     late_query = (
-        select(period, func.count())
-        .select_from(_samples.join(_intervals, _intervals.c.id == _samples.c.interval_id))
-        .where(*rng.where(), _samples.c.late.is_(True))
-        .group_by(period)
+        select(late_period, func.count())
+        .where(*rng.ids(_samples.c.interval_id), _samples.c.late.is_(True))
+        .group_by(late_period)
     )
     if customer_id is not None:
         late_query = late_query.where(_samples.c.customer_id == customer_id)
@@ -891,9 +995,9 @@ def _by_period(
         mine = {
             int(s): (float(g), float(b))
             for s, g, b in conn.execute(
-                select(_intervals.c.start_s, _ledger.c.greediness, _ledger.c.balance)
-                .select_from(_ledger.join(_intervals, _intervals.c.id == _ledger.c.interval_id))
-                .where(*rng.accounted_where(), _ledger.c.customer_id == customer_id)
+                select(_ledger.c.interval_id, _ledger.c.greediness, _ledger.c.balance).where(
+                    *rng.ids(_ledger.c.interval_id), _ledger.c.customer_id == customer_id
+                )
             )
         }
         before = _last_with_rows(conn, rng.lo)
@@ -945,19 +1049,28 @@ def _by_period(
     gm: dict[int, dict[int, float]] = defaultdict(dict)
     positive: dict[int, float] = defaultdict(float)
     active: dict[int, int] = defaultdict(int)
+    g = _ledger.c.greediness
+    cr = _customer_rollups.c
+    both = union_all(
+        select(
+            period(_ledger.c.interval_id).label("p"),
+            _ledger.c.customer_id.label("cid"),
+            g.label("gm"),
+            case((g > 0, g), else_=0.0).label("pos"),
+            _ledger.c.vms.label("vms"),
+        ).where(rng.cover.raw_where(_ledger.c.interval_id)),
+        select(period(cr.start_s), cr.customer_id, cr.gm_sum, cr.gm_positive, cr.vms_max).where(
+            rng.cover.rolled_where(_customer_rollups)
+        ),
+    ).subquery()
     for r in conn.execute(
         select(
-            period.label("p"),
-            _ledger.c.customer_id,
-            func.sum(_ledger.c.greediness).label("gm"),
-            func.sum(case((_ledger.c.greediness > 0, _ledger.c.greediness), else_=0.0)).label(
-                "pos"
-            ),
-            func.max(_ledger.c.vms).label("vms"),
-        )
-        .select_from(_ledger.join(_intervals, _intervals.c.id == _ledger.c.interval_id))
-        .where(*rng.accounted_where())
-        .group_by(period, _ledger.c.customer_id)
+            both.c.p,
+            both.c.cid.label("customer_id"),
+            func.sum(both.c.gm).label("gm"),
+            func.sum(both.c.pos).label("pos"),
+            func.max(both.c.vms).label("vms"),
+        ).group_by(both.c.p, both.c.cid)
     ):
         p = int(r.p)
         gm[p][int(r.customer_id)] = _float(r.gm)
@@ -965,11 +1078,11 @@ def _by_period(
         active[p] += 1 if _int(r.vms) > 0 else 0
     step("actions")
     actions: dict[int, int] = defaultdict(int)
+    action_period = period(_actions.c.interval_id)  # one expression: PostgreSQL compares them
     for p, n in conn.execute(
-        select(period, func.count())
-        .select_from(_actions.join(_intervals, _intervals.c.id == _actions.c.interval_id))
-        .where(*rng.where())
-        .group_by(period)
+        select(action_period, func.count())
+        .where(*rng.ids(_actions.c.interval_id))
+        .group_by(action_period)
     ):
         actions[int(p)] += int(n)
     for (at,) in conn.execute(

@@ -107,6 +107,7 @@ def upgrade() -> None:
         sa.Column("priority_end", sa.Double(), nullable=False),
         sa.Column("cpu_supplied_core_s", sa.Double(), nullable=False),
         sa.Column("cpu_used_core_s", sa.Double(), nullable=False),
+        sa.Column("customers_max", sa.Integer(), nullable=False),
         sa.ForeignKeyConstraint(
             ["organization_id"],
             ["organizations.id"],

@@ -475,3 +475,5 @@ class OrganizationRollup(Base):
     priority_end: Mapped[float] = mapped_column(Double)
     cpu_supplied_core_s: Mapped[float] = mapped_column(Double)
     cpu_used_core_s: Mapped[float] = mapped_column(Double)
+    customers_max: Mapped[int] = mapped_column(Integer)
+    """the most customers its hosts served in one interval"""

@@ -194,7 +194,7 @@ def roll_hour(conn: Connection, hour_s: int) -> None:
     _insert(conn, _customer_rollups, list(customers.values()))
     _insert(conn, _host_rollups, list(hosts.values()))
     _insert(conn, _resource_rollups, _resource_rows(conn, lo, hi, base))
-    _insert(conn, _org_rollups, _organization_rows(conn, end_id, hosts.values(), base))
+    _insert(conn, _org_rollups, _organization_rows(conn, lo, hi, end_id, hosts.values(), base))
 
 
 def _host_rows(
@@ -284,7 +284,12 @@ def _resource_rows(
 
 
 def _organization_rows(
-    conn: Connection, end_id: int | None, hosts: Iterable[dict[str, Any]], base: dict[str, int]
+    conn: Connection,
+    lo: int,
+    hi: int,
+    end_id: int | None,
+    hosts: Iterable[dict[str, Any]],
+    base: dict[str, int],
 ) -> list[dict[str, Any]]:
     orgs: dict[int, dict[str, Any]] = {}
 
@@ -299,9 +304,12 @@ def _organization_rows(
                 "priority_end": 0.0,
                 "cpu_supplied_core_s": 0.0,
                 "cpu_used_core_s": 0.0,
+                "customers_max": 0,
             },
         )
 
+    for oid, customers in served_peaks(conn, lo, hi):
+        org(oid)["customers_max"] = customers
     for host in hosts:
         row = org(host["organization_id"])
         row["cpu_supplied_core_s"] += host["cpu_supplied_core_s"]
@@ -314,6 +322,32 @@ def _organization_rows(
                 priority_end=float(r.priority),
             )
     return list(orgs.values())
+
+
+def served_peaks(conn: Connection, lo: int, hi: int) -> list[tuple[int, int]]:
+    """(organization, the most customers its hosts served in one interval starting in
+    [lo, hi)) from the on-time samples; shared with reports over stretches not rolled up."""
+    s, h = _samples.c, _host_intervals.c
+    per_interval = (
+        select(h.organization_id, func.count(distinct(s.customer_id)).label("n"))
+        .select_from(
+            _samples.join(
+                _host_intervals,
+                and_(h.interval_id == s.interval_id, h.host_id == s.host_id),
+            )
+        )
+        .where(s.interval_id >= lo, s.interval_id < hi, s.late.is_(False))
+        .group_by(s.interval_id, h.organization_id)
+        .subquery()
+    )
+    return [
+        (int(oid), int(n))
+        for oid, n in conn.execute(
+            select(per_interval.c.organization_id, func.max(per_interval.c.n)).group_by(
+                per_interval.c.organization_id
+            )
+        )
+    ]
 
 
 def roll_day(conn: Connection, day_s: int) -> None:
@@ -447,12 +481,14 @@ def roll_day(conn: Connection, day_s: int) -> None:
             "priority_end": 0.0,
             "cpu_supplied_core_s": float(r.supplied),
             "cpu_used_core_s": float(r.used),
+            "customers_max": int(r.customers),
         }
         for r in conn.execute(
             select(
                 o.organization_id,
                 func.sum(o.cpu_supplied_core_s).label("supplied"),
                 func.sum(o.cpu_used_core_s).label("used"),
+                func.max(o.customers_max).label("customers"),
             )
             .where(hours_of(_org_rollups))
             .group_by(o.organization_id)
@@ -510,16 +546,22 @@ def missing(conn: Connection, period_s: int, limit: int) -> list[int]:
 
 
 def backfill(engine: Engine, limit: int = 48) -> int:
-    """Roll up up to ``limit`` complete hours (then days) that have no rollup yet, each in a
-    transaction of its own; returns how many periods were rolled up."""
-    done = 0
-    for period_s, roll in ((HOUR_S, roll_hour), (DAY_S, roll_day)):
-        with engine.connect() as conn:
-            starts = missing(conn, period_s, limit)
-        for start in starts:
-            with writer(engine).begin() as conn:
-                roll(conn, start)
-            done += 1
+    """Roll up up to ``limit`` complete hours that have no rollup yet, then the complete days
+    that lack one or hold one of those hours (a day rolled up before all its hours were is
+    rolled up again), each in a transaction of its own; returns how many periods."""
+    with engine.connect() as conn:
+        hours = missing(conn, HOUR_S, limit)
+    for start in hours:
+        with writer(engine).begin() as conn:
+            roll_hour(conn, start)
+    with engine.connect() as conn:
+        until = complete_until(conn)
+        days = set(missing(conn, DAY_S, limit))
+    days |= {h - h % DAY_S for h in hours if until is not None and h - h % DAY_S + DAY_S <= until}
+    for start in sorted(days):
+        with writer(engine).begin() as conn:
+            roll_day(conn, start)
+    done = len(hours) + len(days)
     if done:
         log.info("rollups: %d period(s) rolled up after the fact", done)
     return done
