@@ -11,6 +11,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
+from gmd.admin import series
 from gmd.admin.coverage import coverage
 from gmd.admin.usage import GROUPS, report
 from gmd.daemon.config import Config
@@ -273,4 +274,35 @@ def test_reports_read_rollups_and_say_what_the_intervals_say(
                     assert got[column] == pytest.approx(value, rel=1e-9, abs=1e-12), (key, column)
                 else:
                     assert got[column] == value, (key, column)
+    engine.dispose()
+
+
+def test_a_long_plot_reads_hours_where_they_are_rolled_up(database_url: str) -> None:
+    now = int(time.time())
+    first = now - now % HOUR - 3 * HOUR
+    starts = [first + 600 * k for k in range(13)]
+    config = ledger(database_url, 600, starts)
+    engine = sa.create_engine(config.database_url)
+    with engine.connect() as conn:
+        line = series.timeline(conn)
+        assert len(line) == 13
+        short = series.downsampled(conn, line, max_points=4)
+        # two rolled-up hours, then the interval of the third hour
+        assert list(short.start_s) == [first, first + HOUR, starts[12]]
+        assert list(short.length_s) == [HOUR, HOUR, 600]
+        assert short.resolution_s == HOUR
+        ids = dict(conn.execute(sa.text("SELECT name, id FROM customers")).all())
+        fine = series.balances(conn, ids, line)
+        coarse = series.balances(conn, ids, short)
+        # the hour's point holds the balance after its last interval, and its GM sum
+        for name in ids:
+            i = fine.row(name)
+            assert coarse.balance[i, 0] == pytest.approx(fine.balance[i, 5])
+            assert coarse.greediness[i, 1] == pytest.approx(fine.greediness[i, 6:12].sum())
+            assert coarse.balance[i, 2] == pytest.approx(fine.balance[i, 12])
+        terms = series.resource_terms(conn, ids, short)
+        fine_terms = series.resource_terms(conn, ids, line)
+        assert terms.terms[:, :, 0] == pytest.approx(fine_terms.terms[:, :, :6].sum(axis=2))
+        assert series.top_customers(conn, short, 1) == series.top_customers(conn, line, 1)
+        assert series.downsampled(conn, line, max_points=13) is line
     engine.dispose()

@@ -50,11 +50,16 @@ class Coverage:
         return sum(b - a for _, a, b in self.rolled)
 
 
-def coverage(conn: Connection, lo: int, hi: int) -> Coverage:
-    """Whole days rolled up, then whole hours of the other days, within ``[lo, hi)``."""
+def coverage(
+    conn: Connection, lo: int, hi: int, periods: tuple[int, ...] = (DAY_S, HOUR_S)
+) -> Coverage:
+    """Whole days rolled up, then whole hours of the other days, within ``[lo, hi)``;
+    ``periods`` limits which period lengths may stand for intervals (a plot picks one)."""
     done = conn.execute(
         select(_periods.c.period_s, _periods.c.start_s).where(
-            _periods.c.start_s >= lo, _periods.c.start_s < hi
+            _periods.c.start_s >= lo,
+            _periods.c.start_s < hi,
+            _periods.c.period_s.in_(periods),
         )
     ).all()
     days = sorted(int(s) for p, s in done if p == DAY_S and s + DAY_S <= hi)

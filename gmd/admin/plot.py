@@ -81,9 +81,10 @@ def draw(data: CustomerSeries, policy: ThrottlePolicy, mode: str) -> Figure:
         if data.chosen_by == "customer"
         else f"{data.chosen_by} by balance at the end"
     )
+    points = {0: "intervals", 3600: "points (hourly rollups)", 86400: "points (daily rollups)"}
     fig.suptitle(
-        f"gmd ledger: {len(line)} intervals from {iso(float(line.start_s[0]))}"
-        f" to {iso(float(line.end_s[-1]))} (UTC); {chosen}"
+        f"gmd ledger: {len(line)} {points[line.resolution_s]} from"
+        f" {iso(float(line.start_s[0]))} to {iso(float(line.end_s[-1]))} (UTC); {chosen}"
         if len(line)
         else "gmd ledger: no intervals in the range"
     )

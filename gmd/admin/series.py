@@ -34,20 +34,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Connection, Select, select
+from sqlalchemy import Connection, Select, and_, false, not_, or_, select, true
 
 from gmd.admin.actions import level_changes
+from gmd.admin.coverage import coverage
 from gmd.common.timespec import iso
 from gmd.daemon.ledger.lookup import customer_ids, display_names
 from gmd.daemon.ledger.models import (
     IntervalState,
 )
+from gmd.daemon.ledger.rollups import DAY_S, HOUR_S
 from gmd.daemon.ledger.tables import (
     customer_ledger as _ledger,
+    customer_rollups as _customer_rollups,
     customers as _customers,
     intervals as _intervals,
     levels as _levels,
     resource_ledger as _resource_ledger,
+    resource_rollups as _resource_rollups,
+    rollup_periods as _periods,
 )
 from gmd.wire import RESOURCES_COMBINED, RESOURCES_SPLIT
 
@@ -61,7 +66,10 @@ class EmptyRange(LookupError):
 
 @dataclass(frozen=True)
 class Timeline:
-    """Accounted intervals with ledger rows, oldest first (parallel int64 arrays)."""
+    """Accounted intervals with ledger rows, oldest first (parallel int64 arrays); or, over a
+    range with more than ``MAX_POINTS`` of them, the rolled-up hours or days that stand for
+    them (``period_s`` > 0, ``interval_id`` their start) and the intervals of the stretches
+    not rolled up (``period_s`` 0)."""
 
     interval_id: np.ndarray
     start_s: np.ndarray
@@ -69,6 +77,18 @@ class Timeline:
     from_s: float | None = None
     """the range asked for (None: unbounded), to say what an empty timeline covered"""
     to_s: float | None = None
+    period_s: np.ndarray | None = None
+    """per point: 0 for an interval, else the rollup period it stands for (None: all 0)"""
+
+    @property
+    def resolution_s(self) -> int:
+        """The longest period a point stands for: 0 when every point is an interval."""
+        if self.period_s is None or not self.period_s.size:
+            return 0
+        return int(self.period_s.max())
+
+    def rolled(self) -> np.ndarray:
+        return np.zeros(len(self), dtype=bool) if self.period_s is None else self.period_s > 0
 
     @property
     def end_s(self) -> np.ndarray:
@@ -201,6 +221,51 @@ class CustomerSeries:
         return self.names.get(customer, customer)
 
 
+MAX_POINTS = 2000
+"""Points per series beyond which a plot reads rollups: a month of minutes is 43,200
+intervals, more than a picture can show and slow to read; its 720 hours are not."""
+
+
+def downsampled(conn: Connection, line: Timeline, max_points: int = MAX_POINTS) -> Timeline:
+    """``line`` with its rolled-up stretches as hours, or as days when even the hours are
+    too many; the same line when it is short enough or nothing is rolled up."""
+    if len(line) <= max_points:
+        return line
+    lo = int(line.start_s[0])
+    hi = int(line.start_s[-1]) + 1
+    for period in (HOUR_S, DAY_S):
+        cover = coverage(conn, lo, hi, (period,))
+        if cover.rolled_seconds // period <= max_points:
+            break
+    if not cover.rolled:
+        return line
+    p = _periods.c
+    rolled = _tuples(
+        conn,
+        select(p.start_s, p.start_s, p.period_s, p.period_s)
+        .where(cover.rolled_where(_periods), p.with_rows > 0)
+        .order_by(p.start_s),
+    )
+    raw_ends = np.zeros(len(line), dtype=bool)
+    for a, b in cover.raw:
+        raw_ends |= (line.start_s >= a) & (line.start_s < b)
+    raw = [
+        (int(i), int(s), int(n), 0)
+        for i, s, n in zip(
+            line.interval_id[raw_ends], line.start_s[raw_ends], line.length_s[raw_ends], strict=True
+        )
+    ]
+    points = np.array(sorted(raw + rolled, key=lambda r: r[1]), dtype=np.int64).reshape(-1, 4)
+    return Timeline(
+        points[:, 0].copy(),
+        points[:, 1].copy(),
+        points[:, 2].copy(),
+        line.from_s,
+        line.to_s,
+        points[:, 3].copy(),
+    )
+
+
 def timeline(conn: Connection, from_s: float | None = None, to_s: float | None = None) -> Timeline:
     """The accounted intervals with ledger rows that start in ``[from_s, to_s)``."""
     query = (
@@ -222,6 +287,18 @@ def top_customers(conn: Connection, line: Timeline, n: int) -> list[str]:
     if n < 1 or not len(line):
         return []
     last = int(line.interval_id[-1])
+    if line.rolled()[-1]:
+        c = _customer_rollups.c
+        period = int(line.length_s[-1])
+        return list(
+            conn.execute(
+                select(_customers.c.name)
+                .join(_customer_rollups, c.customer_id == _customers.c.id)
+                .where(c.period_s == period, c.start_s == last)
+                .order_by(c.balance_end.desc(), _customers.c.name)
+                .limit(n)
+            ).scalars()
+        )
     return list(
         conn.execute(
             select(_customers.c.name)
@@ -251,10 +328,45 @@ def _interval_ids(line: Timeline) -> Select[Any]:
         _intervals.c.state == IntervalState.accounted, _intervals.c.ledger_rows > 0
     )
     if line.from_s is not None:
-        query = query.where(_intervals.c.start_s >= line.from_s)
+        query = query.where(_intervals.c.id >= line.from_s)
     if line.to_s is not None:
-        query = query.where(_intervals.c.start_s < line.to_s)
+        query = query.where(_intervals.c.id < line.to_s)
+    if line.resolution_s:
+        query = query.where(_interval_stretches(line, _intervals.c.id))
     return query
+
+
+def _runs(line: Timeline) -> list[tuple[int, int, int]]:
+    """(period_s, first start, end) of each run of consecutive rolled-up points of ``line``."""
+    runs: list[tuple[int, int, int]] = []
+    rolled = line.rolled()
+    for s, n in zip(line.start_s[rolled], line.length_s[rolled], strict=True):
+        if runs and runs[-1][0] == n and runs[-1][2] == s:
+            runs[-1] = (int(n), runs[-1][1], int(s + n))
+        else:
+            runs.append((int(n), int(s), int(s + n)))
+    return runs
+
+
+def _interval_stretches(line: Timeline, column: Any) -> Any:
+    """``column`` (an interval id) outside the rolled-up runs of ``line``."""
+    runs = _runs(line)
+    if not runs:
+        return true()
+    return not_(or_(*(and_(column >= a, column < b) for _, a, b in runs)))
+
+
+def _rolled_range(line: Timeline, table: Any) -> Any:
+    """A rollup ``table``'s rows that are points of ``line``."""
+    runs = _runs(line)
+    if not runs:
+        return false()
+    return or_(
+        *(
+            and_(table.c.period_s == p, table.c.start_s >= a, table.c.start_s < b)
+            for p, a, b in runs
+        )
+    )
 
 
 def balances(conn: Connection, ids: dict[str, int], line: Timeline) -> BalanceSeries:
@@ -276,6 +388,15 @@ def balances(conn: Connection, ids: dict[str, int], line: Timeline) -> BalanceSe
             _ledger.c.customer_id.in_(list(ids.values())),
         )
         rows = _tuples(conn, query)
+        if line.resolution_s:
+            c = _customer_rollups.c
+            rows += _tuples(
+                conn,
+                select(c.customer_id, c.start_s, c.balance_end, c.gm_sum, c.priority_end).where(
+                    _rolled_range(line, _customer_rollups),
+                    c.customer_id.in_(list(ids.values())),
+                ),
+            )
         if rows:
             data = np.array(rows, dtype=np.float64)
             row_of = {cid: i for i, cid in enumerate(ids.values())}
@@ -355,6 +476,15 @@ def resource_terms(conn: Connection, ids: dict[str, int], line: Timeline) -> Res
             _resource_ledger.c.customer_id.in_(list(ids.values())),
         )
         rows = _tuples(conn, query)
+        if line.resolution_s:
+            t = _resource_rollups.c
+            rows += _tuples(
+                conn,
+                select(t.customer_id, t.start_s, t.resource, t.term_sum).where(
+                    _rolled_range(line, _resource_rollups),
+                    t.customer_id.in_(list(ids.values())),
+                ),
+            )
     customer, interval, resource, term = zip(*rows, strict=True) if rows else ((), (), (), ())
     found = set(resource)
     resources = tuple(r for r in RESOURCE_ORDER if r in found) + tuple(
@@ -388,7 +518,7 @@ def collect(
     customer without rows in the range is kept: its standing there was negligible, and shows
     as zeros.
     """
-    line = timeline(conn, from_s, to_s)
+    line = downsampled(conn, timeline(conn, from_s, to_s))
     ids = customer_ids(conn, customers) if customers else {}
     if not len(line):
         raise EmptyRange(f"no accounted interval with ledger rows from {line.describe()}")
