@@ -16,6 +16,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
+from gmd.admin.explain import explain, render_text
 from gmd.common.config import ConfigError
 from gmd.daemon.config import Config, RetentionConfig
 from gmd.daemon.ledger import partitions
@@ -193,3 +194,30 @@ def test_retention_that_would_lose_what_is_still_needed_is_refused(
 ) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         make_config("sqlite://", retention=section)
+
+
+def test_explain_says_what_is_left_of_an_interval_past_retention(
+    ledger: tuple[Config, list[int], int],
+) -> None:
+    config, starts, current = ledger
+    engine = sa.create_engine(config.database_url)
+    with engine.connect() as conn:
+        whole = explain(conn, config, "a", at_s=starts[0])
+    assert whole.hosts and not any("retention" in n for n in whole.notes)
+    purge(engine, RetentionConfig(raw_days=31, ledger_days=0), now_s=current + 40 * DAY)
+    with engine.connect() as conn:
+        raw_gone = explain(conn, config, "a", at_s=starts[0])
+    assert raw_gone.hosts == []
+    assert raw_gone.ledger_greediness == whole.ledger_greediness  # the ledger's, as stored
+    assert raw_gone.balance == whole.balance
+    assert any("past raw retention ([retention] raw_days = 31)" in n for n in raw_gone.notes)
+    purge(engine, RetentionConfig(raw_days=0, ledger_days=1), now_s=current + 40 * DAY)
+    with engine.connect() as conn:
+        rows_gone = explain(conn, config, "a", at_s=starts[0])
+        text = render_text(rows_gone, "equal")
+    assert rows_gone.balance == 0.0
+    said = " ".join(rows_gone.notes)
+    assert "past ledger retention" in said and "hour's rollup" in said
+    assert f"{whole.ledger_greediness:.6g}" in said  # one interval in that hour: its GM sum
+    assert "past ledger retention" in text
+    engine.dispose()

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection, and_, func, or_, select
 
 from gmd.admin.actions import actions as list_actions
 from gmd.common.timespec import iso
@@ -38,12 +38,14 @@ from gmd.daemon.ledger.models import (
     BatchState,
     IntervalState,
 )
+from gmd.daemon.ledger.rollups import DAY_S, HOUR_S
 from gmd.daemon.ledger.store import CAPACITY_COLUMNS
 from gmd.daemon.ledger.tables import (
     actions as _actions,
     balance_resets as _resets,
     batches as _batches,
     customer_ledger as _ledger,
+    customer_rollups as _customer_rollups,
     customers as _customers,
     host_intervals as _host_intervals,
     hosts as _hosts,
@@ -254,6 +256,60 @@ def _pick_interval(
         where = "in that range" if from_s is not None or to_s is not None else "in the ledger"
         raise NothingToExplain(f"the customer ran no VM in an accounted interval {where}")
     return int(row.id), int(row.start_s), int(row.length_s)
+
+
+# --- what retention has left --------------------------------------------------------------------
+
+
+def _raw_kept(conn: Connection, interval_id: int) -> bool:
+    """Whether the interval's raw data is still there: its host capacities are, for every
+    interval with samples, until retention drops its day."""
+    found = conn.execute(
+        select(_host_intervals.c.host_id).where(_host_intervals.c.interval_id == interval_id)
+    ).first()
+    return found is not None
+
+
+def _past_retention(
+    conn: Connection, config: Config, interval_id: int, customer_id: int, no_ledger_row: bool
+) -> list[str]:
+    """What explain can still say of an interval whose samples retention dropped."""
+    kept = config.retention
+    notes = [
+        f"This interval's samples are past raw retention ([retention] raw_days ="
+        f" {kept.raw_days:g}): its VMs and hosts cannot be shown or recomputed; the greediness,"
+        " balance and level below are the ledger's."
+    ]
+    if not no_ledger_row:
+        return notes
+    hour = interval_id - interval_id % HOUR_S
+    c = _customer_rollups.c
+    rolled = conn.execute(
+        select(c.period_s, c.gm_sum, c.balance_end, c.intervals)
+        .where(
+            c.customer_id == customer_id,
+            or_(
+                and_(c.period_s == HOUR_S, c.start_s == hour),
+                and_(c.period_s == DAY_S, c.start_s == interval_id - interval_id % DAY_S),
+            ),
+        )
+        .order_by(c.period_s)
+    ).first()
+    if rolled is None:
+        notes.append(
+            f"Its ledger rows are past ledger retention ([retention] ledger_days ="
+            f" {kept.ledger_days:g}) and no rollup holds the customer there: nothing is left"
+            " to show but the level in force."
+        )
+    else:
+        period = "hour" if rolled.period_s == HOUR_S else "UTC day"
+        notes.append(
+            f"Its ledger rows are past ledger retention ([retention] ledger_days ="
+            f" {kept.ledger_days:g}); its {period}'s rollup holds the customer's GM sum over"
+            f" {rolled.intervals} interval(s), {rolled.gm_sum:.6g}, and its balance after the"
+            f" {period}, {rolled.balance_end:.6g}."
+        )
+    return notes
 
 
 # --- the interval again, VM by VM ----------------------------------------------------------------
@@ -474,13 +530,20 @@ def explain(
     ).one()
     interval_id, start_s, length_s = _pick_interval(conn, customer_id, at_s, from_s, to_s)
     acc = config.accounting
-    hosts, greediness, share, active = _recompute(conn, config, interval_id, length_s, customer_id)
     row = conn.execute(
         select(
             _ledger.c.greediness, _ledger.c.balance, _ledger.c.priority, _ledger.c.utility
         ).where(_ledger.c.interval_id == interval_id, _ledger.c.customer_id == customer_id)
     ).first()
     stored = (0.0, 0.0, 0.0, 0.0) if row is None else tuple(float(v) for v in row)
+    notes: list[str] = []
+    if _raw_kept(conn, interval_id):
+        hosts, greediness, share, active = _recompute(
+            conn, config, interval_id, length_s, customer_id
+        )
+    else:
+        hosts, greediness, share, active = [], stored[0], {}, 0
+        notes.extend(_past_retention(conn, config, interval_id, customer_id, row is None))
     previous, previous_start, reset = _previous(conn, customer_id, start_s)
     decay = decay_factor(
         0.0 if previous_start is None else float(start_s - previous_start), acc.half_life_s
@@ -489,7 +552,6 @@ def explain(
     score = stored[1] - policy.priority_weight * stored[2]
     in_force = _level_at(conn, customer_id, start_s)
     done = _enforced(conn, customer, in_force, start_s, max_actions)
-    notes: list[str] = []
     if abs(greediness - stored[0]) > AGREEMENT * max(1.0, abs(stored[0])):
         notes.append(
             f"Recomputed from the stored samples with the current configuration, this interval's"
