@@ -25,7 +25,17 @@ from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Connection, Engine, delete, func, insert, select, text, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    delete,
+    func,
+    insert,
+    literal_column,
+    select,
+    text,
+    update,
+)
 
 from gmd.daemon.config import AccountingConfig
 from gmd.daemon.ledger import rollups
@@ -167,7 +177,9 @@ def compute_rows(
         .order_by(_intervals.c.start_s.desc())
         .limit(1)
     ).first()
-    data = read_samples(conn, interval_id, batch_ids, (_vms.c.created_s,))
+    # Only ψ′ needs when each VM was created (a join to vms); the other utilities do not.
+    created = (_vms.c.created_s,) if config.utility == "psi_prime" else ()
+    data = read_samples(conn, interval_id, batch_ids, created)
     if not len(data):
         return LedgerRows([], [], [])
 
@@ -268,26 +280,69 @@ def read_samples(
 
     Each batch has rows of its own; a VM reported by two batches of its host (an agent that
     restarted mid-interval) is one row here, its use added up and its owner and flavor those
-    of the latest batch. Ordered by host and VM."""
-    query = (
-        select(
-            _samples.c.host_id,
-            _samples.c.vm_id,
-            _samples.c.customer_id,
-            *(_samples.c[c] for c in USE_COLUMNS),
-            *(_samples.c[c] for c in FLAVOR_COLUMNS),
-            *extra,
-        )
-        .join(_vms, _vms.c.id == _samples.c.vm_id)
-        .where(_samples.c.interval_id == interval_id, _samples.c.late.is_(False))
-        .order_by(_samples.c.host_id, _samples.c.vm_id, _samples.c.batch_id)
+    of the latest batch. Ordered by host and VM (sorted here: PostgreSQL's sort of 100,000
+    rows spills to disk at the default work_mem).
+
+    On PostgreSQL the rows come as one bytea of float8s parsed by numpy (ids are exact in a
+    double below 2^53; NULL becomes NaN): building 100,000 Python rows and tuples cost three
+    times the query itself."""
+    columns = (
+        _samples.c.host_id,
+        _samples.c.vm_id,
+        _samples.c.customer_id,
+        *(_samples.c[c] for c in USE_COLUMNS),
+        *(_samples.c[c] for c in FLAVOR_COLUMNS),
+        *extra,
+        _samples.c.batch_id,
     )
+    query = select(*columns).where(
+        _samples.c.interval_id == interval_id, _samples.c.late.is_(False)
+    )
+    if any(c.table is _vms for c in extra):
+        query = query.join(_vms, _vms.c.id == _samples.c.vm_id)
     if batch_ids is not None:
         query = query.where(_samples.c.batch_id.in_(list(batch_ids)))
-    rows = conn.execute(query).all()
     width = SAMPLE_EXTRA + len(extra)
-    data = np.array([tuple(r) for r in rows], dtype=np.float64).reshape(len(rows), width)
-    return merge_vm_rows(data)
+    if conn.dialect.name == "postgresql":
+        data = _copy_floats(conn, query, width + 1)
+    else:
+        rows = conn.execute(query).all()
+        data = np.array(
+            [tuple(np.nan if v is None else v for v in r) for r in rows], dtype=np.float64
+        ).reshape(len(rows), width + 1)
+    order = np.lexsort((data[:, width], data[:, SAMPLE_VM], data[:, SAMPLE_HOST]))
+    return merge_vm_rows(data[order, :width])
+
+
+def _copy_floats(conn: Connection, query: Any, width: int) -> np.ndarray:
+    """``query``'s rows as a float64 array, sent by PostgreSQL as one bytea.
+
+    Each row becomes its columns as big-endian float8s (``float8send``, NULL as NaN), and
+    ``string_agg`` joins the rows: one value crosses the wire and numpy reads it in place.
+    A binary COPY costs as much as rows do here, since psycopg hands it over row by row."""
+    inner = query.subquery("sampled")
+    packed = func.string_agg(
+        literal_column(
+            " || ".join(
+                f"float8send(coalesce(CAST({inner.name}.{c.name} AS float8), 'NaN'))"
+                for c in inner.c
+            )
+        ),
+        literal_column("''::bytea"),
+    )
+    compiled = (
+        select(packed)
+        .select_from(inner)
+        .compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True})
+    )
+    sql = str(compiled)
+    raw = conn.connection.driver_connection
+    assert raw is not None, "a connection in use has a driver connection"
+    with raw.cursor(binary=True) as cursor:
+        cursor.execute(sql)
+        row = cursor.fetchone()
+    buffer = b"" if row is None or row[0] is None else row[0]
+    return np.frombuffer(buffer, dtype=">f8").reshape(-1, width).astype(np.float64)
 
 
 def merge_vm_rows(data: np.ndarray) -> np.ndarray:
@@ -349,12 +404,13 @@ def _rows(
     reset: set[int],
 ) -> LedgerRows:
     """The ledger rows of one interval; customers in ``reset`` start from a zero balance.
-    ``data`` is :func:`read_samples`' array with ``vms.created_s`` as its one extra column."""
+    ``data`` is :func:`read_samples`' array, with ``vms.created_s`` as its one extra column
+    when the utility is ψ′ (which alone needs it)."""
     host_ids = data[:, SAMPLE_HOST].astype(np.int64)
     customer_ids = data[:, SAMPLE_CUSTOMER].astype(np.int64)
     raw_use = data[:, SAMPLE_USE]
     flavor = data[:, SAMPLE_FLAVOR]
-    created = data[:, SAMPLE_EXTRA]
+    created = data[:, SAMPLE_EXTRA] if data.shape[1] > SAMPLE_EXTRA else np.full(len(data), np.nan)
 
     host_table = np.array([tuple(h) for h in hosts], dtype=np.float64)
     host_index = {int(h): i for i, h in enumerate(host_table[:, 0])}
@@ -572,7 +628,7 @@ def write_rows(conn: Connection, interval_id: int, rows: LedgerRows) -> None:
         (_organization_ledger, rows.organizations),
     ):
         if values:
-            conn.execute(insert(table), values)
+            _insert_rows(conn, table, values)
     conn.execute(
         update(_intervals)
         .where(_intervals.c.id == interval_id)
@@ -582,6 +638,21 @@ def write_rows(conn: Connection, interval_id: int, rows: LedgerRows) -> None:
             ledger_rows=len(rows.customers),
         )
     )
+
+
+def _insert_rows(conn: Connection, table: Any, rows: list[dict[str, Any]]) -> None:
+    """Insert ``rows`` (dicts with the same keys): by COPY on PostgreSQL, where an INSERT per
+    row cost 0.1 s of an interval's 0.35 s at 2,000 customers."""
+    if conn.dialect.name != "postgresql":
+        conn.execute(insert(table), rows)
+        return
+    columns = list(rows[0])
+    raw = conn.connection.driver_connection
+    assert raw is not None, "a connection in use has a driver connection"
+    statement = f"COPY {table.name} ({', '.join(columns)}) FROM STDIN"
+    with raw.cursor() as cursor, cursor.copy(statement) as copy:
+        for row in rows:
+            copy.write_row([row[c] for c in columns])
 
 
 @dataclass(frozen=True)
