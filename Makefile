@@ -15,13 +15,17 @@ lint: setup
 	$(BIN)/mypy gmd
 
 # The tests use a real PostgreSQL (tests/postgres.sh starts a private cluster and prints its
-# URL), a real libvirtd with QEMU (tests/libvirt.sh installs and starts them) and real
-# Keystone, Nova and Placement from PyPI (tests/openstack.sh; its venv and seed under var/).
+# URL) and a streaming replica of it (tests/postgres.sh replica; a replica that does not start
+# fails the tests that need it, which start it again themselves and say why), a real libvirtd
+# with QEMU (tests/libvirt.sh installs and starts them) and real Keystone, Nova and Placement
+# from PyPI (tests/openstack.sh; its venv and seed under var/).
 test: lint
 	@GMD_WITH_POSTGRES=1 bash tests/bootstrap.sh
 	@bash tests/libvirt.sh >/dev/null
 	@cloud=$$(bash tests/openstack.sh) || cloud=; url=$$(bash tests/postgres.sh) && \
-		GMD_TEST_OPENSTACK=$$cloud GMD_TEST_POSTGRES_URL=$$url $(BIN)/pytest; \
+		{ replica=$$(bash tests/postgres.sh replica) || replica=; } && \
+		GMD_TEST_OPENSTACK=$$cloud GMD_TEST_POSTGRES_URL=$$url \
+		GMD_TEST_POSTGRES_REPLICA_URL=$$replica $(BIN)/pytest; \
 		status=$$?; bash tests/openstack.sh stop; exit $$status
 
 # The quick loop while editing (about a minute on 2 cores): no PostgreSQL, no real VMs, none of
@@ -41,6 +45,7 @@ bench: setup
 	$(BIN)/python bench/accounting.py --vms 100000 --hosts 5000
 	$(BIN)/python bench/ledger_accounting.py --database postgresql
 	$(BIN)/python bench/ledger_accounting.py --database sqlite
+	$(BIN)/python bench/ledger_growth.py
 	$(BIN)/python bench/ingest.py --batches 300
 	$(BIN)/python bench/simulate.py
 	$(BIN)/python bench/agent.py

@@ -78,6 +78,13 @@ token_sha256 = "%s"
             "accounting.weights: are all zero",
         ),
         ("[database]\nurl = 'mysql://x'\n", "database.url: 'mysql://x'"),
+        ("[database]\nread_url = 'mysql://x'\n", "database.read_url: 'mysql://x': use sqlite"),
+        ("[database]\nread_url = 5\n", "database.read_url: expected str, got 5"),
+        (
+            "[database]\nurl = 'postgresql+psycopg://gmd@db/gmd'\nread_url = 'sqlite:///r.db'\n",
+            "database.read_url: 'sqlite:///r.db' is not the same kind of database as url",
+        ),
+        ("[database]\nreplica_url = 'sqlite://'\n", "database.replica_url: unknown key"),
         ("[hosts.cmp1]\ntoken_sha256 = 'secret'\n", "hosts.cmp1.token_sha256: must be 64"),
         ("[accounting\n", "not valid TOML"),
         ("[daemon]\nauth = 'maybe'\n", "daemon.auth: 'maybe' is not one of token, none"),
@@ -98,6 +105,21 @@ def test_errors_name_file_and_key(tmp_path: Path, text: str, message: str) -> No
     with pytest.raises(ConfigError, match=message) as err:
         load(path)
     assert str(path) in str(err.value)
+
+
+def test_read_url_names_a_replica_and_defaults_to_none(tmp_path: Path) -> None:
+    """Reads go to url unless read_url names a replica: an empty read_url is no replica."""
+    assert parse({}).read_url is None
+    assert parse({"database": {"read_url": ""}}).read_url is None
+    cfg = load(
+        write(
+            tmp_path,
+            "[database]\nurl = 'postgresql+psycopg://gmd@db1/gmd'\n"
+            "read_url = 'postgresql+psycopg://gmd@db2/gmd'\n",
+        )
+    )
+    assert cfg.database_url == "postgresql+psycopg://gmd@db1/gmd"
+    assert cfg.read_url == "postgresql+psycopg://gmd@db2/gmd"
 
 
 def test_tls_needs_certificate_and_key(tmp_path: Path) -> None:
@@ -121,6 +143,7 @@ def test_the_example_file_loads_with_the_defaults() -> None:
     assert cfg.daemon == parse({}).daemon
     assert cfg.enforcement == parse({}).enforcement
     assert cfg.default_owner == "operator" and cfg.hosts == {}
+    assert cfg.read_url is None
 
 
 def test_the_example_file_serves_the_agent_too() -> None:

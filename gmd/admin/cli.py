@@ -8,11 +8,13 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -44,7 +46,13 @@ app = typer.Typer(
     name="gmd-admin",
     help="Operate gmd: standings, reports, explanations and plots of the ledger, the"
     " enforcement log, balance resets, the ledger database, the Greediness Metric calculator,"
-    " the fairness simulator, and an end-to-end demo.",
+    " the fairness simulator, and an end-to-end demo.\n\n"
+    "The commands that only read (standings, report, explain, plot, actions, enforce --plan,"
+    " batches, db usage, db current) do so in read-only transactions and, with [database]"
+    " read_url set, from that streaming replica, so that heavy reports do not load the"
+    " primary: what they show may then trail the primary by the replication lag (--primary"
+    " reads the primary). Commands that write (db upgrade, reset, batches release and drop)"
+    " always use url.",
     no_args_is_help=True,
     add_completion=False,
     rich_markup_mode=None,
@@ -60,6 +68,14 @@ class Format(StrEnum):
     json = "json"
 
 
+@dataclass(frozen=True)
+class _Options:
+    """The global options, kept on the root context for every command to find."""
+
+    config: Path | None
+    primary: bool
+
+
 @app.callback()
 def _root(
     ctx: typer.Context,
@@ -72,14 +88,28 @@ def _root(
             metavar="FILE",
         ),
     ] = None,
+    primary: Annotated[
+        bool,
+        typer.Option(
+            "--primary",
+            help="Read from the primary ([database] url) even when read_url names a replica:"
+            " for figures that must include the last seconds, or when the replica is down.",
+        ),
+    ] = False,
 ) -> None:
     """Operate gmd."""
-    ctx.obj = config
+    ctx.obj = _Options(config, primary)
+
+
+def _options(ctx: typer.Context) -> _Options:
+    options = ctx.obj
+    assert isinstance(options, _Options), "the root callback sets ctx.obj"
+    return options
 
 
 def _load_config(ctx: typer.Context) -> Config:
     try:
-        return load_config(ctx.obj)
+        return load_config(_options(ctx).config)
     except ConfigError as exc:
         raise _fail(str(exc)) from None
 
@@ -97,29 +127,64 @@ def _shown(url: str) -> str:
     return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", url)
 
 
-def _engine(ctx: typer.Context) -> Engine:
-    url = _load_config(ctx).database_url
+def _engine(ctx: typer.Context, *, replica: bool = False) -> Engine:
+    """The ledger's engine: the primary's ([database] url), or with ``replica`` the read
+    replica's (read_url); a bad URL names the key it came from."""
+    config = _load_config(ctx)
+    key, url = ("read_url", config.read_url) if replica else ("url", config.database_url)
+    assert url is not None, "replica only when read_url is set"
     try:
         return migrate.engine_for(url)
     except (SQLAlchemyError, OSError) as exc:
-        raise _fail(f"database url {_shown(url)!r}: {exc}") from None
+        raise _fail(f"database {key} {_shown(url)!r}: {exc}") from None
 
 
-def _db_error(engine: Engine, exc: Exception) -> typer.Exit:
-    return _fail(f"database {_shown(str(engine.url))}: {exc}", EXIT_UNAVAILABLE)
+def _read_only(engine: Engine) -> Engine:
+    """The engine with every transaction read-only, so that a read command that writes by
+    mistake fails at once, on the primary too, instead of writing there or failing only
+    where a replica is set.
+
+    PostgreSQL begins READ ONLY transactions (a hot standby refuses writes anyway); SQLite
+    gets ``PRAGMA query_only``, after engine_for's own pragmas, which must still write.
+    """
+    if engine.dialect.name == "postgresql":
+        return engine.execution_options(postgresql_readonly=True)
+    if engine.dialect.name == "sqlite":
+
+        @event.listens_for(engine, "connect")
+        def _query_only(dbapi_conn: Any, _record: Any) -> None:
+            dbapi_conn.execute("PRAGMA query_only = ON")
+
+    return engine
+
+
+def _db_error(engine: Engine, exc: Exception, hint: str = "") -> typer.Exit:
+    return _fail(f"database {_shown(str(engine.url))}: {exc}{hint}", EXIT_UNAVAILABLE)
 
 
 @contextmanager
-def _database(ctx: typer.Context) -> Iterator[Engine]:
+def _database(ctx: typer.Context, *, replica: bool = False) -> Iterator[Engine]:
     """The ledger for one command: a database that cannot be reached or read ends the command
     with exit 1 and its URL (password masked), and the engine is disposed whatever happens."""
-    engine = _engine(ctx)
+    engine = _engine(ctx, replica=replica)
+    # The replica is a second thing that can be down: say how to go on without it.
+    hint = " (the read replica, [database] read_url; --primary reads url)" if replica else ""
     try:
         yield engine
     except (SQLAlchemyError, OSError) as exc:
-        raise _db_error(engine, exc) from None
+        raise _db_error(engine, exc, hint) from None
     finally:
         engine.dispose()
+
+
+@contextmanager
+def _reading(ctx: typer.Context) -> Iterator[Engine]:
+    """The ledger for a command that only reads: the replica in [database] read_url when one
+    is set and --primary is not given, else the primary; read-only transactions either way.
+    Commands that write use :func:`_database`, which is always the primary."""
+    replica = _load_config(ctx).read_url is not None and not _options(ctx).primary
+    with _database(ctx, replica=replica) as engine:
+        yield _read_only(engine)
 
 
 @db_app.command("upgrade")
@@ -142,7 +207,7 @@ def db_upgrade(
 @db_app.command("current")
 def db_current(ctx: typer.Context) -> None:
     """Show the ledger's schema revision; exit 0 when it is the newest, 1 when not."""
-    with _database(ctx) as engine:
+    with _reading(ctx) as engine:
         rev = migrate.current(engine)
         head = migrate.head()
     if rev == head:
@@ -170,7 +235,7 @@ def db_usage(
     from gmd.admin.db_usage import COLUMNS as USAGE_COLUMNS, usage as ledger_usage
 
     config = _load_config(ctx)
-    with _database(ctx) as engine, engine.connect() as conn:
+    with _reading(ctx) as engine, engine.connect() as conn:
         result = ledger_usage(conn, config.retention, exact=exact)
     if fmt is Format.json:
         sys.stdout.write(json_text(result.document()))
@@ -326,7 +391,7 @@ def standings_command(
     Exit codes: 0 shown, 1 database unavailable, 2 bad configuration or option, 3 the
     customer asked for has no standing.
     """
-    with _database(ctx) as engine, engine.connect() as conn:
+    with _reading(ctx) as engine, engine.connect() as conn:
         result = standings(
             conn, sort=sort.value, reverse=reverse, everyone=everyone, customer=customer
         )
@@ -361,7 +426,7 @@ def actions_command(
     """The enforcement log: every level change, plan, host report and quota change gmd made
     or, in dry-run, would have made — with the balance and thresholds that caused it."""
     from_s, to_s = _times(from_, to)
-    with _database(ctx) as engine, engine.connect() as conn:
+    with _reading(ctx) as engine, engine.connect() as conn:
         rows = list_actions(conn, from_s=from_s, to_s=to_s, customer=customer, limit=limit)
     if fmt is Format.json:
         sys.stdout.write(json_text({"actions": rows}))
@@ -395,7 +460,7 @@ def enforce_command(
     if not plan:
         raise _fail("say what to show: --plan")
     config = _load_config(ctx)
-    with _database(ctx) as engine, engine.connect() as conn:
+    with _reading(ctx) as engine, engine.connect() as conn:
         level_rows = enforcement_levels(conn, config.enforcement)
         plan_rows = enforcement_plans(conn, config.enforcement, host)
     mode = config.enforcement.mode
@@ -507,7 +572,7 @@ def report_command(
 
         bar = Progress(console=Console(stderr=True), transient=True)
     try:
-        with _database(ctx) as engine, engine.connect() as conn, bar or nullcontext():
+        with _reading(ctx) as engine, engine.connect() as conn, bar or nullcontext():
             task = None if bar is None else bar.add_task("report", total=None)
 
             def progress(done: int, total: int, what: str) -> None:
@@ -633,7 +698,7 @@ def batches_command(
 
     states = tuple(state or ()) + ((BatchState.quarantined,) if quarantined else ())
     from_s, to_s = _times(from_, to)
-    with _database(ctx) as engine, engine.connect() as conn:
+    with _reading(ctx) as engine, engine.connect() as conn:
         rows = batch_rows(
             conn, states=states or None, host=host, from_s=from_s, to_s=to_s, limit=limit
         )
@@ -741,7 +806,7 @@ def explain_command(
     at_s, from_s, to_s = _times(at, from_, to)
     config = _load_config(ctx)
     try:
-        with _database(ctx) as engine, engine.connect() as conn:
+        with _reading(ctx) as engine, engine.connect() as conn:
             result = explain(conn, config, customer, at_s=at_s, from_s=from_s, to_s=to_s)
     except UnknownCustomer as exc:
         typer.echo(f"gmd-admin: {exc}", err=True)
@@ -907,7 +972,7 @@ def plot_command(
         )
     config = _load_config(ctx)
     try:
-        with _database(ctx) as engine, engine.connect() as conn:
+        with _reading(ctx) as engine, engine.connect() as conn:
             data = collect(
                 conn,
                 customers=customer or (),

@@ -159,6 +159,9 @@ class Config:
     organization_customers: dict[str, str] = field(default_factory=dict)
     enforcement: EnforcementConfig = field(default_factory=EnforcementConfig)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
+    # A streaming replica of database_url for gmd-admin's reads, so that heavy reports do not
+    # load the primary that ingests and accounts; None reads from database_url.
+    read_url: str | None = None
 
     def owner_of(self, host: str) -> str:
         """The organization that contributed ``host``: configured, else the default owner."""
@@ -171,9 +174,15 @@ def parse(document: dict[str, Any], source: str = "<config>", path: Path | None 
     root = Reader(source, "", document)
 
     db = root.sub("database")
-    url = db.get("url", str, None) or default_database_url()
-    if not url.startswith(("sqlite:", "postgresql")):
-        raise db.fail("url", f"{url!r}: use sqlite:///PATH or postgresql+psycopg://...")
+    url = _database_url(db, "url") or default_database_url()
+    read_url = _database_url(db, "read_url")
+    # A replica is a copy of the ledger: a SQLite file cannot stream from PostgreSQL, nor the
+    # reverse, so a mixed pair is a mistake in the file, not a set-up to run with.
+    if read_url is not None and read_url.startswith("sqlite:") != url.startswith("sqlite:"):
+        raise db.fail(
+            "read_url",
+            f"{read_url!r} is not the same kind of database as url {url.split(':')[0]!r}",
+        )
     db.done()
 
     acc = root.sub("accounting")
@@ -234,8 +243,29 @@ def parse(document: dict[str, Any], source: str = "<config>", path: Path | None 
     root.get("agent", dict, {})
     root.done()
     return Config(
-        path, url, accounting, daemon, default_owner, hosts, org_customers, enforcement, retention
+        path,
+        url,
+        accounting,
+        daemon,
+        default_owner,
+        hosts,
+        org_customers,
+        enforcement,
+        retention,
+        read_url=read_url,
     )
+
+
+def _database_url(db: Reader, key: str) -> str | None:
+    """``[database] key``, None when absent or empty; the read replica's URL is checked as the
+    primary's is, so that a typo in either is caught when the file is read, not at the first
+    report."""
+    url = db.get(key, str, None)
+    if not url:
+        return None
+    if not url.startswith(("sqlite:", "postgresql")):
+        raise db.fail(key, f"{url!r}: use sqlite:///PATH or postgresql+psycopg://...")
+    return url
 
 
 def _numbers(r: Reader, key: str, default: tuple[float, ...]) -> tuple[float, ...]:
