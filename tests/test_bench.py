@@ -95,3 +95,65 @@ def test_replay_bench_counts_ticks_and_samples() -> None:
     figures = run_bench("replay.py", "--vms", "1-3", "--days", "0.25", "--tick", "300")
     assert figures["vms"] == 3 and figures["ticks"] == 73  # 0.25 days of 300 s ticks, + the end
     assert figures["samples"] > 0 and figures["agent_samples_per_s"] > 0
+
+
+LEDGER_GROWTH_TINY = (
+    "--vms",
+    "20",
+    "--days",
+    "2",
+    "--interval",
+    "3600",
+    "--hosts",
+    "4",
+    "--customers",
+    "6",
+    "--runs",
+    "1",
+)
+
+
+def check_ledger_growth(figures: dict, database: str) -> None:
+    assert figures["benchmark"] == "ledger_growth" and figures["database"] == database
+    assert figures["vms"] == 20 and figures["days"] == 2 and figures["interval_s"] == 3600
+    assert figures["intervals_accounted"] == 48  # two days of hourly intervals, every one
+    assert set(figures["checkpoints"]) == {"1", "2"}
+    for day in ("1", "2"):
+        checkpoint = figures["checkpoints"][day]
+        assert checkpoint["database_bytes"] > 0
+        assert checkpoint["tables"]["customer_ledger"]["rows"] > 0
+        assert checkpoint["tables"]["samples"]["rows"] == 20 * 24 * int(day)
+        assert set(checkpoint["latency_s"]) == {
+            "report_customer_1d",
+            "report_host_30d",
+            "report_day_30d",
+            "report_customer_30d",
+            "series_collect_30d",
+            "plot_draw_save",
+            "plot_total_30d",
+            "explain_latest",
+        }
+    assert set(figures["targets"]) == {
+        "report_customer_1d_ratio",
+        "report_host_30d_s",
+        "report_day_30d_s",
+        "plot_total_30d_s",
+    }
+
+
+def test_ledger_growth_bench_accounts_and_times_the_reports_on_sqlite() -> None:
+    figures = run_bench("ledger_growth.py", "--database", "sqlite", *LEDGER_GROWTH_TINY)
+    check_ledger_growth(figures, "sqlite")
+
+
+def test_ledger_growth_bench_on_postgresql(postgres_server_url: str) -> None:
+    figures = run_bench(
+        "ledger_growth.py",
+        "--database",
+        "postgresql",
+        "--url",
+        postgres_server_url,
+        *LEDGER_GROWTH_TINY,
+    )
+    check_ledger_growth(figures, "postgresql")
+    assert figures["checkpoints"]["2"]["partitions"] > 0
