@@ -26,6 +26,14 @@ def test_defaults() -> None:
     assert (c.enforce_backend, c.plan_every_s) == ("libvirt", 30.0)
     assert c.enforcement_state_path == c.spool_path.parent / "agent-enforcement.json"
     assert (c.cgroup_root, c.cgroup_template) == (Path("/sys/fs/cgroup"), None)
+    assert c.post_jitter_s == 20.0
+
+
+def test_posts_spread_over_a_third_of_a_short_interval_or_as_configured() -> None:
+    assert parse_agent({"agent": {"interval_s": 6, "tick_s": 1}}).post_jitter_s == 2.0
+    assert parse_agent({"agent": {"interval_s": 900}}).post_jitter_s == 20.0
+    assert parse_agent({"agent": {"post_jitter_s": 0}}).post_jitter_s == 0.0
+    assert parse_agent({"agent": {"post_jitter_s": 59.5}}).post_jitter_s == 59.5
 
 
 def test_enforcement_keys(tmp_path: Path) -> None:
@@ -64,6 +72,9 @@ def test_other_sections_are_left_to_the_daemon() -> None:
             "agent.enforce_backend: 'tc' is not one of libvirt, cgroup, none",
         ),
         ({"plan_every_s": -1}, "agent.plan_every_s: -1.0 is not in [0, 86400]"),
+        ({"post_jitter_s": 60}, "agent.post_jitter_s: 60 is not shorter than interval_s = 60"),
+        ({"post_jitter_s": -1}, "agent.post_jitter_s: -1.0 is not in [0, 86400]"),
+        ({"post_jitter_s": "5"}, "agent.post_jitter_s: expected"),
         ({"cgroup_template": "../{name}"}, "agent.cgroup_template: cgroup path template"),
         ({"cgroup_template": "{nom}"}, "agent.cgroup_template: cgroup path template '{nom}'"),
         ({"enforcement_state_path": 5}, "agent.enforcement_state_path: expected str, got 5"),

@@ -1,5 +1,6 @@
 """Delivery against a real in-process daemon: spool, replay in order with original keys,
-exactly-once in the ledger across daemon outages, lost answers and agent restarts.
+exactly-once in the ledger across daemon outages, lost answers and agent restarts, and the
+posts spread over ``post_jitter_s`` after each interval's end.
 
 The host is a scripted collector on a scripted clock, so every interval's amounts are known
 exactly: a VM using ``cores`` for 60 s has ``cpu_s == 60 * cores`` in the ledger, no more
@@ -8,10 +9,14 @@ exactly: a VM using ``cores`` for 60 s has ``cpu_s == 60 * cores`` in the ledger
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
-from collections.abc import Iterator
+import random
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -39,11 +44,16 @@ class Flaky(httpx.BaseTransport):
         self.down = False
         self.lose_answers = False
         self.posts = 0
+        self.clock: Callable[[], float] | None = None
+        self.sent: list[tuple[float, int]] = []
+        """(the clock's time, the batch's interval) of every batch post that got through"""
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         if self.down:
             raise httpx.ConnectError("connection refused (test: daemon down)", request=request)
         self.posts += 1
+        if self.clock is not None and request.url.path == "/v1/samples":
+            self.sent.append((self.clock(), json.loads(request.content)["interval_start_s"]))
         response = self.real.handle_request(request)
         if self.lose_answers:
             response.read()
@@ -67,16 +77,37 @@ def agent_config(tmp_path: Path, url: str, **agent: Any) -> AgentConfig:
         "interval_s": INTERVAL_S,
         "spool_path": str(tmp_path / "spool.db"),
         "network_bytes_per_s": 1.25e9,
+        # Most tests follow a batch tick by tick; the spread of posts has tests of its own.
+        "post_jitter_s": 0,
         **agent,
     }
     return parse_agent({"agent": table}, "agent-test.toml")
 
 
+class Draws(random.Random):
+    """The agent's random numbers in [0, 1), as a test lists them."""
+
+    def __init__(self, *values: float) -> None:
+        super().__init__(0)
+        self.values = list(values)
+
+    def random(self) -> float:
+        return self.values.pop(0)
+
+
 class Host:
     """An agent on a scripted clock, wired as gmd-agent wires it."""
 
-    def __init__(self, tmp_path: Path, url: str, start_s: int, **agent: Any) -> None:
-        self.tmp_path, self.url = tmp_path, url
+    def __init__(
+        self,
+        tmp_path: Path,
+        url: str,
+        start_s: int,
+        *,
+        rng: random.Random | None = None,
+        **agent: Any,
+    ) -> None:
+        self.tmp_path, self.url, self.rng = tmp_path, url, rng
         self.now = float(start_s - TICK_S)
         self.vms = [
             ScriptedVm(as_uuid("vm-a"), "proj-a", cores=1.5, started_s=start_s - 500),
@@ -108,6 +139,7 @@ class Host:
             Sender(spool, client),
             AgentMetrics(),
             sys_class_net=self.tmp_path / "no-sys",
+            rng=self.rng,
         )
 
     def crash(self) -> None:
@@ -293,3 +325,103 @@ def test_a_full_spool_is_counted(daemon: Daemon, tmp_path: Path) -> None:
     h.ticks(1)
     samples, _ = ledger(daemon)
     assert sorted({s for s, _ in samples}) == [start + 120, start + 180]
+
+
+class FakeTime:
+    """The run loop's clock and stop event in one: waiting moves the host's scripted clock
+    on, and the run stops at ``until_s``."""
+
+    def __init__(self, host: Host, until_s: float) -> None:
+        self.host, self.until_s = host, until_s
+
+    def __call__(self) -> float:
+        return self.host.now
+
+    def is_set(self) -> bool:
+        return self.host.now >= self.until_s
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.host.now = min(self.host.now + max(0.0, timeout or 0.0), self.until_s)
+        return self.is_set()
+
+
+def test_posts_are_spread_after_the_interval_end_and_ticks_keep_their_cadence(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    start = aligned_past(20)
+    h = Host(tmp_path, daemon.url, start, rng=Draws(0.375, 0.8125, 0.0), post_jitter_s=20)
+    assert h.agent is not None
+    ticked: list[float] = []
+    collect = h.collector.collect
+
+    def reading() -> Any:
+        ticked.append(h.now)
+        return collect()
+
+    h.collector.collect = reading  # type: ignore[method-assign]
+    h.transport.clock = lambda: h.now
+    time_ = FakeTime(h, start + 3 * 60 + 5)
+    h.agent.run(cast(threading.Event, time_), clock=time_)
+
+    # A reading at once, then at every tick, whatever was posted between them.
+    assert ticked == [float(start + TICK_S * k) for k in range(19)]
+    # Each interval's batch goes 20 s × the draw after its end, not at the tick that made it.
+    assert h.transport.sent == [
+        (start + 60 + 7.5, start),
+        (start + 120 + 16.25, start + 60),
+        (start + 180 + 0.0, start + 120),
+    ]
+    assert_every_interval_exactly_once(daemon, h, [start, start + 60, start + 120])
+    assert h.metric("gmd_agent_batches_spooled_total") == 0
+
+
+def test_a_batch_waiting_for_its_time_is_not_counted_as_spooled_until_it_misses_it(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    start = aligned_past(10)
+    h = Host(tmp_path, daemon.url, start, rng=Draws(0.5), post_jitter_s=20)
+    h.ticks(6)  # interval 0 closes; its batch is spooled and waits until 10 s past its end
+    assert (h.transport.posts, h.metric("gmd_agent_spool_batches")) == (0, 1)
+    assert h.metric("gmd_agent_batches_spooled_total") == 0
+    h.transport.down = True
+    h.ticks(1)  # due now, but the daemon is unreachable: kept for the next tick
+    assert h.metric("gmd_agent_batches_spooled_total") == 1
+    h.transport.down = False
+    h.ticks(1)
+    assert h.metric("gmd_agent_batches_total", outcome="accepted") == 1
+    assert h.metric("gmd_agent_spool_batches") == 0
+    assert_every_interval_exactly_once(daemon, h, [start])
+
+
+def test_a_batch_due_behind_one_that_is_not_waits_for_it(tmp_path: Path) -> None:
+    posted: list[bytes] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        posted.append(request.content)
+        return httpx.Response(200, json={"status": "accepted"})
+
+    spool = Spool(tmp_path / "s.db", max_bytes=10**6, max_batches=10)
+    client = DaemonClient("http://daemon.invalid", "t", transport=httpx.MockTransport(handler))
+    sender = Sender(spool, client)
+    spool.commit(None, [("k1", 0, b"1"), ("k2", 60, b"2")])
+    sender.schedule("k1", 100.0)
+    sender.schedule("k2", 50.0)
+    assert sender.next_post_s() == 50.0
+    report = sender.drain(now_s=60.0)
+    assert (posted, report.waiting, report.missed) == ([], 2, 0)
+    assert sender.next_post_s() == 100.0  # the next time a drain can post anything
+    report = sender.drain(now_s=100.0)
+    assert (posted, report.accepted, report.waiting) == ([b"1", b"2"], 2, 0)
+    assert sender.next_post_s() is None
+    spool.close()
+
+
+def test_a_replayed_host_posts_each_batch_at_once(daemon: Daemon, tmp_path: Path) -> None:
+    start = aligned_past(10)
+    h = Host(tmp_path, daemon.url, start, rng=Draws(), post_jitter_s=20)
+    h.crash()
+    h.config = dataclasses.replace(h.config, collector="replay")
+    h.start()
+    h.ticks(6)  # no delay is drawn: the replay's last batch must go before it ends
+    assert h.metric("gmd_agent_batches_total", outcome="accepted") == 1
+    assert_every_interval_exactly_once(daemon, h, [start])

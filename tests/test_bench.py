@@ -157,3 +157,28 @@ def test_ledger_growth_bench_on_postgresql(postgres_server_url: str) -> None:
     )
     check_ledger_growth(figures, "postgresql")
     assert figures["checkpoints"]["2"]["partitions"] > 0
+
+
+def test_burst_bench_posts_every_host_at_once_and_copies_the_same_rows(
+    postgres_server_url: str,
+) -> None:
+    figures = run_bench(
+        "burst.py",
+        "--url",
+        postgres_server_url,
+        "--hosts",
+        "20",
+        "--vms",
+        "5",
+        "--customers",
+        "7",
+        "--concurrency",
+        "8",
+        "--interval-s",
+        "4",
+        "--grace-s",
+        "1",
+    )
+    assert (figures["batches"], figures["accepted"], figures["refused"]) == (20, 20, 0)
+    assert figures["copy_rows"] == 100  # the burst's samples, copied again
+    assert figures["drain_s"] > 0 and figures["latency_ms_p50"] <= figures["latency_ms_p99"]

@@ -39,6 +39,15 @@ key                           default                           meaning
 ``metrics_port``              ``8471``                          its port; ``0`` turns it off
 ``timeout_s``                 ``10``                            HTTP timeout per request to the
                                                                 daemon
+``post_jitter_s``             ``20``, or ``interval_s / 3``     a closed interval's batch is
+                              when that is shorter              spooled at once, but first
+                                                                posted a random time in [0, this)
+                                                                after the interval's end, so that
+                                                                hosts do not all post at once
+                                                                (< ``interval_s``; ``0``, and
+                                                                replays: at once). The daemon's
+                                                                ``accounting.grace_s`` must
+                                                                exceed it
 ``describe_every_s``          ``300``                           re-read each domain's XML (owner,
                                                                 flavor, devices) this often
 ``reconnect_max_s``           ``60``                            longest wait between libvirt
@@ -131,6 +140,8 @@ class AgentConfig:
     metrics_bind: str = "127.0.0.1"
     metrics_port: int = 8471
     timeout_s: float = 10.0
+    post_jitter_s: float = 20.0
+    """see :func:`default_post_jitter_s`; 0: every batch is posted as soon as it is made"""
     describe_every_s: float = 300.0
     reconnect_max_s: float = 60.0
     enforce_backend: str = "libvirt"
@@ -152,6 +163,18 @@ class AgentConfig:
     replay_offset_s: float = 0.0
     replay_host_cores: float | None = None
     replay_host_memory_bytes: float | None = None
+
+
+DEFAULT_POST_JITTER_S = 20.0
+"""The agents' default spread of posts after an interval's end: it turns the interval-end
+burst (every host at once) into ~1/20 of the hosts per second. The daemon's default
+``accounting.grace_s`` (45) is this plus the 25 s that a post may take to be stored."""
+
+
+def default_post_jitter_s(interval_s: float) -> float:
+    """``DEFAULT_POST_JITTER_S``, or a third of a shorter interval (tests, demos): the spread
+    then ends well before the next interval's batches are made."""
+    return min(DEFAULT_POST_JITTER_S, interval_s / 3)
 
 
 def _relative(path: Path | None, value: str) -> Path:
@@ -202,6 +225,11 @@ def parse_agent(
     tick = a.number("tick_s", 10.0, 0.05, 3600)
     if tick > interval:
         raise a.fail("tick_s", f"{tick:g} is longer than interval_s = {interval:g}")
+    jitter = a.number("post_jitter_s", default_post_jitter_s(interval), 0, 86400)
+    if jitter >= interval:
+        # Batches leave in order: one held for an interval or longer would still wait when
+        # the next is made, and the daemon would need a grace period longer than an interval.
+        raise a.fail("post_jitter_s", f"{jitter:g} is not shorter than interval_s = {interval:g}")
 
     spool = a.get("spool_path", str, None)
     network = a.get("network_bytes_per_s", (int, float), None)
@@ -231,6 +259,7 @@ def parse_agent(
         metrics_bind=a.get("metrics_bind", str, "127.0.0.1"),
         metrics_port=int(a.number("metrics_port", 8471, 0, 65535)),
         timeout_s=a.number("timeout_s", 10.0, 0.1, 600),
+        post_jitter_s=jitter,
         describe_every_s=a.number("describe_every_s", 300.0, 1, 86400),
         reconnect_max_s=a.number("reconnect_max_s", 60.0, 1, 3600),
         enforce_backend=a.choice("enforce_backend", "libvirt", ENFORCE_BACKENDS),

@@ -6,6 +6,12 @@ new state in the spool in one transaction (:mod:`gmd.agent.spool`), and only the
 the spool to the daemon (:mod:`gmd.agent.sender`): a crash anywhere loses nothing, and a
 batch keeps its key until the daemon has acknowledged it, so nothing counts twice.
 
+A new batch is first posted a random time in [0, ``post_jitter_s``) after its interval's end,
+not at the tick that made it: every host closes the interval at the same moment, and a daemon
+that takes them all at once may need longer than the grace period. Between ticks the loop
+sleeps until the next tick or the next batch due, whichever comes first, so sending never
+delays a reading by more than one post.
+
 After sending, at most once per ``plan_every_s``, the agent fetches the host's throttling plan
 and hands it to its applier (:mod:`gmd.agent.apply.base`), then reports what changed or failed
 (``POST /v1/plan/{host}/report``). A plan that cannot be fetched changes nothing: the VMs keep
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 import secrets
 import threading
 import time
@@ -42,7 +49,7 @@ from gmd.agent.collect.base import Collector, HostReading
 from gmd.agent.collect.capacity import SYS_CLASS_NET, Bandwidth, Capacity
 from gmd.agent.config import AgentConfig
 from gmd.agent.sender import Sender
-from gmd.agent.spool import Spool
+from gmd.agent.spool import Spool, Spooled
 from gmd.wire import HostPlan, PlanReport, VmApplyResult
 
 if TYPE_CHECKING:
@@ -85,7 +92,7 @@ class AgentMetrics:
         )
         self.spooled = Counter(
             "gmd_agent_batches_spooled",
-            "Batches the daemon could not take in the tick they were made (kept for replay).",
+            "Batches the daemon could not take when they were first due (kept for replay).",
             registry=r,
         )
         self.spool_batches = Gauge(
@@ -162,9 +169,11 @@ class Agent:
         key: Callable[[str, int], str] = new_key,
         applier: PlanApplier | None = None,
         plans: PlanClient | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         self.config, self.collector, self.spool, self.sender = config, collector, spool, sender
         self.applier, self.plans = applier, plans
+        self._rng = rng or random.Random()
         self._plan_due_s: float | None = None
         self._unreported: list[tuple[int, VmApplyResult]] = []
         self.metrics = metrics or AgentMetrics()
@@ -230,7 +239,7 @@ class Agent:
             reading = HostReading(now_s, False)
             m.ticks.labels("host_unreadable").inc()
             m.libvirt_errors.labels("host").inc()
-            return TickReport(reading, 0, 0, self._send())
+            return TickReport(reading, 0, 0, self._send(now_s))
         reading = self.collector.collect()
         result = advance(self.state, reading, self.config.interval_s)
         m.samples.inc(len(reading.vms))
@@ -257,11 +266,13 @@ class Agent:
             batches.append((key, closed.start_s, orjson.dumps(doc)))
         dropped = self.spool.commit(dump_state(result.state), batches)
         self.state = result.state
+        self._schedule(result.closed, [key for key, _start, _body in batches], dropped)
         m.batches.labels("made").inc(len(batches))
         m.batches.labels("dropped").inc(len(dropped))
         m.tick_seconds.observe(time.perf_counter() - started)
-        waiting = self._send()
-        m.spooled.inc(min(len(batches), waiting))
+        waiting = self._send(now_s)
+        if self.sender is None:
+            m.spooled.inc(min(len(batches), waiting))
         enforced = self._enforce(now_s) if reading.ok else ()
         return TickReport(reading, len(batches), len(dropped), waiting, enforced)
 
@@ -331,32 +342,79 @@ class Agent:
             sent = {id(r) for r in chunk}
             self._unreported = [(g, r) for g, r in self._unreported if id(r) not in sent]
 
-    def _send(self) -> int:
-        """Replay the spool; the number of batches still waiting."""
-        m = self.metrics
+    def _schedule(
+        self, closed: list[ClosedInterval], keys: list[str], dropped: list[Spooled]
+    ) -> None:
+        """Tell the sender when each new batch may first be posted.
+
+        A fresh random delay per batch rather than one fixed offset per host: a host with a
+        fixed offset near the end of the window would always be the one closest to the
+        daemon's grace period, the first to be late whenever the daemon is slow; drawn anew,
+        that risk is shared by all hosts, and the spread over hosts stays as even. The delay
+        counts from the interval's end, not from the tick, so a tick that ran late does not
+        push the post later still.
+
+        A replay posts at once: its hosts tick in lock step through simulated time, far faster
+        than a live cloud's intervals end, and its last batches must be delivered when it ends
+        (their ends can be seconds before the present).
+        """
         if self.sender is None:
-            waiting, size = self.spool.size()
-        else:
-            report = self.sender.drain(budget_s=self.config.tick_s / 2)
+            return
+        jitter_s = 0.0 if self.config.collector == "replay" else self.config.post_jitter_s
+        for interval, key in zip(closed, keys, strict=True):
+            delay_s = jitter_s * self._rng.random() if jitter_s else 0.0
+            self.sender.schedule(key, interval.start_s + interval.interval_s + delay_s)
+        for gone in dropped:
+            self.sender.forget(gone.key)
+
+    def _send(self, now_s: float, budget_s: float | None = None) -> int:
+        """Replay the spool, the batches due by ``now_s``; the number of batches still
+        waiting."""
+        m = self.metrics
+        if self.sender is not None:
+            report = self.sender.drain(
+                budget_s=self.config.tick_s / 2 if budget_s is None else budget_s, now_s=now_s
+            )
             m.batches.labels("accepted").inc(report.accepted)
             m.batches.labels("duplicate").inc(report.duplicates)
             m.batches.labels("rejected").inc(report.rejected)
-            waiting, size = self.spool.size()
+            m.spooled.inc(report.missed)
+        waiting, size = self.spool.size()
         m.spool_batches.set(waiting)
         m.spool_bytes.set(size)
         return waiting
 
     def run(self, stop: threading.Event, clock: Callable[[], float] = time.time) -> None:
-        """Tick at whole multiples of ``tick_s`` until ``stop`` is set. A tick that overruns
-        skips the ticks it overlapped: the next reading covers the time, nothing is lost."""
+        """Tick at whole multiples of ``tick_s`` until ``stop`` is set, posting scheduled
+        batches in between when they are due. A tick that overruns skips the ticks it
+        overlapped: the next reading covers the time, nothing is lost."""
         tick_s = self.config.tick_s
         while not stop.is_set():
             try:
-                self.tick()
+                self.tick(clock())
             except Exception:
                 log.exception("tick failed; the next tick measures from the last saved state")
-            now = clock()
-            stop.wait((math.floor(now / tick_s) + 1) * tick_s - now)
+            next_tick_s = (math.floor(clock() / tick_s) + 1) * tick_s
+            self._post_until(next_tick_s, stop, clock)
+            stop.wait(next_tick_s - clock())
+
+    def _post_until(
+        self, next_tick_s: float, stop: threading.Event, clock: Callable[[], float]
+    ) -> None:
+        """Post each scheduled batch when it is due, until the next tick is. Every drain stops
+        posting at the next tick, so a reading is late by one post's time at most."""
+        while self.sender is not None and not stop.is_set():
+            due_s = self.sender.next_post_s()
+            if due_s is None or due_s >= next_tick_s:
+                return
+            if stop.wait(max(0.0, due_s - clock())):
+                return
+            now_s = clock()
+            try:
+                self._send(now_s, budget_s=max(0.0, next_tick_s - now_s))
+            except Exception:
+                log.exception("posting the batches due failed; the next tick tries again")
+                return
 
 
 def dry_run_batch(config: AgentConfig, collector: Collector) -> tuple[dict[str, Any], float]:

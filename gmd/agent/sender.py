@@ -4,6 +4,11 @@ A batch leaves the spool only when the daemon has it (``accepted``, or ``duplica
 earlier post arrived but its answer did not) or can never take it (``rejected``: logged as an
 error with the daemon's explanation, and counted). The first batch the daemon cannot take now
 (down, 5xx, bad token) stops the replay until the next tick, so batches arrive in order.
+
+A new batch can be scheduled: its first post waits until a given time (``agent.post_jitter_s``
+spreads the hosts' posts after an interval's end), and the batches behind it wait with it, so
+the order holds. The schedule lives in memory only: a batch found in the spool after a restart
+is posted at once, which is also what its lateness calls for.
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ class DrainReport:
     """batches still in the spool afterwards"""
     unavailable: str | None = None
     """why the daemon could not take the next batch, if it could not"""
+    missed: int = 0
+    """scheduled batches that were due but are still in the spool (the daemon could not take
+    them, or the time budget ran out): their first chance to go has passed"""
 
 
 class Sender:
@@ -37,31 +45,54 @@ class Sender:
         client: DaemonClient,
         *,
         monotonic: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.time,
         chunk: int = 32,
     ) -> None:
         self.spool, self.client = spool, client
         self._monotonic = monotonic
+        self._clock = clock
         self._chunk = chunk
         self._down_since_logged = False
+        self._first_post_s: dict[str, float] = {}
 
-    def drain(self, budget_s: float | None = None) -> DrainReport:
+    def schedule(self, key: str, at_s: float) -> None:
+        """Post the spooled batch ``key`` first at ``at_s`` (the caller's clock, as ``now_s``
+        in :meth:`drain`), not before. Its later retries follow the ticks as any batch's do."""
+        self._first_post_s[key] = at_s
+
+    def forget(self, key: str) -> None:
+        """The batch ``key`` left the spool otherwise (dropped to keep the spool's bounds)."""
+        self._first_post_s.pop(key, None)
+
+    def next_post_s(self) -> float | None:
+        """When the earliest scheduled batch is due, if any is waiting for its first post."""
+        return min(self._first_post_s.values(), default=None)
+
+    def drain(self, budget_s: float | None = None, now_s: float | None = None) -> DrainReport:
         """Post spooled batches in order until the spool is empty, the daemon cannot take
-        one, or ``budget_s`` has passed (the rest goes on the next tick)."""
+        one, the next one is scheduled after ``now_s`` (default: the clock), or ``budget_s``
+        has passed (the rest goes on the next tick)."""
+        now = self._clock() if now_s is None else now_s
         deadline = None if budget_s is None else self._monotonic() + budget_s
-        accepted = duplicates = rejected = 0
+        accepted = duplicates = rejected = missed = 0
         unavailable: str | None = None
         status: int | None = None
-        out_of_time = False
-        while unavailable is None and not out_of_time:
+        held = out_of_time = False
+        while unavailable is None and not (held or out_of_time):
             batch = self.spool.oldest(self._chunk)
             if not batch:
                 break
             for item in batch:
+                if self._first_post_s.get(item.key, now) > now:
+                    held = True
+                    break
                 if deadline is not None and self._monotonic() > deadline:
                     out_of_time = True
                     break
+                first = self._first_post_s.pop(item.key, None) is not None
                 outcome = self.client.post_batch(item.body)
                 if outcome.kind == "unavailable":
+                    missed += first
                     status = outcome.status
                     unavailable = (
                         f"{outcome.detail} (HTTP {outcome.status})"
@@ -86,6 +117,13 @@ class Sender:
                     outcome.status,
                     outcome.detail,
                 )
+        # Due batches not reached: behind a batch that is not due yet they simply go with it;
+        # otherwise their first chance has passed. Either way their time is no longer theirs.
+        due = [key for key, at in self._first_post_s.items() if at <= now]
+        for key in due:
+            del self._first_post_s[key]
+        if not held:
+            missed += len(due)
         waiting, _bytes = self.spool.size()
         if unavailable:
             if not self._down_since_logged:
@@ -106,4 +144,4 @@ class Sender:
                 waiting,
             )
             self._down_since_logged = False
-        return DrainReport(accepted, duplicates, rejected, waiting, unavailable)
+        return DrainReport(accepted, duplicates, rejected, waiting, unavailable, missed)

@@ -36,7 +36,8 @@ def default_database_url() -> str:
 @dataclass(frozen=True)
 class AccountingConfig:
     interval_s: int = 60
-    grace_s: int = 30
+    grace_s: int = 45
+    """the agents' default ``post_jitter_s`` (20) plus 25 s for the last post to be stored"""
     gamma: float = 0.5
     endowment: EndowmentMode = "flavor"
     consumer: ConsumerMode = "vm"
@@ -202,7 +203,7 @@ def parse(document: dict[str, Any], source: str = "<config>", path: Path | None 
     weights_reader.done()
     accounting = AccountingConfig(
         interval_s=int(interval),
-        grace_s=int(acc.number("grace_s", 30, 0, 86400)),
+        grace_s=int(acc.number("grace_s", AccountingConfig.grace_s, 0, 86400)),
         gamma=acc.number("gamma", 0.5, 0.0, 1.0),
         endowment=acc.choice("endowment", "flavor", ENDOWMENT_MODES),
         consumer=acc.choice("consumer", "vm", CONSUMER_MODES),

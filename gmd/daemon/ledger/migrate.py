@@ -136,12 +136,19 @@ def engine_for(url: str) -> Engine:
     by us rather than by the driver, so that writers can ask for ``BEGIN IMMEDIATE`` through
     :func:`writer`: a deferred transaction that reads and then writes can fail at once with
     "database is locked" instead of waiting its turn.
+
+    Server databases' connections are not pinged when taken from the pool: the ping is one
+    more round trip per batch, and at the end of an interval every host posts at once. A
+    connection is replaced instead once it is 4 minutes old, before the idle timeouts of common
+    firewalls and load balancers (Azure's: 4 minutes). One that died anyway fails its first
+    statement, which makes SQLAlchemy discard it and the pool's older ones; ingest retries the
+    batch (:func:`gmd.daemon.ledger.store._retryable`), other jobs run again at their next time.
     """
     memory = url in ("sqlite://", "sqlite:///:memory:")
     if url.startswith("sqlite:///") and not memory:
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     if not url.startswith("sqlite"):
-        return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+        return create_engine(url, pool_size=10, max_overflow=20, pool_recycle=240)
     engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 60})
 
     @event.listens_for(engine, "connect")

@@ -11,7 +11,18 @@ Concurrency: the batch takes a shared lock on its interval's row, and closing an
 takes an exclusive one, so a batch is either in before the interval closes (on time) or sees
 it closed and is stored as late. Names are inserted in sorted order so that concurrent batches
 take row locks in the same order and cannot deadlock each other; the rare deadlock with other
-writers is retried.
+writers, and a connection the server dropped, are retried (the key makes a retry after a
+commit whose answer was lost a duplicate, never a second copy).
+
+Round trips: at the end of every interval all hosts post at once, and a daemon then spends
+most of a batch's time waiting on the database, so the common case (a known host, VMs and
+customers, an interval that exists) is three statements between BEGIN and COMMIT. The batch's
+row is inserted first, in one statement that also locks the interval and reads whether it is
+still open, and that inserts nothing when the key is already used in any interval; only then
+does ingest look at why (a retry, a reused key, or an interval that does not exist yet). The
+host's capacity for the interval is inserted unless a batch already gave it, and read back
+only then; on PostgreSQL the same statement records that the host was seen. The samples are
+the third.
 """
 
 from __future__ import annotations
@@ -22,19 +33,31 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 import numpy as np
 import orjson
-from sqlalchemy import Connection, Engine, Table, bindparam, func, or_, select, text, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Integer,
+    String,
+    Table,
+    bindparam,
+    exists,
+    func,
+    or_,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.sql.dml import Insert
 
 from gmd.daemon.ledger.migrate import writer
-from gmd.daemon.ledger.models import (
-    IntervalState,
-    NameSource,
-)
+from gmd.daemon.ledger.models import ID64, IntervalState, NameSource
 from gmd.daemon.ledger.partitions import DAY_S, ensure_days
 from gmd.daemon.ledger.tables import (
     batches as _batches,
@@ -115,8 +138,76 @@ class IngestResult:
 
 def upsert(conn: Connection, table: Table) -> Any:
     """The dialect's INSERT that can say ON CONFLICT (SQLite and PostgreSQL spell it alike)."""
-    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    return _upsert(conn.dialect.name, table)
+
+
+def _upsert(dialect_name: str, table: Table) -> Any:
+    dialect = postgresql if dialect_name == "postgresql" else sqlite
     return dialect.insert(table)
+
+
+@dataclass(frozen=True)
+class _Statements:
+    """The hot path's statements, built once per dialect: built per batch, SQLAlchemy would
+    compute each one's cache key again every time."""
+
+    batch: Insert
+    """the batch's row, if its interval exists and its key is unused: (id, late)"""
+    capacity: Insert
+    """the host's capacity for the interval, unless a batch gave it: a row if it was new"""
+
+
+@cache
+def _statements(dialect_name: str) -> _Statements:
+    open_state = bindparam("open_state", IntervalState.open.value, String())
+    # FOR SHARE OF intervals: closing the interval (an UPDATE) waits for this transaction, and
+    # this one for a close that began first. The key is looked up in every interval, not only
+    # this one, so that a key reused for another interval is refused (the unique constraint
+    # holds per interval only: batches are partitioned by interval).
+    fresh = (
+        select(
+            bindparam("key", type_=String()),
+            bindparam("digest", type_=String()),
+            bindparam("host_id", type_=Integer()),
+            _intervals.c.id,
+            bindparam("samples", type_=Integer()),
+            (_intervals.c.state != open_state).label("late"),
+        )
+        .where(
+            _intervals.c.id == bindparam("interval_id", type_=ID64),
+            ~exists().where(_batches.c.key == bindparam("key")),
+        )
+        .with_for_update(read=True, of=_intervals)
+    )
+    batch = (
+        _upsert(dialect_name, _batches)
+        .from_select(["key", "digest", "host_id", "interval_id", "samples", "late"], fresh)
+        .on_conflict_do_nothing(index_elements=["key", "interval_id"])
+        .returning(_batches.c.id, _batches.c.late)
+    )
+    capacity = (
+        _upsert(dialect_name, _host_intervals)
+        .values(
+            interval_id=bindparam("interval_id"),
+            host_id=bindparam("host_id"),
+            organization_id=bindparam("owner_id"),
+            **{c: bindparam(c) for c in CAPACITY_COLUMNS},
+        )
+        .on_conflict_do_nothing()
+        .returning(_host_intervals.c.host_id)
+    )
+    if dialect_name == "postgresql":
+        # A statement of its own would cost a round trip per batch; PostgreSQL runs an UPDATE
+        # in a WITH whether or not the statement reads it (SQLite has no round trips). No
+        # parameter may be named as a column of hosts: the UPDATE would SET it too.
+        seen = (
+            update(_hosts)
+            .where(_hosts.c.id == bindparam("host_id"))
+            .values(last_seen_s=bindparam("now_s"))
+            .cte("seen")
+        )
+        capacity = capacity.add_cte(seen)
+    return _Statements(batch, capacity)
 
 
 @dataclass
@@ -364,63 +455,96 @@ class LedgerStore:
         new_hosts: dict[str, tuple[int, int]] = {}
         new_vms: dict[str, tuple[int, int, int]] = {}
         with self.writer.begin() as conn:
+            host_id, org_id = self._host_id(conn, record.host, new_hosts)
+            stored = self._insert_batch(conn, record, host_id)
+            if stored is None:
+                result = IngestResult("duplicate", n, 0)
+            else:
+                batch_id, on_time = stored
+                self._fix_capacity(conn, record, host_id, org_id, now_s)
+                customer_ids = self._customer_ids(
+                    conn, record.customers, new_customers, record.customer_names
+                )
+                vm_ids = self._vm_ids(conn, record, host_id, customer_ids, new_vms)
+                if n:
+                    self._write_samples(
+                        conn,
+                        record,
+                        record.interval_start_s,
+                        host_id,
+                        batch_id,
+                        vm_ids,
+                        customer_ids,
+                        on_time,
+                    )
+                result = IngestResult("accepted", n, 0 if on_time else n)
+        with self._ids.lock:
+            self._ids.customers.update(new_customers)
+            self._ids.hosts.update(new_hosts)
+            self._ids.vms.update(new_vms)
+        return result
+
+    def _insert_batch(
+        self, conn: Connection, record: BatchRecord, host_id: int
+    ) -> tuple[int, bool] | None:
+        """The new batch's id and whether it is on time; ``None`` for a retry of a stored
+        batch. Raises :class:`KeyReused` for a key used by another batch, and
+        :class:`BeforeOrigin` (from :meth:`_interval`) for an interval that cannot be made."""
+        params = {
+            "key": record.key,
+            "digest": record.digest,
+            "host_id": host_id,
+            "interval_id": record.interval_start_s,
+            "samples": len(record.vm_uuids),
+        }
+        statement = _statements(conn.dialect.name).batch
+        for _ in range(2):
+            row = conn.execute(statement, params).first()
+            if row is not None:
+                return row.id, not row.late
             seen = conn.execute(
-                select(_batches.c.digest).where(_batches.c.key == record.key)
+                select(_batches.c.interval_id, _batches.c.digest)
+                .where(_batches.c.key == record.key)
+                .limit(1)
             ).first()
             if seen is not None:
-                if seen.digest != record.digest:
+                if seen.digest != record.digest or seen.interval_id != record.interval_start_s:
                     raise KeyReused(
                         f"batch key {record.key!r} was already used for a different batch;"
                         f" a retry must resend the same content (host {record.host},"
                         f" interval {record.interval_start_s})"
                     )
-                return IngestResult("duplicate", n, 0)
-            host_id, org_id = self._host_id(conn, record.host, new_hosts)
-            interval_id, on_time = self._interval(conn, record.interval_start_s, record.interval_s)
-            self._fix_capacity(conn, record, interval_id, host_id, org_id)
-            customer_ids = self._customer_ids(
-                conn, record.customers, new_customers, record.customer_names
-            )
-            vm_ids = self._vm_ids(conn, record, host_id, customer_ids, new_vms)
-            batch_id = conn.execute(
-                _batches.insert()
-                .values(
-                    key=record.key,
-                    digest=record.digest,
-                    host_id=host_id,
-                    interval_id=interval_id,
-                    samples=n,
-                    late=not on_time,
-                )
-                .returning(_batches.c.id)
-            ).scalar_one()
-            if n:
-                self._write_samples(
-                    conn, record, interval_id, host_id, batch_id, vm_ids, customer_ids, on_time
-                )
+                return None
+            # Neither the key nor the interval: the first batch of the interval makes it.
+            self._interval(conn, record.interval_start_s, record.interval_s)
+        raise AssertionError(f"interval {record.interval_start_s} was made but is not there")
+
+    def _fix_capacity(
+        self, conn: Connection, record: BatchRecord, host_id: int, org_id: int, now_s: float
+    ) -> None:
+        """Record the host's capacity for the interval, unless a batch already did: then it must
+        be the same (raises :class:`CapacityConflict`), since accounting may have used it. The
+        host is seen now (on PostgreSQL by the same statement)."""
+        cap = dict(zip(CAPACITY_COLUMNS, record.capacity, strict=True))
+        inserted = conn.execute(
+            _statements(conn.dialect.name).capacity,
+            {
+                "interval_id": record.interval_start_s,
+                "host_id": host_id,
+                "owner_id": org_id,
+                "now_s": int(now_s),
+                **cap,
+            },
+        ).first()
+        if conn.dialect.name != "postgresql":
             conn.execute(
                 update(_hosts).where(_hosts.c.id == host_id).values(last_seen_s=int(now_s))
             )
-        with self._ids.lock:
-            self._ids.customers.update(new_customers)
-            self._ids.hosts.update(new_hosts)
-            self._ids.vms.update(new_vms)
-        return IngestResult("accepted", n, 0 if on_time else n)
-
-    def _fix_capacity(
-        self, conn: Connection, record: BatchRecord, interval_id: int, host_id: int, org_id: int
-    ) -> None:
-        """Record the host's capacity for the interval, unless a batch already did: then it must
-        be the same (raises :class:`CapacityConflict`), since accounting may have used it."""
-        cap = dict(zip(CAPACITY_COLUMNS, record.capacity, strict=True))
-        conn.execute(
-            upsert(conn, _host_intervals)
-            .values(interval_id=interval_id, host_id=host_id, organization_id=org_id, **cap)
-            .on_conflict_do_nothing()
-        )
+        if inserted is not None:
+            return
         stored = conn.execute(
             select(*(_host_intervals.c[c] for c in CAPACITY_COLUMNS)).where(
-                _host_intervals.c.interval_id == interval_id,
+                _host_intervals.c.interval_id == record.interval_start_s,
                 _host_intervals.c.host_id == host_id,
             )
         ).one()
@@ -499,6 +623,13 @@ def _array_literal(values: np.ndarray | list[int]) -> str:
 
 
 def _retryable(exc: DBAPIError) -> bool:
-    """Deadlocks and serialization failures (PostgreSQL), a busy database (SQLite)."""
+    """Deadlocks and serialization failures (PostgreSQL), a busy database (SQLite), and a
+    connection the server or the network dropped: the engine does not ping connections before
+    use (a round trip per batch), so a connection that died while idle in the pool is found
+    here, and SQLAlchemy has then discarded it and the pool's older ones."""
     code = getattr(exc.orig, "sqlstate", None)
-    return code in ("40P01", "40001") or "database is locked" in str(exc.orig)
+    return (
+        exc.connection_invalidated
+        or code in ("40P01", "40001")
+        or "database is locked" in str(exc.orig)
+    )
