@@ -45,18 +45,12 @@ from typing import Any, TypeVar
 import httpx
 import numpy as np
 import orjson
-import psycopg
 import sqlalchemy as sa
-from ingest import CAPACITY, HOST_PER_S, free_port
+from ingest import CAPACITY, HOST_PER_S, copy_ceiling, free_port
 from ledger_accounting import postgres_url
 
 from gmd.daemon.config import AccountingConfig
 
-SAMPLE_COLUMNS = (
-    "interval_id, vm_id, host_id, customer_id, batch_id, cpu_s, memory_byte_s, disk_read_bytes,"
-    " disk_write_bytes, network_rx_bytes, network_tx_bytes, flavor_vcpus, flavor_memory_bytes,"
-    " flavor_disk_bytes_per_s, flavor_network_bytes_per_s, late"
-)
 T = TypeVar("T")
 
 
@@ -218,31 +212,6 @@ def refused(posted: list[Posted]) -> list[str]:
     return [f"HTTP {p.status}: {p.receipt}" for p in posted if p.status != 200]
 
 
-def copy_ceiling(url: str, interval_id: int) -> tuple[int, float]:
-    """The rows of the interval, and the seconds one binary COPY of them (and its commit)
-    takes into the same table: what the database can take with no per-batch work at all."""
-    dsn = sa.make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(dsn) as conn:
-        payload = bytearray()
-        with conn.cursor().copy(
-            f"COPY (SELECT {SAMPLE_COLUMNS} FROM samples WHERE interval_id = {int(interval_id)})"
-            " TO STDOUT (FORMAT BINARY)"
-        ) as copy:
-            for chunk in copy:
-                payload += chunk
-        rows = conn.execute(
-            "SELECT count(*) FROM samples WHERE interval_id = %s", (interval_id,)
-        ).fetchone()
-        conn.commit()
-        started = time.perf_counter()
-        with conn.cursor().copy(
-            f"COPY samples ({SAMPLE_COLUMNS}) FROM STDIN (FORMAT BINARY)"
-        ) as copy:
-            copy.write(payload)
-        conn.commit()
-        return (int(rows[0]) if rows else 0), time.perf_counter() - started
-
-
 def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
@@ -323,7 +292,7 @@ def run(url: str, args: argparse.Namespace, workdir: Path) -> dict[str, object]:
     latency_ms = [(p.answered_s - p.sent_s) * 1e3 for p in posted]
     ok = [p.receipt for p in posted if p.status == 200]
     late = sum(int(r.get("late", 0)) for r in ok)
-    rows, copy_s = copy_ceiling(url, end_s - interval)
+    rows, copy_s = copy_ceiling(url, f"interval_id = {int(end_s - interval)}")
     engine.dispose()
     samples = args.hosts * args.vms
     print(
