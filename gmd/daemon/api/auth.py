@@ -1,14 +1,16 @@
-"""Which host is calling: per-host bearer tokens, kept only as SHA-256, compared in constant time.
+"""Which host is calling: per-host bearer tokens, kept only as SHA-256.
 
-The token is checked before the body is read, against every configured host (no early exit,
-so the time taken does not reveal which host's hash came closest), and identifies the host;
-the batch must then be about that host.
+The token is checked before the body is read and identifies the host; the batch must then be
+about that host. The presented token's SHA-256 is looked up among the configured hashes in a
+dict: what a lookup's timing could reveal is about a digest the caller cannot choose (finding
+a token with a given digest is a preimage attack), so there is nothing to learn from it,
+whereas comparing against every host cost 0.18 ms a request at 5,000 hosts, at the moment
+every host posts at once.
 """
 
 from __future__ import annotations
 
 import hashlib
-import hmac
 from collections.abc import Mapping
 
 
@@ -25,7 +27,7 @@ class TokenAuth:
 
     def __init__(self, hashes: Mapping[str, str], required: bool = True) -> None:
         self.required = required
-        self._hashes = [(host, bytes.fromhex(h)) for host, h in sorted(hashes.items())]
+        self._hosts = {bytes.fromhex(h): host for host, h in sorted(hashes.items())}
 
     def host_of(self, authorization: str | None) -> str | None:
         """The host the ``Authorization`` header's token belongs to; None when auth is off."""
@@ -37,10 +39,7 @@ class TokenAuth:
         if scheme.lower() != "bearer" or not token.strip():
             raise AuthError(401, "the Authorization header must be 'Bearer TOKEN'")
         digest = hashlib.sha256(token.strip().encode()).digest()
-        match = None
-        for host, expected in self._hashes:
-            if hmac.compare_digest(digest, expected):
-                match = host
+        match = self._hosts.get(digest)
         if match is None:
             raise AuthError(401, "the token matches no host in the daemon's configuration")
         return match
