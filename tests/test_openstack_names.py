@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from gmd.daemon.ledger.accounting import account_due
+from gmd.daemon.ledger.models import NameSource
 from gmd.daemon.project_names import NameRefresher, ProjectNames, store_names
 from tests.daemon_support import HostSpec, aligned_past, auth, batch, cpu_only, make_config, serving
 from tests.openstack_support import LEGACY, RealCloud
@@ -52,7 +53,7 @@ def test_names_from_keystone_appear_in_the_standings(real_cloud: RealCloud, tmp_
         assert job.run() == 0  # nothing new
         job.close()
         # A name from the Nova metadata never replaces Keystone's.
-        assert store_names(d.engine, {acme: "from-metadata"}, source="nova") == 0
+        assert store_names(d.engine, {acme: "from-metadata"}, source=NameSource.nova) == 0
 
     table = admin(path)
     assert table.returncode == 0, table.stderr

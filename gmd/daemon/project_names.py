@@ -82,7 +82,7 @@ def store_names(
         wanted = names.get(project_key(name)) or names.get(name)
         if wanted is None or (wanted == shown and source == shown_source):
             continue
-        if source is NameSource.nova and shown_source == NameSource.keystone:
+        if source == NameSource.nova and shown_source == NameSource.keystone:
             continue
         changes.append((cid, wanted))
     if changes:
