@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 import numpy as np
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
 
@@ -57,16 +57,30 @@ _BATCH_BODY = {
 
 
 @router.post("/v1/samples", response_model=BatchReceipt, openapi_extra=_BATCH_BODY)
-async def post_samples(request: Request, host: Caller, services: ServicesDep) -> BatchReceipt:
+async def post_samples(request: Request, host: Caller, services: ServicesDep) -> Response:
     """Store one host's usage for one interval (a ``SampleBatch``). A retry with the same
     key is acknowledged again and counted once."""
     started = time.perf_counter()
+    body = await request.body()
+    receipt = await run_in_threadpool(
+        parse_and_store, services, body, request.headers.get("content-type"), host, started
+    )
+    # Returned as a response, the receipt is not validated and encoded again by FastAPI.
+    return Response(receipt.model_dump_json(), media_type="application/json")
+
+
+def parse_and_store(
+    services: Services, body: bytes, content_type: str | None, host: str | None, started: float
+) -> BatchReceipt:
+    """Parse, check and store a batch, in one hand-off to the thread pool: parsing and
+    validating 500 VMs takes ~1.4 ms, which on the event loop would hold up every other
+    request."""
     try:
-        batch, digest = parse_batch(await request.body(), request.headers.get("content-type"))
+        batch, digest = parse_batch(body, content_type)
     except Refused:
         services.metrics.batches.labels("rejected").inc()
         raise
-    return await run_in_threadpool(store_batch, services, batch, digest, host, started)
+    return store_batch(services, batch, digest, host, started)
 
 
 def parse_batch(
