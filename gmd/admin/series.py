@@ -34,10 +34,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Connection, Select, and_, false, not_, or_, select, true
+from sqlalchemy import Connection, Select, select
 
 from gmd.admin.actions import level_changes
-from gmd.admin.coverage import coverage
+from gmd.admin.coverage import Coverage, coverage
 from gmd.common.timespec import iso
 from gmd.daemon.ledger.lookup import customer_ids, display_names
 from gmd.daemon.ledger.models import (
@@ -79,6 +79,8 @@ class Timeline:
     to_s: float | None = None
     period_s: np.ndarray | None = None
     """per point: 0 for an interval, else the rollup period it stands for (None: all 0)"""
+    cover: Coverage | None = None
+    """which stretches the rolled-up points stand for (None: every point is an interval)"""
 
     @property
     def resolution_s(self) -> int:
@@ -263,6 +265,7 @@ def downsampled(conn: Connection, line: Timeline, max_points: int = MAX_POINTS) 
         line.from_s,
         line.to_s,
         points[:, 3].copy(),
+        cover,
     )
 
 
@@ -331,42 +334,9 @@ def _interval_ids(line: Timeline) -> Select[Any]:
         query = query.where(_intervals.c.id >= line.from_s)
     if line.to_s is not None:
         query = query.where(_intervals.c.id < line.to_s)
-    if line.resolution_s:
-        query = query.where(_interval_stretches(line, _intervals.c.id))
+    if line.cover is not None:
+        query = query.where(line.cover.raw_where(_intervals.c.id))
     return query
-
-
-def _runs(line: Timeline) -> list[tuple[int, int, int]]:
-    """(period_s, first start, end) of each run of consecutive rolled-up points of ``line``."""
-    runs: list[tuple[int, int, int]] = []
-    rolled = line.rolled()
-    for s, n in zip(line.start_s[rolled], line.length_s[rolled], strict=True):
-        if runs and runs[-1][0] == n and runs[-1][2] == s:
-            runs[-1] = (int(n), runs[-1][1], int(s + n))
-        else:
-            runs.append((int(n), int(s), int(s + n)))
-    return runs
-
-
-def _interval_stretches(line: Timeline, column: Any) -> Any:
-    """``column`` (an interval id) outside the rolled-up runs of ``line``."""
-    runs = _runs(line)
-    if not runs:
-        return true()
-    return not_(or_(*(and_(column >= a, column < b) for _, a, b in runs)))
-
-
-def _rolled_range(line: Timeline, table: Any) -> Any:
-    """A rollup ``table``'s rows that are points of ``line``."""
-    runs = _runs(line)
-    if not runs:
-        return false()
-    return or_(
-        *(
-            and_(table.c.period_s == p, table.c.start_s >= a, table.c.start_s < b)
-            for p, a, b in runs
-        )
-    )
 
 
 def balances(conn: Connection, ids: dict[str, int], line: Timeline) -> BalanceSeries:
@@ -388,12 +358,12 @@ def balances(conn: Connection, ids: dict[str, int], line: Timeline) -> BalanceSe
             _ledger.c.customer_id.in_(list(ids.values())),
         )
         rows = _tuples(conn, query)
-        if line.resolution_s:
+        if line.cover is not None:
             c = _customer_rollups.c
             rows += _tuples(
                 conn,
                 select(c.customer_id, c.start_s, c.balance_end, c.gm_sum, c.priority_end).where(
-                    _rolled_range(line, _customer_rollups),
+                    line.cover.rolled_where(_customer_rollups),
                     c.customer_id.in_(list(ids.values())),
                 ),
             )
@@ -476,12 +446,12 @@ def resource_terms(conn: Connection, ids: dict[str, int], line: Timeline) -> Res
             _resource_ledger.c.customer_id.in_(list(ids.values())),
         )
         rows = _tuples(conn, query)
-        if line.resolution_s:
+        if line.cover is not None:
             t = _resource_rollups.c
             rows += _tuples(
                 conn,
                 select(t.customer_id, t.start_s, t.resource, t.term_sum).where(
-                    _rolled_range(line, _resource_rollups),
+                    line.cover.rolled_where(_resource_rollups),
                     t.customer_id.in_(list(ids.values())),
                 ),
             )
