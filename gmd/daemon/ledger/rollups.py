@@ -85,6 +85,33 @@ def after_interval(conn: Connection, start_s: int, length_s: int) -> None:
             roll_day(conn, day)
 
 
+def _host_row(base: dict[str, int], host_id: int) -> dict[str, Any]:
+    """A host's rollup row before anything is added to it (its owner is set by the caller)."""
+    return {
+        **base,
+        "host_id": host_id,
+        "samples": 0,
+        "vms_max": 0,
+        "customers_max": 0,
+        **dict.fromkeys(USED, 0.0),
+        "cpu_supplied_core_s": 0.0,
+    }
+
+
+def _org_row(base: dict[str, int], organization_id: int) -> dict[str, Any]:
+    """An organization's rollup row before anything is added to it."""
+    return {
+        **base,
+        "organization_id": organization_id,
+        "contribution_end": 0.0,
+        "utility_end": 0.0,
+        "priority_end": 0.0,
+        "cpu_supplied_core_s": 0.0,
+        "cpu_used_core_s": 0.0,
+        "customers_max": 0,
+    }
+
+
 def _clear(conn: Connection, period_s: int, start_s: int) -> None:
     for table in ROLLUP_TABLES:
         conn.execute(delete(table).where(table.c.period_s == period_s, table.c.start_s == start_s))
@@ -216,18 +243,7 @@ def _host_rows(
         .where(hi_c.interval_id >= lo, hi_c.interval_id < hi, accounted)
         .order_by(hi_c.interval_id)
     ):
-        host = hosts.setdefault(
-            int(r.host_id),
-            {
-                **base,
-                "host_id": int(r.host_id),
-                "samples": 0,
-                "vms_max": 0,
-                "customers_max": 0,
-                **dict.fromkeys(USED, 0.0),
-                "cpu_supplied_core_s": 0.0,
-            },
-        )
+        host = hosts.setdefault(int(r.host_id), _host_row(base, int(r.host_id)))
         host["organization_id"] = int(r.organization_id)
         host["cpu_supplied_core_s"] += float(r.cpu_cores) * int(r.length_s)
     s = _samples.c
@@ -294,19 +310,7 @@ def _organization_rows(
     orgs: dict[int, dict[str, Any]] = {}
 
     def org(oid: int) -> dict[str, Any]:
-        return orgs.setdefault(
-            oid,
-            {
-                **base,
-                "organization_id": oid,
-                "contribution_end": 0.0,
-                "utility_end": 0.0,
-                "priority_end": 0.0,
-                "cpu_supplied_core_s": 0.0,
-                "cpu_used_core_s": 0.0,
-                "customers_max": 0,
-            },
-        )
+        return orgs.setdefault(oid, _org_row(base, oid))
 
     for oid, customers in served_peaks(conn, lo, hi):
         org(oid)["customers_max"] = customers
@@ -450,18 +454,7 @@ def roll_day(conn: Connection, day_s: int) -> None:
     h = _host_rollups.c
     hosts: dict[int, dict[str, Any]] = {}
     for r in conn.execute(select(_host_rollups).where(hours_of(_host_rollups)).order_by(h.start_s)):
-        host = hosts.setdefault(
-            int(r.host_id),
-            {
-                **base,
-                "host_id": int(r.host_id),
-                "samples": 0,
-                "vms_max": 0,
-                "customers_max": 0,
-                **dict.fromkeys(USED, 0.0),
-                "cpu_supplied_core_s": 0.0,
-            },
-        )
+        host = hosts.setdefault(int(r.host_id), _host_row(base, int(r.host_id)))
         host["organization_id"] = int(r.organization_id)  # the latest hour's owner
         host["samples"] += int(r.samples)
         host["vms_max"] = max(host["vms_max"], int(r.vms_max))
@@ -474,11 +467,7 @@ def roll_day(conn: Connection, day_s: int) -> None:
     o = _org_rollups.c
     orgs = {
         int(r.organization_id): {
-            **base,
-            "organization_id": int(r.organization_id),
-            "contribution_end": 0.0,
-            "utility_end": 0.0,
-            "priority_end": 0.0,
+            **_org_row(base, int(r.organization_id)),
             "cpu_supplied_core_s": float(r.supplied),
             "cpu_used_core_s": float(r.used),
             "customers_max": int(r.customers),
