@@ -46,8 +46,8 @@ import httpx
 import numpy as np
 import orjson
 import sqlalchemy as sa
-from ingest import CAPACITY, HOST_PER_S, copy_ceiling, free_port
-from ledger_accounting import postgres_url
+from ingest import CAPACITY, HOST_PER_S, copy_ceiling, free_port, host_vms
+from ledger_accounting import drop_database, postgres_url
 
 from gmd.daemon.config import AccountingConfig
 
@@ -89,20 +89,7 @@ def host_batches(
             "interval_start_s": start_s,
             "interval_s": interval_s,
             "capacity": CAPACITY,
-            "vms": [
-                {
-                    "uuid": f"00000000-0000-4000-8000-{h:06d}{j:06d}",
-                    "customer": f"proj-{(h * vms + j) % customers}",
-                    "cpu_s": u[0],
-                    "memory_byte_s": u[1],
-                    "disk_read_bytes": u[2],
-                    "disk_write_bytes": u[3],
-                    "network_rx_bytes": u[4],
-                    "network_tx_bytes": u[5],
-                    "flavor": {"vcpus": 2, "memory_bytes": 8e9},
-                }
-                for j, u in enumerate(use[h].tolist())
-            ],
+            "vms": host_vms(h, customers, use[h]),
         }
         out.append((f"token-{h}", orjson.dumps(body)))
     return out
@@ -362,10 +349,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             figures.update(run(url, args, Path(tmp)))
     finally:
-        assert admin is not None
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+        drop_database(admin, name)
     print(json.dumps(figures))
 
 

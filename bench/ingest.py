@@ -30,7 +30,7 @@ import httpx
 import numpy as np
 import psycopg
 import sqlalchemy as sa
-from ledger_accounting import postgres_url
+from ledger_accounting import drop_database, postgres_url
 
 INTERVAL_S = 60
 CAPACITY = {
@@ -48,6 +48,26 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def host_vms(host: int, customers: int, use: np.ndarray) -> list[dict[str, object]]:
+    """Host ``host``'s VMs with ``use`` (VMs × the six usage amounts): the same UUIDs and
+    owners every interval, so that a warm-up makes them known."""
+    vms = len(use)
+    return [
+        {
+            "uuid": f"00000000-0000-4000-8000-{host:06d}{j:06d}",
+            "customer": f"proj-{(host * vms + j) % customers}",
+            "cpu_s": u[0],
+            "memory_byte_s": u[1],
+            "disk_read_bytes": u[2],
+            "disk_write_bytes": u[3],
+            "network_rx_bytes": u[4],
+            "network_tx_bytes": u[5],
+            "flavor": {"vcpus": 2, "memory_bytes": 8e9},
+        }
+        for j, u in enumerate(use.tolist())
+    ]
 
 
 def bodies(
@@ -68,20 +88,7 @@ def bodies(
                 "interval_start_s": start,
                 "interval_s": INTERVAL_S,
                 "capacity": CAPACITY,
-                "vms": [
-                    {
-                        "uuid": f"00000000-0000-4000-8000-{h:06d}{j:06d}",
-                        "customer": f"proj-{(h * vms + j) % customers}",
-                        "cpu_s": u[0],
-                        "memory_byte_s": u[1],
-                        "disk_read_bytes": u[2],
-                        "disk_write_bytes": u[3],
-                        "network_rx_bytes": u[4],
-                        "network_tx_bytes": u[5],
-                        "flavor": {"vcpus": 2, "memory_bytes": 8e9},
-                    }
-                    for j, u in enumerate(use.tolist())
-                ],
+                "vms": host_vms(h, customers, use),
             }
             out.append((f"token-{h}", json.dumps(batch).encode()))
     return out
@@ -220,10 +227,7 @@ def main() -> None:
             try:
                 figures["postgresql"] = run("postgresql", url, args, workdir)
             finally:
-                assert admin is not None
-                with admin.connect() as conn:
-                    conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-                admin.dispose()
+                drop_database(admin, name)
     print(json.dumps(figures))
 
 

@@ -64,6 +64,15 @@ def postgres_url(given: str | None) -> tuple[str, sa.Engine | None, str | None]:
     return server.rsplit("/", 1)[0] + f"/{name}", admin, name
 
 
+def drop_database(admin: sa.Engine | None, name: str | None) -> None:
+    """Drop the database :func:`postgres_url` made (nothing when none was)."""
+    if admin is None:
+        return
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
 def seed(engine: sa.Engine, n_vms: int, n_hosts: int, n_customers: int, n_orgs: int) -> int:
     interval, host_owner = random_cloud(n_vms, n_hosts, n_customers, n_orgs, seed=1)
     supply = np.asarray(interval.supply) / INTERVAL_S
@@ -259,10 +268,7 @@ def main() -> None:
         }
     finally:
         engine.dispose()
-        if admin is not None:
-            with admin.connect() as conn:
-                conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-            admin.dispose()
+        drop_database(admin, name)
         tmp.cleanup()
     print(json.dumps(figures))
 

@@ -73,7 +73,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 import sqlalchemy as sa
-from ledger_accounting import postgres_url
+from ledger_accounting import drop_database, postgres_url
 
 from gmd.admin import plot as plotting
 from gmd.admin.db_usage import usage
@@ -712,10 +712,7 @@ def main() -> None:
                 )
     finally:
         engine.dispose()
-        if admin is not None:
-            with admin.connect() as conn:
-                conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-            admin.dispose()
+        drop_database(admin, name)
         tmp.cleanup()
 
     first, last = measured[str(checkpoints[0])], measured[str(checkpoints[-1])]
