@@ -50,13 +50,19 @@ fi
 # A running cluster is found again through its postmaster.pid (line 4: the port); a new one
 # takes a port nobody listens on, since another checkout's test cluster may hold the first.
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+# The first of the 20 ports from $1 that nobody listens on (else the last one tried).
+next_free() {
+    local port=$1
+    for _ in $(seq 20); do
+        port_free "$port" && break
+        port=$((port + 1))
+    done
+    echo "$port"
+}
 if as_pg "'$bindir/pg_ctl' -D '$DATA' status" >/dev/null 2>&1; then
     PGPORT=$(sed -n 4p "$DATA/postmaster.pid")
 else
-    for _ in $(seq 20); do
-        port_free "$PGPORT" && break
-        PGPORT=$((PGPORT + 1))
-    done
+    PGPORT=$(next_free "$PGPORT")
     port_free "$PGPORT" || die "no free port for the test server near ${GMD_TEST_PGPORT:-54329}"
     opts="-c listen_addresses=127.0.0.1 -p $PGPORT -k $DATA -c fsync=off"
     as_pg "'$bindir/pg_ctl' -D '$DATA' -w -t 30 -l '$DATA/server.log' -o '$opts' start" \
@@ -128,10 +134,7 @@ as_pg "'$bindir/pg_basebackup' -h 127.0.0.1 -p $PGPORT -U postgres -D '$REPLICA'
 # The copy brings the primary's log and its socket's lock file, which are not the replica's.
 rm -f "$REPLICA/server.log" "$REPLICA"/.s.PGSQL.*
 RPORT=${GMD_TEST_REPLICA_PGPORT:-$((PGPORT + 1))}
-for _ in $(seq 20); do
-    port_free "$RPORT" && break
-    RPORT=$((RPORT + 1))
-done
+RPORT=$(next_free "$RPORT")
 port_free "$RPORT" || die "no free port for the replica near $((PGPORT + 1))"
 opts="-c listen_addresses=127.0.0.1 -p $RPORT -k $REPLICA -c fsync=off -c hot_standby=on"
 opts="$opts -c shared_buffers=32MB"
