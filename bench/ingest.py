@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import http.client
 import json
 import os
 import signal
@@ -123,49 +124,67 @@ def copy_ceiling(url: str, where: str) -> tuple[int, float]:
         return (int(rows[0]) if rows else 0), time.perf_counter() - started
 
 
-def run(database: str, url: str, args: argparse.Namespace, workdir: Path) -> dict[str, object]:
-    port = free_port()
+def run(
+    database: str, url: str, args: argparse.Namespace, workdir: Path, daemons: int = 1
+) -> dict[str, object]:
+    """Ingest through ``daemons`` gmd-daemon processes on one ledger (the clients spread over
+    them as agents behind a load balancer would): one daemon is one Python process, whose
+    global interpreter lock bounds it to about one core."""
+    ports = [free_port() for _ in range(daemons)]
     hosts = {
         f"cmp-{h}": hashlib.sha256(f"token-{h}".encode()).hexdigest() for h in range(args.hosts)
     }
-    config = workdir / f"{database}.toml"
-    config.write_text(
-        f'[database]\nurl = "{url}"\n[accounting]\ninterval_s = {INTERVAL_S}\n'
-        f'[daemon]\nbind = "127.0.0.1"\nport = {port}\naccounting = false\n'
-        + "".join(f'[hosts.{h}]\ntoken_sha256 = "{t}"\n' for h, t in hosts.items())
-    )
+    configs = []
+    for k, port in enumerate(ports):
+        config = workdir / f"{database}-{k}.toml"
+        config.write_text(
+            f'[database]\nurl = "{url}"\n[accounting]\ninterval_s = {INTERVAL_S}\n'
+            f'[daemon]\nbind = "127.0.0.1"\nport = {port}\naccounting = false\n'
+            + "".join(f'[hosts.{h}]\ntoken_sha256 = "{t}"\n' for h, t in hosts.items())
+        )
+        configs.append(config)
     rounds = 1 + -(-args.batches // args.hosts)
     first_s = (int(time.time()) // INTERVAL_S - rounds - 2) * INTERVAL_S
     prepared = bodies(args.hosts, rounds, args.vms, args.customers, first_s)
     warm, timed = prepared[: args.hosts], prepared[args.hosts : args.hosts + args.batches]
-    log = (workdir / f"{database}.log").open("wb")
-    daemon = subprocess.Popen(
-        [str(Path(sys.executable).with_name("gmd-daemon")), "--config", str(config)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
+    log = (workdir / f"{database}-{daemons}.log").open("wb")
+    processes = [
+        subprocess.Popen(
+            [str(Path(sys.executable).with_name("gmd-daemon")), "--config", str(config)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        for config in configs
+    ]
     try:
-        for _ in range(300):
-            try:
-                if httpx.get(f"{base}/healthz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
+        for port in ports:
+            for _ in range(300):
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    time.sleep(0.1)
         local = threading.local()
+        next_client = iter(range(1 << 30))
 
         def post(item: tuple[str, bytes]) -> None:
+            # http.client, not httpx: the load generator shares the machine with the daemon and
+            # PostgreSQL, and takes a third of httpx's CPU per request.
             token, body = item
-            client = getattr(local, "client", None)
-            if client is None:
-                client = local.client = httpx.Client(base_url=base, timeout=120)
-            r = client.post(
+            conn = getattr(local, "conn", None)
+            if conn is None:
+                port = ports[next(next_client) % daemons]
+                conn = local.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+            conn.request(
+                "POST",
                 "/v1/samples",
-                content=body,
-                headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
+                body,
+                {"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
             )
-            if r.status_code != 200 or r.json()["status"] != "accepted":
-                raise RuntimeError(f"{r.status_code}: {r.text[:300]}")
+            response = conn.getresponse()
+            text = response.read()
+            if response.status != 200 or json.loads(text)["status"] != "accepted":
+                raise RuntimeError(f"{response.status}: {text[:300]!r}")
 
         with ThreadPoolExecutor(args.clients) as pool:
             list(pool.map(post, warm))
@@ -179,12 +198,21 @@ def run(database: str, url: str, args: argparse.Namespace, workdir: Path) -> dic
         expected = (len(warm) + len(timed)) * args.vms
         if stored != expected:
             raise RuntimeError(f"{stored} samples stored, {expected} posted")
+    except Exception:
+        log.flush()
+        print((workdir / f"{database}-{daemons}.log").read_text()[-3000:], file=sys.stderr)
+        raise
     finally:
-        daemon.send_signal(signal.SIGTERM)
-        daemon.wait(30)
+        for daemon in processes:
+            daemon.send_signal(signal.SIGTERM)
+        for daemon in processes:
+            daemon.wait(30)
         log.close()
     samples = len(timed) * args.vms
-    print(f"{database}: {samples} samples in {elapsed:.2f} s = {samples / elapsed:,.0f}/s")
+    print(
+        f"{database}, {daemons} daemon(s): {samples} samples in {elapsed:.2f} s"
+        f" = {samples / elapsed:,.0f}/s"
+    )
     figures: dict[str, object] = {
         "samples": samples,
         "seconds": round(elapsed, 3),
@@ -209,6 +237,12 @@ def main() -> None:
     parser.add_argument("--hosts", type=int, default=100)
     parser.add_argument("--customers", type=int, default=2000)
     parser.add_argument("--clients", type=int, default=4, help="concurrent HTTP clients")
+    parser.add_argument(
+        "--daemons",
+        type=int,
+        default=1,
+        help="also ingest into PostgreSQL through this many daemons at once (1: only one)",
+    )
     args = parser.parse_args()
 
     figures: dict[str, object] = {
@@ -228,6 +262,14 @@ def main() -> None:
                 figures["postgresql"] = run("postgresql", url, args, workdir)
             finally:
                 drop_database(admin, name)
+            if args.daemons > 1:
+                url, admin, name = postgres_url(args.url)
+                try:
+                    figures[f"postgresql_{args.daemons}_daemons"] = run(
+                        "postgresql", url, args, workdir, args.daemons
+                    )
+                finally:
+                    drop_database(admin, name)
     print(json.dumps(figures))
 
 

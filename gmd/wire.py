@@ -11,14 +11,11 @@ agent measured over the interval, in the resources' own units.
 
 from __future__ import annotations
 
-import hashlib
-import re
 import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Annotated, Literal, NotRequired
 
-import orjson
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -63,23 +60,18 @@ MAX_NAME = 255
 Name = Annotated[
     str, StringConstraints(min_length=1, max_length=MAX_NAME), AfterValidator(visible_name)
 ]
-_CANONICAL_UUID = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
-_IS_UUID = re.compile(_CANONICAL_UUID)
-
-
-def canonical_uuid(value: str) -> str:
-    """``value`` if it is a UUID as libvirt and Nova write it, else ValueError: one VM, one
-    spelling (no upper case, braces or missing dashes), and no path or markup in an id."""
-    if not _IS_UUID.match(value):
-        raise ValueError("a VM id must be a UUID: 8-4-4-4-12 lowercase hex digits")
-    return value
+UUID_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+UUID_RULE = "a VM id must be a UUID: 8-4-4-4-12 lowercase hex digits"
+"""Why: one VM, one spelling (no upper case, braces or missing dashes), and no path or markup
+in an id. Checked by pydantic's own pattern matching: a Python validator per VM cost a tenth
+of a batch's parsing."""
 
 
 VmId = Annotated[
     str,
-    AfterValidator(canonical_uuid),
+    StringConstraints(pattern=UUID_PATTERN),
     Field(
-        json_schema_extra={"format": "uuid", "pattern": _CANONICAL_UUID},
+        json_schema_extra={"format": "uuid", "pattern": UUID_PATTERN},
         description="the domain's UUID, lowercase, 8-4-4-4-12 hex digits",
     ),
 ]
@@ -259,15 +251,6 @@ class PlanReport(Strict):
 
 class PlanReportReceipt(BaseModel):
     recorded: int
-
-
-def digest_of(document: object) -> str:
-    """A hash of a batch's content, to tell a retry (same content) from a reused key.
-
-    Taken over the parsed document with keys sorted, so a retry that serializes the same batch
-    in another order (a spool written by another JSON library) is still the same batch.
-    """
-    return hashlib.sha256(orjson.dumps(document, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
 BatchStatus = Literal["accepted", "duplicate"]

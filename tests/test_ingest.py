@@ -170,6 +170,12 @@ REFUSALS = [
     ),
     pytest.param(lambda b: b.pop("capacity"), 422, "capacity: Field required", id="missing-field"),
     pytest.param(
+        lambda b: b["vms"][1].update(uuid=b["vms"][1]["uuid"].upper()),
+        422,
+        "vms[1].uuid: a VM id must be a UUID: 8-4-4-4-12 lowercase hex digits (got",
+        id="uuid-upper-case",
+    ),
+    pytest.param(
         lambda b: b.update(interval_start_s=aligned_past(-5)),
         422,
         "in the future",
@@ -291,6 +297,42 @@ def test_a_reused_key_with_other_content_is_a_conflict(daemon: Daemon) -> None:
     assert counts(daemon) == before
     with daemon.engine.connect() as conn:
         assert conn.execute(sa.text("SELECT sum(cpu_s) FROM samples")).scalar_one() == 60.0
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param(lambda b: b["vms"][1].update(customer="c"), id="owner"),
+        pytest.param(lambda b: b["vms"][0]["flavor"].pop("vcpus"), id="flavor-amount-dropped"),
+        pytest.param(lambda b: b["vms"][0].update(created_s=1), id="created"),
+        pytest.param(lambda b: b.update(customer_names={"b": "Bee"}), id="project-name"),
+        pytest.param(lambda b: b["vms"].reverse(), id="vm-order"),
+        pytest.param(lambda b: b["capacity"].update(cpu_cores=9), id="capacity"),
+    ],
+)
+def test_every_part_of_a_batch_is_in_its_digest(daemon: Daemon, change: Any) -> None:
+    body = good()
+    assert post(daemon, body).status_code == 200
+    changed = copy.deepcopy(body)
+    change(changed)
+    assert post(daemon, changed).status_code == 409
+
+
+def test_a_batch_stored_with_a_digest_of_the_first_kind_is_acknowledged_on_retry(
+    daemon: Daemon,
+) -> None:
+    """Digests stored before ``v2:`` cannot be compared: a retry across the upgrade (same key,
+    same interval) is a duplicate, and the key is still refused for another interval."""
+    body = good()
+    assert post(daemon, body).status_code == 200
+    with daemon.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE batches SET digest = :d"), {"d": "ab" * 32})
+    before = counts(daemon)
+    assert post(daemon, body).json()["status"] == "duplicate"
+    elsewhere = copy.deepcopy(body)
+    elsewhere["interval_start_s"] -= INTERVAL_S
+    assert post(daemon, elsewhere).status_code == 409
+    assert counts(daemon) == before
 
 
 @pytest.mark.parametrize(

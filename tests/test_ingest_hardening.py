@@ -33,7 +33,7 @@ from gmd.daemon.ledger.accounting import (
     compute_rows,
 )
 from gmd.daemon.ledger.store import LedgerStore
-from gmd.wire import SampleBatch, digest_of
+from gmd.wire import SampleBatch
 from tests.daemon_support import (
     INTERVAL_S,
     Daemon,
@@ -283,7 +283,7 @@ def test_late_batches_leave_every_accounted_input_as_it_was(daemon: Daemon) -> N
 
 def store_directly(engine: sa.Engine, body: dict[str, Any]) -> None:
     """Store ``body`` as a daemon without the plausibility check would have."""
-    record = record_of(SampleBatch.model_validate(body), digest_of(body))
+    record = record_of(SampleBatch.model_validate(body))
     LedgerStore(engine, lambda _host: "operator").ingest(record)
 
 

@@ -20,7 +20,7 @@ from sqlalchemy.exc import DBAPIError
 from gmd.daemon.api.samples import record_of
 from gmd.daemon.ledger import migrate
 from gmd.daemon.ledger.store import LedgerStore, _retryable
-from gmd.wire import SampleBatch, digest_of
+from gmd.wire import SampleBatch
 from tests.daemon_support import HostSpec, aligned_past, batch, random_vms
 
 HOST = HostSpec("cmp-1")
@@ -48,7 +48,7 @@ def engine(postgres_server_url: str) -> Iterator[sa.Engine]:
 def record(start_s: int, seed: int) -> Any:
     body = batch(HOST, start_s, random_vms(np.random.default_rng(seed), HOST, VMS, ["a"] * 5))
     body["key"] = f"{HOST.name}/{start_s}/{seed}"
-    return record_of(SampleBatch.model_validate(body), digest_of(body))
+    return record_of(SampleBatch.model_validate(body))
 
 
 def kill(engine: sa.Engine, pid: int | None = None) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -29,6 +30,37 @@ def test_upgrade_downgrade_upgrade(database_url: str) -> None:
         assert tables(engine) == set(Base.metadata.tables)
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_daemons_started_together_on_an_empty_postgresql_make_the_schema_once(
+    database_url: str,
+) -> None:
+    """Several ingest daemons may share a ledger and start at the same moment: each upgrades
+    an empty database, and none may fail on the others' half-made schema."""
+    engines = [migrate.engine_for(database_url) for _ in range(3)]
+    start = threading.Barrier(len(engines))
+    failures: list[BaseException] = []
+
+    def upgrade(engine: sa.Engine) -> None:
+        start.wait()
+        try:
+            migrate.upgrade(engine)
+        except BaseException as exc:  # reported by the assertion below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=upgrade, args=(e,)) for e in engines]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert failures == []
+        assert migrate.current(engines[0]) == migrate.head()
+        assert tables(engines[0]) == set(Base.metadata.tables)
+    finally:
+        for e in engines:
+            e.dispose()
 
 
 def test_migrated_schema_matches_the_models(database_url: str) -> None:

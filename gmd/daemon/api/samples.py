@@ -1,18 +1,20 @@
 """``POST /v1/samples``: where agents' usage enters the ledger.
 
-The body is parsed by hand (orjson, then pydantic) rather than by FastAPI, which is several
-times faster on batches of hundreds of VMs and lets a refusal name the exact spot. Nothing of
-a refused batch is written.
+The body is parsed by hand rather than by FastAPI, which is several times faster on batches of
+hundreds of VMs and lets a refusal name the exact spot. Nothing of a refused batch is written.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Mapping
+from operator import itemgetter
 from typing import Any, cast
 
 import numpy as np
+import orjson
 from fastapi import APIRouter, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
@@ -24,10 +26,11 @@ from gmd.daemon.api.checks import (
     implausible,
 )
 from gmd.daemon.api.deps import Caller, ServicesDep
-from gmd.daemon.api.errors import Refused, json_document, validation_problem
+from gmd.daemon.api.errors import Refused, json_document, json_media, validation_problem
 from gmd.daemon.api.metrics import DaemonMetrics
 from gmd.daemon.api.services import Services
 from gmd.daemon.ledger.store import (
+    DIGEST_PREFIX,
     BatchRecord,
     BeforeOrigin,
     CapacityConflict,
@@ -40,7 +43,6 @@ from gmd.wire import (
     USAGE_FIELDS,
     BatchReceipt,
     SampleBatch,
-    digest_of,
 )
 
 log = logging.getLogger(__name__)
@@ -73,35 +75,42 @@ def parse_and_store(
     services: Services, body: bytes, content_type: str | None, host: str | None, started: float
 ) -> BatchReceipt:
     """Parse, check and store a batch, in one hand-off to the thread pool: parsing and
-    validating 500 VMs takes ~1.4 ms, which on the event loop would hold up every other
+    validating 500 VMs takes ~1 ms, which on the event loop would hold up every other
     request."""
     try:
-        batch, digest = parse_batch(body, content_type)
+        batch = parse_batch(body, content_type)
     except Refused:
         services.metrics.batches.labels("rejected").inc()
         raise
-    return store_batch(services, batch, digest, host, started)
+    return store_batch(services, batch, host, started)
 
 
-def parse_batch(
-    body: bytes, content_type: str | None = "application/json"
-) -> tuple[SampleBatch, str]:
-    """The batch in a request body and its digest, or :class:`Refused` saying what is wrong
-    and where."""
+def parse_batch(body: bytes, content_type: str | None = "application/json") -> SampleBatch:
+    """The batch in a request body, or :class:`Refused` saying what is wrong and where.
+
+    pydantic parses the JSON itself, a third faster than building the document first. A body
+    it refuses is parsed again the slow way, so that every refusal reads as it always has:
+    malformed JSON (NaN, Infinity) as a 400 naming the character, the rest as a 422 by field.
+    """
+    json_media(content_type)
+    try:
+        return SampleBatch.model_validate_json(body)
+    except ValidationError:
+        pass
     document = json_document(content_type, body)
     try:
-        return SampleBatch.model_validate(document), digest_of(document)
+        return SampleBatch.model_validate(document)
     except ValidationError as exc:
         raise validation_problem(exc.errors()) from None
 
 
 def store_batch(
-    services: Services, batch: SampleBatch, digest: str, host: str | None, started: float
+    services: Services, batch: SampleBatch, host: str | None, started: float
 ) -> BatchReceipt:
     """Check ``batch`` against the caller and the daemon's settings, then store it."""
     services.auth.check_host(host, batch.host)
     check_batch(services, batch)
-    record = record_of(batch, digest)
+    record = record_of(batch)
     refuse(services, batch, implausible(record, services.plausible))
     try:
         result = services.store.ingest(record, services.clock())
@@ -154,31 +163,77 @@ def refusal_status(problems: list[BatchProblem]) -> int:
     return 413 if any(p.code is ProblemCode.TOO_MANY_VMS for p in problems) else 422
 
 
-def record_of(batch: SampleBatch, digest: str) -> BatchRecord:
+_USAGE_OF = itemgetter(*USAGE_FIELDS)
+_NO_FLAVOR = (None,) * len(FLAVOR_FIELDS)
+
+
+def record_of(batch: SampleBatch) -> BatchRecord:
     """The batch as the ledger store takes it: columns in the order of :data:`RESOURCES`."""
-    nan = float("nan")
     vms = cast(list[Mapping[str, Any]], batch.vms)
-    no_flavor: dict[str, float | None] = {}
-    flavors = [v.get("flavor") or no_flavor for v in vms]
+    uuids = [v["uuid"] for v in vms]
+    customers = [v["customer"] for v in vms]
+    use = np.array([_USAGE_OF(v) for v in vms], dtype=np.float64).reshape(
+        len(vms), len(USAGE_FIELDS)
+    )
+    # None (no amount) becomes NaN.
+    flavor = np.array(
+        [tuple(map(v["flavor"].get, FLAVOR_FIELDS)) if "flavor" in v else _NO_FLAVOR for v in vms],
+        dtype=np.float64,
+    ).reshape(len(vms), len(FLAVOR_FIELDS))
+    capacity = tuple(getattr(batch.capacity, f) for f in CAPACITY_FIELDS)
+    created_s = [v.get("created_s") for v in vms]
+    names = dict(batch.customer_names)
     return BatchRecord(
         key=batch.key,
-        digest=digest,
+        digest=content_digest(batch, capacity, uuids, customers, use, flavor, created_s, names),
         host=batch.host,
         interval_start_s=batch.interval_start_s,
         interval_s=batch.interval_s,
-        capacity=tuple(getattr(batch.capacity, f) for f in CAPACITY_FIELDS),
-        vm_uuids=[v["uuid"] for v in vms],
-        customers=[v["customer"] for v in vms],
-        use=np.array([[v[c] for c in USAGE_FIELDS] for v in vms], dtype=np.float64).reshape(
-            len(vms), len(USAGE_FIELDS)
-        ),
-        flavor=np.array(
-            [[nan if f.get(k) is None else f[k] for k in FLAVOR_FIELDS] for f in flavors],
-            dtype=np.float64,
-        ).reshape(len(vms), len(FLAVOR_FIELDS)),
-        created_s=[v.get("created_s") for v in vms],
-        customer_names=dict(batch.customer_names),
+        capacity=capacity,
+        vm_uuids=uuids,
+        customers=customers,
+        use=use,
+        flavor=flavor,
+        created_s=created_s,
+        customer_names=names,
     )
+
+
+def content_digest(
+    batch: SampleBatch,
+    capacity: tuple[float, ...],
+    uuids: list[str],
+    customers: list[str],
+    use: np.ndarray,
+    flavor: np.ndarray,
+    created_s: list[int | None],
+    names: dict[str, str],
+) -> str:
+    """A hash of what the batch says, to tell a retry (same content) from a reused key.
+
+    Taken over the parsed values, not the body: a retry that spells the same batch otherwise
+    (keys in another order, ``1`` for ``1.0``) is the same batch, and hashing the columns
+    costs a tenth of serializing the document again. Prefixed with ``v2:``, which no digest of
+    the first kind (64 hex digits of the document's SHA-256) has.
+    """
+    head = orjson.dumps(
+        [
+            batch.key,
+            batch.host,
+            batch.interval_start_s,
+            batch.interval_s,
+            capacity,
+            created_s,
+            sorted(names.items()),
+        ]
+    )
+    h = hashlib.sha256(head)
+    h.update("\0".join(uuids).encode())
+    h.update(b"\1")
+    h.update("\0".join(customers).encode())
+    h.update(use.tobytes())
+    h.update(flavor.tobytes())
+    return DIGEST_PREFIX + h.hexdigest()[: 64 - len(DIGEST_PREFIX)]
 
 
 def _count(metrics: DaemonMetrics, batch: SampleBatch, result: IngestResult) -> None:

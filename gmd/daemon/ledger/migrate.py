@@ -14,7 +14,7 @@ from alembic import command
 from alembic.config import Config as AlembicConfig
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, create_engine, event
+from sqlalchemy import Connection, create_engine, event, text
 from sqlalchemy.engine import Engine
 
 _WRITER = "gmd_writer"
@@ -77,6 +77,9 @@ def _sqlite_pragma(conn: Connection, pragma: str) -> None:
     raw.execute(f"PRAGMA {pragma}")
 
 
+MIGRATION_LOCK = int.from_bytes(b"gmd-migr", "big", signed=True)
+
+
 def _config() -> AlembicConfig:
     cfg = AlembicConfig()
     cfg.set_main_option("script_location", str(migrations_dir()))
@@ -97,6 +100,10 @@ def _migrate(engine: Engine, step: Callable[[AlembicConfig], None]) -> None:
             _sqlite_pragma(conn, "foreign_keys=OFF")
         try:
             with conn.begin():
+                if conn.dialect.name == "postgresql":
+                    # Daemons started together on an empty database would otherwise all create
+                    # the schema, and all but one fail; after the lock, the others find it made.
+                    conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK})
                 cfg.attributes["connection"] = conn
                 step(cfg)
                 if sqlite:

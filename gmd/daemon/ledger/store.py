@@ -95,6 +95,10 @@ _PG_SAMPLES = text(
 )
 
 
+DIGEST_PREFIX = "v2:"
+"""Marks a batch digest taken over the parsed columns (see ``record_of``)."""
+
+
 class KeyReused(ValueError):
     """A batch key arrived again with different content: a bug or a clash between agents."""
 
@@ -508,7 +512,9 @@ class LedgerStore:
                 .limit(1)
             ).first()
             if seen is not None:
-                if seen.digest != record.digest or seen.interval_id != record.interval_start_s:
+                if seen.interval_id != record.interval_start_s or not _same_content(
+                    seen.digest, record.digest
+                ):
                     raise KeyReused(
                         f"batch key {record.key!r} was already used for a different batch;"
                         f" a retry must resend the same content (host {record.host},"
@@ -607,6 +613,14 @@ class LedgerStore:
             for vm_id, customer, u, f in zip(vm_ids, record.customers, use, flavor, strict=True)
         ]
         conn.execute(_samples.insert(), rows)
+
+
+def _same_content(stored: str, digest: str) -> bool:
+    """Whether a stored batch's digest and a new one's say the same content. A digest of the
+    first kind (before :data:`DIGEST_PREFIX`) cannot be compared: a batch that reuses its key
+    for the same interval is taken as the retry it almost surely is (an agent retrying across
+    the daemon's upgrade), not refused."""
+    return stored == digest or not stored.startswith(DIGEST_PREFIX)
 
 
 def _array_literal(values: np.ndarray | list[int]) -> str:
