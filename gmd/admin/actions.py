@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Collection
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, CursorResult, select
+from sqlalchemy import Connection, CursorResult, and_, or_, select
 
 from gmd.admin.render import Column
 from gmd.daemon.ledger.models import ActionKind
@@ -41,36 +42,55 @@ def actions(
     limit: int | None = None,
     raw: bool = False,
 ) -> list[dict[str, Any]]:
-    """Actions in ``[from_s, to_s)`` (by when they were recorded), oldest first. ``raw`` adds
+    """Actions about ``[from_s, to_s)``, oldest first; with ``limit``, the newest ``limit`` of
+    them. An action tied to an interval (a level decided, a quota written for it) is in the
+    range when its interval starts in it, as reports count it; one tied to none (a reset, a
+    host's report) when it was recorded in it. ``customer`` is a project uuid. ``raw`` adds
     ``interval_s`` (the interval's start) and ``at_dt`` (an aware datetime) for filtering."""
-    query = (
-        select(
-            _actions.c.at,
-            _intervals.c.start_s,
-            _customers.c.name.label("customer"),
-            _hosts.c.name.label("host"),
-            _actions.c.kind,
-            _actions.c.status,
-            _actions.c.dry_run,
-            _actions.c.before,
-            _actions.c.after,
-            _actions.c.reason,
-        )
-        .outerjoin(_customers, _customers.c.id == _actions.c.customer_id)
+    query = select(
+        _actions.c.at,
+        _intervals.c.start_s,
+        _customers.c.name.label("customer"),
+        _hosts.c.name.label("host"),
+        _actions.c.kind,
+        _actions.c.status,
+        _actions.c.dry_run,
+        _actions.c.before,
+        _actions.c.after,
+        _actions.c.reason,
+    ).select_from(
+        _actions.outerjoin(_customers, _customers.c.id == _actions.c.customer_id)
         .outerjoin(_hosts, _hosts.c.id == _actions.c.host_id)
         .outerjoin(_intervals, _intervals.c.id == _actions.c.interval_id)
-        .order_by(_actions.c.at, _actions.c.id)
     )
+    # An interval's id is its start (Unix seconds): the range is a range of ids.
     if from_s is not None:
-        query = query.where(_actions.c.at >= datetime.fromtimestamp(from_s, UTC))
+        query = query.where(
+            or_(
+                _actions.c.interval_id >= math.ceil(from_s),
+                and_(
+                    _actions.c.interval_id.is_(None),
+                    _actions.c.at >= datetime.fromtimestamp(from_s, UTC),
+                ),
+            )
+        )
     if to_s is not None:
-        query = query.where(_actions.c.at < datetime.fromtimestamp(to_s, UTC))
+        query = query.where(
+            or_(
+                _actions.c.interval_id < math.ceil(to_s),
+                and_(
+                    _actions.c.interval_id.is_(None),
+                    _actions.c.at < datetime.fromtimestamp(to_s, UTC),
+                ),
+            )
+        )
     if customer is not None:
         query = query.where(_customers.c.name == customer)
+    newest_first = query.order_by(_actions.c.at.desc(), _actions.c.id.desc())
     if limit is not None:
-        query = query.limit(limit)
+        newest_first = newest_first.limit(limit)
     rows = []
-    for r in conn.execute(query):
+    for r in reversed(conn.execute(newest_first).all()):
         at = r.at if r.at.tzinfo else r.at.replace(tzinfo=UTC)
         rows.append(
             {

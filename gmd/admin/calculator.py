@@ -159,6 +159,8 @@ def situation_from_csv(path: Path, supply: str | None = None) -> Situation:
 
 
 def _checked(s: Situation) -> Situation:
+    """``s`` if it is a situation one host could be in: amounts not negative, a positive
+    supply, and no resource used beyond its supply (the metric shares out what was there)."""
     m = len(s.resources)
     if len(s.supply) != m:
         raise ValueError(f"supply has {len(s.supply)} amounts for {m} resources")
@@ -166,6 +168,21 @@ def _checked(s: Situation) -> Situation:
     for name, amounts in rows:
         if len(amounts) != m:
             raise ValueError(f"consumer {name!r} has {len(amounts)} amounts for {m} resources")
+        for r, a in zip(s.resources, amounts, strict=True):
+            if a < 0:
+                raise ValueError(f"consumer {name!r} uses {a:g} of {r}: use cannot be negative")
+    for r, supply in zip(s.resources, s.supply, strict=True):
+        if supply <= 0:
+            raise ValueError(f"supply of {r} is {supply:g}: it must be greater than 0")
+    total = np.sum(np.asarray(s.use, dtype=np.float64), axis=0)
+    for r, used, supply in zip(s.resources, total.tolist(), s.supply, strict=True):
+        if not math.isfinite(used):
+            raise ValueError(f"{r}: the consumers' use adds up beyond what a number can hold")
+        if used > supply * (1 + 1e-9):
+            raise ValueError(
+                f"{r}: the consumers use {used:g} in all, more than the supply {supply:g}"
+                " (use is a share of what the host had)"
+            )
     return s
 
 

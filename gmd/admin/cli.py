@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 import time
@@ -32,7 +31,8 @@ from gmd.admin.enforcement import (
     levels as enforcement_levels,
     plans as enforcement_plans,
 )
-from gmd.admin.render import csv_text, json_text, table_text, without_empty
+from gmd.admin.output import Format, Listing, Output, View, emit, output_options
+from gmd.admin.render import json_text
 from gmd.admin.standings import COLUMNS as STANDINGS_COLUMNS, standings
 from gmd.common.config import ConfigError
 from gmd.common.timespec import iso as iso_time, parse_time
@@ -58,14 +58,10 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-EXIT_BAD_INPUT = 2
 EXIT_UNAVAILABLE = 1
-
-
-class Format(StrEnum):
-    table = "table"
-    csv = "csv"
-    json = "json"
+EXIT_BAD_INPUT = 2
+EXIT_NOT_FOUND = 3
+"""What a command asked about does not exist: an unknown customer, host or batch."""
 
 
 @dataclass(frozen=True)
@@ -218,32 +214,44 @@ def db_current(ctx: typer.Context) -> None:
 
 
 @db_app.command("usage")
+@output_options
 def db_usage(
     ctx: typer.Context,
     exact: Annotated[
         bool,
         typer.Option("--exact", help="Count rows (slow on a big PostgreSQL ledger)."),
     ] = False,
-    fmt: Annotated[Format, typer.Option("--format", help="table, csv or json.")] = Format.table,
+    *,
+    out: Output,
 ) -> None:
     """Rows and bytes per ledger table, the oldest interval each holds, how long [retention]
     keeps it and when its oldest rows are due.
 
     On PostgreSQL rows are the planner's estimates unless --exact, and the raw tables' bytes
     add up their daily partitions; on SQLite rows are counted and bytes come from dbstat.
+    Exit codes: 0 shown, 1 database unavailable, 2 bad configuration or option.
     """
     from gmd.admin.db_usage import COLUMNS as USAGE_COLUMNS, usage as ledger_usage
 
     config = _load_config(ctx)
     with _reading(ctx) as engine, engine.connect() as conn:
         result = ledger_usage(conn, config.retention, exact=exact)
-    if fmt is Format.json:
-        sys.stdout.write(json_text(result.document()))
-    elif fmt is Format.csv:
-        sys.stdout.write(csv_text(result.rows, USAGE_COLUMNS))
-    else:
-        caption = "; ".join([f"{result.partitions} partition(s)", *result.notes])
-        sys.stdout.write(table_text(result.rows, USAGE_COLUMNS, title="Ledger", caption=caption))
+    emit(
+        Listing(
+            [
+                View(
+                    result.rows,
+                    USAGE_COLUMNS,
+                    title="Ledger",
+                    notes=[f"{result.partitions} partition(s)", *result.notes],
+                    keep=("table",),
+                    name="tables",
+                )
+            ],
+            document=lambda views: {**result.document(), "tables": views[0]},
+        ),
+        out,
+    )
 
 
 def _times(*given: str | None) -> tuple[float | None, ...]:
@@ -262,6 +270,7 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
 
 
 @app.command("gm")
+@output_options
 def gm_command(
     supply: Annotated[
         str | None,
@@ -314,7 +323,8 @@ def gm_command(
     weights: Annotated[
         str | None, typer.Option(help="Resource weights, comma-separated (default all 1).")
     ] = None,
-    fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.table,
+    *,
+    out: Output,
 ) -> None:
     """Judge one host (pool) with the Greediness Metric, next to Price, P×S, P∩S and DRF.
 
@@ -323,6 +333,9 @@ def gm_command(
     first; 'offset' columns are the per-resource offsets o(i,j) in the resources' units.
 
     Example: gmd-admin gm --supply 6,12 --use c1=3,0 --use c2=0,6 --use c3=3,6
+
+    Exit codes: 0 judged, 2 bad option or a situation no host could be in (negative use, use
+    beyond the supply).
     """
     sources = sum(x is not None for x in (scenario, csv_file)) + bool(use)
     if sources != 1:
@@ -347,15 +360,22 @@ def gm_command(
     except ValueError as exc:
         raise _fail(str(exc)) from None
 
-    if fmt is Format.json:
-        sys.stdout.write(json_text(result.document()))
-    elif fmt is Format.csv:
-        sys.stdout.write(csv_text(result.rows, result.columns()))
-    else:
-        credit = ", ".join(f"{r} {k:.3g}" for r, k in result.credit.items())
-        title = f"{situation.title or 'Greediness'} (γ = {gamma:g})"
-        caption = f"credit factor κ = min(1, α/β): {credit}"
-        sys.stdout.write(table_text(result.rows, result.columns(), title=title, caption=caption))
+    credit = ", ".join(f"{r} {k:.3g}" for r, k in result.credit.items())
+    emit(
+        Listing(
+            [
+                View(
+                    result.rows,
+                    result.columns(),
+                    title=f"{situation.title or 'Greediness'} (γ = {gamma:g})",
+                    notes=[f"credit factor κ = min(1, α/β): {credit}"],
+                    keep=("consumer",),
+                )
+            ],
+            document=lambda views: {**result.document(), "consumers": views[0]},
+        ),
+        out,
+    )
 
 
 class SortKey(StrEnum):
@@ -369,6 +389,7 @@ class SortKey(StrEnum):
 
 
 @app.command("standings")
+@output_options
 def standings_command(
     ctx: typer.Context,
     sort: Annotated[
@@ -379,70 +400,111 @@ def standings_command(
         bool, typer.Option("--all", help="Also list customers without a standing (zeros).")
     ] = False,
     customer: Annotated[
-        str | None,
-        typer.Option("--customer", help="Only this customer (project uuid or project name)."),
+        list[str] | None,
+        typer.Option(
+            "--customer",
+            help="Only this customer (project uuid or project name); repeat for several.",
+        ),
     ] = None,
-    fmt: Annotated[Format, typer.Option("--format", help="table, csv or json.")] = Format.table,
+    *,
+    out: Output,
 ) -> None:
     """Where every customer stands, like Slurm's sshare: balance (decayed sum of greediness;
     positive = took more than its share), the last interval's GM, DirectContr utility and
-    priority (contribution − utility), and VMs, after the latest accounted interval.
+    priority (contribution − utility), VMs, and the throttle level with what it does
+    (Enforced: applied, dry-run, or off — enforcement.mode), after the latest accounted
+    interval.
 
-    Exit codes: 0 shown, 1 database unavailable, 2 bad configuration or option, 3 the
-    customer asked for has no standing.
+    Exit codes: 0 shown, 1 database unavailable, 2 bad configuration or option, 3 a customer
+    asked for has no standing (the others are shown).
     """
+    config = _load_config(ctx)
+    wanted = list(dict.fromkeys(customer or ()))
     with _reading(ctx) as engine, engine.connect() as conn:
         result = standings(
-            conn, sort=sort.value, reverse=reverse, everyone=everyone, customer=customer
+            conn,
+            sort=sort.value,
+            reverse=reverse,
+            everyone=everyone,
+            customers=wanted,
+            mode=config.enforcement.mode,
         )
-    if customer is not None and not result.rows:
-        typer.echo(f"gmd-admin: customer {customer!r} has no standing in the ledger", err=True)
+    missing = [
+        c for c in wanted if not any(c in (r["customer"], r.get("name")) for r in result.rows)
+    ]
+    emit(
+        Listing(
+            [
+                View(
+                    result.rows,
+                    STANDINGS_COLUMNS,
+                    title="Standings",
+                    notes=[result.caption()],
+                    keep=("customer",),
+                )
+            ],
+            document=lambda rows: {**result.document(), "customers": rows[0]},
+        ),
+        out,
+    )
+    if missing:
+        for c in missing:
+            typer.echo(f"gmd-admin: customer {c!r} has no standing in the ledger", err=True)
         raise typer.Exit(3)
-    if fmt is Format.json:
-        sys.stdout.write(json_text(result.document()))
-    elif fmt is Format.csv:
-        sys.stdout.write(csv_text(result.rows, STANDINGS_COLUMNS))
-    else:
-        columns = without_empty(STANDINGS_COLUMNS, result.rows)
-        sys.stdout.write(
-            table_text(result.rows, columns, title="Standings", caption=result.caption())
-        )
 
 
 @app.command("actions")
+@output_options
 def actions_command(
     ctx: typer.Context,
     from_: Annotated[
         str | None,
-        typer.Option("--from", help="Start: ISO date/time (UTC), now-7d, now-12h, Unix seconds."),
+        typer.Option(
+            "--from",
+            help="Start: ISO date/time (UTC), now-7d, now-12h, Unix seconds. Actions tied to"
+            " an interval count by the interval's start (as reports do), others by when they"
+            " were recorded.",
+        ),
     ] = None,
     to: Annotated[str | None, typer.Option("--to", help="End (exclusive), same forms.")] = None,
     customer: Annotated[
-        str | None, typer.Option("--customer", help="Only this customer (project uuid).")
+        str | None,
+        typer.Option("--customer", help="Only this customer (project uuid or project name)."),
     ] = None,
-    limit: Annotated[int | None, typer.Option(help="At most this many rows.", min=1)] = None,
-    fmt: Annotated[Format, typer.Option("--format", help="table, csv or json.")] = Format.table,
+    limit: Annotated[
+        int | None, typer.Option(help="The newest N actions only (shown oldest first).", min=1)
+    ] = None,
+    *,
+    out: Output,
 ) -> None:
     """The enforcement log: every level change, plan, host report and quota change gmd made
-    or, in dry-run, would have made — with the balance and thresholds that caused it."""
+    or, in dry-run, would have made — with the balance and thresholds that caused it.
+
+    Exit codes: 0 shown (also when none), 1 database unavailable, 2 bad option, 3 unknown
+    customer.
+    """
+    from gmd.daemon.ledger.lookup import customer_uuid
+
     from_s, to_s = _times(from_, to)
-    with _reading(ctx) as engine, engine.connect() as conn:
-        rows = list_actions(conn, from_s=from_s, to_s=to_s, customer=customer, limit=limit)
-    if fmt is Format.json:
-        sys.stdout.write(json_text({"actions": rows}))
-        return
-    flat = [
-        {k: (json.dumps(v) if isinstance(v, dict | list) else v) for k, v in r.items()}
-        for r in rows
-    ]
-    if fmt is Format.csv:
-        sys.stdout.write(csv_text(flat, ACTION_COLUMNS))
-    else:
-        caption = f"{len(rows)} action(s)" + (" — none recorded" if not rows else "")
-        sys.stdout.write(table_text(flat, ACTION_COLUMNS, title="Enforcement log", caption=caption))
+    try:
+        with _reading(ctx) as engine, engine.connect() as conn:
+            uuid = None if customer is None else customer_uuid(conn, customer)
+            rows = list_actions(conn, from_s=from_s, to_s=to_s, customer=uuid, limit=limit)
+    except UnknownCustomer as exc:
+        raise _fail(str(exc), EXIT_NOT_FOUND) from None
+    caption = f"{len(rows)} action(s)" + (" — none recorded" if not rows else "")
+    if limit is not None and len(rows) == limit:
+        caption += f" (the newest {limit})"
+    emit(
+        Listing(
+            [View(rows, ACTION_COLUMNS, title="Enforcement log", notes=[caption], name="actions")]
+        ),
+        out,
+    )
 
 
 @app.command("enforce")
+@output_options
 def enforce_command(
     ctx: typer.Context,
     plan: Annotated[
@@ -452,36 +514,59 @@ def enforce_command(
         ),
     ] = False,
     host: Annotated[str | None, typer.Option(help="Only this host's plan.")] = None,
-    fmt: Annotated[Format, typer.Option("--format", help="table, csv or json.")] = Format.table,
+    *,
+    out: Output,
 ) -> None:
     """Throttling as the daemon decided it after the latest accounted interval: which
     customers are at which level, and what each host's agent is told to set on which VM.
-    Read-only; enforcement.mode says whether it is applied ("on") or only recorded."""
+    Read-only; enforcement.mode says whether it is applied ("on") or only recorded.
+
+    Two tables, levels then plans: CSV, -P and value print both, each with its heading line,
+    separated by an empty line; JSON and YAML hold them as "levels" and "plans".
+
+    Exit codes: 0 shown, 1 database unavailable, 2 bad option, 3 unknown host.
+    """
+    from gmd.admin.enforcement import UnknownHost
+
     if not plan:
         raise _fail("say what to show: --plan")
     config = _load_config(ctx)
-    with _reading(ctx) as engine, engine.connect() as conn:
-        level_rows = enforcement_levels(conn, config.enforcement)
-        plan_rows = enforcement_plans(conn, config.enforcement, host)
+    try:
+        with _reading(ctx) as engine, engine.connect() as conn:
+            level_rows = enforcement_levels(conn, config.enforcement)
+            plan_rows = enforcement_plans(conn, config.enforcement, host)
+    except UnknownHost as exc:
+        raise _fail(str(exc), EXIT_NOT_FOUND) from None
     mode = config.enforcement.mode
-    if fmt is Format.json:
-        sys.stdout.write(json_text({"mode": mode, "levels": level_rows, "plans": plan_rows}))
-    elif fmt is Format.csv:
-        sys.stdout.write(csv_text(plan_rows, PLAN_COLUMNS))
-    else:
-        note = {"off": "off: nothing is decided", "dry-run": "dry-run: recorded, not applied"}
-        sys.stdout.write(
-            table_text(
-                level_rows,
-                LEVEL_COLUMNS,
-                title=f"Throttle levels (enforcement.mode = {mode})",
-                caption=note.get(mode, "on: applied by the agents"),
-            )
-        )
-        sys.stdout.write(table_text(plan_rows, PLAN_COLUMNS, title="Host plans"))
+    note = {"off": "off: nothing is decided", "dry-run": "dry-run: recorded, not applied"}
+    emit(
+        Listing(
+            [
+                View(
+                    level_rows,
+                    LEVEL_COLUMNS,
+                    title=f"Throttle levels (enforcement.mode = {mode})",
+                    notes=[note.get(mode, "on: applied by the agents")],
+                    keep=("customer",),
+                    name="levels",
+                ),
+                View(
+                    plan_rows,
+                    PLAN_COLUMNS,
+                    title="Host plans",
+                    notes=[f"{len(plan_rows)} throttled VM(s)"],
+                    keep=("host", "uuid"),
+                    name="plans",
+                ),
+            ],
+            document=lambda views: {"mode": mode, "levels": views[0], "plans": views[1]},
+        ),
+        out,
+    )
 
 
 @app.command("report")
+@output_options
 def report_command(
     ctx: typer.Context,
     from_: Annotated[
@@ -516,7 +601,8 @@ def report_command(
             metavar="COLUMN",
         ),
     ] = None,
-    fmt: Annotated[Format, typer.Option("--format", help="table, csv or json.")] = Format.table,
+    *,
+    out: Output,
 ) -> None:
     """Usage over a range of time, like Slurm's sreport: the ledger's intervals whose start is
     in [--from, --to), grouped by --group-by. Every number is a sum, count or last value of
@@ -597,16 +683,23 @@ def report_command(
     empty = result.emptiness()
     if empty is not None:
         typer.echo(f"gmd-admin: nothing to report: {empty}", err=True)
-    if fmt is Format.json:
-        sys.stdout.write(json_text(result.document()))
-    elif fmt is Format.csv:
-        sys.stdout.write(csv_text(result.rows, result.columns))
-    else:
-        title = f"Usage by {group_by}, {iso_time(from_s)} to {iso_time(to_s)}"
-        rows, caption = result.table_rows(), result.caption()
-        columns = without_empty(result.columns, rows)
-        # up to 16 columns by customer: wide enough that no number is cut short
-        sys.stdout.write(table_text(rows, columns, title=title, caption=caption, width=200))
+    title = f"Usage by {group_by}, {iso_time(from_s)} to {iso_time(to_s)}"
+    emit(
+        Listing(
+            [
+                View(
+                    result.rows,
+                    result.columns,
+                    title=title,
+                    notes=result.notes,
+                    table_rows=result.table_rows(),
+                    keep=tuple(c.key for c in result.columns[:1]),
+                )
+            ],
+            document=lambda views: {**result.document(), "rows": views[0]},
+        ),
+        out,
+    )
 
 
 @app.command("reset")
@@ -660,6 +753,7 @@ app.add_typer(batches_app, name="batches")
 
 
 @batches_app.callback(invoke_without_command=True)
+@output_options
 def batches_command(
     ctx: typer.Context,
     quarantined: Annotated[
@@ -682,7 +776,8 @@ def batches_command(
     ] = None,
     to: Annotated[str | None, typer.Option("--to", help="Intervals before, same forms.")] = None,
     limit: Annotated[int, typer.Option(help="At most this many, newest first.", min=1)] = 100,
-    fmt: Annotated[Format, typer.Option("--format", help="table, csv or json.")] = Format.table,
+    *,
+    out: Output,
 ) -> None:
     """List batches, newest interval first: their host, state (accepted, quarantined,
     released, dropped), whether they came late, and why accounting quarantined them.
@@ -702,16 +797,12 @@ def batches_command(
         rows = batch_rows(
             conn, states=states or None, host=host, from_s=from_s, to_s=to_s, limit=limit
         )
-    if fmt is Format.json:
-        sys.stdout.write(json_text({"batches": rows}))
-    elif fmt is Format.csv:
-        sys.stdout.write(csv_text(rows, BATCH_COLUMNS))
-    else:
-        what = "quarantined " if states == (BatchState.quarantined,) else ""
-        caption = f"{len(rows)} {what}batch(es)" + (
-            f" (at most {limit})" if len(rows) == limit else ""
-        )
-        sys.stdout.write(table_text(rows, BATCH_COLUMNS, title="Batches", caption=caption))
+    what = "quarantined " if states == (BatchState.quarantined,) else ""
+    caption = f"{len(rows)} {what}batch(es)" + (f" (at most {limit})" if len(rows) == limit else "")
+    emit(
+        Listing([View(rows, BATCH_COLUMNS, title="Batches", notes=[caption], name="batches")]),
+        out,
+    )
 
 
 def _decide(ctx: typer.Context, key: str, reason: str, by: str | None, release: bool) -> None:
@@ -826,6 +917,7 @@ class Processors(StrEnum):
 
 
 @app.command("simulate")
+@output_options
 def simulate_command(
     trace: Annotated[
         Path,
@@ -865,7 +957,8 @@ def simulate_command(
         ),
     ] = None,
     workers: Annotated[int | None, typer.Option(help="Processes (default: all cores).")] = None,
-    fmt: Annotated[Format, typer.Option("--format", help="table, csv or json.")] = Format.table,
+    *,
+    out: Output,
 ) -> None:
     """Replay a job trace through fairness policies and compare them, as the papers do.
 
@@ -875,10 +968,10 @@ def simulate_command(
     Shapley-fair Ref (Skowron & Rzadca), total wait and utilization. docs/reproduction.md has
     the papers' tables next to ours and the commands that produce them.
     """
-    from gmd.sim.command import run_simulate
+    from gmd.sim.command import shown, simulate
 
     try:
-        text = run_simulate(
+        result = simulate(
             trace,
             window,
             samples,
@@ -886,7 +979,6 @@ def simulate_command(
             policy or [],
             seed,
             processors.value,
-            fmt.value,
             workers,
             True,
             total_processors=total_processors,
@@ -897,7 +989,23 @@ def simulate_command(
         )
     except (ValueError, OSError) as exc:
         raise _fail(str(exc)) from None
-    sys.stdout.write(text)
+    table = shown(result)
+    emit(
+        Listing(
+            [
+                View(
+                    table.rows,
+                    table.columns,
+                    title="gmd simulate",
+                    notes=[table.caption],
+                    keep=("policy",),
+                    name="policies",
+                )
+            ],
+            document=lambda views: {**table.document, "policies": views[0]},
+        ),
+        out,
+    )
 
 
 @app.command("plot")

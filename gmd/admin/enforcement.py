@@ -15,6 +15,11 @@ from gmd.daemon.ledger.tables import (
     levels as _levels,
 )
 
+
+class UnknownHost(LookupError):
+    """A host the ledger has never had a batch from."""
+
+
 LEVEL_COLUMNS = (
     Column("customer", "Customer", None, "left"),
     Column("level", "Level", None),
@@ -33,6 +38,7 @@ PLAN_COLUMNS = (
     Column("io_weight", "I/O weight", None),
     Column("cpu_quota_cores", "CPU cap (cores)", 2),
     Column("disk_read_bytes_per_s", "Disk read cap (B/s)", 0),
+    Column("disk_write_bytes_per_s", "Disk write cap (B/s)", 0),
 )
 
 
@@ -64,12 +70,13 @@ def levels(conn: Connection, config: EnforcementConfig) -> list[dict[str, object
 def plans(
     conn: Connection, config: EnforcementConfig, host: str | None = None
 ) -> list[dict[str, object]]:
-    """Every host's plan (or one host's), a row per throttled VM."""
-    names = (
-        [host]
-        if host is not None
-        else list(conn.execute(select(_hosts.c.name).order_by(_hosts.c.name)).scalars())
-    )
+    """Every host's plan (or one host's), a row per throttled VM. :class:`UnknownHost` for a
+    host the ledger has never seen."""
+    names = list(conn.execute(select(_hosts.c.name).order_by(_hosts.c.name)).scalars())
+    if host is not None:
+        if host not in names:
+            raise UnknownHost(f"host {host!r} is not in the ledger (no batch came from it)")
+        names = [host]
     rows = []
     for name in names:
         for p in host_plan(conn, name, config):

@@ -1,7 +1,9 @@
-"""One way to print rows as a table (for people), CSV (for spreadsheets) or JSON (for tools).
+"""How one value and one list of rows look in each output format.
 
-Tables round for reading; CSV and JSON keep full precision so that a number copied from a
-report is the number in the ledger.
+Tables round for reading and never wrap a row; CSV, JSON and YAML keep full precision so that a
+number copied from a report is the number in the ledger. Every format agrees on the odd
+values: no amount is ``-`` in a table and empty/null elsewhere, ``-0.0`` is 0, a boolean is
+yes/no for people and true/false for tools.
 """
 
 from __future__ import annotations
@@ -12,11 +14,15 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import yaml
+from rich import box
 from rich.console import Console, JustifyMethod
 from rich.table import Table
 
 FORMATS: tuple[str, ...] = ("table", "csv", "json")
+"""What the simulator's --format takes (gmd-admin's commands take :class:`output.Format`)."""
 
 
 @dataclass(frozen=True)
@@ -31,24 +37,48 @@ PROJECT = Column("name", "Project", None, "left")
 """A customer's project name beside its uuid (the key), where the ledger knows it."""
 
 
-def without_empty(columns: Sequence[Column], rows: Sequence[Mapping[str, object]]) -> list[Column]:
-    """A table's columns without the project name when no row has one: a cloud without
-    Keystone names shows no empty column. CSV and JSON keep every column, for scripts."""
-    if any(row.get(PROJECT.key) for row in rows):
-        return list(columns)
-    return [c for c in columns if c.key != PROJECT.key]
-
-
-def _cell(value: object, digits: int | None) -> str:
+def cell(value: object, digits: int | None) -> str:
+    """``value`` as a table shows it."""
     if value is None:  # no host, no cap: a dash, not Python's "None"
         return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
     if isinstance(value, float):
         if math.isnan(value):
             return "-"
         if digits is not None:
             text = f"{value:.{digits}f}"
-            return "0." + "0" * digits if text == "-0." + "0" * digits else text
+            return text.removeprefix("-") if float(text) == 0 else text
+    if isinstance(value, dict | list):
+        return json.dumps(value, separators=(",", ":"), default=str)
     return str(value)
+
+
+def plain(value: object) -> object:
+    """``value`` as CSV, ``-P`` and ``value`` output write it: full precision, one line."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return ""
+        return repr(value + 0.0)  # + 0.0 turns -0.0 into 0.0
+    if isinstance(value, dict | list):
+        return json.dumps(clean(value), separators=(",", ":"), allow_nan=False)
+    return value
+
+
+def clean(document: Any) -> Any:
+    """``document`` with -0.0 as 0.0 and NaN/infinities as null: valid JSON, and the same
+    value whichever format carries it."""
+    if isinstance(document, float):
+        return document + 0.0 if math.isfinite(document) else None
+    if isinstance(document, Mapping):
+        return {k: clean(v) for k, v in document.items()}
+    if isinstance(document, list | tuple):
+        return [clean(v) for v in document]
+    return document
 
 
 def table_text(
@@ -58,30 +88,56 @@ def table_text(
     title: str | None = None,
     caption: str | None = None,
     width: int | None = None,
+    framed: bool = True,
+    header: bool = True,
 ) -> str:
-    """A rich table rendered to plain text (colour only when ``width`` is None and a tty)."""
-    table = Table(title=title, caption=caption, caption_justify="left")
+    """A table as plain text, ``width`` characters at most (None: as wide as it needs).
+    ``framed`` draws box characters (for a terminal); unframed it is columns of text that
+    ``grep``/``awk`` read."""
+    table = Table(
+        title=title,
+        caption=caption,
+        caption_justify="left",
+        box=box.SQUARE if framed else None,
+        show_header=header,
+        show_edge=framed,
+        pad_edge=framed,
+        title_justify="left",
+    )
     for col in columns:
-        table.add_column(col.header, justify=col.justify)
+        table.add_column(col.header, justify=col.justify, no_wrap=True, overflow="ellipsis")
     for row in rows:
-        table.add_row(*(_cell(row.get(c.key, ""), c.digits) for c in columns))
+        table.add_row(*(cell(row.get(c.key), c.digits) for c in columns))
     buffer = io.StringIO()
-    Console(file=buffer, width=width or 160, color_system=None).print(table)
-    return buffer.getvalue()
+    # Wide enough that rich never folds a row when no width is asked for.
+    Console(file=buffer, width=width or 100_000, color_system=None, highlight=False).print(table)
+    return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
 
 
-def csv_text(rows: Sequence[Mapping[str, object]], columns: Sequence[Column]) -> str:
+def csv_text(
+    rows: Sequence[Mapping[str, object]],
+    columns: Sequence[Column],
+    *,
+    header: bool = True,
+    delimiter: str = ",",
+) -> str:
     out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow([c.key for c in columns])
+    writer = csv.writer(out, lineterminator="\n", delimiter=delimiter)
+    if header:
+        writer.writerow([c.key for c in columns])
     for row in rows:
-        writer.writerow([_plain(row.get(c.key, "")) for c in columns])
+        writer.writerow([plain(row.get(c.key)) for c in columns])
     return out.getvalue()
 
 
-def _plain(value: object) -> object:
-    return repr(value) if isinstance(value, float) else value
+def value_text(rows: Sequence[Mapping[str, object]], columns: Sequence[Column]) -> str:
+    """The values alone, space-separated, a row per line (``openstack … -f value``)."""
+    return "".join(" ".join(str(plain(row.get(c.key))) for c in columns) + "\n" for row in rows)
 
 
-def json_text(document: object) -> str:
-    return json.dumps(document, indent=2, allow_nan=False) + "\n"
+def json_text(document: object, *, indent: bool = True) -> str:
+    return json.dumps(clean(document), indent=2 if indent else None, allow_nan=False) + "\n"
+
+
+def yaml_text(document: object) -> str:
+    return yaml.safe_dump(clean(document), sort_keys=False, allow_unicode=True)

@@ -7,6 +7,7 @@ the standings say so rather than pretending they are current.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import Connection, func, or_, select
@@ -19,6 +20,7 @@ from gmd.daemon.ledger.tables import (
     customer_ledger as _ledger,
     customers as _customers,
     intervals as _intervals,
+    levels as _levels,
 )
 
 COLUMNS = (
@@ -29,8 +31,13 @@ COLUMNS = (
     Column("utility", "Utility", 4),
     Column("priority", "Priority", 4),
     Column("vms", "VMs", None),
+    Column("level", "Level", None),
+    Column("enforced", "Enforced", None, "left"),
 )
-SORT_KEYS: tuple[str, ...] = tuple(c.key for c in COLUMNS)
+SORT_KEYS: tuple[str, ...] = tuple(c.key for c in COLUMNS if c.key != "enforced")
+ENFORCED = {"on": "applied", "dry-run": "dry-run", "off": "off"}
+"""What a level above 0 does, by enforcement.mode: applied by the agents and quotas, only
+recorded (dry-run), or nothing (off: the level is kept but not acted on)."""
 
 
 @dataclass(frozen=True)
@@ -69,12 +76,13 @@ def standings(
     sort: str = "balance",
     reverse: bool = False,
     everyone: bool = False,
-    customer: str | None = None,
+    customers: Sequence[str] = (),
+    mode: str = "off",
 ) -> Standings:
     """Rows sorted by ``sort``: numbers greatest first, names A→Z; ``reverse`` flips that.
 
-    ``everyone`` lists customers without a standing too (with zeros). ``customer`` is a
-    project uuid or the project's name.
+    ``everyone`` lists customers without a standing too (with zeros). ``customers`` are
+    project uuids or names (none: all). ``mode`` is enforcement.mode, for the Enforced column.
     """
     if sort not in SORT_KEYS:
         raise ValueError(f"cannot sort by {sort!r}; choose one of {', '.join(SORT_KEYS)}")
@@ -98,13 +106,15 @@ def standings(
             _ledger.c.utility,
             _ledger.c.priority,
             _ledger.c.vms,
+            func.coalesce(_levels.c.level, 0).label("level"),
         )
         .join(_customers, _customers.c.id == _ledger.c.customer_id)
+        .outerjoin(_levels, _levels.c.customer_id == _ledger.c.customer_id)
         .where(_ledger.c.interval_id == row.id)
     )
-    if customer is not None:
+    if customers:
         query = query.where(
-            or_(_customers.c.name == customer, _customers.c.display_name == customer)
+            or_(_customers.c.name.in_(customers), _customers.c.display_name.in_(customers))
         )
     rows = [dict(r._mapping) for r in conn.execute(query)]
     reset_ids = pending_resets(conn, row.start_s)
@@ -116,7 +126,11 @@ def standings(
             r["balance"] = 0.0
     if everyone:
         listed = {r["customer"] for r in rows}
-        names = conn.execute(select(_customers.c.name, _customers.c.display_name)).all()
+        names = conn.execute(
+            select(
+                _customers.c.name, _customers.c.display_name, func.coalesce(_levels.c.level, 0)
+            ).outerjoin(_levels, _levels.c.customer_id == _customers.c.id)
+        ).all()
         rows += [
             {
                 "customer": n,
@@ -126,10 +140,13 @@ def standings(
                 "utility": 0.0,
                 "priority": 0.0,
                 "vms": 0,
+                "level": level,
             }
-            for n, shown in names
-            if n not in listed and (customer is None or customer in (n, shown))
+            for n, shown, level in names
+            if n not in listed and (not customers or n in customers or shown in customers)
         ]
+    for r in rows:
+        r["enforced"] = ENFORCED.get(mode, mode) if r["level"] != 0 else None
     if sort in ("customer", "name"):
         rows.sort(key=lambda r: (str(r[sort] or ""), str(r["customer"])))
     else:

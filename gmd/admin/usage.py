@@ -80,6 +80,7 @@ from sqlalchemy import (
     exists,
     func,
     literal,
+    or_,
     select,
     union_all,
 )
@@ -396,11 +397,13 @@ def _int(value: Any) -> int:
     return 0 if value is None else int(value)
 
 
-def _range_note(rng: _Range) -> str:
-    return (
+def _range_note(rng: _Range, mean: bool = True) -> str:
+    """The range's intervals; ``mean`` when the table has gm_mean, to say what it divides by."""
+    text = (
         f"{rng.accounted} accounted interval(s) start in [{iso(rng.lo)}, {iso(rng.hi)}),"
-        f" {rng.empty} of them without samples; gm_mean divides by {rng.accounted}"
+        f" {rng.empty} of them without samples"
     )
+    return text + (f"; gm_mean divides by {rng.accounted}" if mean else "")
 
 
 def _end_note(rng: _Range, what: str) -> str:
@@ -487,8 +490,15 @@ def _by_customer(
             _actions.c.kind.in_(QUOTA_KINDS),
             _actions.c.status != ActionStatus.failed.value,
             _actions.c.customer_id.is_not(None),
-            _actions.c.at >= _dt(rng.lo),
-            _actions.c.at < _dt(rng.hi),
+            # Tied to an interval: by its start, as every report column; else by when recorded.
+            or_(
+                and_(*rng.ids(_actions.c.interval_id)),
+                and_(
+                    _actions.c.interval_id.is_(None),
+                    _actions.c.at >= _dt(rng.lo),
+                    _actions.c.at < _dt(rng.hi),
+                ),
+            ),
         )
         .group_by(_actions.c.customer_id)
     )
@@ -580,7 +590,8 @@ def _by_customer(
         _end_note(rng, "balance, utility, priority and contribution (organizations only)"),
         THROTTLE_NOTE,
         "quota_changes: quota lowerings and restorations applied or decided in dry-run"
-        " (failed ones excluded), by the time they were recorded",
+        " (failed ones excluded), by the interval they were written for (by the time they"
+        " were recorded if none)",
         "gm_<resource>: that resource's terms of the GM sum (they add up to it)",
     ]
     shown_reset = sorted(names.get(c, str(c)) for c in reset & set(rows))
@@ -988,7 +999,9 @@ def _by_period(
     step("throttling")
     spans = _throttle_spans(conn, rng, customer_id)
     label = {p: _dt(start_of(p)).strftime("%Y-%m-%d") for p in bounds}
-    notes = [_range_note(rng), THROTTLE_NOTE]
+    notes = [_range_note(rng, mean=customer_id is not None)]
+    if customer_id is not None:
+        notes.append(THROTTLE_NOTE)
 
     if customer_id is not None:
         step("the customer's rows")
@@ -1115,8 +1128,9 @@ def _by_period(
             }
         )
     notes.append(
-        "gm_positive: the sum of customers' positive interval greediness; actions: level"
-        " changes by their interval, other actions by the time they were recorded"
+        "gm_positive: the sum of customers' positive interval greediness; throttled_customers:"
+        " customers that began an interval at level ≥ 1 (dry-run decisions count); actions:"
+        " actions tied to an interval by its start, others by the time they were recorded"
     )
     return _period_columns(unit, False), rows, notes
 

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from pathlib import Path
+from typing import Any
 
 from gmd.admin.render import FORMATS, Column, csv_text, json_text, table_text
 from gmd.sim.experiment import ExperimentConfig, ExperimentResult, run_experiment
@@ -49,11 +50,48 @@ def run_simulate(
     reference: bool = True,
 ) -> str:
     """Simulate and return the results table (or CSV/JSON) as text."""
+    if fmt not in FORMATS:
+        raise ValueError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    result = simulate(
+        trace,
+        window_s,
+        samples,
+        organizations,
+        policies,
+        seed,
+        processors,
+        workers,
+        progress,
+        total_processors=total_processors,
+        unit_s=unit_s,
+        cloudshare=cloudshare,
+        assignment=assignment,
+        reference=reference,
+    )
+    return render(result, fmt)
+
+
+def simulate(
+    trace: str | Path,
+    window_s: int,
+    samples: int,
+    organizations: int,
+    policies: Sequence[str],
+    seed: int = 0,
+    processors: str = "equal",
+    workers: int | None = None,
+    progress: bool = True,
+    *,
+    total_processors: int | None = None,
+    unit_s: int | None = None,
+    cloudshare: bool = False,
+    assignment: str | Path | None = None,
+    reference: bool = True,
+) -> ExperimentResult:
+    """Check the options and simulate. Raises ValueError naming the option at fault."""
     trace = Path(trace)
     if not trace.is_file():
         raise ValueError(f"--trace {trace}: no such file")
-    if fmt not in FORMATS:
-        raise ValueError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
     if processors not in PROCESSOR_MODES:
         raise ValueError(f"--processors {processors!r}: choose one of {', '.join(PROCESSOR_MODES)}")
     for option, value in (
@@ -88,8 +126,7 @@ def run_simulate(
         reference=reference,
     )
     with _progress_bar(progress and sys.stderr.isatty(), config.samples) as advance:
-        result = run_experiment(config, workers=workers, progress=advance)
-    return render(result, fmt)
+        return run_experiment(config, workers=workers, progress=advance)
 
 
 def _progress_bar(enabled: bool, total: int):
@@ -111,7 +148,18 @@ def _progress_bar(enabled: bool, total: int):
     return bar()
 
 
-def render(result: ExperimentResult, fmt: str) -> str:
+@dataclasses.dataclass(frozen=True)
+class Shown:
+    """A simulation's results as every format shows them."""
+
+    rows: list[dict[str, Any]]
+    columns: list[Column]
+    caption: str
+    document: dict[str, Any]
+    """for JSON: the configuration, the per-policy rows (under "policies") and every sample"""
+
+
+def shown(result: ExperimentResult) -> Shown:
     rows = result.summary()
     for row in rows:
         for key in ("wait_s_mean", "wait_s_std"):
@@ -126,25 +174,29 @@ def render(result: ExperimentResult, fmt: str) -> str:
     ]
     if result.config.cloudshare:
         columns += [Column("score", "score", None), Column("score_share", "score share", 3)]
-    if fmt == "csv":
-        return csv_text(rows, columns)
-    if fmt == "json":
-        config = dataclasses.asdict(result.config)
-        config["org_of_user"] = None if config["org_of_user"] is None else "file"
-        return json_text(
-            {
-                "config": config,
-                "policies": [_finite(r) for r in rows],
-                "samples": [_finite(dataclasses.asdict(s)) for s in result.samples],
-            }
-        )
+    config = dataclasses.asdict(result.config)
+    config["org_of_user"] = None if config["org_of_user"] is None else "file"
+    document = {
+        "config": config,
+        "policies": [_finite(r) for r in rows],
+        "samples": [_finite(dataclasses.asdict(s)) for s in result.samples],
+    }
     c = result.config
     caption = (
         f"{Path(c.trace).name}: {c.samples} samples of {c.window_s} s, {c.n_orgs} organizations "
         f"({c.processors} processors), seed {c.seed}. Δψ/p: SPAA's unfairness against Ref"
         + ("; score: CloudShare's pairwise wins." if c.cloudshare else ".")
     )
-    return table_text(rows, columns, title="gmd simulate", caption=caption)
+    return Shown(rows, columns, caption, document)
+
+
+def render(result: ExperimentResult, fmt: str) -> str:
+    out = shown(result)
+    if fmt == "csv":
+        return csv_text(out.rows, out.columns)
+    if fmt == "json":
+        return json_text(out.document)
+    return table_text(out.rows, out.columns, title="gmd simulate", caption=out.caption)
 
 
 def _finite(value: object) -> object:

@@ -34,6 +34,13 @@ def customer_id(conn: Connection, name: str) -> int:
     return customer_ids(conn, [name])[name]
 
 
+def customer_uuid(conn: Connection, name: str) -> str:
+    """The uuid (the ledger's name) of customer ``name``, given as uuid or project name;
+    :class:`UnknownCustomer` if the ledger has never seen it."""
+    cid = customer_id(conn, name)
+    return str(conn.execute(select(_customers.c.name).where(_customers.c.id == cid)).scalar_one())
+
+
 def customer_ids(conn: Connection, names: Sequence[str]) -> dict[str, int]:
     """Name → id for each name; :class:`UnknownCustomer` naming every name not found."""
     if not names:
