@@ -34,7 +34,7 @@ from gmd.admin.enforcement import (
 from gmd.admin.output import Format, Listing, Output, View, emit, output_options
 from gmd.admin.render import json_text
 from gmd.admin.standings import COLUMNS as STANDINGS_COLUMNS, standings
-from gmd.common.config import ConfigError
+from gmd.common.config import DEFAULT_PATH, ConfigError
 from gmd.common.timespec import iso as iso_time, parse_time
 from gmd.daemon.config import Config, load as load_config
 from gmd.daemon.ledger import migrate
@@ -52,7 +52,13 @@ app = typer.Typer(
     " read_url set, from that streaming replica, so that heavy reports do not load the"
     " primary: what they show may then trail the primary by the replication lag (--primary"
     " reads the primary). Commands that write (db upgrade, reset, batches release and drop)"
-    " always use url.",
+    " always use url. Reading creates nothing: a ledger that is not there is an error.\n\n"
+    "Listing commands take the openstack client's output options (-f table|csv|json|value|yaml,"
+    " -c COLUMN, --sort-column, --noheader, --max-width, --noindent) and Slurm's -P (pipe-"
+    "separated). Tables fit the terminal and are plain columns when piped.\n\n"
+    "Exit codes, for every command: 0 done (also when there is nothing to show), 1 the"
+    " database (or a file to write) is unavailable, 2 bad configuration or option, 3 what was"
+    " asked about does not exist (a customer, host or batch).",
     no_args_is_help=True,
     add_completion=False,
     rich_markup_mode=None,
@@ -72,6 +78,17 @@ class _Options:
     primary: bool
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"gmd-admin {version('gmd')}")
+        except PackageNotFoundError:
+            typer.echo("gmd-admin (not installed: version unknown)")
+        raise typer.Exit(0)
+
+
 @app.callback()
 def _root(
     ctx: typer.Context,
@@ -84,6 +101,15 @@ def _root(
             metavar="FILE",
         ),
     ] = None,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            help="Print gmd-admin's version and exit.",
+            is_eager=True,
+            callback=_print_version,
+        ),
+    ] = False,
     primary: Annotated[
         bool,
         typer.Option(
@@ -174,13 +200,56 @@ def _database(ctx: typer.Context, *, replica: bool = False) -> Iterator[Engine]:
 
 
 @contextmanager
-def _reading(ctx: typer.Context) -> Iterator[Engine]:
+def _reading(ctx: typer.Context, *, schema: bool = True) -> Iterator[Engine]:
     """The ledger for a command that only reads: the replica in [database] read_url when one
     is set and --primary is not given, else the primary; read-only transactions either way.
-    Commands that write use :func:`_database`, which is always the primary."""
-    replica = _load_config(ctx).read_url is not None and not _options(ctx).primary
+    Commands that write use :func:`_database`, which is always the primary.
+
+    Reading creates nothing: a SQLite ledger that is not there, or a database without the
+    ledger's schema (or with another version of it, unless ``schema`` is False), ends the
+    command with exit 1 and what to do, instead of an empty file or an SQL error."""
+    config = _load_config(ctx)
+    replica = config.read_url is not None and not _options(ctx).primary
+    url = config.read_url if replica and config.read_url else config.database_url
+    file = _sqlite_file(url)
+    if file is not None and not file.exists():
+        where = (
+            f"[database] url in {config.path}"
+            if config.path is not None
+            else f"the default ledger: there is no configuration at {DEFAULT_PATH}; give"
+            " --config FILE or set GMD_CONFIG"
+        )
+        raise _fail(
+            f"no ledger at {file} ({where}); gmd-daemon creates it when it starts, or run"
+            " `gmd-admin db upgrade`",
+            EXIT_UNAVAILABLE,
+        )
     with _database(ctx, replica=replica) as engine:
-        yield _read_only(engine)
+        reading = _read_only(engine)
+        if schema:
+            _check_schema(reading)
+        yield reading
+
+
+def _sqlite_file(url: str) -> Path | None:
+    """The file of a SQLite URL (None for other databases and for memory)."""
+    if not url.startswith("sqlite:///") or url == "sqlite:///:memory:":
+        return None
+    return Path(url.removeprefix("sqlite:///").split("?", 1)[0])
+
+
+def _check_schema(engine: Engine) -> None:
+    revision = migrate.current(engine)
+    if revision == migrate.head():
+        return
+    url = _shown(str(engine.url))
+    if revision is None:
+        raise _fail(f"no ledger schema in {url}: run `gmd-admin db upgrade`", EXIT_UNAVAILABLE)
+    raise _fail(
+        f"the ledger in {url} is at schema {revision}, this gmd reads {migrate.head()}: run"
+        " `gmd-admin db upgrade` (or, if the ledger is newer, upgrade gmd)",
+        EXIT_UNAVAILABLE,
+    )
 
 
 @db_app.command("upgrade")
@@ -203,7 +272,7 @@ def db_upgrade(
 @db_app.command("current")
 def db_current(ctx: typer.Context) -> None:
     """Show the ledger's schema revision; exit 0 when it is the newest, 1 when not."""
-    with _reading(ctx) as engine:
+    with _reading(ctx, schema=False) as engine:
         rev = migrate.current(engine)
         head = migrate.head()
     if rev == head:
@@ -526,7 +595,7 @@ def enforce_command(
 
     Exit codes: 0 shown, 1 database unavailable, 2 bad option, 3 unknown host.
     """
-    from gmd.admin.enforcement import UnknownHost
+    from gmd.daemon.ledger.lookup import UnknownHost
 
     if not plan:
         raise _fail("say what to show: --plan")
@@ -741,6 +810,15 @@ def reset_command(
     except UnknownCustomer as exc:
         typer.echo(f"gmd-admin: {exc}", err=True)
         raise typer.Exit(3) from None
+    if not result.recorded:
+        typer.echo(
+            f"{customer}: already reset (balance {result.previous_balance:.6g} dropped; accounting"
+            f" starts it from 0 at the interval of {iso_time(result.effective_start_s)})"
+            if result.previous_balance
+            else f"{customer}: the balance is already 0",
+        )
+        typer.echo("nothing recorded", err=True)
+        return
     typer.echo(
         f"{customer}: balance {result.previous_balance:.6g} reset to 0 by {requester};"
         f" accounting starts it from 0 at the interval of"
@@ -784,8 +862,8 @@ def batches_command(
 
     A quarantined batch made its interval fail to account (a number the engine cannot take,
     say); the interval was accounted without it. Decide with `gmd-admin batches release KEY`
-    or `gmd-admin batches drop KEY`. Exit codes: 0 listed, 1 database unavailable, 2 bad
-    option.
+    or `gmd-admin batches drop KEY`. Exit codes: 0 listed (also when none), 1 database
+    unavailable, 2 bad option, 3 unknown host.
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -793,10 +871,17 @@ def batches_command(
 
     states = tuple(state or ()) + ((BatchState.quarantined,) if quarantined else ())
     from_s, to_s = _times(from_, to)
-    with _reading(ctx) as engine, engine.connect() as conn:
-        rows = batch_rows(
-            conn, states=states or None, host=host, from_s=from_s, to_s=to_s, limit=limit
-        )
+    from gmd.daemon.ledger.lookup import UnknownHost, require_host
+
+    try:
+        with _reading(ctx) as engine, engine.connect() as conn:
+            if host is not None:
+                require_host(conn, host)
+            rows = batch_rows(
+                conn, states=states or None, host=host, from_s=from_s, to_s=to_s, limit=limit
+            )
+    except UnknownHost as exc:
+        raise _fail(str(exc), EXIT_NOT_FOUND) from None
     what = "quarantined " if states == (BatchState.quarantined,) else ""
     caption = f"{len(rows)} {what}batch(es)" + (f" (at most {limit})" if len(rows) == limit else "")
     emit(

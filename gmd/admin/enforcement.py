@@ -9,16 +9,12 @@ from gmd.admin.render import Column
 from gmd.common.timespec import iso
 from gmd.daemon.config import EnforcementConfig
 from gmd.daemon.enforce.plans import host_plan
+from gmd.daemon.ledger.lookup import require_host
 from gmd.daemon.ledger.tables import (
     customers as _customers,
     hosts as _hosts,
     levels as _levels,
 )
-
-
-class UnknownHost(LookupError):
-    """A host the ledger has never had a batch from."""
-
 
 LEVEL_COLUMNS = (
     Column("customer", "Customer", None, "left"),
@@ -72,11 +68,11 @@ def plans(
 ) -> list[dict[str, object]]:
     """Every host's plan (or one host's), a row per throttled VM. :class:`UnknownHost` for a
     host the ledger has never seen."""
-    names = list(conn.execute(select(_hosts.c.name).order_by(_hosts.c.name)).scalars())
     if host is not None:
-        if host not in names:
-            raise UnknownHost(f"host {host!r} is not in the ledger (no batch came from it)")
+        require_host(conn, host)
         names = [host]
+    else:
+        names = list(conn.execute(select(_hosts.c.name).order_by(_hosts.c.name)).scalars())
     rows = []
     for name in names:
         for p in host_plan(conn, name, config):

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from sqlalchemy import Connection, select
 
-from gmd.daemon.ledger.tables import customers as _customers
+from gmd.daemon.ledger.tables import customers as _customers, hosts as _hosts
 
 
 class UnknownCustomer(LookupError):
@@ -32,6 +32,17 @@ def customer_id(conn: Connection, name: str) -> int:
     """The id of customer ``name`` (uuid or project name); :class:`UnknownCustomer` if the
     ledger has never seen it."""
     return customer_ids(conn, [name])[name]
+
+
+class UnknownHost(LookupError):
+    """A host the ledger has never had a batch from."""
+
+
+def require_host(conn: Connection, name: str) -> None:
+    """:class:`UnknownHost` unless the ledger knows host ``name``."""
+    found = conn.execute(select(_hosts.c.id).where(_hosts.c.name == name)).first()
+    if found is None:
+        raise UnknownHost(f"host {name!r} is not in the ledger (no batch came from it)")
 
 
 def customer_uuid(conn: Connection, name: str) -> str:

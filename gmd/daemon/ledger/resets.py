@@ -44,6 +44,9 @@ class ResetResult:
     """start of that interval"""
     effective_start_s: int
     """the first interval accounted from a zero balance"""
+    recorded: bool = True
+    """False when nothing was done: a reset was already pending from the same interval, or the
+    balance already was 0 (a second reset must not log the dropped balance again)"""
 
     def document(self) -> dict[str, object]:
         return {
@@ -92,6 +95,19 @@ def reset_balance(engine: Engine, customer: str, reason: str, requested_by: str)
         ).first()
         effective = first_unaccounted_start(conn)
         previous = 0.0 if latest is None else float(latest.balance)
+        pending = conn.execute(
+            select(_resets.c.previous_balance).where(
+                _resets.c.customer_id == customer_id, _resets.c.effective_start_s == effective
+            )
+        ).first()
+        if pending is not None or previous == 0.0:
+            return ResetResult(
+                customer,
+                0.0 if pending is None else float(pending.previous_balance),
+                None if latest is None else int(latest.start_s),
+                effective,
+                recorded=False,
+            )
         conn.execute(
             insert(_resets).values(
                 customer_id=customer_id,
