@@ -14,6 +14,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 import yaml
@@ -70,14 +71,20 @@ def plain(value: object) -> object:
 
 
 def clean(document: Any) -> Any:
-    """``document`` with -0.0 as 0.0 and NaN/infinities as null: valid JSON, and the same
-    value whichever format carries it."""
+    """``document`` with -0.0 as 0.0, NaN/infinities as null and enums as their values:
+    valid JSON and safe YAML, and the same value whichever format carries it."""
     if isinstance(document, float):
         return document + 0.0 if math.isfinite(document) else None
     if isinstance(document, Mapping):
         return {k: clean(v) for k, v in document.items()}
     if isinstance(document, list | tuple):
         return [clean(v) for v in document]
+    if isinstance(document, Enum):
+        return clean(document.value)
+    if isinstance(document, str):
+        return str(document)  # a str subclass is a plain string to YAML too
+    if isinstance(document, int) and not isinstance(document, bool):
+        return int(document)
     return document
 
 

@@ -1,0 +1,259 @@
+"""gmd-admin's output layer: the openstack client's and Slurm's output options, on every listing
+command, and the defects an operator trying gmd cold ran into (issue 17)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gmd.admin.output import Format, Listing, Output, OutputError, View, render
+from gmd.admin.render import Column
+from tests.daemon_support import aligned_past
+from tests.test_standings import ledger_config  # noqa: F401 - the fixture
+
+ADMIN = Path(sys.executable).with_name("gmd-admin")
+
+COLUMNS = (
+    Column("customer", "Customer", None, "left"),
+    Column("balance", "Balance", 4),
+    Column("dry_run", "Dry-run", None, "left"),
+    Column("detail", "Detail", None, "left"),
+)
+ROWS = [
+    {"customer": "b", "balance": -0.0, "dry_run": True, "detail": {"a": 1, "b": [1, 2]}},
+    {"customer": "a", "balance": 2.5, "dry_run": False, "detail": None},
+    {"customer": "c", "balance": None, "dry_run": False, "detail": "x"},
+]
+
+
+class Terminal(io.StringIO):
+    """A stream that says it is a terminal, as a person's shell is."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def shown(out: Output, tty: bool = False, notes: tuple[str, ...] = ()) -> str:
+    listing = Listing([View(ROWS, COLUMNS, title="T", notes=notes, keep=("customer",))])
+    return render(listing, out, Terminal() if tty else io.StringIO())
+
+
+def test_piped_tables_are_plain_and_terminal_tables_are_framed() -> None:
+    piped = shown(Output())
+    assert not set("│┃─━┌┐└┘") & set(piped)
+    assert piped.splitlines()[1].split() == ["Customer", "Balance", "Dry-run", "Detail"]
+    framed = shown(Output(), tty=True)
+    assert "│" in framed
+
+
+def test_cells_show_odd_values_plainly() -> None:
+    lines = shown(Output()).splitlines()
+    assert lines[2].split()[:3] == ["b", "0.0000", "yes"]  # -0.0 is 0, True is yes
+    assert '{"a":1,"b":[1,2]}' in lines[2]  # a document on one line, not six
+    assert lines[3].split()[:3] == ["a", "2.5000", "no"]
+    assert lines[4].split()[:2] == ["c", "-"]  # no amount
+
+
+def test_csv_parsable_and_value_formats() -> None:
+    rows = list(csv.DictReader(io.StringIO(shown(Output(format=Format.csv)))))
+    assert rows[0] == {
+        "customer": "b",
+        "balance": "0.0",
+        "dry_run": "true",
+        "detail": rows[0]["detail"],
+    }
+    assert json.loads(rows[0]["detail"]) == {"a": 1, "b": [1, 2]}
+    assert rows[2]["balance"] == ""
+    piped = shown(Output(parsable=True, columns=("customer", "Balance"))).splitlines()
+    assert piped == ["customer|balance", "b|0.0", "a|2.5", "c|"]
+    assert shown(Output(parsable=True, noheader=True, columns=("customer",))) == "b\na\nc\n"
+    assert shown(Output(format=Format.value, columns=("customer", "dry_run"))) == (
+        "b true\na false\nc false\n"
+    )
+
+
+def test_json_and_yaml_hold_the_same_document() -> None:
+    as_json = json.loads(shown(Output(format=Format.json)))
+    as_yaml = yaml.safe_load(shown(Output(format=Format.yaml)))
+    assert as_json == as_yaml
+    assert as_json["rows"][0]["balance"] == 0.0 and str(as_json["rows"][0]["balance"]) == "0.0"
+    compact = shown(Output(format=Format.json, noindent=True, columns=("customer",)))
+    assert compact == '{"rows": [{"customer": "b"}, {"customer": "a"}, {"customer": "c"}]}\n'
+
+
+def test_columns_and_sorting() -> None:
+    out = Output(format=Format.value, columns=("Balance", "customer"), sort_columns=("balance",))
+    assert shown(out) == "0.0 b\n2.5 a\n c\n"  # ascending; nothing sorts last
+    down = Output(
+        format=Format.value, columns=("customer",), sort_columns=("balance",), sort_descending=True
+    )
+    assert shown(down) == "a\nb\nc\n"
+    with pytest.raises(OutputError, match="no column 'nope' here; the columns are: customer"):
+        shown(Output(columns=("nope",)))
+    with pytest.raises(OutputError, match="-P/--parsable"):
+        shown(Output(format=Format.json, parsable=True))
+
+
+def test_a_narrow_table_leaves_columns_out_and_says_which() -> None:
+    text = shown(Output(max_width=30), notes=("balance: after the last interval", "general"))
+    lines = text.splitlines()
+    assert all(len(line) <= 30 for line in lines[:5])
+    assert lines[1].split() == ["Customer", "Balance", "Dry-run"]
+    assert "Left out to fit 30 columns: detail" in " ".join(lines)
+    narrower = shown(Output(max_width=12), notes=("balance: after the last interval", "general"))
+    assert "balance: after" not in narrower  # a note about a column not shown is left out
+    assert "general" in narrower
+    assert shown(Output(noheader=True, columns=("customer",))) == "b\na\nc\n"
+
+
+def admin(
+    config: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(ADMIN), "--config", str(config), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+
+
+def test_every_listing_command_takes_the_output_options(ledger_config: Path) -> None:  # noqa: F811
+    for command in (
+        ["standings"],
+        ["report", "--from", "0"],
+        ["actions"],
+        ["enforce", "--plan"],
+        ["batches"],
+        ["db", "usage"],
+        ["gm", "--scenario", "S32"],
+    ):
+        for extra in (["-f", "yaml"], ["-f", "value"], ["-P", "-n"], ["--max-width", "80"]):
+            out = admin(ledger_config, *command, *extra)
+            assert out.returncode == 0, (command, extra, out.stderr)
+            assert "Traceback" not in out.stderr
+
+
+def test_standings_show_every_customer_asked_for_with_its_level(ledger_config: Path) -> None:  # noqa: F811
+    out = admin(ledger_config, "standings", "--customer", "a", "--customer", "b", "-f", "json")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)["customers"]
+    assert sorted(r["customer"] for r in rows) == ["a", "b"]
+    assert all(r["level"] == 0 and r["enforced"] is None for r in rows)
+    missing = admin(
+        ledger_config,
+        "standings",
+        "--customer",
+        "a",
+        "--customer",
+        "zz",
+        "-f",
+        "value",
+        "-c",
+        "customer",
+    )
+    assert missing.returncode == 3 and missing.stdout == "a\n"
+    assert "'zz' has no standing" in missing.stderr
+
+
+def test_actions_count_by_their_interval_and_limit_keeps_the_newest(ledger_config: Path) -> None:  # noqa: F811
+    last = aligned_past(3)
+    for who in ("a", "b"):
+        done = admin(ledger_config, "reset", who, "--reason", "test", "--yes")
+        assert done.returncode == 0, done.stderr
+    # A second reset of a before the next interval is accounted does nothing and logs nothing.
+    again = admin(ledger_config, "reset", "a", "--reason", "test", "--yes")
+    assert again.returncode == 0 and "already reset" in again.stdout
+    everything = json.loads(admin(ledger_config, "actions", "-f", "json").stdout)["actions"]
+    assert [(r["kind"], r["customer"]) for r in everything] == [("reset", "a"), ("reset", "b")]
+    # Both resets are tied to the interval they were made after, three minutes ago: that
+    # interval's range holds them though they were recorded now.
+    in_interval = admin(
+        ledger_config,
+        "actions",
+        "--from",
+        str(last),
+        "--to",
+        str(last + 60),
+        "-f",
+        "value",
+        "-c",
+        "customer",
+    )
+    assert in_interval.stdout == "a\nb\n"
+    later = admin(
+        ledger_config, "actions", "--from", str(last + 60), "-f", "value", "-c", "customer"
+    )
+    assert later.returncode == 0 and later.stdout == ""
+    newest = admin(ledger_config, "actions", "--limit", "1", "-f", "value", "-c", "customer")
+    assert newest.stdout == "b\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["actions", "--customer", "nobody"], 3, "'nobody' is not in the ledger"),
+        (["enforce", "--plan", "--host", "nowhere"], 3, "host 'nowhere' is not in the ledger"),
+        (["batches", "--host", "nowhere"], 3, "host 'nowhere' is not in the ledger"),
+        (["report", "--from", "99999999999999"], 2, "after 9999-12-31T23:59:59Z"),
+        (["explain", "a", "--at", "99999999999999"], 2, "after 9999-12-31T23:59:59Z"),
+        (["actions", "--from", "99999999999999"], 2, "after 9999-12-31T23:59:59Z"),
+        (["standings", "-c", "nope"], 2, "no column 'nope' here"),
+        (
+            ["gm", "--supply", "6,12", "--use", "c1=3,8", "--use", "c2=1,5"],
+            2,
+            "more than the supply",
+        ),
+    ],
+)
+def test_not_found_and_bad_input_have_one_exit_code_each(
+    ledger_config: Path,  # noqa: F811
+    args: list[str],
+    code: int,
+    message: str,
+) -> None:
+    out = admin(ledger_config, *args)
+    assert out.returncode == code, out.stderr
+    assert message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_report_from_the_epoch_is_a_range(ledger_config: Path) -> None:  # noqa: F811
+    out = admin(ledger_config, "report", "--from", "0", "-f", "json")
+    assert out.returncode == 0, out.stderr
+    assert {r["customer"] for r in json.loads(out.stdout)["rows"]} == {"a", "b"}
+
+
+def test_enforce_plan_csv_holds_both_tables(ledger_config: Path) -> None:  # noqa: F811
+    out = admin(ledger_config, "enforce", "--plan", "-f", "csv")
+    assert out.returncode == 0, out.stderr
+    levels, plans = out.stdout.split("\n\n")
+    assert levels.startswith("customer,level,score")
+    assert plans.splitlines()[0].endswith("disk_read_bytes_per_s,disk_write_bytes_per_s")
+
+
+def test_reading_commands_create_nothing(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "GMD_CONFIG"}
+    typo = tmp_path / "gmd.toml"
+    typo.write_text(f'[database]\nurl = "sqlite:///{tmp_path / "nope" / "ledger.db"}"\n')
+    out = admin(typo, "standings", env=env)
+    assert out.returncode == 1 and "no ledger at" in out.stderr and "db upgrade" in out.stderr
+    assert not (tmp_path / "nope").exists()
+    (tmp_path / "empty.db").touch()
+    empty = tmp_path / "empty.toml"
+    empty.write_text(f'[database]\nurl = "sqlite:///{tmp_path / "empty.db"}"\n')
+    out = admin(empty, "report", env=env)
+    assert out.returncode == 1 and "no ledger schema" in out.stderr
+    assert "Traceback" not in out.stderr and "OperationalError" not in out.stderr
+
+
+def test_version() -> None:
+    out = subprocess.run([str(ADMIN), "--version"], capture_output=True, text=True, check=False)
+    assert out.returncode == 0 and out.stdout.startswith("gmd-admin ")
