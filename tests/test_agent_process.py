@@ -22,6 +22,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
+from gmd.common.version import version
 from gmd.wire import SampleBatch
 from tests.agent_fixtures import NODE, uri
 from tests.daemon_support import make_config, serving, token_of
@@ -142,11 +143,35 @@ def test_configuration_errors_name_the_file_and_key(tmp_path: Path) -> None:
     bad.write_text('[agent]\ntick_s = 0\nlibvirt_uri = "test:///default"\n')
     out = run("--config", str(bad), "--once")
     assert out.returncode == 2
-    assert f"{bad}: agent.tick_s: 0.0 is not in [0.05, 3600]" in out.stderr
+    assert f"{bad}: agent.tick_s: 0 is not in [0.05, 3600]" in out.stderr
     unset = tmp_path / "unset.toml"
     unset.write_text(f'[agent]\nlibvirt_uri = "{uri(NODE)}"\n')
     out = run("--config", str(unset), "--once")
     assert out.returncode == 2 and "agent.daemon_url is not set" in out.stderr
+
+
+def test_numbers_in_configuration_errors_read_as_written(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[agent]\nmetrics_port = 70000\n")
+    out = run("--config", str(bad))
+    assert out.returncode == 2
+    assert out.stderr.splitlines()[-1].endswith(
+        f"ERROR gmd.agent: {bad}: agent.metrics_port: 70000 is not in [0, 65535]"
+    )
+
+
+def test_a_bogus_log_level_names_the_choices_and_exits_2() -> None:
+    out = run("--log-level", "loud")
+    assert out.returncode == 2
+    assert (
+        "Error: Invalid value for '--log-level': 'loud' is not one of debug, info, warning, error\n"
+    ) in out.stderr
+    assert "Value error" not in out.stderr and "Traceback" not in out.stderr
+
+
+def test_version_names_the_program(tmp_path: Path) -> None:
+    out = run("--config", str(tmp_path / "missing.toml"), "--version")
+    assert (out.returncode, out.stdout, out.stderr) == (0, f"gmd-agent {version()}\n", "")
 
 
 def test_sigkill_with_a_full_spool_then_restart_loses_and_doubles_nothing(
@@ -195,6 +220,8 @@ def test_sigkill_with_a_full_spool_then_restart_loses_and_doubles_nothing(
 
     assert 'gmd_agent_batches_total{outcome="accepted"}' in metrics
     assert "gmd_agent_samples_total" in metrics
+    assert f'gmd_build_info{{version="{version()}"}} 1.0' in metrics
+    assert "_created" not in metrics
     starts = sorted({start for start, _uuid in samples})
     assert starts == list(range(starts[0], starts[-1] + 1, INTERVAL_S))  # no interval missing
     assert {uuid for _s, uuid in samples} == set(RSS)

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
+from gmd.common.version import version
 from gmd.daemon.ledger import migrate
 from gmd.daemon.ledger.accounting import compute_rows
 from gmd.daemon.ledger.store import BatchRecord, LedgerStore
@@ -300,7 +301,50 @@ def test_a_bogus_log_level_is_an_option_error(tmp_path: Path) -> None:
         timeout=60,
     )
     assert done.returncode == 2
-    assert "'bogus' is not one of" in done.stderr and "Traceback" not in done.stderr
+    assert (
+        "Error: Invalid value for '--log-level': 'bogus' is not one of debug, info, warning,"
+        " error\n"
+    ) in done.stderr
+    assert "Value error" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_version_is_printed_before_the_configuration_is_read(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [str(DAEMON), "--config", str(tmp_path / "missing.toml"), "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, f"gmd-daemon {version()}\n", "")
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ("[daemon]\nport = 99999\n", "daemon.port: 99999 is not in [0, 65535]"),
+        (
+            "[daemon]\nmax_body_bytes = 10\n",
+            "daemon.max_body_bytes: 10 is not in [1024, 2147483648]",
+        ),
+        ("[daemon]\nport = '8470'\n", "daemon.port: expected a number, got '8470'"),
+        ("[accounting]\ngamma = 2\n", "accounting.gamma: 2 is not in [0, 1]"),
+        (
+            "[enforcement]\nenter = [1, 0.5, 4]\nleave = [0.5, 0.25, 3]\n",
+            "enforcement: enter = [1, 0.5, 4] must increase strictly; leave = [0.5, 0.25, 3]"
+            " must increase",
+        ),
+    ],
+)
+def test_configuration_errors_show_numbers_as_written(
+    tmp_path: Path, table: str, message: str
+) -> None:
+    config = tmp_path / "gmd.toml"
+    config.write_text(f'[database]\nurl = "sqlite:///{tmp_path / "l.db"}"\n{table}')
+    done = run_daemon(config)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].endswith(f" ERROR gmd.daemon: {config}: {message}")
+    assert "Value error" not in done.stderr
 
 
 def run_daemon(config: Path, *options: str) -> subprocess.CompletedProcess[str]:

@@ -86,7 +86,7 @@ def test_effects_respect_cap_level_quota_level_and_floors() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"leave": (1.0, 1.5, 3.0)}, "level 1: leave 1.0 must be below enter 1.0"),
+        ({"leave": (1.0, 1.5, 3.0)}, "level 1: leave 1 must be below enter 1 "),
         ({"enter": (2.0, 1.0, 4.0)}, "must increase strictly"),
         ({"leave": (0.5,)}, "leave has 1 values, enter has 3"),
         ({"max_step": 0}, "max_step = 0"),

@@ -25,6 +25,7 @@ from gmd.agent.loop import Agent, AgentMetrics, dry_run_batch, new_key
 from gmd.agent.sender import Sender
 from gmd.agent.spool import Spool, SpoolError
 from gmd.common import logs
+from gmd.common.cli import LogLevelOption, version_option
 from gmd.common.config import DEFAULT_PATH, ConfigError
 from gmd.common.timespec import iso
 
@@ -142,9 +143,8 @@ def agent(
             " a running agent would throttle them again at its next plan.",
         ),
     ] = False,
-    log_level: Annotated[
-        logs.LogLevel, typer.Option(help="debug, info, warning or error.")
-    ] = logs.LogLevel.info,
+    log_level: LogLevelOption = logs.LogLevel.info,
+    _version: Annotated[bool, version_option("gmd-agent")] = False,
 ) -> None:
     """Sample the VMs of this host through libvirt and send their use to gmd-daemon.
 
@@ -156,7 +156,7 @@ def agent(
     traces replayed over simulated time (agent.replay_*), and the agent exits when the replay
     is done. Exit codes: 0 stopped cleanly (or the replay is done), 1 the host, the traces, the
     spool or the enforcement state cannot be used (or --restore-all left VMs unrestored, or a
-    replay's batches were not all delivered), 2 bad configuration.
+    replay's batches were not all delivered), 2 bad configuration or option.
     """
     logs.setup(log_level.value, quiet=("httpx",))
     try:

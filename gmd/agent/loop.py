@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from gmd.agent.client import PlanUnavailable, PostOutcome
 from gmd.agent.collect.aggregate import (
@@ -50,6 +51,7 @@ from gmd.agent.collect.capacity import SYS_CLASS_NET, Bandwidth, Capacity
 from gmd.agent.config import AgentConfig
 from gmd.agent.sender import Sender
 from gmd.agent.spool import Spool, Spooled
+from gmd.common.version import version
 from gmd.wire import HostPlan, PlanReport, VmApplyResult
 
 if TYPE_CHECKING:
@@ -73,7 +75,12 @@ class AgentMetrics:
     """The agent's Prometheus metrics, in a registry of its own (tests run several agents)."""
 
     def __init__(self) -> None:
+        # No `_created` series beside counters and histograms: Prometheus does not use them.
+        prometheus_client.disable_created_metrics()
         self.registry = r = CollectorRegistry()
+        Info("gmd_build", "The gmd version this agent runs.", registry=r).info(
+            {"version": version()}
+        )
         self.samples = Counter(
             "gmd_agent_samples", "VM readings taken (one per running VM per tick).", registry=r
         )

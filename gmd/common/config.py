@@ -1,7 +1,7 @@
 """Reading gmd.toml: the file, and a reader that validates one table of it key by key.
 
 Both gmd-agent (its ``[agent]`` table) and gmd-daemon (the rest) read the same file the same
-way, so every error names the file and the key (``gmd.toml: accounting.gamma = 1.5: must be in
+way, so every error names the file and the key (``gmd.toml: accounting.gamma: 1.5 is not in
 [0, 1]``): an operator who mistyped a value at 3 a.m. should not have to read a traceback.
 """
 
@@ -10,12 +10,38 @@ from __future__ import annotations
 import math
 import os
 import tomllib
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 DEFAULT_PATH = Path("/etc/gmd/gmd.toml")
 
 Choice = TypeVar("Choice", bound=str)
+
+
+# The types as TOML calls them: an operator wrote `port = "x"`, not a Python str.
+_TOML_NAMES = {
+    float: "a number",
+    int: "an integer",
+    str: "a string",
+    bool: "true or false",
+    list: "an array",
+    dict: "a table",
+    datetime: "a date-time",
+}
+
+
+def _expected(kinds: tuple[type, ...]) -> str:
+    """``kinds`` in TOML's words; an integer is a number too, so "a number" says both."""
+    named = [_TOML_NAMES.get(k, k.__name__) for k in kinds if not (k is int and float in kinds)]
+    return " or ".join(named)
+
+
+def _bound(limit: float) -> str:
+    """A bound the way an operator would write it: 2147483648 rather than 2.14748e+09."""
+    if limit == int(limit) and abs(limit) < 2**53:
+        return str(int(limit))
+    return f"{limit:g}"
 
 
 class ConfigError(ValueError):
@@ -56,17 +82,16 @@ class Reader:
         if kind is float and isinstance(value, int):
             value = float(value)
         if not isinstance(value, kind):
-            expected = (
-                kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-            )
-            raise self.fail(key, f"expected {expected}, got {value!r}")
+            raise self.fail(key, f"expected {_expected(kinds)}, got {value!r}")
         return value
 
     def number(self, key: str, default: float, low: float, high: float = math.inf) -> float:
         value = self.get(key, float, default)
         if not (math.isfinite(value) and low <= value <= high):
-            bound = f"[{low:g}, {high:g}]" if math.isfinite(high) else f"[{low:g}, ∞)"
-            raise self.fail(key, f"{value!r} is not in {bound}")
+            top = f"{_bound(high)}]" if math.isfinite(high) else "∞)"
+            bound = f"[{_bound(low)}, {top}"
+            # As written: `port = 99999` is 99999 in the message, not the 99999.0 read.
+            raise self.fail(key, f"{self.table.get(key, value)!r} is not in {bound}")
         return value
 
     def choice(self, key: str, default: Choice, choices: tuple[Choice, ...]) -> Choice:

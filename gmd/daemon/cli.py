@@ -17,6 +17,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from uvicorn.config import STARTUP_FAILURE
 
 from gmd.common import logs
+from gmd.common.cli import LogLevelOption, version_option
 from gmd.common.config import ConfigError
 from gmd.daemon.api.app import create_app
 from gmd.daemon.api.body_limit import with_body_limit
@@ -53,9 +54,8 @@ def serve(
             "share one PostgreSQL with one that accounts.",
         ),
     ] = None,
-    log_level: Annotated[
-        logs.LogLevel, typer.Option(help="debug, info, warning or error.")
-    ] = logs.LogLevel.info,
+    log_level: LogLevelOption = logs.LogLevel.info,
+    _version: Annotated[bool, version_option("gmd-daemon")] = False,
 ) -> None:
     """Serve the gmd API: POST /v1/samples, GET /v1/plan/HOST, /healthz, /metrics.
 

@@ -83,6 +83,11 @@ class ThrottlePolicy:
         )
 
 
+def _written(values: tuple[float, ...]) -> str:
+    """Thresholds as the operator wrote them in gmd.toml (``[1, 0.5]``, not ``[1.0, 0.5]``)."""
+    return f"[{', '.join(f'{v:g}' for v in values)}]"
+
+
 def policy_problems(p: ThrottlePolicy) -> list[str]:
     """Everything inconsistent in a policy, as sentences naming the setting."""
     problems = []
@@ -93,15 +98,15 @@ def policy_problems(p: ThrottlePolicy) -> list[str]:
     if any(not math.isfinite(v) for v in (*p.enter, *p.leave)):
         problems.append("thresholds must be finite")
     if list(p.enter) != sorted(p.enter) or len(set(p.enter)) != n:
-        problems.append(f"enter = {list(p.enter)} must increase strictly")
+        problems.append(f"enter = {_written(p.enter)} must increase strictly")
     if len(p.leave) == n:
         for k, (e, lv) in enumerate(zip(p.enter, p.leave, strict=True), start=1):
             if not lv < e:
-                problems.append(f"level {k}: leave {lv} must be below enter {e} (hysteresis)")
+                problems.append(f"level {k}: leave {lv:g} must be below enter {e:g} (hysteresis)")
         if list(p.leave) != sorted(p.leave):
-            problems.append(f"leave = {list(p.leave)} must increase")
+            problems.append(f"leave = {_written(p.leave)} must increase")
     if p.dwell_s < 0:
-        problems.append(f"dwell_s = {p.dwell_s} must be >= 0")
+        problems.append(f"dwell_s = {p.dwell_s:g} must be >= 0")
     if p.max_step < 1:
         problems.append(f"max_step = {p.max_step} must be >= 1")
     for name in ("weight_factors", "cpu_cap_fractions"):

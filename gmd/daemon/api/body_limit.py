@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI
+
+from gmd.daemon.api.metrics import DaemonMetrics, Rejection
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +28,10 @@ class BodyLimit:
     does not know) is held back, so the client gets this 413 and nothing else.
     """
 
-    def __init__(self, app: Any, limit: int) -> None:
-        self.app, self.limit = app, limit
+    def __init__(
+        self, app: Any, limit: int, on_refused: Callable[[str], None] | None = None
+    ) -> None:
+        self.app, self.limit, self.on_refused = app, limit, on_refused
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -67,6 +72,8 @@ class BodyLimit:
             await self._refuse(scope, send, seen)
 
     async def _refuse(self, scope: dict[str, Any], send: Any, size: int) -> None:
+        if self.on_refused is not None:
+            self.on_refused(scope.get("path", ""))
         log.warning(
             "%s %s refused (413): body of %d+ bytes exceeds daemon.max_body_bytes = %d",
             scope.get("method", "?"),
@@ -100,5 +107,12 @@ class _TooLarge(Exception):
 
 
 def with_body_limit(app: FastAPI, limit: int) -> BodyLimit:
-    """The app behind the body-size guard (what uvicorn serves)."""
-    return BodyLimit(app, limit)
+    """The app behind the body-size guard (what uvicorn serves); a batch it refuses is counted
+    as one the app refused, since the app never sees it."""
+    metrics: DaemonMetrics = app.state.metrics
+
+    def refused(path: str) -> None:
+        if path.startswith("/v1/samples"):
+            metrics.report_rejected(Rejection.too_large)
+
+    return BodyLimit(app, limit, refused)

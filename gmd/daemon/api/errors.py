@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import SQLAlchemyError
 
 from gmd.daemon.api.auth import AuthError
+from gmd.daemon.api.metrics import Rejection
 from gmd.daemon.api.services import Services
 from gmd.wire import UUID_PATTERN, UUID_RULE, Problem
 
@@ -25,9 +26,19 @@ log = logging.getLogger(__name__)
 
 
 class Refused(Exception):
-    def __init__(self, status: int, detail: str, errors: list[str] | None = None) -> None:
+    """A request answered with a :class:`~gmd.wire.Problem`; ``reason`` says, for a refused
+    batch, which kind of refusal it counts as."""
+
+    def __init__(
+        self,
+        status: int,
+        detail: str,
+        errors: list[str] | None = None,
+        reason: Rejection | None = None,
+    ) -> None:
         super().__init__(detail)
         self.status, self.detail, self.errors = status, detail, errors or []
+        self.reason = reason
 
 
 def _where(loc: tuple[Any, ...]) -> str:
@@ -53,14 +64,18 @@ def validation_problem(errors: list[Any], what: str = "invalid batch") -> Refuse
             lines.append(f"{where}: {str(e.get('msg')).removeprefix('Value error, ')}{shown}")
     first = lines[0] if lines else "invalid request"
     more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
-    return Refused(422, f"{what}: {first}{more}", lines)
+    return Refused(422, f"{what}: {first}{more}", lines, Rejection.invalid_fields)
 
 
 def json_media(content_type: str | None) -> None:
     """:class:`Refused` (415) unless the content type is JSON."""
     media = (content_type or "").split(";")[0].strip().lower()
     if media != "application/json":
-        raise Refused(415, f"content type {content_type or '(none)'!r}: send application/json")
+        raise Refused(
+            415,
+            f"content type {content_type or '(none)'!r}: send application/json",
+            reason=Rejection.content_type,
+        )
 
 
 def json_document(content_type: str | None, body: bytes) -> Any:
@@ -78,7 +93,9 @@ def json_document(content_type: str | None, body: bytes) -> Any:
         if any(word in snippet for word in ("NaN", "Infinity")):
             hint = " (NaN and Infinity are not JSON: usage must be finite numbers)"
         raise Refused(
-            400, f"malformed JSON at char {exc.pos}: {exc.msg}: …{snippet}…{hint}"
+            400,
+            f"malformed JSON at char {exc.pos}: {exc.msg}: …{snippet}…{hint}",
+            reason=Rejection.malformed_json,
         ) from None
 
 
@@ -102,7 +119,9 @@ async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse
 async def unauthorized(request: Request, exc: AuthError) -> JSONResponse:
     if request.url.path.startswith("/v1/samples"):
         services: Services = request.app.state.services
-        services.metrics.batches.labels("rejected").inc()
+        services.metrics.report_rejected(
+            Rejection.unauthorized if exc.status == 401 else Rejection.wrong_host
+        )
     return await refused(request, Refused(exc.status, str(exc)))
 
 

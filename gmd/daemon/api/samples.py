@@ -27,7 +27,7 @@ from gmd.daemon.api.checks import (
 )
 from gmd.daemon.api.deps import Caller, ServicesDep
 from gmd.daemon.api.errors import Refused, json_document, json_media, validation_problem
-from gmd.daemon.api.metrics import DaemonMetrics
+from gmd.daemon.api.metrics import DaemonMetrics, Rejection
 from gmd.daemon.api.services import Services
 from gmd.daemon.ledger.store import (
     DIGEST_PREFIX,
@@ -78,11 +78,11 @@ def parse_and_store(
     validating 500 VMs takes ~1 ms, which on the event loop would hold up every other
     request."""
     try:
-        batch = parse_batch(body, content_type)
-    except Refused:
-        services.metrics.batches.labels("rejected").inc()
+        return store_batch(services, parse_batch(body, content_type), host, started)
+    except Refused as exc:
+        if exc.reason is not None:
+            services.metrics.report_rejected(exc.reason)
         raise
-    return store_batch(services, batch, host, started)
 
 
 def parse_batch(body: bytes, content_type: str | None = "application/json") -> SampleBatch:
@@ -111,16 +111,22 @@ def store_batch(
     services.auth.check_host(host, batch.host)
     check_batch(services, batch)
     record = record_of(batch)
-    refuse(services, batch, implausible(record, services.plausible))
+    refuse(batch, implausible(record, services.plausible))
+    now_s = services.clock()
     try:
-        result = services.store.ingest(record, services.clock())
-    except (KeyReused, CapacityConflict) as exc:
-        services.metrics.batches.labels("rejected").inc()
-        raise Refused(409, str(exc)) from None
+        result = services.store.ingest(record, now_s)
+    except KeyReused as exc:
+        raise Refused(409, str(exc), reason=Rejection.key_reused) from None
+    except CapacityConflict as exc:
+        raise Refused(409, str(exc), reason=Rejection.capacity_conflict) from None
     except BeforeOrigin as exc:
-        services.metrics.batches.labels("rejected").inc()
-        raise Refused(422, f"batch {batch.key} from {batch.host}: {exc}") from None
+        raise Refused(
+            422, f"batch {batch.key} from {batch.host}: {exc}", reason=Rejection.before_origin
+        ) from None
     _count(services.metrics, batch, result)
+    if result.status == "accepted":
+        # The ledger's hosts.last_seen_s moved to the same second.
+        services.metrics.report_seen({batch.host: int(now_s)})
     services.metrics.ingest_seconds.observe(time.perf_counter() - started)
     return BatchReceipt(
         status=result.status,
@@ -142,25 +148,38 @@ def check_batch(services: Services, batch: SampleBatch) -> None:
         max_vms=config.daemon.max_batch_vms,
         max_late_s=config.daemon.max_late_s,
     )
-    refuse(services, batch, problems)
+    refuse(batch, problems)
 
 
-def refuse(services: Services, batch: SampleBatch, problems: list[BatchProblem]) -> None:
+def refuse(batch: SampleBatch, problems: list[BatchProblem]) -> None:
     """Raise :class:`Refused` listing ``problems`` of ``batch``, if there are any."""
     if not problems:
         return
-    services.metrics.batches.labels("rejected").inc()
     messages = [p.message for p in problems]
     more = f" (and {len(messages) - 1} more)" if len(messages) > 1 else ""
+    too_many = any(p.code is ProblemCode.TOO_MANY_VMS for p in problems)
     raise Refused(
-        refusal_status(problems),
+        413 if too_many else 422,
         f"batch {batch.key} from {batch.host}: {messages[0]}{more}",
         messages,
+        Rejection.too_large if too_many else REJECTION_OF[problems[0].code],
     )
 
 
-def refusal_status(problems: list[BatchProblem]) -> int:
-    return 413 if any(p.code is ProblemCode.TOO_MANY_VMS for p in problems) else 422
+REJECTION_OF = {
+    ProblemCode.INTERVAL_LENGTH: Rejection.interval_mismatch,
+    ProblemCode.INTERVAL_ALIGNMENT: Rejection.interval_mismatch,
+    ProblemCode.FUTURE: Rejection.future,
+    ProblemCode.CREATED_IN_FUTURE: Rejection.future,
+    ProblemCode.TOO_OLD: Rejection.too_old,
+    ProblemCode.TOO_MANY_VMS: Rejection.too_large,
+    ProblemCode.DUPLICATE_VM: Rejection.invalid_fields,
+    ProblemCode.CAPACITY_BOUND: Rejection.implausible,
+    ProblemCode.FLAVOR_BOUND: Rejection.implausible,
+    ProblemCode.VM_USE: Rejection.implausible,
+    ProblemCode.HOST_USE: Rejection.implausible,
+}
+"""How each problem a check finds counts among the refusals."""
 
 
 _USAGE_OF = itemgetter(*USAGE_FIELDS)

@@ -24,6 +24,7 @@ from gmd.daemon.ledger import partitions, rollups
 from gmd.daemon.ledger.accounting import RunReport
 from gmd.daemon.ledger.retention import purge
 from gmd.daemon.ledger.schedule import Accountant
+from gmd.daemon.ledger.status import hosts_last_seen, level_counts
 from gmd.daemon.ledger.store import LedgerStore
 from gmd.daemon.project_names import NameRefresher, ProjectNames
 
@@ -58,20 +59,26 @@ class Services:
             config.daemon.account_every_s,
             on_run=self._count_run,
             on_error=self._count_error,
-            after=after_interval(config.enforcement),
+            after=after_interval(config.enforcement, on_levels=self._count_levels),
         )
         self.quotas: QuotaReconciler | None = None
         self.names: NameRefresher | None = None
 
     def start(self) -> None:
-        """Record the configured organizations and make the raw tables' partitions of the
-        coming days, then start the accountant (unless disabled) with its jobs: partitions
-        ahead, retention, the quota reconciler when cloud quotas are enforced, names."""
+        """Record the configured organizations, make the raw tables' partitions of the coming
+        days and set the gauges from the ledger, then start the accountant (unless disabled)
+        with its jobs: partitions ahead, retention, the quota reconciler when cloud quotas are
+        enforced, names."""
         config = self.config
         self.store.sync_organizations(
             {config.default_owner} | {h.owner for h in config.hosts.values()}
         )
         partitions.make_ahead(self.engine)
+        enforcing = self.run_accountant and config.enforcement.mode != "off"
+        with self.engine.connect() as conn:
+            self.metrics.report_seen(hosts_last_seen(conn))
+            if enforcing:
+                self._count_levels(level_counts(conn))
         if not self.run_accountant:
             return
         retention = config.retention
@@ -119,6 +126,9 @@ class Services:
             self.metrics.last_accounted.set(report.accounted[-1])
         if report.quarantined:
             self.metrics.quarantined.inc(len(report.quarantined))
+
+    def _count_levels(self, counts: dict[int, int]) -> None:
+        self.metrics.report_levels(counts, self.config.enforcement.policy.levels)
 
     def _count_error(self, _exc: Exception) -> None:
         self.metrics.accounting_errors.inc()

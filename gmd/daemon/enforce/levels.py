@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,7 +18,9 @@ from sqlalchemy import Connection, insert, select
 
 from gmd.daemon.config import EnforcementConfig
 from gmd.daemon.ledger.accounting import AfterInterval
+from gmd.daemon.ledger.lookup import log_names
 from gmd.daemon.ledger.models import ActionKind
+from gmd.daemon.ledger.status import level_counts
 from gmd.daemon.ledger.store import upsert
 from gmd.daemon.ledger.tables import (
     actions as _actions,
@@ -124,10 +127,11 @@ def decide_after_interval(
                 for ch in changes
             ],
         )
+        names = log_names(conn, [ch.customer_id for ch in changes])
         for ch in changes:
             log.info(
-                "customer %d: level %d → %d%s: %s",
-                ch.customer_id,
+                "customer %s: level %d → %d%s: %s",
+                names.get(ch.customer_id, f"#{ch.customer_id}"),
                 ch.before,
                 ch.after,
                 " (dry-run)" if config.mode == "dry-run" else "",
@@ -146,10 +150,15 @@ def _effect(config: EnforcementConfig, level: int) -> dict[str, object]:
     }
 
 
-def after_interval(config: EnforcementConfig) -> AfterInterval:
-    """The accountant's hook: decide levels at the end of each interval it accounts."""
+def after_interval(
+    config: EnforcementConfig, on_levels: Callable[[dict[int, int]], None] | None = None
+) -> AfterInterval:
+    """The accountant's hook: decide levels at the end of each interval it accounts, then tell
+    ``on_levels`` how many customers each level above 0 holds."""
 
     def hook(conn: Connection, interval_id: int, start_s: int, length_s: int) -> None:
         decide_after_interval(conn, interval_id, start_s + length_s, config)
+        if on_levels is not None and config.mode != "off":
+            on_levels(level_counts(conn))
 
     return hook

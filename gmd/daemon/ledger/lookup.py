@@ -9,7 +9,7 @@ customers share (projects in different domains) is refused, naming their uuids.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from sqlalchemy import Connection, select
 
@@ -94,4 +94,19 @@ def display_names(conn: Connection) -> dict[int, str]:
                 _customers.c.display_name.is_not(None)
             )
         )
+    }
+
+
+def log_names(conn: Connection, ids: Collection[int]) -> dict[int, str]:
+    """How the daemon's log names customers ``ids``: by project name where the ledger knows
+    it, with the uuid beside it (project names may repeat across domains), else by uuid."""
+    if not ids:
+        return {}
+    rows = conn.execute(
+        select(_customers.c.id, _customers.c.name, _customers.c.display_name).where(
+            _customers.c.id.in_(set(ids))
+        )
+    )
+    return {
+        int(cid): str(uuid) if shown is None else f"{shown} ({uuid})" for cid, uuid, shown in rows
     }
