@@ -34,6 +34,7 @@ from gmd.admin.enforcement import (
 from gmd.admin.output import Format, Listing, Output, View, emit, output_options
 from gmd.admin.render import json_text
 from gmd.admin.standings import COLUMNS as STANDINGS_COLUMNS, standings
+from gmd.common.cli import choice, version_option
 from gmd.common.config import DEFAULT_PATH, ConfigError
 from gmd.common.timespec import iso as iso_time, parse_time
 from gmd.daemon.config import Config, load as load_config
@@ -78,17 +79,6 @@ class _Options:
     primary: bool
 
 
-def _print_version(value: bool) -> None:
-    if value:
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            typer.echo(f"gmd-admin {version('gmd')}")
-        except PackageNotFoundError:
-            typer.echo("gmd-admin (not installed: version unknown)")
-        raise typer.Exit(0)
-
-
 @app.callback()
 def _root(
     ctx: typer.Context,
@@ -101,15 +91,7 @@ def _root(
             metavar="FILE",
         ),
     ] = None,
-    version: Annotated[
-        bool,
-        typer.Option(
-            "--version",
-            help="Print gmd-admin's version and exit.",
-            is_eager=True,
-            callback=_print_version,
-        ),
-    ] = False,
+    version: Annotated[bool, version_option("gmd-admin")] = False,
     primary: Annotated[
         bool,
         typer.Option(
@@ -462,7 +444,13 @@ class SortKey(StrEnum):
 def standings_command(
     ctx: typer.Context,
     sort: Annotated[
-        SortKey, typer.Option("--sort", help="Column to sort by: numbers greatest first.")
+        SortKey,
+        typer.Option(
+            "--sort",
+            parser=choice(SortKey),
+            metavar="KEY",
+            help=f"Column to sort by: numbers greatest first ({', '.join(SortKey)}).",
+        ),
     ] = SortKey.balance,
     reverse: Annotated[bool, typer.Option("--reverse", help="Reverse the order.")] = False,
     everyone: Annotated[
@@ -842,7 +830,12 @@ def batches_command(
     ] = False,
     state: Annotated[
         list[BatchState] | None,
-        typer.Option("--state", help="Only batches in this state (repeatable)."),
+        typer.Option(
+            "--state",
+            parser=choice(BatchState),
+            metavar="STATE",
+            help=f"Only batches in this state ({', '.join(BatchState)}; repeatable).",
+        ),
     ] = None,
     host: Annotated[str | None, typer.Option("--host", help="Only this host's batches.")] = None,
     from_: Annotated[
@@ -1021,7 +1014,12 @@ def simulate_command(
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of every random choice.")] = 0,
     processors: Annotated[
-        Processors, typer.Option(help="Processors per organization: equal, or Zipf-distributed.")
+        Processors,
+        typer.Option(
+            parser=choice(Processors),
+            metavar="equal|zipf",
+            help="Processors per organization: equal, or Zipf-distributed.",
+        ),
     ] = Processors.equal,
     total_processors: Annotated[
         int | None, typer.Option(help="Processors in all (default: the trace's MaxProcs).")

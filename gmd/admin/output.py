@@ -33,6 +33,7 @@ from gmd.admin.render import (
     value_text,
     yaml_text,
 )
+from gmd.common.cli import choice
 
 
 class Format(StrEnum):
@@ -306,6 +307,8 @@ _OPTIONS: tuple[tuple[str, Any, Any], ...] = (
             typer.Option(
                 "-f",
                 "--format",
+                parser=choice(Format),
+                metavar="FORMAT",
                 help="Output format: table (for people), csv, json, value (values alone,"
                 " space-separated) or yaml.",
                 show_default=False,

@@ -6,7 +6,9 @@ and what it takes, exit 2, never a traceback.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from collections.abc import Callable
+from enum import StrEnum
+from typing import Annotated, Any, TypeVar
 
 import typer
 
@@ -21,6 +23,26 @@ def parse_log_level(given: str) -> LogLevel:
         return LogLevel(str(given).lower())
     except ValueError:
         raise typer.BadParameter(f"{given!r} is not one of {', '.join(LogLevel)}") from None
+
+
+E = TypeVar("E", bound=StrEnum)
+
+
+def choice(kind: type[E]) -> Callable[[str], E]:
+    """A parser for an option taking one of ``kind``'s values: any case, and a bad value is one
+    line naming the choices (typer's own enum handling starts it with "Value error, ")."""
+
+    def parse(given: str) -> E:
+        if isinstance(given, kind):
+            return given
+        try:
+            return kind(str(given).lower())
+        except ValueError:
+            raise typer.BadParameter(
+                f"{given!r} is not one of {', '.join(k.value for k in kind)}"
+            ) from None
+
+    return parse
 
 
 LogLevelOption = Annotated[
