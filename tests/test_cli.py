@@ -117,7 +117,8 @@ def test_db_upgrade_and_current(tmp_path: Path, database_url: str) -> None:
     cfg = tmp_path / "gmd.toml"
     cfg.write_text(f'[database]\nurl = "{database_url}"\n')
     out = run("--config", str(cfg), "db", "current")
-    assert out.returncode == 1 and "run `gmd-admin db upgrade`" in out.stdout
+    # An empty PostgreSQL database has no schema; a SQLite file that is not there is not made.
+    assert out.returncode == 1 and "run `gmd-admin db upgrade`" in out.stdout + out.stderr
     out = run("--config", str(cfg), "db", "upgrade")
     assert out.returncode == 0, out.stderr
     assert "schema upgraded from empty to" in out.stdout
