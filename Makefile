@@ -48,7 +48,7 @@ test-fast: lint
 demo: setup-demo
 	@$(BIN)/gmd-admin demo
 
-# Each benchmark prints its figures as JSON on its last line; the README has the latest.
+# Each benchmark prints its figures as JSON on its last line; docs/benchmarks.md has the latest.
 bench: setup
 	@GMD_WITH_POSTGRES=1 bash tests/bootstrap.sh
 	$(BIN)/python bench/accounting.py --vms 100000 --hosts 5000
