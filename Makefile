@@ -2,12 +2,21 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: all setup test test-fast lint demo bench clean
+.PHONY: all setup setup-demo test test-fast lint demo bench clean
 
 all: test
 
+# Everything: every extra (gmd[agent] builds libvirt-python: Debian's libvirt-dev and gcc),
+# and, for `make test`, the tests' PostgreSQL and libvirtd. Needs root for apt on a fresh machine.
 setup:
 	@bash tests/bootstrap.sh
+
+# Only what the demo runs: gmd-daemon, gmd-admin, and gmd-agent replaying traces, which needs no
+# libvirt. No libvirt-python, so no compiler and no libvirt headers: without root, as long as
+# Python's venv module is there (else bootstrap.sh installs python3-venv, as root, and says so).
+# A .venv that `make setup` made already has all of it and is used as it is.
+setup-demo:
+	@GMD_EXTRAS=daemon,admin bash tests/bootstrap.sh
 
 lint: setup
 	$(BIN)/ruff check .
@@ -36,10 +45,10 @@ test-fast: lint
 # A small cloud on this machine: gmd-daemon on SQLite, one gmd-agent per simulated host
 # replaying real Bitbrains VMs, then standings, reports, explain, enforcement and a plot
 # (files under var/demo). `gmd-admin demo --help` for its options.
-demo: setup
+demo: setup-demo
 	@$(BIN)/gmd-admin demo
 
-# Each benchmark prints its figures as JSON on its last line; the README has the latest.
+# Each benchmark prints its figures as JSON on its last line; docs/benchmarks.md has the latest.
 bench: setup
 	@GMD_WITH_POSTGRES=1 bash tests/bootstrap.sh
 	$(BIN)/python bench/accounting.py --vms 100000 --hosts 5000

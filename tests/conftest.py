@@ -39,6 +39,7 @@ SLOW = frozenset(
         "tests/test_bench.py::test_ingest_bench_posts_and_counts_every_sample",
         "tests/test_demo.py::test_the_demo_replays_accounts_and_reports_what_the_traces_say",
         "tests/test_demo.py::test_a_bad_trace_stops_the_demo_naming_the_agent_file_and_line",
+        "tests/test_bootstrap.py::test_make_demo_sets_up_without_libvirt_or_apt_and_the_demo_runs",
         "tests/test_sim_lpc_egee.py::"
         "test_roundrobin_least_fair_and_directcontr_not_worse_than_fairshare",
         "tests/test_daemon_process.py::test_sigkill_during_accounting_leaves_no_partial_interval",

@@ -17,16 +17,23 @@ row before interval 9 (a zero standing) and stays at level 0.
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx
+import matplotlib.image
 import numpy as np
 import pytest
 import sqlalchemy as sa
 from click.testing import Result
+from matplotlib.axes import Axes
+from matplotlib.colors import to_rgb
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from typer.testing import CliRunner
 
 from gmd.admin import plot
@@ -49,6 +56,10 @@ from tests.daemon_support import (
 
 HOST = HostSpec("cmp-1", cpu_cores=2, memory_bytes=8e9, disk_bytes_per_s=1e8)
 A, B, C = "proj-alpha", "proj-beta", "proj-gamma"
+# A second host where two customers use exactly their equal shares: GM 0, balance 0 and level
+# 0 throughout, so that their lines coincide (only in the ledger that asks for them).
+QUIET_HOST = HostSpec("cmp-2", cpu_cores=2, memory_bytes=8e9, disk_bytes_per_s=1e8)
+D, E = "proj-delta", "proj-epsilon"
 ENFORCEMENT = {
     "mode": "dry-run",
     "enter": [0.2, 0.4, 0.8],
@@ -86,10 +97,13 @@ class Ledger:
         return float(self.starts[k - 1] + INTERVAL_S)
 
 
-def build(database_url: str, **enforcement: object) -> Ledger:
+def build(database_url: str, *, quiet_pair: bool = False, **enforcement: object) -> Ledger:
+    """The ledger of the module's doc; with ``quiet_pair``, also D and E on QUIET_HOST, each
+    using exactly its share (60 of 120 core-seconds) in every interval."""
+    hosts = {HOST.name: "operator"} | ({QUIET_HOST.name: "operator"} if quiet_pair else {})
     config = make_config(
         database_url,
-        {HOST.name: "operator"},
+        hosts,
         accounting={"endowment": "equal", "half_life_s": "none"},
         enforcement={**ENFORCEMENT, **enforcement},
     )
@@ -104,6 +118,14 @@ def build(database_url: str, **enforcement: object) -> Ledger:
                 f"{d.url}/v1/samples", json=batch(HOST, start, vms), headers=auth(HOST.name)
             )
             assert r.is_success, r.text
+            if quiet_pair:
+                quiet = [cpu_only("vm-d", D, 60.0), cpu_only("vm-e", E, 60.0)]
+                r = httpx.post(
+                    f"{d.url}/v1/samples",
+                    json=batch(QUIET_HOST, start, quiet),
+                    headers=auth(QUIET_HOST.name),
+                )
+                assert r.is_success, r.text
         account_due(
             d.engine,
             config.accounting,
@@ -253,12 +275,14 @@ def test_the_figure_draws_the_series_and_the_thresholds(
         np.testing.assert_allclose(lines[name].get_ydata(), BALANCE[name], rtol=0, atol=1e-12)
     assert not any(label.endswith(" score") for label in lines)
     assert "priority" not in ax_bal.get_title()
+    assert fig.get_suptitle().endswith("\n3 customers, named")
 
     levels = {ln.get_label(): ln for ln in ax_lvl.get_lines()}
-    assert set(levels) == {f"{A} (dry-run)", f"{B} (dry-run)", C}
+    # gamma never leaves level 0: one line for the customers that stay put, naming them
+    assert set(levels) == {f"{A} (dry-run)", f"{B} (dry-run)", f"level 0 throughout: {C}"}
     assert list(levels[f"{A} (dry-run)"].get_ydata()) == [0, 1, 2, 1, 1]
     assert levels[f"{A} (dry-run)"].get_drawstyle() == "steps-post"
-    assert list(levels[C].get_ydata()) == [0, 0]
+    assert list(levels[f"level 0 throughout: {C}"].get_ydata()) == [0, 0]
     assert "dry-run" in ax_lvl.get_title()
 
     breakdown = {ln.get_label(): ln for ln in ax_res.get_lines()}
@@ -276,6 +300,7 @@ def test_the_figure_draws_the_series_and_the_thresholds(
         if e.tag.endswith("}text")
     }
     assert {A, f"{B} (dry-run)", C, "level 1 enter", "level 3 leave", "cpu"} <= texts
+    assert f"level 0 throughout: {C}" in texts
 
 
 def test_priority_weight_is_named_and_its_score_drawn(sqlite_ledger: tuple[Ledger, Path]) -> None:
@@ -289,6 +314,148 @@ def test_priority_weight_is_named_and_its_score_drawn(sqlite_ledger: tuple[Ledge
     expected = data.balances.balance[0] - 0.5 * data.balances.priority[0]
     np.testing.assert_array_equal(lines[f"{A} score"].get_ydata(), expected)
     assert "= on" in ax_lvl.get_title()
+
+
+# --- the plot as a picture ----------------------------------------------------------------
+
+CLEAR = 0.3
+"""The least distance, in RGB with channels in [0, 1], at which two lines read as different."""
+
+
+def distance(a: object, b: object) -> float:
+    return float(np.linalg.norm(np.array(to_rgb(a)) - np.array(to_rgb(b))))
+
+
+def drawn(ax: Axes) -> list[Line2D]:
+    """The lines of a panel that stand for something (the rest are labelled "_…")."""
+    return [ln for ln in ax.get_lines() if not str(ln.get_label()).startswith("_")]
+
+
+def named(label: str) -> list[str]:
+    """The customers a legend entry stands for: its own name, or the list after the colon of
+    a line several customers share ("at 0: a, b", "level 0 throughout: a, b")."""
+    label = label.replace("\n", " ").removesuffix(" (dry-run)")
+    return label.split(": ", 1)[1].split(", ") if ": " in label else [label]
+
+
+def panel(img: np.ndarray, ax: Axes) -> np.ndarray:
+    """The pixels inside a panel's frame (a PNG saved at the figure's dpi), RGB."""
+    box = ax.get_window_extent()
+    height = img.shape[0]
+    top, bottom = round(height - box.y1) + 3, round(height - box.y0) - 3
+    return img[top:bottom, round(box.x0) + 3 : round(box.x1) - 3, :3]
+
+
+def pixels_of(pixels: np.ndarray, color: object, tol: float = 0.04) -> int:
+    """How many pixels show ``color`` itself (each channel within ``tol``)."""
+    return int((np.abs(pixels - np.array(to_rgb(color))).max(axis=-1) <= tol).sum())
+
+
+@pytest.fixture(scope="module")
+def quiet_ledger(tmp_path_factory: pytest.TempPathFactory) -> Ledger:
+    """The module's ledger with D and E beside it, both at balance 0 and level 0 throughout."""
+    return build(f"sqlite:///{tmp_path_factory.mktemp('quiet') / 'ledger.db'}", quiet_pair=True)
+
+
+def picture(ledger: Ledger, path: Path, **chosen: object) -> tuple[Figure, np.ndarray]:
+    """The figure of ``gmd-admin plot`` for ``chosen`` (collect's arguments), saved as a PNG
+    and read back as pixels."""
+    engine = sa.create_engine(ledger.config.database_url)
+    try:
+        with engine.connect() as conn:
+            data = collect(conn, **chosen)  # type: ignore[arg-type]
+    finally:
+        engine.dispose()
+    fig = plot.draw(data, ledger.config.enforcement.policy, "dry-run")
+    plot.save(fig, path)
+    img = matplotlib.image.imread(path)
+    w, h = fig.get_size_inches() * fig.dpi
+    assert img.shape[:2] == (round(h), round(w))  # saved at the dpi the layout was made for
+    return fig, img
+
+
+def test_the_picture_keeps_customers_thresholds_and_coinciding_lines_apart(
+    quiet_ledger: Ledger, tmp_path: Path
+) -> None:
+    """Rendered from a real ledger where D and E coincide (balance 0, level 0 all along) and
+    gamma stays at level 0: customers and thresholds differ clearly in colour, on the objects
+    and in the pixels; no customer is hidden under another; the legend has an entry per
+    line; the title counts the customers drawn, not the --top asked for."""
+    fig, img = picture(quiet_ledger, tmp_path / "quiet.png", top=10)
+    ax_bal, ax_lvl, ax_res = fig.axes[:3]
+    policy = quiet_ledger.config.enforcement.policy
+    everyone = {A, B, C, D, E}
+
+    thresholds = [ln for ln in drawn(ax_bal) if str(ln.get_label()).startswith("level ")]
+    customers = [ln for ln in drawn(ax_bal) if ln not in thresholds]
+    assert len(thresholds) == 2 * policy.levels
+    for ln, other in itertools.product(customers, thresholds):
+        gap = distance(ln.get_color(), other.get_color())
+        assert gap >= CLEAR, (ln.get_label(), other.get_label(), gap)
+    for ln, other in itertools.combinations(customers, 2):
+        gap = distance(ln.get_color(), other.get_color())
+        assert gap >= CLEAR, (ln.get_label(), other.get_label(), gap)
+
+    title = fig.get_suptitle()
+    count = re.search(r"\n(\d+) customers?\b", title)
+    assert count is not None, title
+    assert "(--top 10 asked)" in title  # five have a standing at the end, ten were asked for
+
+    for ax in (ax_bal, ax_lvl):
+        lines = drawn(ax)
+        legend = ax.get_legend()
+        assert [t.get_text() for t in legend.get_texts()] == [ln.get_label() for ln in lines]
+        shown = [
+            name
+            for ln in lines
+            if not str(ln.get_label()).startswith("level ") or ax is ax_lvl
+            for name in named(str(ln.get_label()))
+        ]
+        # each customer drawn once, on its own line or named on the one it shares
+        assert sorted(shown) == sorted(everyone) and int(count[1]) == len(shown), shown
+        pixels = panel(img, ax)
+        for ln in lines:
+            seen = pixels_of(pixels, ln.get_color())
+            assert seen >= 20, f"{ln.get_label()!r} ({ln.get_color()}): {seen} pixels"
+    assert drawn(ax_res) and ax_res.get_legend() is not None
+
+    # the coinciding customers share one line, which says so: at balance 0, and at level 0
+    balance_labels = [str(ln.get_label()) for ln in customers]
+    assert f"at 0: {D}, {E}" in [label.replace("\n", " ") for label in balance_labels]
+    level_labels = [str(ln.get_label()).replace("\n", " ") for ln in drawn(ax_lvl)]
+    assert f"level 0 throughout: {C}, {D}, {E}" in level_labels
+
+
+def test_the_title_counts_what_is_drawn(sqlite_ledger: tuple[Ledger, Path], tmp_path: Path) -> None:
+    ledger, _ = sqlite_ledger
+    for chosen, ending in (
+        ({"top": 2}, "\n2 customers: the top 2 by balance at the end"),
+        ({"top": 10}, "\n3 customers: all with a standing at the end (--top 10 asked)"),
+        ({"customers": [B]}, "\n1 customer, named"),
+    ):
+        fig, _ = picture(ledger, tmp_path / "t.png", **chosen)
+        assert fig.get_suptitle().endswith(ending), fig.get_suptitle()
+
+
+def test_the_palette_keeps_clear_of_thresholds_and_itself() -> None:
+    """Whatever the number of levels, every customer colour is clearly apart from every
+    threshold grey, from the shared-line black and from the other customers' colours; past the
+    palette's end, the colours come round again in another line style."""
+    colors = plot.CUSTOMER_COLORS
+    for a, b in itertools.combinations(colors, 2):
+        assert distance(a, b) >= CLEAR, (a, b)
+    for levels in range(1, 9):
+        greys = [plot.threshold_grey(k, levels) for k in range(1, levels + 1)]
+        for color, grey in itertools.product((*colors, plot.GROUP_COLOR), greys):
+            assert distance(color, grey) >= CLEAR, (color, grey, levels)
+    styles = [plot.customer_style(i) for i in range(2 * len(colors))]
+    assert len({(s["color"], s["ls"]) for s in styles}) == len(styles)
+    assert {s["ls"] for s in styles[len(colors) :]} == {"-."}
+
+
+def test_identical_series_are_grouped_in_order() -> None:
+    rows = np.array([[0.0, 0.0], [1.0, 2.0], [-0.0, 0.0], [1.0, 2.0], [1.0, 2.5]])
+    assert plot.identical(rows) == [(0, 2), (1, 3), (4,)]
 
 
 def test_output_format_comes_from_the_suffix() -> None:

@@ -3,19 +3,32 @@
 Three panels share one UTC time axis:
 
 1. **Balance** of each customer after each interval, with the ``[enforcement]`` thresholds as
-   horizontal lines ("level k enter" solid, "level k leave" dashed, one shade per level), so
-   that one sees how far each customer is from being throttled and why it was. When
-   ``priority_weight`` is set, the thresholds compare the *score* (balance − weight ×
+   horizontal grey lines ("level k enter" solid, "level k leave" dashed, darker for higher
+   levels), so that one sees how far each customer is from being throttled and why it was.
+   When ``priority_weight`` is set, the thresholds compare the *score* (balance − weight ×
    DirectContr priority), which is then drawn too (dotted) and named in the title.
 2. **Throttle level** of each customer, a step function rebuilt from the enforcement log.
    Dry-run levels are drawn like applied ones (they are what gmd decided) and marked in the
-   legend and the title. Overlapping customers stay visible: earlier ones are drawn wider.
+   legend and the title.
 3. **Per-resource breakdown** of the *first* customer (the greatest final balance when chosen
    by ``--top``, else the first ``--customer``): one line per resource term of its interval
    greediness, over their sum (its interval GM) drawn wide and pale. One customer, because the
    terms are signed (a customer that cedes memory while taking CPU has one negative and one
    positive term): stacking them, or summing over customers who offset each other, would hide
    exactly what the panel is for — which resources made this customer greedy, and when.
+
+**Telling lines apart.** Customers are drawn in saturated colours (:data:`CUSTOMER_COLORS`)
+and the thresholds in greys, so that no customer can be mistaken for a threshold (with a
+red customer and a red "level 3 enter", one could not tell which line crossed which). Lines
+that would lie exactly on top of each other — several customers without a standing all at
+balance 0, or all at level 0 for the whole range, the common case for most customers — are
+drawn once, in black, and the legend names everyone they stand for ("at 0: a, b, c", "level 0
+throughout: a, b, c"). That reads better than offsetting them: an offset line claims a
+balance or a level (1.05) that nobody has, and a reader checking one customer against the
+axis would be misled, whereas one line per value with the names is exact and also tells at a
+glance who never moved. Customers whose levels change keep their own lines; where two share a
+level for a while, the earlier is drawn wider, so that both stay visible. The title counts
+the customers drawn, not the ``--top N`` asked for.
 
 The drawing uses :class:`matplotlib.figure.Figure` directly, never pyplot: no display, no
 global figure registry, so it is safe in threads and servers. Only saving SVG touches global
@@ -24,8 +37,11 @@ state (``svg.fonttype``, so that names stay searchable text), for the duration o
 
 from __future__ import annotations
 
+import textwrap
+from collections.abc import Sequence
 from datetime import UTC
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 import matplotlib.dates as mdates
@@ -38,8 +54,30 @@ from gmd.common.timespec import iso
 from gmd.fairness.policy import ThrottlePolicy
 
 FORMATS: dict[str, str] = {".png": "png", ".svg": "svg"}
-_PALETTE = matplotlib.colormaps["tab10"]
-_THRESHOLD_COLORS = matplotlib.colormaps["autumn_r"]
+CUSTOMER_COLORS: tuple[str, ...] = (
+    "#1f77b4",  # blue
+    "#ff7f0e",  # orange
+    "#2ca02c",  # green
+    "#d62728",  # red
+    "#6b6ecf",  # violet
+    "#bcbd22",  # olive
+    "#000080",  # navy
+    "#e377c2",  # pink
+    "#800000",  # maroon
+    "#e7298a",  # magenta
+)
+"""One colour per customer, in order. Each is at least 0.3 away (Euclidean, RGB in [0, 1])
+from every other, from every grey the thresholds may take (:func:`threshold_grey`, 0.3-0.7)
+and from :data:`GROUP_COLOR`, and dark enough to read on white: matplotlib's tab10 without its
+grey and its brown (which sits within 0.21 of a mid grey), and four more that pass the same
+test. From the eleventh customer on the colours come round again, dash-dotted (a style neither
+thresholds nor scores use)."""
+_RESOURCE_COLORS = (9, 6, 5, 8, 7, 4)
+"""Indices into CUSTOMER_COLORS for the resources of the breakdown, from the palette's end so
+that the default five customers in the panels above share no colour with them (magenta,
+navy, olive, maroon: far apart from each other)."""
+GROUP_COLOR = "black"
+"""One line standing for several customers whose series are identical (see the module doc)."""
 # Markers help on short ranges, where each interval is a visible step; on long ones they blur.
 _MARKERS_UP_TO = 60
 
@@ -60,8 +98,50 @@ def _dates(seconds: np.ndarray) -> np.ndarray:
     return np.round(np.asarray(seconds, dtype=np.float64)).astype(np.int64).astype("datetime64[s]")
 
 
-def _color(i: int) -> tuple[float, float, float, float]:
-    return _PALETTE(i % _PALETTE.N)
+def customer_style(i: int) -> dict[str, Any]:
+    """Colour and line style of the i-th customer drawn (the same in every panel)."""
+    lap, k = divmod(i, len(CUSTOMER_COLORS))
+    return {"color": CUSTOMER_COLORS[k], "ls": "-" if lap == 0 else "-."}
+
+
+def threshold_grey(level: int, levels: int) -> str:
+    """The grey of level ``level``'s thresholds (1-based, of ``levels``): 0.7 for the first,
+    darkening to 0.3 for the last, so that the harsher levels stand out."""
+    share = (level - 1) / (levels - 1) if levels > 1 else 0.5
+    return f"{0.7 - 0.4 * share:.3f}"
+
+
+def identical(rows: np.ndarray) -> list[tuple[int, ...]]:
+    """Row indices grouped by identical values, each group in row order, groups by their
+    first row: the lines that would be drawn exactly on top of each other."""
+    groups: dict[bytes, list[int]] = {}
+    for i, row in enumerate(np.asarray(rows, dtype=np.float64)):
+        groups.setdefault((row + 0.0).tobytes(), []).append(i)  # + 0.0: -0.0 is 0.0
+    return [tuple(g) for g in groups.values()]
+
+
+def _listing(head: str, labels: Sequence[str]) -> str:
+    """One legend entry naming several customers, wrapped so that the legend stays narrow."""
+    text = f"{head}: {', '.join(labels)}"
+    return "\n".join(textwrap.wrap(text, width=32, break_on_hyphens=False))
+
+
+def _group_label(values: np.ndarray, labels: Sequence[str]) -> str:
+    """The legend entry of one line standing for several customers."""
+    if values.size and np.all(values == values[0]):
+        return _listing(f"at {float(values[0]):g}", labels)
+    return _listing("identical", labels)
+
+
+def _who(data: CustomerSeries) -> str:
+    """The title's account of which customers are drawn: their number, and how chosen."""
+    n = len(data.customers)
+    counted = f"{n} customer{'' if n == 1 else 's'}"
+    if data.top is None:
+        return f"{counted}, named"
+    if n == data.top:
+        return f"{counted}: the top {n} by balance at the end"
+    return f"{counted}: all with a standing at the end (--top {data.top} asked)"
 
 
 def _legend(ax: Axes) -> None:
@@ -76,15 +156,10 @@ def draw(data: CustomerSeries, policy: ThrottlePolicy, mode: str) -> Figure:
     line = data.timeline
     marker = "o" if len(line) <= _MARKERS_UP_TO else None
     end = _dates(line.end_s)
-    chosen = (
-        "named customers"
-        if data.chosen_by == "customer"
-        else f"{data.chosen_by} by balance at the end"
-    )
     points = {0: "intervals", 3600: "points (hourly rollups)", 86400: "points (daily rollups)"}
     fig.suptitle(
         f"gmd ledger: {len(line)} {points[line.resolution_s]} from"
-        f" {iso(float(line.start_s[0]))} to {iso(float(line.end_s[-1]))} (UTC); {chosen}"
+        f" {iso(float(line.start_s[0]))} to {iso(float(line.end_s[-1]))} (UTC)\n{_who(data)}"
         if len(line)
         else "gmd ledger: no intervals in the range"
     )
@@ -108,23 +183,14 @@ def _balances(
     marker: str | None,
 ) -> None:
     weight = policy.priority_weight
-    for i, name in enumerate(data.customers):
-        ax.plot(
-            end,
-            data.balances.balance[i],
-            color=_color(i),
-            marker=marker,
-            ms=3,
-            label=data.label(name),
-        )
+    _customer_lines(ax, data, end, data.balances.balance, marker=marker, ms=3)
     if weight:
         scores = data.balances.scores(weight)
-        for i, name in enumerate(data.customers):
-            ax.plot(end, scores[i], color=_color(i), ls=":", label=f"{data.label(name)} score")
+        _customer_lines(ax, data, end, scores, suffix=" score", ls=":")
     for k, (enter, leave) in enumerate(zip(policy.enter, policy.leave, strict=True), start=1):
-        shade = _THRESHOLD_COLORS(k / max(policy.levels, 1))
-        ax.axhline(enter, color=shade, ls="-", lw=1, label=f"level {k} enter")
-        ax.axhline(leave, color=shade, ls="--", lw=1, label=f"level {k} leave")
+        shade = threshold_grey(k, policy.levels)
+        ax.axhline(enter, color=shade, ls="-", lw=1.5, label=f"level {k} enter")
+        ax.axhline(leave, color=shade, ls="--", lw=1.5, label=f"level {k} leave")
     if weight:
         ax.set_title(
             f"Balance, and score = balance − {weight:g} × priority (priority_weight):"
@@ -138,22 +204,67 @@ def _balances(
     _legend(ax)
 
 
+def _customer_lines(
+    ax: Axes,
+    data: CustomerSeries,
+    end: np.ndarray,
+    rows: np.ndarray,
+    *,
+    suffix: str = "",
+    **style: Any,
+) -> None:
+    """One line per customer (row of ``rows``) in its colour, except that customers with
+    identical rows share one black line whose legend entry names them all."""
+    for members in identical(rows):
+        values = rows[members[0]]
+        labels = [data.label(data.customers[i]) for i in members]
+        if len(members) == 1:
+            look = customer_style(members[0])
+            look["ls"] = style.get("ls", look["ls"])
+            extra = {k: v for k, v in style.items() if k != "ls"}
+            ax.plot(end, values, **look, **extra, label=labels[0] + suffix)
+        else:
+            ax.plot(
+                end,
+                values,
+                **{"color": GROUP_COLOR, "lw": 2, "zorder": 1.9, **style},
+                label=_group_label(values, labels) + suffix,
+            )
+
+
 def _levels(ax: Axes, data: CustomerSeries, policy: ThrottlePolicy, mode: str) -> None:
     line = data.timeline
     n = len(data.levels)
     if len(line):
         start, stop = float(line.start_s[0]), float(line.end_s[-1])
-        for i, steps in enumerate(data.levels):
-            t, level = steps.steps(start, stop)
+        corners = [steps.steps(start, stop) for steps in data.levels]
+        flat: dict[int, list[str]] = {}
+        moving = []
+        for i, (steps, (_, level)) in enumerate(zip(data.levels, corners, strict=True)):
+            if level.min() == level.max():
+                flat.setdefault(int(level[0]), []).append(data.label(steps.customer))
+            else:
+                moving.append(i)
+        for value, labels in sorted(flat.items()):
+            ax.plot(
+                _dates(np.array([start, stop])),
+                [value, value],
+                color=GROUP_COLOR,
+                lw=2,
+                zorder=1.9,
+                label=_listing(f"level {value} throughout", labels),
+            )
+        for rank, i in enumerate(moving):
+            steps = data.levels[i]
+            t, level = corners[i]
             label = data.label(steps.customer) + (" (dry-run)" if steps.any_dry_run else "")
             # wider first, so that a customer hidden under another at the same level shows
             ax.plot(
                 _dates(t),
                 level,
                 drawstyle="steps-post",
-                color=_color(i),
-                lw=1.2 + 0.9 * (n - 1 - i),
-                alpha=0.85,
+                **customer_style(i),
+                lw=1.5 + 1.2 * (len(moving) - 1 - rank),
                 label=label,
             )
     note = {
@@ -182,7 +293,8 @@ def _breakdown(ax: Axes, data: CustomerSeries, end: np.ndarray, marker: str | No
         end, data.balances.greediness[0], color="0.6", lw=4, alpha=0.6, label="sum (interval GM)"
     )
     for k, resource in enumerate(res.resources):
-        ax.plot(end, terms[k], color=_color(k + 3), marker=marker, ms=2, lw=1, label=resource)
+        color = CUSTOMER_COLORS[_RESOURCE_COLORS[k % len(_RESOURCE_COLORS)]]
+        ax.plot(end, terms[k], color=color, marker=marker, ms=2, lw=1, label=resource)
     ax.axhline(0.0, color="grey", lw=0.5, label="_nolegend_")
     ax.set_title(
         f"Per-resource terms of {data.label(first)}'s interval greediness"

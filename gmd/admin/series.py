@@ -213,10 +213,16 @@ class CustomerSeries:
     balances: BalanceSeries
     levels: tuple[LevelSteps, ...]
     resources: ResourceSeries
-    chosen_by: str
-    """"customer" when named by the operator, else "top N" (greatest final balances)"""
+    top: int | None
+    """the N of ``--top N`` when the customers were chosen by their final balance; None when
+    the operator named them. Fewer than N are chosen when fewer have a standing at the end."""
     names: dict[str, str] = field(default_factory=dict)
     """customer → its project name, where the ledger knows it"""
+
+    @property
+    def chosen_by(self) -> str:
+        """ "customer" when named by the operator, else "top N" (N as asked, not as found)."""
+        return "customer" if self.top is None else f"top {self.top}"
 
     def label(self, customer: str) -> str:
         """How a customer is named on the plot: its project name, else its uuid."""
@@ -501,6 +507,6 @@ def collect(
         balances=balances(conn, ids, line),
         levels=levels(conn, ids, line),
         resources=resource_terms(conn, ids, line),
-        chosen_by="customer" if customers else f"top {top}",
+        top=None if customers else top,
         names={c: shown[cid] for c, cid in ids.items() if cid in shown},
     )
