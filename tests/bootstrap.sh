@@ -51,6 +51,8 @@ need_apt() {
 # ...and systemd, for systemd-analyze and systemd-sysusers: tests/test_systemd.py checks the
 # unit files in systemd/ with them (no running systemd needed).
 [ "${GMD_WITH_POSTGRES:-0}" = 1 ] && need_apt "the unit files' checks" systemd
+# tmux: tests/test_terminal.py runs gmd-admin in a real 80-column terminal.
+[ "${GMD_WITH_POSTGRES:-0}" = 1 ] && need_apt "the terminal session test" tmux
 
 # libvirt-python has no wheel: pip builds it against Debian's libvirt headers.
 case ",$EXTRAS," in
