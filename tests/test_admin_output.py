@@ -126,6 +126,7 @@ def admin(
     )
 
 
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_every_listing_command_takes_the_output_options(ledger_config: Path) -> None:  # noqa: F811
     for command in (
         ["standings"],

@@ -62,6 +62,7 @@ def terminal() -> Iterator[Tmux]:
         tmux("kill-server")
 
 
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_standings_and_report_fit_80_columns(terminal: Tmux, ledger_config: Path) -> None:  # noqa: F811
     admin = f"{shlex.quote(str(ADMIN))} --config {shlex.quote(str(ledger_config))}"
     standings = terminal.run(f"{admin} standings")
