@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from typer.testing import CliRunner
 
+from gmd.admin.cli import app
 from gmd.admin.output import Format, Listing, Output, OutputError, View, render
 from gmd.admin.render import Column
 from tests.daemon_support import aligned_past
@@ -128,6 +130,7 @@ def admin(
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_every_listing_command_takes_the_output_options(ledger_config: Path) -> None:  # noqa: F811
+    runner = CliRunner()
     for command in (
         ["standings"],
         ["report", "--from", "0"],
@@ -138,9 +141,9 @@ def test_every_listing_command_takes_the_output_options(ledger_config: Path) -> 
         ["gm", "--scenario", "S32"],
     ):
         for extra in (["-f", "yaml"], ["-f", "value"], ["-P", "-n"], ["--max-width", "80"]):
-            out = admin(ledger_config, *command, *extra)
-            assert out.returncode == 0, (command, extra, out.stderr)
-            assert "Traceback" not in out.stderr
+            out = runner.invoke(app, ["--config", str(ledger_config), *command, *extra])
+            assert out.exit_code == 0, (command, extra, out.output, out.exception)
+            assert out.stdout.strip() or command in (["actions"], ["enforce", "--plan"])
 
 
 def test_standings_show_every_customer_asked_for_with_its_level(ledger_config: Path) -> None:  # noqa: F811
