@@ -787,17 +787,27 @@ def explain_command(
     fmt: Annotated[
         Format, typer.Option("--format", help="table (plain text), or json; csv is refused.")
     ] = Format.table,
+    summary: Annotated[
+        bool,
+        typer.Option(
+            "--summary",
+            help="Only the five-line answer in plain words (who, level, why, what is done"
+            " where, what would lift it); in JSON, only the customer and its summary lines.",
+        ),
+    ] = False,
 ) -> None:
-    """Why a customer stands where it stands: on which hosts, VMs and resources it went over
-    its endowment in an interval, what it left unused and was credited for, how that made its
-    greediness and balance, which thresholds put it at which throttle level, and what was
-    enforced.
+    """Why a customer stands where it stands: first five lines in plain words (its level
+    since when, why, what is done on which hosts, its quota, what would lift it), then the
+    detail: on which hosts, VMs and resources it went over its endowment in an interval, what
+    it left unused and was credited for, how that made its greediness and balance, which
+    thresholds put it at which throttle level, whether the level's hard caps apply on each of
+    its hosts (only where the host is contended) and what was enforced.
 
     The interval is recomputed from its stored samples and checked against the ledger. Exit
     codes: 0 explained, 1 database unavailable, 2 bad option, 3 unknown customer or nothing
     to explain.
     """
-    from gmd.admin.explain import NothingToExplain, explain, render_text
+    from gmd.admin.explain import NothingToExplain, explain, render_summary, render_text
 
     if fmt is Format.csv:
         raise _fail("explain writes text or JSON (--format table|json), not CSV")
@@ -815,7 +825,12 @@ def explain_command(
         typer.echo(f"gmd-admin: nothing to explain for {customer}: {exc}", err=True)
         raise typer.Exit(3) from None
     if fmt is Format.json:
-        sys.stdout.write(json_text(result.document()))
+        document = result.document()
+        if summary:
+            document = {k: document[k] for k in ("customer", "name", "summary")}
+        sys.stdout.write(json_text(document))
+    elif summary:
+        sys.stdout.write(render_summary(result))
     else:
         sys.stdout.write(render_text(result, config.accounting.endowment))
 
