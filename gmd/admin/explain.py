@@ -691,7 +691,7 @@ def _caps(
     ids = {str(name): int(host_id) for name, host_id in conn.execute(query)}
     effect = config.enforcement.policy.effect(level)
     out = []
-    for host in hosts:
+    for host in sorted(hosts):
         decisions = host_caps(conn, ids.get(host), window, contention)
         out.append(HostCaps(host, decisions, caps_words(effect, decisions)))
     return out
