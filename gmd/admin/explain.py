@@ -196,6 +196,8 @@ class Explanation:
     """per host the customer ran VMs on in the interval"""
     quota_cloud: str = ""
     """[enforcement.quota] cloud: empty when gmd changes no quota"""
+    raw_kept: bool = True
+    """the interval's samples are still in the ledger (not past raw retention)"""
 
     @property
     def who(self) -> str:
@@ -586,7 +588,8 @@ def explain(
     ).first()
     stored = (0.0, 0.0, 0.0, 0.0) if row is None else tuple(float(v) for v in row)
     notes: list[str] = []
-    if _raw_kept(conn, interval_id):
+    raw_kept = _raw_kept(conn, interval_id)
+    if raw_kept:
         hosts, greediness, share, active = _recompute(
             conn, config, interval_id, length_s, customer_id
         )
@@ -675,6 +678,7 @@ def explain(
         policy=policy,
         caps=caps,
         quota_cloud=config.enforcement.quota.cloud,
+        raw_kept=raw_kept,
     )
 
 
@@ -823,7 +827,12 @@ def summary_lines(e: Explanation) -> list[str]:
         )
     why += "."
     hosts = ", ".join(c.host for c in e.caps)
-    if not hosts:
+    if not e.raw_kept:
+        done = (
+            f"On its hosts: weights × {effect.weight_factor:g}; which hosts ran its VMs in this"
+            " interval, and whether caps applied there, is past raw retention."
+        )
+    elif not hosts:
         done = "On its hosts: it ran no VM in this interval, so no host holds it back now."
     else:
         done = (
@@ -980,7 +989,7 @@ def render_text(e: Explanation, endowment_mode: str) -> str:
             f"   Level {e.level} sets weights only: hard caps come from level"
             f" {e.policy.cap_level} on, and only on hosts where they protect someone."
         )
-    elif e.level > 0:
+    elif e.level > 0 and e.caps:
         say(
             "   Its hard caps apply only where the host is contended (weights apply on every host):"
         )
