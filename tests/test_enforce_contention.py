@@ -348,7 +348,7 @@ def test_enforce_plan_and_explain_say_where_caps_apply_and_why(tmp_path: Path) -
     assert "it took most beyond its share on cmp-busy" in summary[1]
     assert summary[2] == (
         "On its hosts: CPU and I/O weights × 0.25 on cmp-busy, cmp-idle (they only take effect"
-        " where a host is busy); a CPU cap of 50% of its vCPUs on cmp-busy (cpu 100 % ≥ 80 %);"
+        " where a host is busy); a CPU cap of 50 % of its vCPUs on cmp-busy (cpu 100 % ≥ 80 %);"
         " not on cmp-idle (cpu 6 % < 80 %), where nobody needs protecting from it; disk caps"
         " of 0.2 MB/s per VM on cmp-idle (disk 90 % ≥ 80 %); not on cmp-busy (disk 0 % < 80 %),"
         " where nobody needs protecting from it."

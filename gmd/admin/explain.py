@@ -842,7 +842,7 @@ def summary_lines(e: Explanation) -> list[str]:
         wanted = caps_wanted(effect)
         if CapResource.cpu in wanted:
             done += (
-                f"; a CPU cap of {effect.cpu_cap_fraction:.0%} of its vCPUs"
+                f"; a CPU cap of {100 * (effect.cpu_cap_fraction or 0):g} % of its vCPUs"
                 f" {_hosts_where(e.caps, CapResource.cpu)}"
             )
         if CapResource.disk in wanted:
