@@ -283,8 +283,35 @@ class VmPlanItem(BaseModel):
     disk_write_bytes_per_s: float | None
 
 
+class HostCaps(BaseModel):
+    """Whether the hard caps of one resource are in this host's plan, and why: a level's caps
+    apply only where the host is contended for that resource (weights apply everywhere).
+
+    For people and logs: an agent applies the items as they are and need not read this (a
+    VM whose cap was withheld has none in its item, and the applier puts a cap it set
+    earlier back to the VM's original). Plain strings and optional figures rather than enums,
+    so that a reason added later cannot make an older agent refuse its whole plan."""
+
+    resource: str = Field(description='"cpu" (the CPU cap) or "disk" (the disk caps)')
+    applied: bool
+    reason: str = Field(description='"contended", "idle", "unmeasured" or "always"')
+    utilisation: float | None = Field(
+        None, description="the host's use ÷ capacity over the intervals measured; null: none"
+    )
+    threshold: float = Field(description="[enforcement] contended_above for the resource")
+    intervals: int = Field(0, description="intervals of the host measured")
+    window: int = Field(0, description="intervals looked at ([enforcement] contention_intervals)")
+    why: str = Field("", description='in words: "applied: cpu 91 % ≥ 80 %"')
+
+
 class HostPlan(BaseModel):
+    """Unknown fields are ignored (not refused, unlike what agents post): a daemon newer than
+    its agents may tell them more than they know how to read."""
+
     host: str
     generated_s: int
     mode: PlanMode = Field(description='"dry-run": log what would be done, change nothing')
     vms: list[VmPlanItem] = []
+    caps: list[HostCaps] = Field(
+        default=[], description="per capped resource, whether its caps apply here and why"
+    )

@@ -8,6 +8,7 @@ and prefix sums, so a wrong integral, a lost or a doubled tick shows as a mismat
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import threading
@@ -234,6 +235,64 @@ def test_zero_rows_are_a_vm_not_running_and_nothing_is_lost_around_them(tmp_path
         assert want[0] > 0
         assert totals[vm_id] == pytest.approx(want, rel=1e-9, abs=2)  # whole bytes
     assert clock.to_sim(late.runs[0].start_s) > clock.start_s  # it did appear mid-replay
+
+
+def given_by_hand(paths: list[Path], cores: float, t0: float, t1: float) -> list[float]:
+    """Per trace, the core-seconds a host of ``cores`` gives it in [t0, t1]: at each instant
+    its rate, times min(1, cores ÷ what all the traces ask then); the last row holds 300 s."""
+    steps = []
+    for path in paths:
+        rows = rows_of(path)
+        held = [(row, nxt[0]) for row, nxt in itertools.pairwise(rows)]
+        steps.append([*held, (rows[-1], rows[-1][0] + 300)])
+    edges = {t0, t1} | {t for held in steps for row, end in held for t in (row[0], end)}
+    given = [0.0] * len(paths)
+    for a, b in itertools.pairwise(sorted(t for t in edges if t0 <= t <= t1)):
+        rates = []
+        for held in steps:
+            now = [row for row, end in held if row[0] <= a < end]
+            rates.append(cpu_s(now[0]) if now else 0.0)
+        share = min(1.0, cores / sum(rates)) if sum(rates) else 1.0
+        for j, rate in enumerate(rates):
+            given[j] += rate * share * (b - a)
+    return given
+
+
+def test_a_host_short_of_cores_shares_them_in_proportion_to_what_each_vm_asks(
+    tmp_path: Path,
+) -> None:
+    """Two of initech's batch VMs (8 cores each, often busy) replayed on a host of 6 cores:
+    where they ask more together, each gets the same fraction of what its trace asks, so no
+    interval holds more than the host's cores; with enough cores the traces are replayed as
+    they are."""
+    paths = [cut(TRACES / f"{n}.csv", tmp_path / f"{n}.csv", 450, 520) for n in (41, 42)]
+    traces = [read_trace(p) for p in paths]
+    for cores, short in ((6.0, True), (20.0, False)):
+        clock = plan_clock(traces, start_s=PAST, interval_s=60)
+        collector = ReplayCollector(replay_vms(traces, "sim-1"), clock, cores=cores)
+        assert (collector.cpu is not None) == short
+        totals, _ = drive(collector, clock, tick_s=45, interval_s=60)
+        t0, t1 = clock.to_trace(clock.start_s), clock.to_trace(clock.end_s)
+        asked = [integral(rows_of(p), cpu_s, t0, t1) for p in paths]
+        want = given_by_hand(paths, cores, t0, t1)
+        got = [totals[vm.uuid][0] for vm in collector.vms]
+        assert got == pytest.approx(want, rel=1e-9)
+        assert (sum(want) < 0.9 * sum(asked)) == short and sum(got) <= cores * (t1 - t0)
+        # the disk and network counters are the traces' own either way
+        assert totals[collector.vms[0].uuid][1] == pytest.approx(
+            integral(rows_of(paths[0]), disk_bytes, t0, t1), abs=2
+        )
+    assert collector.cpu is None
+    # Counters are a function of trace time alone (a resumed replay reads the same) and
+    # never go down, within a run and across the whole of it.
+    shared = ReplayCollector(replay_vms(traces, "sim-1"), clock, cores=6.0).cpu
+    assert shared is not None and shared.saturated_s() > 0
+    run = traces[0].runs[0]
+    key = (vm_uuid("sim-1", paths[0]), run.run_id)
+    readings = [shared.cpu_ns(key, run.start_s + 37 * k) for k in range(600)]
+    assert readings == sorted(readings) and readings[0] == 0
+    assert readings == [shared.cpu_ns(key, run.start_s + 37 * k) for k in range(600)]
+    assert shared.cpu_ns(key, run.end_s + 10**6) == readings[-1]
 
 
 def test_uuids_and_customers_are_stable() -> None:

@@ -98,6 +98,30 @@ token_sha256 = "%s"
             "[enforcement]\nleave = [1.0, 1.5, 3.0]\n",
             r"enforcement: level 1: leave 1 must be below enter 1 ",
         ),
+        (
+            "[enforcement]\ncontended_above = 80\n",
+            r"enforcement\.contended_above: 80\.0 is not in \[0, 1\]",
+        ),
+        (
+            "[enforcement]\ncontended_above = 'busy'\n",
+            "enforcement.contended_above: expected int or float or dict, got 'busy'",
+        ),
+        (
+            "[enforcement]\ncontended_above = { cpu = 0.9, disk = 1.2 }\n",
+            r"enforcement\.contended_above\.disk: 1\.2 is not in \[0, 1\]",
+        ),
+        (
+            "[enforcement]\ncontended_above = { cpu = 0.9, network = 0.5 }\n",
+            "enforcement.contended_above.network: caps exist for cpu and disk only",
+        ),
+        (
+            "[enforcement]\ncontention_intervals = 2.5\n",
+            "enforcement.contention_intervals: 2.5 is not a whole number of intervals",
+        ),
+        (
+            "[enforcement]\ncontention_intervals = 0\n",
+            r"enforcement\.contention_intervals: 0\.0 is not in \[1, 1440\]",
+        ),
     ],
 )
 def test_errors_name_file_and_key(tmp_path: Path, text: str, message: str) -> None:
@@ -167,3 +191,15 @@ def test_systemds_state_directory_is_the_default_state_dir(
     assert default_database_url() == f"sqlite:///{tmp_path / 'gmd' / 'ledger.db'}"
     monkeypatch.delenv("STATE_DIRECTORY")
     assert default_state_dir() in (Path("/var/lib/gmd"), Path("var").resolve())
+
+
+def test_contention_thresholds_one_for_all_or_one_per_resource(tmp_path: Path) -> None:
+    from gmd.fairness.policy import ContentionPolicy
+
+    assert parse({}).enforcement.contention == ContentionPolicy(0.8, 0.8, 3)
+    both = load(write(tmp_path, "[enforcement]\ncontended_above = 0.9\ncontention_intervals = 5\n"))
+    assert both.enforcement.contention == ContentionPolicy(0.9, 0.9, 5)
+    each = load(write(tmp_path, "[enforcement]\ncontended_above = { disk = 0.5 }\n"))
+    assert each.enforcement.contention == ContentionPolicy(0.8, 0.5, 3)
+    always = load(write(tmp_path, "[enforcement]\ncontended_above = 0\n"))
+    assert always.enforcement.contention == ContentionPolicy(0.0, 0.0, 3)

@@ -109,11 +109,9 @@ def test_every_view_shows_the_name_beside_the_uuid(ledger: tuple[Config, Path]) 
         why = explain(conn, config, "acme")
         assert (why.customer, why.name) == (ACME, "acme")  # the uuid, however it was named
         assert why.document()["customer"] == ACME
-        assert (
-            render_text(why, "equal")
-            .splitlines()[0]
-            .startswith(f"Customer {ACME} (acme), interval")
-        )
+        text = render_text(why, "equal").splitlines()
+        assert text[0].startswith(f"Customer {ACME} (acme) is ")  # the summary's first line
+        assert text[6].startswith(f"Customer {ACME} (acme), interval")  # then the detail
 
         series = collect(conn, customers=["acme", NAMELESS])
         assert [series.label(c) for c in series.customers] == ["acme", NAMELESS]

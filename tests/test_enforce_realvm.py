@@ -51,6 +51,9 @@ ENFORCEMENT = {
     "cpu_cap_fractions": [CAP],
     "disk_caps_bytes_per_s": [DISK_CAP],
     "quota_level": 2,  # never: no cloud here
+    # The CPU cap where the host's CPUs are busy, as by default; the disk caps on every host,
+    # so that their real effect and restore are shown although the posted use reads no disk.
+    "contended_above": {"cpu": 0.8, "disk": 0.0},
 }
 MEASURE_S = 3.0
 SETTLE_S = 0.5
@@ -182,6 +185,10 @@ def test_a_greedy_customers_spinner_is_capped_then_restored_exactly(
                     "disk_read_bytes_per_s": DISK_CAP,
                     "disk_write_bytes_per_s": DISK_CAP,
                 }
+            ]
+            assert [c["why"] for c in served.json()["caps"]] == [
+                "applied: cpu 92 % ≥ 80 %",  # 111 of 120 core-s, both intervals
+                "applied: disk: contended_above = 0 (caps on every host)",
             ]
 
             # The agent's next tick fetches the plan and caps the spinner, LIVE only.

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import itertools
+import re
 
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from gmd.fairness.policy import (
+    CapResource,
+    Contention,
+    ContentionPolicy,
     ThrottlePolicy,
+    capped_effect,
+    caps_wanted,
     cpu_cap_cores,
     decide_levels,
+    host_contention,
     scores,
     weights_for,
 )
@@ -126,3 +133,103 @@ def test_no_change_sooner_than_the_dwell_nor_bigger_than_the_step(
     assert all(abs(levels[i] - levels[i - 1]) <= max_step for i in changes)
     assert all(b - a >= dwell_intervals for a, b in itertools.pairwise(changes))
     assert all(0 <= k <= policy.levels for k in levels)
+
+
+# --- caps only where the host is contended ------------------------------------------------------
+
+CPU, DISK = CapResource.cpu, CapResource.disk
+
+
+def contention(
+    used: list[tuple[float, float]], supply: list[tuple[float, float]], **kw: float
+) -> dict[CapResource, tuple[bool, Contention, float | None]]:
+    decided = host_contention(used, supply, ContentionPolicy(**kw))  # type: ignore[arg-type]
+    return {r: (d.applied, d.reason, d.utilisation) for r, d in decided.items()}
+
+
+def test_caps_apply_from_the_threshold_on_and_not_just_below_it() -> None:
+    supply = [(100.0, 1000.0)] * 3
+    at = contention([(80.0, 0.0)] * 3, supply)
+    assert at[CPU] == (True, Contention.contended, 0.8)
+    below = contention([(80.0, 0.0), (80.0, 0.0), (79.97, 0.0)], supply)
+    assert below[CPU][:2] == (False, Contention.idle)
+    assert below[CPU][2] == pytest.approx(0.7999)
+    full = contention([(100.0, 1000.0)] * 3, supply, cpu_above=1.0, disk_above=1.0)
+    assert full == {
+        CPU: (True, Contention.contended, 1.0),
+        DISK: (True, Contention.contended, 1.0),
+    }
+
+
+def test_each_resource_is_judged_on_its_own_use_and_threshold() -> None:
+    supply = [(100.0, 1000.0)] * 2
+    decided = contention([(95.0, 100.0), (85.0, 300.0)], supply, disk_above=0.15)
+    assert decided == {
+        CPU: (True, Contention.contended, 0.9),
+        DISK: (True, Contention.contended, 0.2),
+    }
+    decided = contention([(95.0, 100.0), (85.0, 100.0)], supply, disk_above=0.15)
+    assert decided[CPU][0] and decided[DISK] == (False, Contention.idle, 0.1)
+
+
+def test_utilisation_weighs_each_interval_by_what_the_host_offered() -> None:
+    """A host that grew from 100 to 300 core-s an interval: 90 + 90 of 400 is 45 %, not the
+    mean of 90 % and 30 %; an interval the host offered nothing in does not count."""
+    decided = contention(
+        [(90.0, 0.0), (90.0, 0.0), (50.0, 0.0)], [(100.0, 1.0), (300.0, 1.0), (0.0, 0.0)]
+    )
+    assert decided[CPU] == (False, Contention.idle, 0.45)
+
+
+def test_no_measure_withholds_caps_and_a_zero_threshold_applies_them_everywhere() -> None:
+    assert contention([], []) == {
+        CPU: (False, Contention.unmeasured, None),
+        DISK: (False, Contention.unmeasured, None),
+    }
+    assert contention([], [], cpu_above=0.0)[CPU] == (True, Contention.always, None)
+    assert contention([(0.0, 0.0)], [(100.0, 100.0)], cpu_above=0.0)[CPU][:2] == (
+        True,
+        Contention.always,
+    )
+
+
+def test_a_levels_caps_are_kept_only_for_the_contended_resources() -> None:
+    p = ThrottlePolicy(disk_caps_bytes_per_s=(None, 5e6, 1e6))
+    effect = p.effect(2)
+    assert caps_wanted(effect) == (CPU, DISK) and caps_wanted(p.effect(1)) == ()
+    decided = host_contention([(90.0, 0.0)], [(100.0, 100.0)], ContentionPolicy())
+    on_host = capped_effect(effect, decided)
+    assert (on_host.cpu_cap_fraction, on_host.disk_bytes_per_s) == (0.75, None)
+    assert (on_host.weight_factor, on_host.quota_steps) == (effect.weight_factor, 0)
+    decided = host_contention([(10.0, 90.0)], [(100.0, 100.0)], ContentionPolicy())
+    assert capped_effect(effect, decided).cpu_cap_fraction is None
+    assert capped_effect(effect, decided).disk_bytes_per_s == 5e6
+
+
+def test_the_decision_says_why_in_words() -> None:
+    def words(used: float, supply: float = 100.0, **kw: float) -> str:
+        decided = host_contention([(used, 0.0)], [(supply, 1.0)], ContentionPolicy(**kw))  # type: ignore[arg-type]
+        return decided[CPU].words()
+
+    assert words(91.0) == "applied: cpu 91 % ≥ 80 %"
+    assert words(22.0) == "not applied: cpu 22 % < 80 %"
+    assert words(79.96) == "not applied: cpu 79.96 % < 80 %"  # never "80 % < 80 %"
+    assert words(80.0, cpu_above=0.8) == "applied: cpu 80 % ≥ 80 %"
+    assert words(50.0, cpu_above=0.825) == "not applied: cpu 50 % < 82.5 %"
+    assert words(1.0, cpu_above=0.0) == "applied: cpu: contended_above = 0 (caps on every host)"
+    none = host_contention([], [], ContentionPolicy(intervals=5))[DISK]
+    assert none.words() == "not applied: disk: no use reported in the last 5 interval(s)"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"cpu_above": 1.5}, "contended_above.cpu = 1.5 must lie in [0, 1]"),
+        ({"disk_above": -0.1}, "contended_above.disk = -0.1 must lie in [0, 1]"),
+        ({"intervals": 0}, "contention_intervals = 0 must be >= 1"),
+        ({"intervals": 2.5}, "contention_intervals = 2.5 must be a whole number"),
+    ],
+)
+def test_contention_settings_out_of_range_are_refused(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ContentionPolicy(**kwargs)

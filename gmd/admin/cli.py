@@ -32,7 +32,7 @@ from gmd.admin.enforcement import (
     plans as enforcement_plans,
 )
 from gmd.admin.output import Format, Listing, Output, View, emit, output_options
-from gmd.admin.render import json_text
+from gmd.admin.render import json_text, yaml_text
 from gmd.admin.standings import COLUMNS as STANDINGS_COLUMNS, standings
 from gmd.common.cli import choice, version_option
 from gmd.common.config import DEFAULT_PATH, ConfigError
@@ -954,22 +954,42 @@ def explain_command(
     ] = None,
     to: Annotated[str | None, typer.Option("--to", help="End of the range (exclusive).")] = None,
     fmt: Annotated[
-        Format, typer.Option("--format", help="table (plain text), or json; csv is refused.")
+        Format,
+        typer.Option(
+            "-f",
+            "--format",
+            parser=choice(Format),
+            metavar="FORMAT",
+            help="table (plain text), json or yaml (the same document).",
+        ),
     ] = Format.table,
+    noindent: Annotated[
+        bool, typer.Option("--noindent", help="JSON on one line, not indented.")
+    ] = False,
+    summary: Annotated[
+        bool,
+        typer.Option(
+            "--summary",
+            help="Only the five-line answer in plain words (who, level, why, what is done"
+            " where, what would lift it); in JSON, only the customer and its summary lines.",
+        ),
+    ] = False,
 ) -> None:
-    """Why a customer stands where it stands: on which hosts, VMs and resources it went over
-    its endowment in an interval, what it left unused and was credited for, how that made its
-    greediness and balance, which thresholds put it at which throttle level, and what was
-    enforced.
+    """Why a customer stands where it stands: first five lines in plain words (its level
+    since when, why, what is done on which hosts, its quota, what would lift it), then the
+    detail: on which hosts, VMs and resources it went over its endowment in an interval, what
+    it left unused and was credited for, how that made its greediness and balance, which
+    thresholds put it at which throttle level, whether the level's hard caps apply on each of
+    its hosts (only where the host is contended) and what was enforced.
 
     The interval is recomputed from its stored samples and checked against the ledger. Exit
     codes: 0 explained, 1 database unavailable, 2 bad option, 3 unknown customer or nothing
     to explain.
     """
-    from gmd.admin.explain import NothingToExplain, explain, render_text
+    from gmd.admin.explain import NothingToExplain, explain, render_summary, render_text
 
-    if fmt is Format.csv:
-        raise _fail("explain writes text or JSON (--format table|json), not CSV")
+    if fmt in (Format.csv, Format.value):
+        raise _fail(f"explain writes text, JSON or YAML (-f table|json|yaml), not {fmt}")
     if at is not None and (from_ is not None or to is not None):
         raise _fail("give either --at or --from/--to, not both")
     at_s, from_s, to_s = _times(at, from_, to)
@@ -983,8 +1003,14 @@ def explain_command(
     except NothingToExplain as exc:
         typer.echo(f"gmd-admin: nothing to explain for {customer}: {exc}", err=True)
         raise typer.Exit(3) from None
-    if fmt is Format.json:
-        sys.stdout.write(json_text(result.document()))
+    if fmt in (Format.json, Format.yaml):
+        document = result.document()
+        if summary:
+            document = {k: document[k] for k in ("customer", "name", "summary")}
+        text = json_text(document, indent=not noindent) if fmt is Format.json else None
+        sys.stdout.write(text or yaml_text(document))
+    elif summary:
+        sys.stdout.write(render_summary(result))
     else:
         sys.stdout.write(render_text(result, config.accounting.endowment))
 

@@ -21,7 +21,14 @@ with one profile), so that the customers differ as real ones do. Hosts are overc
 ratio of 16 allows), so flavors are scaled down to what the host can give, and customers that
 use their VMs fully are over their endowment whenever others leave room. The last host belongs
 to ``lab``, an organization that is also a customer (DirectContr: contributing a host earns it
-priority).
+priority). A replayed host gives its VMs no more than its cores: where their traces together ask
+more, each gets the same fraction of what it asks (the host is saturated).
+
+**One busy host.** The first host is a small, older one (:data:`BUSY_HOST_SHARE` of the others'
+cores) under the same share of VMs, so it runs flat out while the others idle. A throttled
+customer's hard caps apply only on a host contended for the capped resource (``[enforcement]
+contended_above``), weights on every host: the greediest customer ends capped on the busy host
+and not on the idle ones, and the demo says so after ``enforce --plan``.
 """
 
 from __future__ import annotations
@@ -66,6 +73,10 @@ cluster running flat out; 1-20 small, mostly idle web VMs."""
 LAB = "lab"
 """The organization that contributes the last host and is also a customer."""
 
+BUSY_HOST_SHARE = 0.25
+"""The first host's cores as a share of the others' (with more than one host): small enough
+that its round-robin share of the VMs keeps it contended, where the others idle."""
+
 
 class DemoError(RuntimeError):
     """The demo cannot go on; the message says what failed and where its log is."""
@@ -91,6 +102,8 @@ class Cloud:
     end_s: int
     interval_s: int
     tick_s: int
+    cores: dict[str, float]
+    """host → its physical cores"""
 
     @property
     def intervals(self) -> int:
@@ -108,9 +121,11 @@ def plan_cloud(
     interval_s: int = 900,
     tick_s: int = 300,
     now_s: float | None = None,
+    cores_per_host: float = 32.0,
 ) -> Cloud:
     """Deal ``traces`` round-robin over ``hosts`` hosts and give each to its block's customer;
-    the replay covers the ``days`` before the last interval boundary before now."""
+    the replay covers the ``days`` before the last interval boundary before now. Each host has
+    ``cores_per_host`` cores, but the first of several only :data:`BUSY_HOST_SHARE` of them."""
     if hosts < 1:
         raise DemoError("at least one host is needed")
     if not traces:
@@ -127,7 +142,10 @@ def plan_cloud(
     now = time.time() if now_s is None else now_s
     end = math.floor(now / interval_s) * interval_s
     start = end - max(1, round(days * 86400 / interval_s)) * interval_s
-    return Cloud(tuple(names), placement, owners, start, end, interval_s, tick_s)
+    cores = dict.fromkeys(names, float(cores_per_host))
+    if hosts > 1:
+        cores[names[0]] = cores_per_host * BUSY_HOST_SHARE
+    return Cloud(tuple(names), placement, owners, start, end, interval_s, tick_s, cores)
 
 
 def parse_traces(spec: str) -> list[str]:
@@ -196,7 +214,6 @@ def write_configs(
     traces: Path,
     port: int,
     *,
-    cores_per_host: float,
     memory_per_host: float,
 ) -> None:
     """The daemon's gmd.toml and one agent file per host.
@@ -230,6 +247,9 @@ def write_configs(
         "enter = [2.0, 4.0, 8.0]",
         "leave = [1.0, 3.0, 6.0]",
         "dwell_s = 3600",
+        "# hard caps only where the host used 80 % of the capped resource over 3 intervals",
+        "contended_above = 0.8",
+        "contention_intervals = 3",
         "",
         "[organizations]",
         'default_owner = "operator"',
@@ -266,7 +286,7 @@ def write_configs(
             "replay_start": cloud.start_s,
             "replay_end": cloud.end_s,
             "replay_speed": "max",
-            "replay_host_cores": cores_per_host,
+            "replay_host_cores": cloud.cores[host],
             "replay_host_memory_bytes": memory_per_host,
         }
         body = "\n".join(f"{k} = {_toml(v)}" for k, v in agent.items())
@@ -482,6 +502,41 @@ def admin(layout: Layout, out: TextIO, *args: str, show: bool = True) -> str:
     return result.stdout
 
 
+def where_capped(plan_json: str) -> dict[str, dict[str, str]]:
+    """Customer → host → whether its level's caps apply there and why, from ``enforce --plan
+    --format json`` (one entry per host: the caps depend on the host, not the VM)."""
+    out: dict[str, dict[str, str]] = {}
+    for row in json.loads(plan_json)["plans"]:
+        out.setdefault(str(row["customer"]), {})[str(row["host"])] = str(row["caps"])
+    return out
+
+
+def caps_walkthrough(customer: str, caps: dict[str, str]) -> str:
+    """What ``enforce --plan`` showed of the customer's caps, in words."""
+    if not caps:
+        return f"  {customer} is not throttled: nothing is set on its VMs."
+    applied = sorted(h for h, why in caps.items() if why.startswith("applied"))
+    withheld = sorted(h for h, why in caps.items() if why.startswith("not applied"))
+    if not applied and not withheld:
+        return (
+            f"  {customer}'s VMs get lower weights on every host ({', '.join(sorted(caps))});"
+            " its level sets no hard cap."
+        )
+
+    def listed(hosts: list[str]) -> str:
+        return "; ".join(f"{h} ({caps[h]})" for h in hosts)
+
+    lines = [
+        f"  {customer}'s VMs get lower weights on every host (they only bite where a host is"
+        " busy); its hard caps apply only where the host is contended:"
+    ]
+    if applied:
+        lines.append(f"  capped on {listed(applied)}")
+    if withheld:
+        lines.append(f"  not capped on {listed(withheld)}: a cap there would protect nobody")
+    return "\n".join(lines)
+
+
 # -- the whole demo ---------------------------------------------------------------------------
 
 
@@ -507,21 +562,18 @@ def run(
     missing = [n for n in names if not (traces / f"{n}.csv").is_file()]
     if missing:
         raise DemoError(f"no trace {missing[0]}.csv in {traces}")
-    cloud = plan_cloud(names, hosts, days)
+    cloud = plan_cloud(names, hosts, days, cores_per_host=cores_per_host)
     layout = prepare(root)
     port = free_port()
-    write_configs(
-        layout,
-        cloud,
-        traces.resolve(),
-        port,
-        cores_per_host=cores_per_host,
-        memory_per_host=memory_per_host,
-    )
+    write_configs(layout, cloud, traces.resolve(), port, memory_per_host=memory_per_host)
     customers = sorted(set(cloud.owners.values()))
+    small = ""
+    if hosts > 1:
+        first = cloud.hosts[0]
+        small = f" ({first}: {cloud.cores[first]:g}, a small busy one)"
     print(
         f"gmd demo: {len(names)} Bitbrains VMs of {len(customers)} customers"
-        f" ({', '.join(customers)}) on {hosts} simulated hosts of {cores_per_host:g} cores,"
+        f" ({', '.join(customers)}) on {hosts} simulated hosts of {cores_per_host:g} cores{small},"
         f" replaying the {cloud.intervals * cloud.interval_s / 86400:.3g} days up to"
         f" {iso(cloud.end_s)}\n  files: {layout.root} (configuration: {layout.config.name})",
         file=out,
@@ -562,6 +614,9 @@ def run(
         admin(layout, out, "explain", greediest)
         admin(layout, out, "actions", "--customer", greediest, "--limit", "12")
     admin(layout, out, "enforce", "--plan")
+    caps = where_capped(admin(layout, out, "enforce", "--plan", "--format", "json", show=False))
+    if greediest is not None:
+        print(f"\n{caps_walkthrough(greediest, caps.get(greediest, {}))}", file=out, flush=True)
     admin(layout, out, "plot", *span, "-o", str(layout.plot))
     total_s = time.monotonic() - began
     print(
@@ -583,6 +638,7 @@ def run(
         "accounting_s": round(account_s, 2),
         "total_s": round(total_s, 2),
         "greediest": greediest,
+        "caps": caps.get(greediest, {}) if greediest is not None else {},
         "config": str(layout.config),
         "plot": str(layout.plot),
     }

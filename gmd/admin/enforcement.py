@@ -1,7 +1,10 @@
 """What enforcement would do now: each throttled customer's level and effect, and every
-host's plan — read from the ledger, as the daemon serves it to agents."""
+host's plan — read from the ledger, as the daemon serves it to agents, with whether the
+level's hard caps apply on the host and why."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from sqlalchemy import Connection, select
 
@@ -15,6 +18,7 @@ from gmd.daemon.ledger.tables import (
     hosts as _hosts,
     levels as _levels,
 )
+from gmd.fairness.policy import CapDecision, CapResource, LevelEffect, caps_wanted
 
 LEVEL_COLUMNS = (
     Column("customer", "Customer", None, "left"),
@@ -35,7 +39,17 @@ PLAN_COLUMNS = (
     Column("cpu_quota_cores", "CPU cap (cores)", 2),
     Column("disk_read_bytes_per_s", "Disk read cap (B/s)", 0),
     Column("disk_write_bytes_per_s", "Disk write cap (B/s)", 0),
+    Column("caps", "Caps", None, "left"),
 )
+
+
+def caps_words(effect: LevelEffect, caps: Mapping[CapResource, CapDecision]) -> str:
+    """Whether the caps a level sets apply on a host, and why: "applied: cpu 91 % ≥ 80 %",
+    "not applied: cpu 22 % < 80 %", or "none at level 1" for a level without caps."""
+    wanted = caps_wanted(effect)
+    if not wanted:
+        return f"none at level {effect.level}"
+    return "; ".join(caps[r].words() for r in wanted)
 
 
 def levels(conn: Connection, config: EnforcementConfig) -> list[dict[str, object]]:
@@ -66,8 +80,9 @@ def levels(conn: Connection, config: EnforcementConfig) -> list[dict[str, object
 def plans(
     conn: Connection, config: EnforcementConfig, host: str | None = None
 ) -> list[dict[str, object]]:
-    """Every host's plan (or one host's), a row per throttled VM. :class:`UnknownHost` for a
-    host the ledger has never seen."""
+    """Every host's plan (or one host's), a row per throttled VM; ``caps`` says whether its
+    level's hard caps apply on the host and why. :class:`UnknownHost` for a host the ledger
+    has never seen."""
     if host is not None:
         require_host(conn, host)
         names = [host]
@@ -75,6 +90,8 @@ def plans(
         names = list(conn.execute(select(_hosts.c.name).order_by(_hosts.c.name)).scalars())
     rows = []
     for name in names:
-        for p in host_plan(conn, name, config):
-            rows.append({"host": name, **p.model_dump()})
+        plan = host_plan(conn, name, config)
+        for p in plan.vms:
+            words = caps_words(config.policy.effect(p.level), plan.caps)
+            rows.append({"host": name, **p.model_dump(), "caps": words})
     return rows

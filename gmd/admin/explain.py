@@ -7,11 +7,18 @@ used), which gives every VM's use, endowment and offset and every host's over-us
 share β and credit factor κ. The recomputed total is checked against the ledger's row: when the
 configuration changed since the interval was accounted they can differ, and the explanation
 says so rather than quietly explaining numbers the ledger does not hold.
+
+Before the detail comes a summary of five lines in plain words (who, at which level since
+when, why, what is done on which hosts — weights everywhere, hard caps only where the host is
+contended — the quota, and what would lift it), which ``--summary`` prints alone. Whether the
+caps apply on a host is measured as the daemon's plan measures it, over the accounted
+intervals up to the one explained.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,8 +26,10 @@ import numpy as np
 from sqlalchemy import Connection, and_, func, or_, select
 
 from gmd.admin.actions import actions as list_actions
+from gmd.admin.enforcement import caps_words
 from gmd.common.timespec import iso
 from gmd.daemon.config import Config
+from gmd.daemon.enforce.plans import host_caps, recent_window
 from gmd.daemon.ledger import lookup
 from gmd.daemon.ledger.accounting import (
     SAMPLE_CUSTOMER,
@@ -57,6 +66,7 @@ from gmd.daemon.ledger.tables import (
 )
 from gmd.fairness.cloud import CloudInterval, cloud_greediness
 from gmd.fairness.decay import decay_factor
+from gmd.fairness.policy import CapDecision, CapResource, ThrottlePolicy, caps_wanted
 
 # Amounts per interval → the rates people read: cores, GiB, MB/s.
 _UNITS = {
@@ -119,6 +129,34 @@ class HostExplained:
         return sum(v.greediness for v in self.vms)
 
 
+@dataclass(frozen=True)
+class HostCaps:
+    """Whether the hard caps of the customer's level apply on one of its hosts, and why."""
+
+    host: str
+    decisions: dict[CapResource, CapDecision]
+    words: str
+    """for the level in force: "applied: cpu 91 % ≥ 80 %", or "none at level 1"."""
+
+    def document(self) -> dict[str, object]:
+        return {
+            "host": self.host,
+            "caps": self.words,
+            "resources": [
+                {
+                    "resource": d.resource.value,
+                    "applied": d.applied,
+                    "reason": d.reason.value,
+                    "utilisation": d.utilisation,
+                    "threshold": d.threshold,
+                    "intervals": d.intervals,
+                    "window": d.window,
+                }
+                for d in self.decisions.values()
+            ],
+        }
+
+
 @dataclass
 class Explanation:
     customer: str
@@ -153,6 +191,17 @@ class Explanation:
     notes: list[str] = field(default_factory=list)
     name: str | None = None
     """the project's name, where the ledger knows it"""
+    policy: ThrottlePolicy = field(default_factory=ThrottlePolicy)
+    caps: list[HostCaps] = field(default_factory=list)
+    """per host the customer ran VMs on in the interval"""
+    quota_cloud: str = ""
+    """[enforcement.quota] cloud: empty when gmd changes no quota"""
+    raw_kept: bool = True
+    """the interval's samples are still in the ledger (not past raw retention)"""
+
+    @property
+    def who(self) -> str:
+        return self.customer if self.name is None else f"{self.customer} ({self.name})"
 
     def document(self) -> dict[str, object]:
         """Everything, as JSON-ready values."""
@@ -204,9 +253,11 @@ class Explanation:
                 "mode": self.mode,
                 "reason": self.level_reason,
             },
+            "caps": [c.document() for c in self.caps],
             "actions": self.actions,
             "range": self.range_summary,
             "notes": self.notes,
+            "summary": summary_lines(self),
         }
 
 
@@ -537,7 +588,8 @@ def explain(
     ).first()
     stored = (0.0, 0.0, 0.0, 0.0) if row is None else tuple(float(v) for v in row)
     notes: list[str] = []
-    if _raw_kept(conn, interval_id):
+    raw_kept = _raw_kept(conn, interval_id)
+    if raw_kept:
         hosts, greediness, share, active = _recompute(
             conn, config, interval_id, length_s, customer_id
         )
@@ -591,6 +643,7 @@ def explain(
     summary = None
     if from_s is not None or to_s is not None:
         summary = _range_summary(conn, customer_id, from_s, to_s)
+    caps = _caps(conn, config, [h.name for h in hosts], interval_id, in_force.level)
     return Explanation(
         customer=customer,
         name=name,
@@ -622,7 +675,30 @@ def explain(
         actions=done,
         range_summary=summary,
         notes=notes,
+        policy=policy,
+        caps=caps,
+        quota_cloud=config.enforcement.quota.cloud,
+        raw_kept=raw_kept,
     )
+
+
+def _caps(
+    conn: Connection, config: Config, hosts: list[str], interval_id: int, level: int
+) -> list[HostCaps]:
+    """Whether the level's caps apply on each host, measured as the plan served after the
+    interval measured it: over the accounted intervals up to it."""
+    if not hosts:
+        return []
+    contention = config.enforcement.contention
+    window = recent_window(conn, contention.intervals, upto_id=interval_id)
+    query = select(_hosts.c.name, _hosts.c.id).where(_hosts.c.name.in_(hosts))
+    ids = {str(name): int(host_id) for name, host_id in conn.execute(query)}
+    effect = config.enforcement.policy.effect(level)
+    out = []
+    for host in sorted(hosts):
+        decisions = host_caps(conn, ids.get(host), window, contention)
+        out.append(HostCaps(host, decisions, caps_words(effect, decisions)))
+    return out
 
 
 def _range_summary(
@@ -687,13 +763,137 @@ def _thresholds(e: Explanation) -> str:
     )
 
 
+_MODE_WORDS = {
+    "off": "enforcement is off: nothing is decided or applied",
+    "dry-run": "enforcement is in dry-run: decided and recorded, not applied",
+    "on": "enforcement is on: the agents and the quota job apply it",
+}
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
+
+
+def _hosts_where(caps: list[HostCaps], resource: CapResource) -> str:
+    """ "on cmp-01 (cpu 91 % ≥ 80 %); not on cmp-02 (cpu 22 % < 80 %), …"."""
+    on: list[str] = []
+    off: list[str] = []
+    for c in caps:
+        d = c.decisions[resource]
+        (on if d.applied else off).append(f"{c.host} ({d.why()})")
+    parts = []
+    if on:
+        parts.append(f"on {', '.join(on)}")
+    if off:
+        parts.append(f"not on {', '.join(off)}, where nobody needs protecting from it")
+    return "; ".join(parts)
+
+
+def summary_lines(e: Explanation) -> list[str]:
+    """Five lines in plain words: who and at which level since when; why (the balance
+    against the thresholds); what is done on which hosts (weights everywhere, hard caps only
+    where the host is contended); the quota; what would lift it."""
+    p = e.policy
+    level, n = e.level, len(e.enter)
+    effect = p.effect(level)
+    quantity = "balance" if e.priority_weight == 0 else "score (balance less weighted priority)"
+    mode = _MODE_WORDS.get(e.mode, e.mode)
+    if level == 0:
+        first = f"Customer {e.who} is not throttled (level 0 of {n}); {mode}."
+        why = f"Why: its {quantity}, {e.score:.4g}, is below {e.enter[0]:g}, where level 1 begins."
+        done = "On its hosts: nothing; its VMs keep their own weights and no cap."
+        quota = "Quota: unchanged."
+        lift = f"Nothing to lift; a {quantity} of {e.enter[0]:g} would bring level 1."
+        return [first, why, done, quota, lift]
+    since = "" if e.level_since_s is None else f" since {iso(int(e.level_since_s))}"
+    first = f"Customer {e.who} is at throttle level {level} of {n}{since}; {mode}."
+    enter, leave = e.enter[level - 1], e.leave[level - 1]
+    if e.score >= enter:
+        why = f"Why: its {quantity}, {e.score:.4g}, reaches {enter:g}, where level {level} begins"
+    else:
+        why = (
+            f"Why: its {quantity}, {e.score:.4g}, is still at or above {leave:g}, below which"
+            f" level {level} (entered at {enter:g}) is left"
+        )
+    greediest = max(e.hosts, key=lambda h: h.greediness, default=None)
+    if greediest is not None and greediest.greediness > 0:
+        why += (
+            f"; in the interval of {iso(e.start_s)} it took most beyond its share on"
+            f" {greediest.name} ({_signed(greediest.greediness)})"
+        )
+    why += "."
+    hosts = ", ".join(c.host for c in e.caps)
+    if not e.raw_kept:
+        done = (
+            f"On its hosts: weights × {effect.weight_factor:g}; which hosts ran its VMs in this"
+            " interval, and whether caps applied there, is past raw retention."
+        )
+    elif not hosts:
+        done = "On its hosts: it ran no VM in this interval, so no host holds it back now."
+    else:
+        done = (
+            f"On its hosts: CPU and I/O weights × {effect.weight_factor:g} on {hosts} (they only"
+            " take effect where a host is busy)"
+        )
+        wanted = caps_wanted(effect)
+        if CapResource.cpu in wanted:
+            done += (
+                f"; a CPU cap of {100 * (effect.cpu_cap_fraction or 0):g} % of its vCPUs"
+                f" {_hosts_where(e.caps, CapResource.cpu)}"
+            )
+        if CapResource.disk in wanted:
+            done += (
+                f"; disk caps of {(effect.disk_bytes_per_s or 0) / 1e6:g} MB/s per VM"
+                f" {_hosts_where(e.caps, CapResource.disk)}"
+            )
+        if not wanted:
+            done += f"; no hard caps below level {p.cap_level}"
+        done += "."
+    if effect.quota_steps == 0:
+        quota = "Quota: unchanged" + (
+            f" (lowered from level {p.quota_level} on)." if p.quota_level <= n else "."
+        )
+    elif e.quota_cloud:
+        quota = (
+            f"Quota: its OpenStack compute quota is lowered by {effect.quota_steps} step(s)"
+            f" (from level {p.quota_level} on), and restored when it falls below."
+        )
+    else:
+        quota = (
+            f"Quota: level {level} lowers it by {effect.quota_steps} step(s), but no cloud is"
+            " configured ([enforcement.quota] cloud), so gmd changes none."
+        )
+    lift = f"What would lift it: a {quantity} below {leave:g} brings level {level - 1}"
+    if p.dwell_s:
+        lift += f" (one level per {_duration(p.dwell_s)} at most)"
+    if e.priority_weight == 0 and e.half_life_s is not None and e.balance > 0:
+        if leave > 0:
+            wait = e.half_life_s * math.log2(e.balance / leave) if e.balance > leave else 0.0
+            lift += (
+                f"; with no more greed its balance halves every {_duration(e.half_life_s)},"
+                f" below {leave:g} in about {_duration(wait)}"
+            )
+        else:
+            lift += "; decay alone never takes it below 0: leaving its share to others does"
+    lift += "."
+    return [first, why, done, quota, lift]
+
+
+def render_summary(e: Explanation) -> str:
+    """The five summary lines alone (``explain --summary``)."""
+    return "\n".join(summary_lines(e)) + "\n"
+
+
 def render_text(e: Explanation, endowment_mode: str) -> str:
-    """The explanation as paragraphs an operator can paste into a ticket."""
+    """The summary, then the explanation as paragraphs an operator can paste into a ticket."""
     length = e.length_s
-    out: list[str] = []
+    out: list[str] = [*summary_lines(e), ""]
     say = out.append
-    who = e.customer if e.name is None else f"{e.customer} ({e.name})"
-    say(f"Customer {who}, interval {iso(e.start_s)} ({length} s)")
+    say(f"Customer {e.who}, interval {iso(e.start_s)} ({length} s)")
     say("")
     share = ", ".join(_rate(r, v, length) for r, v in e.share.items())
     say(
@@ -783,12 +983,20 @@ def render_text(e: Explanation, endowment_mode: str) -> str:
     else:
         since = "" if e.level_since_s is None else f" (held since {iso(int(e.level_since_s))})"
         say(f"   Level {e.level} after this interval{since}: {e.level_reason}.")
-    mode = {
-        "off": "enforcement is off: nothing is decided or applied",
-        "dry-run": "enforcement is in dry-run: decided and recorded, not applied",
-        "on": "enforcement is on: the agents and the quota job apply it",
-    }
-    say(f"   ({mode.get(e.mode, e.mode)})")
+    effect = e.policy.effect(e.level)
+    if e.level > 0 and not caps_wanted(effect):
+        say(
+            f"   Level {e.level} sets weights only: hard caps come from level"
+            f" {e.policy.cap_level} on, and only on hosts where they protect someone."
+        )
+    elif e.level > 0 and e.caps:
+        say(
+            "   Its hard caps apply only where the host is contended (weights apply on every host):"
+        )
+        for c in e.caps:
+            window = next(iter(c.decisions.values())).window
+            say(f"   - {c.host}: {c.words} (over the last {window} accounted interval(s))")
+    say(f"   ({_MODE_WORDS.get(e.mode, e.mode)})")
     say("")
     say("5. What was enforced")
     if not e.actions:

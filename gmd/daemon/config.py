@@ -23,7 +23,7 @@ from gmd.daemon.enforce.quotas import QuotaBackendKind
 from gmd.fairness.cloud import CONSUMER_MODES, ENDOWMENT_MODES, ConsumerMode, EndowmentMode
 from gmd.fairness.decay import DEFAULT_HALF_LIFE_S
 from gmd.fairness.directcontr import UTILITIES
-from gmd.fairness.policy import ThrottlePolicy
+from gmd.fairness.policy import CapResource, ContentionPolicy, ThrottlePolicy
 from gmd.wire import PLAN_MODES, PlanMode, resource_names
 
 QUOTA_BACKENDS = tuple(kind.value for kind in QuotaBackendKind)
@@ -112,11 +112,13 @@ class QuotaConfig:
 @dataclass(frozen=True)
 class EnforcementConfig:
     """``mode``: "off" decides nothing; "dry-run" decides and records what it would do;
-    "on" also applies it. ``policy`` holds the thresholds and what each level does."""
+    "on" also applies it. ``policy`` holds the thresholds and what each level does;
+    ``contention`` on which hosts a level's hard caps apply."""
 
     mode: PlanMode = "dry-run"
     policy: ThrottlePolicy = field(default_factory=ThrottlePolicy)
     quota: QuotaConfig = field(default_factory=QuotaConfig)
+    contention: ContentionPolicy = field(default_factory=ContentionPolicy)
 
 
 @dataclass(frozen=True)
@@ -299,6 +301,7 @@ def _enforcement(e: Reader) -> EnforcementConfig:
     except ValueError as exc:
         raise e.fail("", str(exc)) from None
     mode = e.choice("mode", "dry-run", PLAN_MODES)
+    contention = _contention(e)
     q = e.sub("quota")
     d_q = QuotaConfig()
     quota = QuotaConfig(
@@ -318,7 +321,30 @@ def _enforcement(e: Reader) -> EnforcementConfig:
     )
     q.done()
     e.done()
-    return EnforcementConfig(mode, policy, quota)
+    return EnforcementConfig(mode, policy, quota, contention)
+
+
+def _contention(e: Reader) -> ContentionPolicy:
+    """``contended_above``: one fraction for every capped resource, or a table per resource
+    (``{ cpu = 0.8, disk = 0.6 }``: a disk's configured bandwidth is often a rougher figure
+    than its cores); ``contention_intervals``: how many of the host's last intervals count."""
+    d = ContentionPolicy()
+    given = e.get("contended_above", (int, float, dict), None)
+    if isinstance(given, dict):
+        table = e.sub("contended_above")
+        above = {r: table.number(r.value, d.threshold(r), 0, 1) for r in CapResource}
+        for key in table.table:
+            if key not in above:
+                raise table.fail(
+                    key, f"caps exist for {' and '.join(CapResource)} only: no threshold for {key}"
+                )
+    else:
+        both = e.number("contended_above", d.cpu_above, 0, 1)
+        above = dict.fromkeys(CapResource, both)
+    intervals = e.number("contention_intervals", d.intervals, 1, 1440)
+    if intervals != int(intervals):
+        raise e.fail("contention_intervals", f"{intervals!r} is not a whole number of intervals")
+    return ContentionPolicy(above[CapResource.cpu], above[CapResource.disk], int(intervals))
 
 
 def _retention(r: Reader, daemon: DaemonConfig) -> RetentionConfig:

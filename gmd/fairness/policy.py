@@ -11,13 +11,20 @@ releases gradually.
 Each level maps to what enforcement does (``LevelEffect``): scheduling weights (work
 conserving: they only bite on contended hosts), a hard CPU cap and disk caps from
 ``cap_level`` on, and quota steps from ``quota_level`` on — never below the configured floors.
+
+A hard cap is not work conserving: on an idle host it takes from the capped VM what nobody
+else wanted, and protects nobody. So the caps a level sets are applied only on a host where
+the capped resource is contended (:func:`host_contention`: the host's own use against its
+capacity over its last intervals, per resource), while weights apply everywhere.
 Everything here is arrays in, arrays out: no clock, no I/O.
 """
 
 from __future__ import annotations
 
+import enum
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -203,3 +210,153 @@ def cpu_cap_cores(fraction: float | None, vcpus: float | None) -> float | None:
     if fraction is None or vcpus is None or not vcpus > 0:
         return None
     return fraction * vcpus
+
+
+# --- hard caps only where they protect someone -------------------------------------------------
+
+
+class CapResource(enum.StrEnum):
+    """A resource a level caps hard: the CPU cap (``cpu_cap_fractions``) and the disk caps
+    (``disk_caps_bytes_per_s``), each applied where its own resource is contended."""
+
+    cpu = "cpu"
+    disk = "disk"
+
+
+class Contention(enum.StrEnum):
+    """Why a host's caps of one resource are applied or not."""
+
+    contended = "contended"
+    """its utilisation reached the threshold: caps applied"""
+    idle = "idle"
+    """its utilisation is below the threshold: caps withheld, weights alone suffice"""
+    unmeasured = "unmeasured"
+    """the host reported no use in the intervals looked at: caps withheld (nothing shows that
+    anyone needs protecting)"""
+    always = "always"
+    """the threshold is 0: caps applied on every host, busy or not"""
+
+
+@dataclass(frozen=True)
+class ContentionPolicy:
+    """When a host counts as contended for a resource: its use over its last ``intervals``
+    accounted intervals reaches ``cpu_above`` / ``disk_above`` of its capacity (0: always,
+    caps everywhere)."""
+
+    cpu_above: float = 0.8
+    disk_above: float = 0.8
+    intervals: int = 3
+
+    def __post_init__(self) -> None:
+        problems = [
+            f"contended_above.{r} = {t!r} must lie in [0, 1] (a fraction of the host's capacity)"
+            for r, t in ((CapResource.cpu, self.cpu_above), (CapResource.disk, self.disk_above))
+            if not (math.isfinite(t) and 0 <= t <= 1)
+        ]
+        if isinstance(self.intervals, bool) or not isinstance(self.intervals, int):
+            problems.append(f"contention_intervals = {self.intervals!r} must be a whole number")
+        elif self.intervals < 1:
+            problems.append(f"contention_intervals = {self.intervals} must be >= 1")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def threshold(self, resource: CapResource) -> float:
+        return self.cpu_above if resource is CapResource.cpu else self.disk_above
+
+
+def _percent(x: float, threshold: float) -> str:
+    """``x`` as a percentage with as few decimals as keep it from reading like the threshold
+    it is compared with (0.7996 against 0.8 is "79.96 %", not "80 %")."""
+    for digits in range(5):
+        shown = f"{100 * x:.{digits}f}"
+        if x == threshold or float(shown) != round(100 * threshold, digits):
+            return f"{shown} %"
+    return f"{100 * x:g} %"
+
+
+@dataclass(frozen=True)
+class CapDecision:
+    """Whether a host's caps of one resource apply, and the figures that decided it."""
+
+    resource: CapResource
+    applied: bool
+    reason: Contention
+    utilisation: float | None
+    """use ÷ capacity over the intervals measured; None when there were none"""
+    threshold: float
+    intervals: int
+    """how many intervals of the host were measured"""
+    window: int
+    """how many intervals were looked at (``contention_intervals``)"""
+
+    def why(self) -> str:
+        """The figures, in words: "cpu 91 % ≥ 80 %"."""
+        r = self.resource.value
+        if self.reason is Contention.always:
+            return f"{r}: contended_above = 0 (caps on every host)"
+        if self.utilisation is None:
+            return f"{r}: no use reported in the last {self.window} interval(s)"
+        u, t = self.utilisation, self.threshold
+        sign = "≥" if self.applied else "<"
+        return f"{r} {_percent(u, t)} {sign} {100 * t:g} %"
+
+    def words(self) -> str:
+        """ "applied: cpu 91 % ≥ 80 %" or "not applied: cpu 22 % < 80 %"."""
+        return f"{'applied' if self.applied else 'not applied'}: {self.why()}"
+
+
+def host_contention(
+    used: object, supply: object, policy: ContentionPolicy
+) -> dict[CapResource, CapDecision]:
+    """Per cap resource, whether its caps apply on one host.
+
+    ``used`` and ``supply`` are (intervals × :class:`CapResource`) arrays of what the host's
+    VMs used and what it could give (capacity × length) in each of its last intervals. The
+    utilisation is their ratio over the intervals with a supply (a supply-weighted mean, so
+    that a host whose capacity changed counts each interval by what it offered). It reaches
+    the threshold: contended, caps applied; below it: idle; no interval: unmeasured, caps
+    withheld. A threshold of 0 applies caps whatever the figures.
+    """
+    u = np.asarray(used, dtype=np.float64).reshape(-1, len(CapResource))
+    s = np.asarray(supply, dtype=np.float64).reshape(-1, len(CapResource))
+    if u.shape != s.shape:
+        raise ValueError(f"used {u.shape} and supply {s.shape} differ")
+    out = {}
+    for k, resource in enumerate(CapResource):
+        threshold = policy.threshold(resource)
+        measured = s[:, k] > 0
+        n = int(measured.sum())
+        utilisation = float(u[measured, k].sum() / s[measured, k].sum()) if n else None
+        if threshold == 0:
+            reason = Contention.always
+        elif utilisation is None:
+            reason = Contention.unmeasured
+        elif utilisation >= threshold:
+            reason = Contention.contended
+        else:
+            reason = Contention.idle
+        applied = reason in (Contention.always, Contention.contended)
+        out[resource] = CapDecision(
+            resource, applied, reason, utilisation, threshold, n, policy.intervals
+        )
+    return out
+
+
+def capped_effect(effect: LevelEffect, caps: Mapping[CapResource, CapDecision]) -> LevelEffect:
+    """``effect`` on one host: its CPU cap only where CPU is contended, its disk caps only
+    where disk is; weights and quota steps as they are."""
+    return replace(
+        effect,
+        cpu_cap_fraction=effect.cpu_cap_fraction if caps[CapResource.cpu].applied else None,
+        disk_bytes_per_s=effect.disk_bytes_per_s if caps[CapResource.disk].applied else None,
+    )
+
+
+def caps_wanted(effect: LevelEffect) -> tuple[CapResource, ...]:
+    """The resources a level caps (before contention decides where)."""
+    wanted = []
+    if effect.cpu_cap_fraction is not None:
+        wanted.append(CapResource.cpu)
+    if effect.disk_bytes_per_s is not None:
+        wanted.append(CapResource.disk)
+    return tuple(wanted)

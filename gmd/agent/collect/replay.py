@@ -28,6 +28,12 @@ each stretch of running rows is one *run*, a process whose counters start from z
 restarted domain's do. When a run ends between two readings, the VM is reported once more with
 its final counters, so nothing it used is lost (libvirt cannot do that for a VM that stops).
 
+**A host gives no more than its cores.** The traced VMs ran on other machines; dealt onto a
+simulated host with fewer cores, their traces can together ask for more CPU than it has,
+which no real host gives (and the daemon refuses as implausible). Where they do, each VM gets
+the same fraction of what its trace asks (:class:`HostCpu`), so the host is saturated, not
+over-full. A host whose traces never ask more than its cores replays them exactly.
+
 **Bad data stops the replay** with the file and line (:class:`TraceError`): a skipped row would
 silently change every integral after it, and the purpose of a replay is exact figures.
 
@@ -492,6 +498,74 @@ def plan_clock(
     return clock
 
 
+# -- the host's CPUs --------------------------------------------------------------------------
+
+
+def _cpu_rates(run: Run, starts: np.ndarray) -> np.ndarray:
+    """The run's CPU rate (ns/s) on each segment beginning at ``starts`` (0 outside it)."""
+    rates = np.array([r[0] for r in run.rates])
+    k = np.clip(np.searchsorted(run.times, starts, side="right") - 1, 0, len(rates) - 1)
+    active = (starts >= run.start_s) & (starts < run.end_s)
+    return np.where(active, rates[k], 0.0)
+
+
+class HostCpu:
+    """The CPU counters of a host's VMs when their traces together ask more than its cores.
+
+    On every stretch of trace time where the traced CPU rates add up to more than the host's
+    cores, each VM gets the same fraction ``share`` of its rate: what the kernel's fair
+    scheduler gives CPU-bound VMs whose runnable vCPU threads compete with equal weights (a
+    VM asking for more cores has more threads). A VM's CPU counter is then its rate × the
+    integral of ``share``, a function of trace time alone, precomputed on the breakpoints of
+    every run: a resumed replay reads the same counters as an uninterrupted one, and they
+    never go down. :meth:`of` gives None for a host that is never short of cores (its VMs'
+    traces are replayed exactly).
+    """
+
+    def __init__(self, runs: Mapping[tuple[str, int], Run], times: np.ndarray, share: np.ndarray):
+        self.times, self.share = times, share
+        self.integral = np.concatenate([[0.0], np.add.accumulate(share * np.diff(times))])
+        self._runs = dict(runs)
+        self._before: dict[tuple[str, int], np.ndarray] = {}
+        for key, run in self._runs.items():
+            rates = np.array([r[0] for r in run.rates])
+            given = np.diff(self._given(np.array([*run.times, run.end_s])))
+            self._before[key] = np.concatenate([[0.0], np.add.accumulate(rates * given)])
+
+    @classmethod
+    def of(cls, runs: Mapping[tuple[str, int], Run], cores: float) -> HostCpu | None:
+        """The host's CPU shares, or None when its VMs never ask more than ``cores``."""
+        capacity = cores * 1e9
+        if not runs or sum(max(r[0] for r in run.rates) for run in runs.values()) <= capacity:
+            return None
+        times = np.unique(np.concatenate([[*run.times, run.end_s] for run in runs.values()]))
+        demand = np.zeros(len(times) - 1)
+        for run in runs.values():
+            demand += _cpu_rates(run, times[:-1])
+        if not (demand > capacity).any():
+            return None
+        share = np.where(demand > capacity, capacity / np.maximum(demand, capacity), 1.0)
+        return cls(runs, times, share)
+
+    def _given(self, t: np.ndarray) -> np.ndarray:
+        """∫ share from the first breakpoint to each of ``t`` (within the breakpoints)."""
+        i = np.clip(np.searchsorted(self.times, t, side="right") - 1, 0, len(self.share) - 1)
+        return self.integral[i] + self.share[i] * (t - self.times[i])
+
+    def cpu_ns(self, key: tuple[str, int], t: float) -> int:
+        """The CPU counter of run ``key`` (VM uuid, run id) at trace time ``t``."""
+        run, before = self._runs[key], self._before[key]
+        if t >= run.end_s:
+            return round(before[-1])
+        k = max(bisect.bisect_right(run.times, t) - 1, 0)
+        given = self._given(np.array([max(t, run.times[k]), run.times[k]]))
+        return round(before[k] + run.rates[k][0] * (given[0] - given[1]))
+
+    def saturated_s(self) -> float:
+        """How long, in trace time, the host was short of cores."""
+        return float(np.diff(self.times)[self.share < 1].sum())
+
+
 # -- the collector ----------------------------------------------------------------------------
 
 
@@ -525,6 +599,15 @@ class ReplayCollector:
             )
         self._resources = HostResources(float(cores), float(memory_bytes))
         self._previous_trace_s: float | None = None
+        runs = {(vm.uuid, run.run_id): run for vm in self.vms for run in vm.trace.runs}
+        self.cpu = HostCpu.of(runs, float(cores))
+        if self.cpu is not None:
+            log.info(
+                "the replayed VMs ask more than the host's %g cores for %.1f h of trace: there"
+                " each gets the same fraction of what its trace asks",
+                cores,
+                self.cpu.saturated_s() / 3600,
+            )
 
     def _ownership(self, vm: ReplayVm) -> Ownership:
         runs = vm.trace.runs
@@ -566,6 +649,8 @@ class ReplayCollector:
         if run is None:
             return None
         cpu, rd, wr, rx, tx = run.counters_at(t)
+        if self.cpu is not None:
+            cpu = self.cpu.cpu_ns((vm.uuid, run.run_id), t)
         return VmReading(
             uuid=vm.uuid,
             run_id=run.run_id,

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from gmd.daemon.api.deps import Caller, ServicesDep
 from gmd.daemon.api.errors import Refused, json_document, validation_problem
 from gmd.daemon.enforce.audit import record_host_report
-from gmd.daemon.enforce.plans import host_plan
+from gmd.daemon.enforce.plans import host_plan, wire_caps
 from gmd.wire import HostPlan, PlanReport, PlanReportReceipt, visible_name
 
 router = APIRouter()
@@ -30,17 +30,19 @@ _REPORT_BODY = {
 
 @router.get("/v1/plan/{host}", response_model=HostPlan)
 def get_plan(host: str, caller_host: Caller, services: ServicesDep) -> HostPlan:
-    """The throttling plan for the VMs on ``host``: what to set on each throttled VM."""
+    """The throttling plan for the VMs on ``host``: what to set on each throttled VM, and
+    whether the levels' hard caps apply on this host and why."""
     services.auth.check_host(caller_host, host)
     check_host_name(host)
     enforcement = services.config.enforcement
     with services.engine.connect() as conn:
-        plans = host_plan(conn, host, enforcement)
+        plan = host_plan(conn, host, enforcement)
     return HostPlan(
         host=host,
         generated_s=int(services.clock()),
         mode=enforcement.mode,
-        vms=plans,
+        vms=plan.vms,
+        caps=wire_caps(plan.caps),
     )
 
 

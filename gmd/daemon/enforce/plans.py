@@ -2,47 +2,167 @@
 
 A VM is in its host's plan when its customer is above level 0; a VM not in the plan is to be
 left (or put back) as it was. Weights are on the cgroup v2 / libvirt ``cpu_shares`` scale
-(100 = normal, 1–10000); the CPU cap is in cores, from the VM's flavor vCPUs as last reported.
+(100 = normal, 1–10000) and apply on every host; the hard caps of a level (CPU in cores, from
+the VM's flavor vCPUs as last reported; disk bytes/s) apply only where the host is contended
+for that resource (:func:`gmd.fairness.policy.host_contention`), and the plan says why
+(:class:`~gmd.wire.HostCaps`).
+
+Every query here is bounded by interval ids (an interval's id is its start): the last
+``contention_intervals`` accounted intervals, found from the top of the intervals' primary
+key, and the host's rows in that range through the ``(interval_id, host_id, …)`` indexes
+and, on PostgreSQL, the daily partitions of that range only. Nothing reads a host's whole
+history.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, func, select
+from dataclasses import dataclass, field
+
+import numpy as np
+from sqlalchemy import Connection, and_, func, select
 
 from gmd.daemon.config import EnforcementConfig
+from gmd.daemon.ledger.models import IntervalState
 from gmd.daemon.ledger.tables import (
     customers as _customers,
+    host_intervals as _host_intervals,
     hosts as _hosts,
+    intervals as _intervals,
     levels as _levels,
     samples as _samples,
     vms as _vms,
 )
-from gmd.fairness.policy import cpu_cap_cores, weights_for
-from gmd.wire import VmPlanItem
+from gmd.fairness.policy import (
+    CapDecision,
+    CapResource,
+    ContentionPolicy,
+    capped_effect,
+    cpu_cap_cores,
+    host_contention,
+    weights_for,
+)
+from gmd.wire import HostCaps, VmPlanItem
+
+# What a host's VMs used of each cap resource, and what it could give, per interval.
+_USE = {
+    CapResource.cpu: _samples.c.cpu_s,
+    CapResource.disk: _samples.c.disk_read_bytes + _samples.c.disk_write_bytes,
+}
+_CAPACITY = {
+    CapResource.cpu: _host_intervals.c.cpu_cores,
+    CapResource.disk: _host_intervals.c.disk_bytes_per_s,
+}
 
 
-def host_plan(conn: Connection, host: str, config: EnforcementConfig) -> list[VmPlanItem]:
+@dataclass(frozen=True)
+class Window:
+    """The intervals contention is measured over: the last accounted ones, newest last."""
+
+    ids: tuple[int, ...]
+
+    @property
+    def first(self) -> int | None:
+        return self.ids[0] if self.ids else None
+
+    @property
+    def last(self) -> int | None:
+        return self.ids[-1] if self.ids else None
+
+
+def recent_window(conn: Connection, intervals: int, upto_id: int | None = None) -> Window:
+    """The last ``intervals`` accounted intervals (at or before ``upto_id``, if given)."""
+    query = select(_intervals.c.id).where(_intervals.c.state == IntervalState.accounted)
+    if upto_id is not None:
+        query = query.where(_intervals.c.id <= upto_id)
+    ids = conn.execute(query.order_by(_intervals.c.id.desc()).limit(intervals)).scalars()
+    return Window(tuple(sorted(int(i) for i in ids)))
+
+
+def host_caps(
+    conn: Connection, host_id: int | None, window: Window, policy: ContentionPolicy
+) -> dict[CapResource, CapDecision]:
+    """Whether caps apply on the host, per resource, from its use over ``window``."""
+    resources = list(CapResource)
+    used = np.zeros((0, len(resources)))
+    supply = np.zeros((0, len(resources)))
+    if host_id is not None and window.ids:
+        in_window = and_(
+            _host_intervals.c.host_id == host_id,
+            _host_intervals.c.interval_id.between(window.first, window.last),
+            _host_intervals.c.interval_id.in_(window.ids),
+        )
+        offered = conn.execute(
+            select(
+                _host_intervals.c.interval_id,
+                *(_CAPACITY[r] * _intervals.c.length_s for r in resources),
+            )
+            .join(_intervals, _intervals.c.id == _host_intervals.c.interval_id)
+            .where(in_window)
+            .order_by(_host_intervals.c.interval_id)
+        ).all()
+        taken = {
+            int(row[0]): row[1:]
+            for row in conn.execute(
+                select(_samples.c.interval_id, *(func.sum(_USE[r]) for r in resources))
+                .where(
+                    _samples.c.host_id == host_id,
+                    _samples.c.interval_id.between(window.first, window.last),
+                    _samples.c.interval_id.in_(window.ids),
+                )
+                .group_by(_samples.c.interval_id)
+            )
+        }
+        none = (0.0,) * len(resources)
+        supply = np.array([row[1:] for row in offered], dtype=np.float64)
+        used = np.array([taken.get(int(row[0]), none) for row in offered], dtype=np.float64)
+    return host_contention(used, supply, policy)
+
+
+def wire_caps(caps: dict[CapResource, CapDecision]) -> list[HostCaps]:
+    """The decisions as the plan carries them."""
+    return [
+        HostCaps(
+            resource=d.resource.value,
+            applied=d.applied,
+            reason=d.reason.value,
+            utilisation=d.utilisation,
+            threshold=d.threshold,
+            intervals=d.intervals,
+            window=d.window,
+            why=d.words(),
+        )
+        for d in caps.values()
+    ]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One host's plan: its throttled VMs, and whether (and why) caps apply there."""
+
+    vms: list[VmPlanItem] = field(default_factory=list)
+    caps: dict[CapResource, CapDecision] = field(default_factory=dict)
+
+
+def host_plan(conn: Connection, host: str, config: EnforcementConfig) -> Plan:
     """The throttled VMs last seen on ``host`` and what to set on each (empty when "off")."""
     if config.mode == "off":
-        return []
-    latest_sample = (
-        select(_samples.c.vm_id, func.max(_samples.c.id).label("sample_id"))
-        .group_by(_samples.c.vm_id)
-        .subquery()
-    )
+        return Plan()
+    host_id = conn.execute(select(_hosts.c.id).where(_hosts.c.name == host)).scalar()
+    window = recent_window(conn, config.contention.intervals)
+    caps = host_caps(conn, host_id, window, config.contention)
+    if host_id is None:
+        return Plan([], caps)
     rows = conn.execute(
-        select(_vms.c.uuid, _customers.c.name, _levels.c.level, _samples.c.flavor_vcpus)
-        .join(_hosts, _hosts.c.id == _vms.c.host_id)
+        select(_vms.c.id, _vms.c.uuid, _customers.c.name, _levels.c.level)
         .join(_levels, _levels.c.customer_id == _vms.c.customer_id)
         .join(_customers, _customers.c.id == _vms.c.customer_id)
-        .outerjoin(latest_sample, latest_sample.c.vm_id == _vms.c.id)
-        .outerjoin(_samples, _samples.c.id == latest_sample.c.sample_id)
-        .where(_hosts.c.name == host, _levels.c.level > 0)
+        .where(_vms.c.host_id == host_id, _levels.c.level > 0)
         .order_by(_vms.c.uuid)
     ).all()
+    vcpus = _flavor_vcpus(conn, host_id, window) if rows else {}
     plans = []
-    for uuid, customer, level, vcpus in rows:
-        effect = config.policy.effect(level)
+    for vm_id, uuid, customer, level in rows:
+        effect = capped_effect(config.policy.effect(level), caps)
         weight = weights_for(effect.weight_factor)
         plans.append(
             VmPlanItem(
@@ -51,9 +171,34 @@ def host_plan(conn: Connection, host: str, config: EnforcementConfig) -> list[Vm
                 level=level,
                 cpu_weight=weight,
                 io_weight=weight,
-                cpu_quota_cores=cpu_cap_cores(effect.cpu_cap_fraction, vcpus),
+                cpu_quota_cores=cpu_cap_cores(effect.cpu_cap_fraction, vcpus.get(vm_id)),
                 disk_read_bytes_per_s=effect.disk_bytes_per_s,
                 disk_write_bytes_per_s=effect.disk_bytes_per_s,
             )
         )
-    return plans
+    return Plan(plans, caps)
+
+
+def _flavor_vcpus(conn: Connection, host_id: int, window: Window) -> dict[int, float | None]:
+    """Each VM's vCPUs as its latest sample on the host in the window reported (a VM that
+    reported nothing there is not running here: it gets no CPU cap)."""
+    if window.first is None:
+        return {}
+    in_window = and_(
+        _samples.c.host_id == host_id,
+        _samples.c.interval_id.between(window.first, window.last),
+    )
+    latest = (
+        select(func.max(_samples.c.id).label("sample_id"))
+        .where(in_window)
+        .group_by(_samples.c.vm_id)
+        .subquery()
+    )
+    return {
+        int(vm_id): vcpus
+        for vm_id, vcpus in conn.execute(
+            select(_samples.c.vm_id, _samples.c.flavor_vcpus).where(
+                in_window, _samples.c.id.in_(select(latest.c.sample_id))
+            )
+        )
+    }
