@@ -82,6 +82,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.realvm)
         if OPENSTACK_FIXTURE in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.openstack)
+            # One real cloud, whose projects' quotas the tests change: one worker runs them all.
+            item.add_marker(pytest.mark.xdist_group("openstack"))
+        if item.nodeid.startswith("tests/test_read_replica.py"):
+            # One streaming replica, which these tests stop and start again.
+            item.add_marker(pytest.mark.xdist_group("replica"))
         slow = {item.nodeid, item.nodeid.split("[")[0]} & SLOW
         if slow:
             item.add_marker(pytest.mark.slow)

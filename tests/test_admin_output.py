@@ -146,6 +146,7 @@ def test_every_listing_command_takes_the_output_options(ledger_config: Path) -> 
             assert out.stdout.strip() or command in (["actions"], ["enforce", "--plan"])
 
 
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_standings_show_every_customer_asked_for_with_its_level(ledger_config: Path) -> None:  # noqa: F811
     out = admin(ledger_config, "standings", "--customer", "a", "--customer", "b", "-f", "json")
     assert out.returncode == 0, out.stderr
@@ -201,6 +202,7 @@ def test_actions_count_by_their_interval_and_limit_keeps_the_newest(ledger_confi
     assert newest.stdout == "b\n"
 
 
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [
@@ -229,18 +231,20 @@ def test_not_found_and_bad_input_have_one_exit_code_each(
     assert message in out.stderr and "Traceback" not in out.stderr
 
 
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_report_from_the_epoch_is_a_range(ledger_config: Path) -> None:  # noqa: F811
     out = admin(ledger_config, "report", "--from", "0", "-f", "json")
     assert out.returncode == 0, out.stderr
     assert {r["customer"] for r in json.loads(out.stdout)["rows"]} == {"a", "b"}
 
 
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_enforce_plan_csv_holds_both_tables(ledger_config: Path) -> None:  # noqa: F811
     out = admin(ledger_config, "enforce", "--plan", "-f", "csv")
     assert out.returncode == 0, out.stderr
     levels, plans = out.stdout.split("\n\n")
     assert levels.startswith("customer,level,score")
-    assert plans.splitlines()[0].endswith("disk_read_bytes_per_s,disk_write_bytes_per_s")
+    assert "disk_read_bytes_per_s,disk_write_bytes_per_s" in plans.splitlines()[0]
 
 
 def test_reading_commands_create_nothing(tmp_path: Path) -> None:

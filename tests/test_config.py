@@ -100,11 +100,11 @@ token_sha256 = "%s"
         ),
         (
             "[enforcement]\ncontended_above = 80\n",
-            r"enforcement\.contended_above: 80\.0 is not in \[0, 1\]",
+            r"enforcement\.contended_above: 80 is not in \[0, 1\]",
         ),
         (
             "[enforcement]\ncontended_above = 'busy'\n",
-            "enforcement.contended_above: expected int or float or dict, got 'busy'",
+            "enforcement.contended_above: expected a number or a table, got 'busy'",
         ),
         (
             "[enforcement]\ncontended_above = { cpu = 0.9, disk = 1.2 }\n",
@@ -120,7 +120,7 @@ token_sha256 = "%s"
         ),
         (
             "[enforcement]\ncontention_intervals = 0\n",
-            r"enforcement\.contention_intervals: 0\.0 is not in \[1, 1440\]",
+            r"enforcement\.contention_intervals: 0 is not in \[1, 1440\]",
         ),
     ],
 )

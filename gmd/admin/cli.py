@@ -989,7 +989,7 @@ def explain_command(
     from gmd.admin.explain import NothingToExplain, explain, render_summary, render_text
 
     if fmt in (Format.csv, Format.value):
-        raise _fail(f"explain writes text, JSON or YAML (-f table|json|yaml), not {fmt}")
+        raise _fail(f"explain writes text, JSON or YAML (-f table|json|yaml), not {fmt.upper()}")
     if at is not None and (from_ is not None or to is not None):
         raise _fail("give either --at or --from/--to, not both")
     at_s, from_s, to_s = _times(at, from_, to)
