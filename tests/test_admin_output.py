@@ -239,12 +239,13 @@ def test_report_from_the_epoch_is_a_range(ledger_config: Path) -> None:  # noqa:
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
-def test_enforce_plan_csv_holds_both_tables(ledger_config: Path) -> None:  # noqa: F811
+def test_enforce_plan_csv_holds_every_table(ledger_config: Path) -> None:  # noqa: F811
     out = admin(ledger_config, "enforce", "--plan", "-f", "csv")
     assert out.returncode == 0, out.stderr
-    levels, plans = out.stdout.split("\n\n")
+    levels, plans, caps = out.stdout.split("\n\n")
     assert levels.startswith("customer,level,score")
     assert "disk_read_bytes_per_s,disk_write_bytes_per_s" in plans.splitlines()[0]
+    assert caps.startswith("host,resource,applied,reason,utilisation,threshold,intervals")
 
 
 def test_reading_commands_create_nothing(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ from gmd.admin.calculator import (
     situation_from_options,
 )
 from gmd.admin.enforcement import (
+    CAPS_COLUMNS,
     LEVEL_COLUMNS,
     PLAN_COLUMNS,
     levels as enforcement_levels,
@@ -578,8 +579,10 @@ def enforce_command(
     customers are at which level, and what each host's agent is told to set on which VM.
     Read-only; enforcement.mode says whether it is applied ("on") or only recorded.
 
-    Two tables, levels then plans: CSV, -P and value print both, each with its heading line,
-    separated by an empty line; JSON and YAML hold them as "levels" and "plans".
+    Three tables: levels, plans, and for each host with a throttled VM whether its hard caps
+    apply (work-conserving caps: only where the host is contended) and the figures that
+    decided it. CSV, -P and value print them in turn, each with its heading line, separated
+    by an empty line; JSON and YAML hold them as "levels", "plans" and "caps".
 
     Exit codes: 0 shown, 1 database unavailable, 2 bad option, 3 unknown host.
     """
@@ -591,7 +594,7 @@ def enforce_command(
     try:
         with _reading(ctx) as engine, engine.connect() as conn:
             level_rows = enforcement_levels(conn, config.enforcement)
-            plan_rows = enforcement_plans(conn, config.enforcement, host)
+            plan_rows, cap_rows = enforcement_plans(conn, config.enforcement, host)
     except UnknownHost as exc:
         raise _fail(str(exc), EXIT_NOT_FOUND) from None
     mode = config.enforcement.mode
@@ -615,8 +618,24 @@ def enforce_command(
                     keep=("host", "uuid"),
                     name="plans",
                 ),
+                View(
+                    cap_rows,
+                    CAPS_COLUMNS,
+                    title="Hard caps by host",
+                    notes=[
+                        "utilisation: what the host's VMs used of its capacity over its last"
+                        " accounted intervals; caps apply from the threshold on"
+                    ],
+                    keep=("host", "resource"),
+                    name="caps",
+                ),
             ],
-            document=lambda views: {"mode": mode, "levels": views[0], "plans": views[1]},
+            document=lambda views: {
+                "mode": mode,
+                "levels": views[0],
+                "plans": views[1],
+                "caps": views[2],
+            },
         ),
         out,
     )

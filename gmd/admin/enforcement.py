@@ -77,21 +77,47 @@ def levels(conn: Connection, config: EnforcementConfig) -> list[dict[str, object
     return out
 
 
+CAPS_COLUMNS = (
+    Column("host", "Host", None, "left"),
+    Column("resource", "Resource", None, "left"),
+    Column("applied", "Caps apply", None, "left"),
+    Column("reason", "Because", None, "left"),
+    Column("utilisation", "Used", 3),
+    Column("threshold", "Threshold", 2),
+    Column("intervals", "Intervals", None),
+)
+
+
 def plans(
     conn: Connection, config: EnforcementConfig, host: str | None = None
-) -> list[dict[str, object]]:
-    """Every host's plan (or one host's), a row per throttled VM; ``caps`` says whether its
-    level's hard caps apply on the host and why. :class:`UnknownHost` for a host the ledger
-    has never seen."""
+) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
+    """Every host's plan (or one host's): a row per throttled VM, whose ``caps`` says whether
+    its level's hard caps apply on the host and why; and, for each host with a throttled VM
+    (or the host asked for), a row per cap resource with the figures that decided it.
+    :class:`UnknownHost` for a host the ledger has never seen."""
     if host is not None:
         require_host(conn, host)
         names = [host]
     else:
         names = list(conn.execute(select(_hosts.c.name).order_by(_hosts.c.name)).scalars())
-    rows = []
+    rows: list[dict[str, object]] = []
+    decisions: list[dict[str, object]] = []
     for name in names:
         plan = host_plan(conn, name, config)
         for p in plan.vms:
             words = caps_words(config.policy.effect(p.level), plan.caps)
             rows.append({"host": name, **p.model_dump(), "caps": words})
-    return rows
+        if plan.vms or host is not None:
+            decisions += [
+                {
+                    "host": name,
+                    "resource": d.resource.value,
+                    "applied": d.applied,
+                    "reason": d.reason.value,
+                    "utilisation": d.utilisation,
+                    "threshold": d.threshold,
+                    "intervals": d.intervals,
+                }
+                for d in plan.caps.values()
+            ]
+    return rows, decisions
