@@ -187,7 +187,7 @@ def test_replay_of_the_shared_traces_parses() -> None:
 @pytest.mark.parametrize(
     ("table", "message"),
     [
-        ({"collector": "xen"}, "agent.collector: 'xen' is not one of libvirt, replay"),
+        ({"collector": "xen"}, "agent.collector: 'xen' is not one of libvirt, kernel, replay"),
         ({"collector": "replay"}, 'agent.replay_dir: required with collector = "replay"'),
         (
             {"collector": "replay", "replay_dir": "/nonexistent"},

@@ -66,6 +66,8 @@ def _applier(config: AgentConfig) -> PlanApplier | None:
 
 
 def _libvirt_collector(config: AgentConfig) -> Collector:
+    """The collector that reads the host through libvirt: bulk stats, or the kernel's files
+    for the counters (``agent.collector = "kernel"``)."""
     try:
         from gmd.agent.collect.libvirt import LibvirtCollector
     except ImportError as exc:
@@ -75,6 +77,15 @@ def _libvirt_collector(config: AgentConfig) -> Collector:
             exc,
         )
         raise typer.Exit(1) from None
+    if config.collector == "kernel":
+        from gmd.agent.collect.kernel import KernelCollector
+
+        return KernelCollector(
+            config.libvirt_uri,
+            default_customer=config.default_customer,
+            describe_every_s=config.describe_every_s,
+            backoff_max_s=config.reconnect_max_s,
+        )
     return LibvirtCollector(
         config.libvirt_uri,
         default_customer=config.default_customer,

@@ -71,8 +71,13 @@ key                           default                           meaning
                               ``LIBVIRT_TEMPLATE`` (see         ``{id}``, ``{machine}``,
                               :mod:`gmd.agent.apply.cgroupfs`)       ``{machine_unit}``
 ``collector``                 ``"libvirt"``                     where readings come from:
-                                                                ``"libvirt"`` or ``"replay"``
-                                                                (recorded traces, see
+                                                                ``"libvirt"`` (bulk stats),
+                                                                ``"kernel"`` (cgroup and sysfs
+                                                                files, libvirt only to list and
+                                                                describe, see
+                                                                :mod:`gmd.agent.collect.kernel`)
+                                                                or ``"replay"`` (recorded traces,
+                                                                see
                                                                 :mod:`gmd.agent.collect.replay`)
 ``replay_dir``                none (required for ``replay``)    directory of Bitbrains traces
                                                                 ``N.csv`` (relative to this
@@ -116,7 +121,7 @@ from gmd.common.config import ConfigError, Reader, default_state_dir, read_docum
 from gmd.common.timespec import parse_time
 
 ENFORCE_BACKENDS = ("libvirt", "cgroup", "none")
-COLLECTORS = ("libvirt", "replay")
+COLLECTORS = ("libvirt", "kernel", "replay")
 
 _PRINTABLE = re.compile(r"^[!-~]+$")
 _NAME = re.compile(r"^[^\x00-\x1f]{1,255}$")

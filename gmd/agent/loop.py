@@ -114,6 +114,12 @@ class AgentMetrics:
             ["scope"],
             registry=r,
         )
+        self.kernel_fallbacks = Counter(
+            "gmd_agent_kernel_fallbacks",
+            "VM readings the kernel collector took through libvirt because a cgroup or sysfs"
+            " file could not be read (one per VM per tick).",
+            registry=r,
+        )
         self.counter_resets = Counter(
             "gmd_agent_counter_resets",
             "VM counters that went down (process restarted): counted from zero, not negative.",
@@ -250,6 +256,7 @@ class Agent:
         reading = self.collector.collect()
         result = advance(self.state, reading, self.config.interval_s)
         m.samples.inc(len(reading.vms))
+        m.kernel_fallbacks.inc(len(reading.fallbacks))
         if reading.ok:
             m.ticks.labels("ok").inc()
             m.last_tick.set(reading.taken_s)

@@ -85,6 +85,9 @@ class HostReading:
     listed: frozenset[str] = frozenset()
     gone: frozenset[str] = frozenset()
     errors: tuple[str, ...] = ()
+    fallbacks: frozenset[str] = frozenset()
+    """VMs the kernel collector could not read from the kernel's files this tick and read
+    through libvirt instead (:mod:`gmd.agent.collect.kernel`); always empty for the others"""
 
 
 @dataclass(frozen=True, slots=True)

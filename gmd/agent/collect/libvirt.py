@@ -129,12 +129,14 @@ class LibvirtCollector:
         self._conn: Any = None
         self._failures = 0
         self._retry_at = 0.0
-        self._down_reason = ""
+        self.down_reason = ""
         self._descriptions: dict[str, Description] = {}
 
     # -- the connection ---------------------------------------------------------------------
 
-    def _connection(self) -> Any:
+    def connection(self) -> Any:
+        """The open connection, opened now if need be; ``None`` while backing off after a
+        failure (``down_reason`` says why)."""
         if self._conn is not None:
             return self._conn
         if self._monotonic() < self._retry_at:
@@ -155,10 +157,11 @@ class LibvirtCollector:
         delay = min(self.backoff_initial_s * 2**self._failures, self.backoff_max_s)
         self._failures += 1
         self._retry_at = self._monotonic() + delay
-        self._down_reason = f"{reason}; retrying in {delay:g} s"
-        log.warning("%s", self._down_reason)
+        self.down_reason = f"{reason}; retrying in {delay:g} s"
+        log.warning("%s", self.down_reason)
 
-    def _lost(self, exc: libvirt.libvirtError, during: str) -> None:
+    def lost(self, exc: libvirt.libvirtError, during: str) -> None:
+        """Drop a connection that failed ``during`` something; the next one waits a backoff."""
         conn, self._conn = self._conn, None
         with contextlib.suppress(libvirt.libvirtError):
             conn.close()
@@ -174,20 +177,20 @@ class LibvirtCollector:
 
     def resources(self) -> HostResources | None:
         """Cores and RAM of the host (``virNodeGetInfo``: active CPUs, memory in MiB)."""
-        conn = self._connection()
+        conn = self.connection()
         if conn is None:
             return None
         try:
             info = conn.getInfo()
         except libvirt.libvirtError as exc:
-            self._lost(exc, "reading the host's cores and memory")
+            self.lost(exc, "reading the host's cores and memory")
             return None
         return HostResources(cpu_cores=float(info[2]), memory_bytes=float(info[1]) * 2**20)
 
     def collect(self) -> HostReading:
-        conn = self._connection()
+        conn = self.connection()
         if conn is None:
-            return HostReading(self._clock(), False, errors=(self._down_reason,))
+            return HostReading(self._clock(), False, errors=(self.down_reason,))
         try:
             if self.bulk:
                 pairs = conn.getAllDomainStats(
@@ -198,11 +201,26 @@ class LibvirtCollector:
                 pairs = [(dom, {}) for dom in active]
             taken_s = self._clock()
         except libvirt.libvirtError as exc:
-            self._lost(exc, "listing domains")
-            return HostReading(self._clock(), False, errors=(self._down_reason,))
+            self.lost(exc, "listing domains")
+            return HostReading(self._clock(), False, errors=(self.down_reason,))
 
         listed = {dom.UUIDString(): (dom, stats) for dom, stats in pairs}
-        vms, gone, errors = [], set(), []
+        vms, gone, errors = self.read_listed(listed, taken_s)
+        for uuid in set(self._descriptions) - set(listed):
+            del self._descriptions[uuid]
+        return HostReading(
+            taken_s, True, tuple(vms), frozenset(listed), frozenset(gone), tuple(errors)
+        )
+
+    def read_listed(
+        self, listed: dict[str, tuple[Any, dict[str, Any]]], taken_s: float
+    ) -> tuple[list[VmReading], set[str], list[str]]:
+        """Read each listed ``uuid → (domain, bulk stats)``: the readings, the domains found
+        gone, and the errors. A lost connection stops the loop (the rest stay unread); the
+        kernel collector calls this for the domains it must read through libvirt."""
+        vms: list[VmReading] = []
+        gone: set[str] = set()
+        errors: list[str] = []
         for uuid, (dom, stats) in listed.items():
             try:
                 reading = self._read(dom, uuid, stats, taken_s)
@@ -213,8 +231,8 @@ class LibvirtCollector:
                     gone.add(uuid)
                     continue
                 if code in CONNECTION_LOST:
-                    self._lost(exc, f"reading domain {uuid}")
-                    errors.append(self._down_reason)
+                    self.lost(exc, f"reading domain {uuid}")
+                    errors.append(self.down_reason)
                     break
                 errors.append(f"domain {uuid}: {exc}")
                 log.warning("cannot read domain %s: %s (libvirt error %s)", uuid, exc, code)
@@ -223,11 +241,7 @@ class LibvirtCollector:
                 gone.add(uuid)
             else:
                 vms.append(reading)
-        for uuid in set(self._descriptions) - set(listed):
-            del self._descriptions[uuid]
-        return HostReading(
-            taken_s, True, tuple(vms), frozenset(listed), frozenset(gone), tuple(errors)
-        )
+        return vms, gone, errors
 
     def _describe(self, dom: Any, uuid: str, run_id: int) -> Description:
         d = self._descriptions.get(uuid)
