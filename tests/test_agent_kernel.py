@@ -1,0 +1,218 @@
+"""The kernel-counter collector's parsers and fallback, on directory trees laid out like
+``/sys/fs/cgroup`` (v1 and v2), ``/proc`` and ``/sys/class/net``, with libvirt's test driver
+for the listing and the domain XML (it has one running domain, ``test``, with disk ``vda``
+and interface ``testnet0``). The files are really read; only their place is a tmp directory,
+because a real host cannot be made to lose a cgroup file on demand."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from gmd.agent.collect.kernel import (
+    CgroupMounts,
+    CpuFile,
+    IoFile,
+    KernelCollector,
+    KernelReadError,
+    KernelSources,
+    domain_cgroup,
+    locate,
+    parse_blkio_service_bytes,
+    parse_io_stat,
+    parse_mountinfo,
+    parse_proc_cgroup,
+    read_counters,
+)
+
+TEST_URI = "test:///default"
+TEST_UUID = "6695eb01-f6a4-8304-79aa-97f2502e193f"
+PID = 4242
+PAGE = 4096
+MACHINE = "machine/qemu-1-test.libvirt-qemu"
+
+# This machine's layout: v1 controllers under a tmpfs, cgroup2 under unified/ (hugetlb only).
+MOUNTINFO_V1 = """\
+25 30 0:22 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755
+26 25 0:23 / /sys/fs/cgroup/unified rw,nosuid - cgroup2 cgroup2 rw,nsdelegate
+29 25 0:26 / /sys/fs/cgroup/cpu rw,nosuid - cgroup cgroup rw,cpu
+30 25 0:27 / /sys/fs/cgroup/cpuacct rw,nosuid - cgroup cgroup rw,cpuacct
+31 25 0:28 / /sys/fs/cgroup/memory rw,nosuid - cgroup cgroup rw,memory
+32 25 0:29 / /sys/fs/cgroup/blkio rw,nosuid - cgroup cgroup rw,blkio
+"""
+PROC_CGROUP_V1 = f"""\
+7:blkio:/{MACHINE}
+4:memory:/{MACHINE}
+2:cpuacct:/{MACHINE}/emulator
+1:cpu:/{MACHINE}/emulator
+0::/{MACHINE}/emulator
+"""
+V2_SCOPE = "machine.slice/machine-qemu\\x2d1\\x2dtest.scope/libvirt"
+MOUNTINFO_V2 = "24 30 0:22 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
+PROC_CGROUP_V2 = f"0::/{V2_SCOPE}/emulator\n"
+
+
+def test_mountinfo_and_proc_cgroup_locate_the_domain_group_not_the_emulators() -> None:
+    mounts = parse_mountinfo(MOUNTINFO_V1)
+    assert mounts.v1["cpuacct"] == Path("/sys/fs/cgroup/cpuacct")
+    assert mounts.v2 == Path("/sys/fs/cgroup/unified")
+    groups = parse_proc_cgroup(PROC_CGROUP_V1)
+    assert domain_cgroup(groups["cpuacct"]) == domain_cgroup(groups["blkio"])
+    files = locate(groups, mounts)
+    # The vCPU threads live in vcpuN beside emulator: the domain's group counts them all.
+    assert files.cpu == (
+        CpuFile.CPUACCT_USAGE,
+        Path(f"/sys/fs/cgroup/cpuacct/{MACHINE}/cpuacct.usage"),
+    )
+    assert files.io == (
+        IoFile.BLKIO_SERVICE_BYTES,
+        Path(f"/sys/fs/cgroup/blkio/{MACHINE}/blkio.throttle.io_service_bytes"),
+    )
+
+
+def test_a_hybrid_host_without_a_cpuacct_group_reads_cpu_from_the_v2_group() -> None:
+    """What libvirt does here: cpuacct stays at the root, so cpu.time is the v2 cpu.stat."""
+    groups = parse_proc_cgroup(
+        PROC_CGROUP_V1.replace(f"2:cpuacct:/{MACHINE}/emulator", "2:cpuacct:/")
+    )
+    files = locate(groups, parse_mountinfo(MOUNTINFO_V1))
+    assert files.cpu == (CpuFile.CPU_STAT, Path(f"/sys/fs/cgroup/unified/{MACHINE}/cpu.stat"))
+
+
+def test_pure_v2_locates_cpu_stat_and_io_stat_in_the_libvirt_group() -> None:
+    files = locate(parse_proc_cgroup(PROC_CGROUP_V2), parse_mountinfo(MOUNTINFO_V2))
+    assert files.cpu == (CpuFile.CPU_STAT, Path(f"/sys/fs/cgroup/{V2_SCOPE}/cpu.stat"))
+    assert files.io == (IoFile.IO_STAT, Path(f"/sys/fs/cgroup/{V2_SCOPE}/io.stat"))
+
+
+def test_a_process_in_no_cgroup_of_its_own_cannot_be_located() -> None:
+    with pytest.raises(KernelReadError, match="no cpuacct"):
+        locate(parse_proc_cgroup("2:cpuacct:/\n0::/\n"), parse_mountinfo(MOUNTINFO_V1))
+
+
+def test_blkio_and_io_stat_give_read_and_written_bytes_per_device() -> None:
+    blkio = "254:0 Read 5378048\n254:0 Write 4096\n254:0 Sync 5382144\n254:0 Total 5382144\n"
+    blkio += "8:0 Read 0\n8:0 Write 512\nTotal 5382656\n"
+    assert parse_blkio_service_bytes(blkio) == {"host:254:0": (5378048, 4096), "host:8:0": (0, 512)}
+    assert parse_blkio_service_bytes("Total 0\n") == {}
+    io = "254:0 rbytes=5378048 wbytes=4096 rios=10 wios=1 dbytes=0 dios=0\n"
+    assert parse_io_stat(io) == {"host:254:0": (5378048, 4096)}
+
+
+def _v1_tree(root: Path, *, cpu_ns: int = 7_000_000_123, tap: str = "testnet0") -> KernelCollector:
+    """A v1 host with domain ``test`` (QEMU pid PID) laid out under ``root``."""
+    cg = root / "sys/fs/cgroup"
+    mountinfo = root / "mountinfo"
+    mountinfo.write_text(MOUNTINFO_V1.replace("/sys/fs/cgroup", str(cg)))
+    for controller, files in {
+        "cpuacct": {"cpuacct.usage": f"{cpu_ns}\n"},
+        "blkio": {
+            "blkio.throttle.io_service_bytes": "254:0 Read 8192\n254:0 Write 4096\nTotal 12288\n"
+        },
+        "memory": {"memory.stat": "total_rss 1\n"},
+    }.items():
+        d = cg / controller / MACHINE
+        d.mkdir(parents=True)
+        for name, text in files.items():
+            (d / name).write_text(text)
+    proc = root / "proc"
+    (proc / str(PID)).mkdir(parents=True)
+    (proc / str(PID) / "cgroup").write_text(PROC_CGROUP_V1)
+    (proc / str(PID) / "statm").write_text("100000 25000 3000 1 0 20000 0\n")
+    run = root / "run"
+    run.mkdir()
+    (run / "test.pid").write_text(f"{PID}")
+    net = root / "net"
+    (net / tap / "statistics").mkdir(parents=True)
+    (net / tap / "statistics" / "rx_bytes").write_text("111\n")
+    (net / tap / "statistics" / "tx_bytes").write_text("999\n")
+    return KernelCollector(TEST_URI, proc=proc, sys_class_net=net, run_dir=run, mountinfo=mountinfo)
+
+
+def test_a_v1_tree_is_read_as_the_guest_sees_it(tmp_path: Path) -> None:
+    collector = _v1_tree(tmp_path)
+    try:
+        reading = collector.collect()
+    finally:
+        collector.close()
+    assert reading.ok and reading.fallbacks == frozenset()
+    (vm,) = reading.vms
+    assert vm.uuid == TEST_UUID and vm.run_id == 1 and vm.name == "test"
+    assert vm.cpu_time_ns == 7_000_000_123
+    assert vm.memory_rss_bytes == 25000 * PAGE
+    assert vm.disks == {"host:254:0": (8192, 4096)}
+    # The host's tap transmitted 999 bytes: the guest received them.
+    assert vm.nics == {"testnet0": (999, 111)}
+
+
+def test_a_v2_tree_reads_cpu_stat_and_io_stat(tmp_path: Path) -> None:
+    cg = tmp_path / V2_SCOPE
+    cg.mkdir(parents=True)
+    (cg / "cpu.stat").write_text("usage_usec 4321\nuser_usec 4000\nsystem_usec 321\n")
+    (cg / "io.stat").write_text("254:0 rbytes=10 wbytes=20 rios=1 wios=1 dbytes=0 dios=0\n")
+    (tmp_path / "statm").write_text("1 2 3 4 5 6 7\n")
+    files = locate(parse_proc_cgroup(PROC_CGROUP_V2), CgroupMounts({}, tmp_path))
+    counters = read_counters(KernelSources(files, tmp_path / "statm", ()), page_size=PAGE)
+    assert counters.cpu_time_ns == 4_321_000
+    assert counters.memory_rss_bytes == 2 * PAGE
+    assert counters.disks == {"host:254:0": (10, 20)}
+
+
+def test_a_v2_cpu_stat_without_usage_is_an_error_naming_the_file(tmp_path: Path) -> None:
+    cg = tmp_path / V2_SCOPE
+    cg.mkdir(parents=True)
+    (cg / "cpu.stat").write_text("nr_periods 0\n")
+    files = locate(parse_proc_cgroup(PROC_CGROUP_V2), CgroupMounts({}, tmp_path))
+    with pytest.raises(KernelReadError, match=r"cpu\.stat: unexpected content"):
+        read_counters(KernelSources(files, tmp_path / "statm", ()), page_size=PAGE)
+
+
+def test_a_missing_file_falls_back_to_libvirt_for_the_tick_counted_and_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    collector = _v1_tree(tmp_path)
+    usage = tmp_path / "sys/fs/cgroup/cpuacct" / MACHINE / "cpuacct.usage"
+    try:
+        first = collector.collect()
+        assert first.fallbacks == frozenset()
+        usage.unlink()
+        with caplog.at_level(logging.WARNING, logger="gmd.agent.collect.kernel"):
+            second, third = collector.collect(), collector.collect()
+        usage.write_text("8000000000\n")
+        fourth = collector.collect()
+    finally:
+        collector.close()
+    for fell_back in (second, third):
+        assert fell_back.fallbacks == {TEST_UUID}
+        (vm,) = fell_back.vms
+        # libvirt's test driver: info()'s CPU time (the wall clock), not the tree's figure.
+        assert vm.cpu_time_ns is not None and vm.cpu_time_ns != 7_000_000_123
+        # Its disks were kernel-read: a libvirt tick reports none rather than mix the two.
+        assert vm.disks == {}
+        # The tap's counter is the one libvirt reads too: libvirt's figure is kept.
+        assert set(vm.nics) == {"testnet0"}
+        assert vm.owner.flavor.vcpus == 2
+    warnings = [r for r in caplog.records if TEST_UUID in r.getMessage()]
+    assert len(warnings) == 1 and "cpuacct.usage" in warnings[0].getMessage()
+    assert fourth.fallbacks == frozenset()
+    assert fourth.vms[0].cpu_time_ns == 8_000_000_000
+
+
+def test_a_vm_unreadable_from_its_first_reading_takes_disks_from_libvirt(tmp_path: Path) -> None:
+    """Its disk counters then stay libvirt's (``vda``) even once its files can be read: the
+    kernel's host-device bytes would otherwise be counted from zero as new use."""
+    collector = _v1_tree(tmp_path)
+    pid_file = tmp_path / "run" / "test.pid"
+    pid_file.unlink()
+    try:
+        first = collector.collect()
+        pid_file.write_text(f"{PID}")
+        collector.describe_every_s = 0.0  # describe again: the pid is there now
+        second = collector.collect()
+    finally:
+        collector.close()
+    for reading in (first, second):
+        assert reading.fallbacks == {TEST_UUID}
+        assert set(reading.vms[0].disks) == {"vda"}
