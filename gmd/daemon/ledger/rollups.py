@@ -38,6 +38,7 @@ from typing import Any
 from sqlalchemy import (
     Connection,
     Engine,
+    Table,
     and_,
     case,
     delete,
@@ -417,17 +418,7 @@ def roll_day(conn: Connection, day_s: int) -> None:
             .group_by(c.customer_id)
         )
     }
-    if last_hour is not None:
-        for r in conn.execute(
-            select(c.customer_id, c.balance_end, c.utility_end, c.priority_end).where(
-                c.period_s == HOUR_S, c.start_s == last_hour
-            )
-        ):
-            customers[int(r.customer_id)].update(
-                balance_end=float(r.balance_end),
-                utility_end=float(r.utility_end),
-                priority_end=float(r.priority_end),
-            )
+    _end_of_day(conn, _customer_rollups, "customer_id", CUSTOMER_ENDS, last_hour, customers)
     _insert(conn, _customer_rollups, list(customers.values()))
 
     t = _resource_rollups.c
@@ -483,18 +474,31 @@ def roll_day(conn: Connection, day_s: int) -> None:
             .group_by(o.organization_id)
         )
     }
-    if last_hour is not None:
-        for r in conn.execute(
-            select(o.organization_id, o.contribution_end, o.utility_end, o.priority_end).where(
-                o.period_s == HOUR_S, o.start_s == last_hour
-            )
-        ):
-            orgs[int(r.organization_id)].update(
-                contribution_end=float(r.contribution_end),
-                utility_end=float(r.utility_end),
-                priority_end=float(r.priority_end),
-            )
+    _end_of_day(conn, _org_rollups, "organization_id", ORGANIZATION_ENDS, last_hour, orgs)
     _insert(conn, _org_rollups, list(orgs.values()))
+
+
+CUSTOMER_ENDS = ("balance_end", "utility_end", "priority_end")
+ORGANIZATION_ENDS = ("contribution_end", "utility_end", "priority_end")
+
+
+def _end_of_day(
+    conn: Connection,
+    table: Table,
+    key: str,
+    ends: tuple[str, ...],
+    last_hour: int | None,
+    rows: dict[int, dict[str, Any]],
+) -> None:
+    """Give each day row of ``rows`` (by ``key``) the ``ends`` of its last hour: a standing at
+    the end of a day is the one at the end of that day's last rolled-up hour."""
+    if last_hour is None:
+        return
+    t = table.c
+    for r in conn.execute(
+        select(t[key], *(t[e] for e in ends)).where(t.period_s == HOUR_S, t.start_s == last_hour)
+    ):
+        rows[int(r[0])].update({e: float(r._mapping[e]) for e in ends})
 
 
 def complete_until(conn: Connection) -> int | None:
