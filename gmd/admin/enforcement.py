@@ -108,16 +108,5 @@ def plans(
             words = caps_words(config.policy.effect(p.level), plan.caps)
             rows.append({"host": name, **p.model_dump(), "caps": words})
         if plan.vms or host is not None:
-            decisions += [
-                {
-                    "host": name,
-                    "resource": d.resource.value,
-                    "applied": d.applied,
-                    "reason": d.reason.value,
-                    "utilisation": d.utilisation,
-                    "threshold": d.threshold,
-                    "intervals": d.intervals,
-                }
-                for d in plan.caps.values()
-            ]
+            decisions += [{"host": name, **d.figures()} for d in plan.caps.values()]
     return rows, decisions

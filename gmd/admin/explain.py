@@ -142,18 +142,7 @@ class HostCaps:
         return {
             "host": self.host,
             "caps": self.words,
-            "resources": [
-                {
-                    "resource": d.resource.value,
-                    "applied": d.applied,
-                    "reason": d.reason.value,
-                    "utilisation": d.utilisation,
-                    "threshold": d.threshold,
-                    "intervals": d.intervals,
-                    "window": d.window,
-                }
-                for d in self.decisions.values()
-            ],
+            "resources": [d.figures() for d in self.decisions.values()],
         }
 
 

@@ -304,6 +304,18 @@ class CapDecision:
         """ "applied: cpu 91 % ≥ 80 %" or "not applied: cpu 22 % < 80 %"."""
         return f"{'applied' if self.applied else 'not applied'}: {self.why()}"
 
+    def figures(self) -> dict[str, object]:
+        """The decision as plain values, as the plan, explain and enforce --plan carry it."""
+        return {
+            "resource": self.resource.value,
+            "applied": self.applied,
+            "reason": self.reason.value,
+            "utilisation": self.utilisation,
+            "threshold": self.threshold,
+            "intervals": self.intervals,
+            "window": self.window,
+        }
+
 
 def host_contention(
     used: object, supply: object, policy: ContentionPolicy

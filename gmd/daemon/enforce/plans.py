@@ -120,19 +120,7 @@ def host_caps(
 
 def wire_caps(caps: dict[CapResource, CapDecision]) -> list[HostCaps]:
     """The decisions as the plan carries them."""
-    return [
-        HostCaps(
-            resource=d.resource.value,
-            applied=d.applied,
-            reason=d.reason.value,
-            utilisation=d.utilisation,
-            threshold=d.threshold,
-            intervals=d.intervals,
-            window=d.window,
-            why=d.words(),
-        )
-        for d in caps.values()
-    ]
+    return [HostCaps.model_validate({**d.figures(), "why": d.words()}) for d in caps.values()]
 
 
 @dataclass(frozen=True)
