@@ -97,7 +97,6 @@ class Listing:
 
     views: list[View]
     document: Callable[[list[list[dict[str, object]]]], object] | None = None
-    formats: tuple[Format, ...] = tuple(Format)
 
 
 def _choose(view: View, wanted: Sequence[str]) -> list[Column]:
@@ -203,8 +202,6 @@ def render(listing: Listing, out: Output, stream: IO[str] | None = None) -> str:
     fmt = out.format
     if out.parsable and fmt not in (Format.table, Format.csv):
         raise OutputError(f"-P/--parsable writes pipe-separated rows; it cannot be -f {fmt}")
-    if fmt not in listing.formats:
-        raise OutputError(f"this command writes -f {'|'.join(listing.formats)}, not -f {fmt}")
     _check_columns(listing, out.columns)
     _check_columns(listing, out.sort_columns)
     chosen = []
