@@ -46,7 +46,7 @@ import httpx
 import numpy as np
 import orjson
 import sqlalchemy as sa
-from ingest import CAPACITY, HOST_PER_S, copy_ceiling, free_port, host_vms
+from ingest import CAPACITY, HOST_PER_S, copy_ceiling, cpu_s, free_port, host_vms
 from ledger_accounting import drop_database, postgres_url
 
 from gmd.daemon.config import AccountingConfig
@@ -145,15 +145,6 @@ def post_all(
     delays = [spread_s * rng.random() for _ in items] if spread_s else None
     jobs = [lambda t=t, b=b: post(port, t, b) for t, b in items]
     return asyncio.run(bounded(jobs, concurrency, delays))
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process (all its threads) so far; 0 once it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def backend_pids(engine: sa.Engine) -> list[int]:

@@ -121,6 +121,89 @@ def test_two_batches_for_one_vm_and_interval_add_up(daemon: Daemon) -> None:
     assert merged[0, SAMPLE_USE].tolist()[:2] == [15.0, 2 * 60 * 1e9]
 
 
+def test_every_number_is_stored_exactly_and_a_missing_flavor_amount_as_null(
+    daemon: Daemon,
+) -> None:
+    """The samples travel to PostgreSQL by binary COPY, laid out per group of rows with the
+    same missing flavor amounts: every value comes back bit for bit, and NULL where the agent
+    gave no amount, whatever the mix of rows in a batch."""
+    vms = [
+        vm("vm-1", cpu_s=0.1, network_tx_bytes=5e-324, flavor={"vcpus": 2, "memory_bytes": 4e9}),
+        {**vm("vm-2", "b", cpu_s=1 / 3, disk_read_bytes=123456789.123456789), "flavor": {}},
+        {**vm("vm-3", cpu_s=0.0), "flavor": {"network_bytes_per_s": 1.25e9, "vcpus": None}},
+    ]
+    del vms[1]["flavor"]
+    assert post(daemon, batch(H1, aligned_past(3), vms)).status_code == 200
+    columns = [
+        "cpu_s",
+        "memory_byte_s",
+        "disk_read_bytes",
+        "disk_write_bytes",
+        "network_rx_bytes",
+        "network_tx_bytes",
+    ]
+    flavors = ["vcpus", "memory_bytes", "disk_bytes_per_s", "network_bytes_per_s"]
+    with daemon.engine.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                f"SELECT vms.uuid, {', '.join(columns)},"
+                f" {', '.join('flavor_' + f for f in flavors)}, samples.late, customers.name"
+                " FROM samples JOIN vms ON vms.id = samples.vm_id"
+                " JOIN customers ON customers.id = samples.customer_id ORDER BY vms.uuid"
+            )
+        ).all()
+    expected = sorted(
+        (
+            v["uuid"],
+            *(v[c] for c in columns),
+            *(v.get("flavor", {}).get(f) for f in flavors),
+            False,
+            v["customer"],
+        )
+        for v in batch(H1, 0, vms)["vms"]
+    )
+    assert [tuple(r) for r in rows] == expected
+
+
+def test_a_vm_that_moves_away_and_back_is_where_its_last_batch_says(daemon: Daemon) -> None:
+    """A host's batch that lists the same VMs and owners as its last one reuses their ids,
+    but never after a VM moved or changed hands meanwhile."""
+    start = aligned_past(6)
+
+    def placed() -> dict[str, tuple[str, str]]:
+        with daemon.engine.connect() as conn:
+            rows = conn.execute(
+                sa.text(
+                    "SELECT vms.uuid, hosts.name, customers.name FROM vms"
+                    " JOIN hosts ON hosts.id = vms.host_id"
+                    " JOIN customers ON customers.id = vms.customer_id"
+                )
+            ).all()
+        return {u: (h, c) for u, h, c in rows}
+
+    pair = [vm("vm-1"), vm("vm-2", "b")]
+    one, two = as_uuid("vm-1"), as_uuid("vm-2")
+    assert post(daemon, batch(H1, start, pair)).status_code == 200
+    assert post(daemon, batch(H2, start + INTERVAL_S, [vm("vm-1")]), H2.name).status_code == 200
+    assert placed()[one] == (H2.name, "proj-a")
+    assert post(daemon, batch(H1, start + 2 * INTERVAL_S, pair)).status_code == 200
+    assert placed()[one] == (H1.name, "proj-a")
+    handed = [vm("vm-1"), vm("vm-2", "c")]
+    assert post(daemon, batch(H1, start + 3 * INTERVAL_S, handed)).status_code == 200
+    assert placed() == {one: (H1.name, "proj-a"), two: (H1.name, "c")}
+    with daemon.engine.connect() as conn:
+        owners = conn.execute(
+            sa.text(
+                "SELECT customers.name FROM samples"
+                " JOIN customers ON customers.id = samples.customer_id"
+                " WHERE samples.vm_id = (SELECT id FROM vms WHERE uuid = :u)"
+                " ORDER BY samples.interval_id"
+            ),
+            {"u": two},
+        ).scalars()
+        assert list(owners) == ["b", "b", "c"]
+
+
 REFUSALS = [
     pytest.param(b'{"key": "k", "host": ', 400, "malformed JSON", id="malformed-json"),
     pytest.param(

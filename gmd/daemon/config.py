@@ -64,6 +64,7 @@ class DaemonConfig:
     clock_skew_s: int = 300
     max_batch_vms: int = 5000
     max_body_bytes: int = 16 * 1024 * 1024
+    ingest_threads: int = 2
     accounting: bool = True
     account_every_s: float = 10.0
     max_late_s: int = 7 * 86400
@@ -403,6 +404,7 @@ def _daemon(d: Reader, path: Path | None) -> DaemonConfig:
         clock_skew_s=int(d.number("clock_skew_s", 300, 0, 86400)),
         max_batch_vms=int(d.number("max_batch_vms", 5000, 1, 1_000_000)),
         max_body_bytes=int(d.number("max_body_bytes", 16 * 1024 * 1024, 1024, 2**31)),
+        ingest_threads=int(d.number("ingest_threads", 2, 1, 64)),
         accounting=d.get("accounting", bool, True),
         account_every_s=d.number("account_every_s", 10.0, 0.01, 3600),
         max_late_s=int(d.number("max_late_s", DaemonConfig.max_late_s, 60, 366 * 86400)),

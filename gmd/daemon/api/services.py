@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -63,6 +64,19 @@ class Services:
         )
         self.quotas: QuotaReconciler | None = None
         self.names: NameRefresher | None = None
+        self._ingest_pool: ThreadPoolExecutor | None = None
+
+    @property
+    def ingest_pool(self) -> ThreadPoolExecutor:
+        """The threads that parse and store batches (``daemon.ingest_threads``), apart from
+        the thread pool of the other routes: batches are CPU work under Python's global
+        interpreter lock, and the forty threads of the shared pool spent a third of the
+        daemon's time handing it to each other (``bench/ingest.py``)."""
+        if self._ingest_pool is None:
+            self._ingest_pool = ThreadPoolExecutor(
+                self.config.daemon.ingest_threads, thread_name_prefix="ingest"
+            )
+        return self._ingest_pool
 
     def start(self) -> None:
         """Record the configured organizations, make the raw tables' partitions of the coming
@@ -103,6 +117,9 @@ class Services:
 
     def stop(self) -> None:
         self.accountant.stop()
+        if self._ingest_pool is not None:
+            self._ingest_pool.shutdown()
+            self._ingest_pool = None
         if self.quotas is not None:
             self.quotas.close()
             self.quotas = None
