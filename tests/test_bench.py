@@ -80,8 +80,11 @@ def test_ingest_bench_posts_and_counts_every_sample() -> None:
         "20",
         "--clients",
         "2",
+        "--rounds",
+        "2",
     )
-    assert figures["sqlite"]["samples"] == 300
+    assert figures["sqlite"]["samples"] == 600
+    assert len(figures["sqlite"]["rounds"]) == 2
     assert figures["sqlite"]["samples_per_s"] > 0
 
 

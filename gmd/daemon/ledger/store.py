@@ -22,7 +22,8 @@ still open, and that inserts nothing when the key is already used in any interva
 does ingest look at why (a retry, a reused key, or an interval that does not exist yet). The
 host's capacity for the interval is inserted unless a batch already gave it, and read back
 only then; on PostgreSQL the same statement records that the host was seen. The samples are
-the third.
+the third: on PostgreSQL one binary COPY (:mod:`.binary_copy`). A host's VMs and their owners
+are looked up once, not per batch, while its batches list the same ones.
 """
 
 from __future__ import annotations
