@@ -96,3 +96,57 @@ def test_kernel_and_libvirt_collectors_agree_per_vm(real_guests: RealGuests) -> 
         "ms per collect (2 VMs, median of 10): "
         + ", ".join(f"{n} {statistics.median(t) * 1000:.2f}" for n, t in times.items())
     )
+
+
+def test_a_stuck_domain_does_not_stall_the_libvirt_collectors_tick(
+    real_guests: RealGuests,
+) -> None:
+    """A QEMU that stops answering its monitor, with another caller's job waiting on it: the
+    bulk call skips that domain (NOWAIT) instead of waiting 30 s for its job, reads the
+    others, and reads it again once it answers."""
+    import contextlib
+    import os
+    import signal
+    import subprocess
+    import threading
+
+    import libvirt
+
+    from gmd.agent.collect.libvirt import LibvirtCollector
+
+    spin, idle = real_guests.spin, real_guests.idle
+    found = subprocess.run(
+        ["pgrep", "-f", f"guest={spin.name},"], capture_output=True, text=True, check=True
+    )
+    (pid,) = (int(p) for p in found.stdout.split())
+    holder = real_guests.connect()
+    collector = LibvirtCollector(real_guests.uri)
+    try:
+        assert {v.uuid for v in collector.collect().vms} >= {spin.uuid, idle.uuid}
+        domain = holder.lookupByUUIDString(spin.uuid)
+
+        def wait_on_the_monitor() -> None:
+            with contextlib.suppress(libvirt.libvirtError):
+                domain.blockStats(spin.disk_target)
+
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            stuck = threading.Thread(target=wait_on_the_monitor, daemon=True)
+            stuck.start()
+            stuck.join(1.0)
+            assert stuck.is_alive(), "the monitor call returned from a stopped QEMU"
+            started = time.monotonic()
+            reading = collector.collect()
+            took = time.monotonic() - started
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        stuck.join(60)
+        assert took < 10, f"the tick waited {took:.1f} s for the stuck domain's job"
+        assert reading.ok
+        assert idle.uuid in {v.uuid for v in reading.vms}
+        assert spin.uuid not in {v.uuid for v in reading.vms}
+        assert any(spin.uuid in e and "busy" in e for e in reading.errors), reading.errors
+        assert {v.uuid for v in collector.collect().vms} >= {spin.uuid, idle.uuid}
+    finally:
+        collector.close()
+        holder.close()

@@ -12,6 +12,13 @@ Failures are contained: a domain that vanishes between the listing and its readi
 reported gone, another domain error is reported and the rest of the tick is still read, and
 a lost connection is reopened with exponential backoff while ticks report the host unreadable
 (the next good reading measures from the last one, so no use is lost).
+
+One stuck domain cannot stall a tick: the bulk call asks with
+``VIR_CONNECT_GET_ALL_DOMAINS_STATS_NOWAIT``, so libvirtd skips the monitor for a domain whose
+job another caller holds (a migration, a snapshot, a QEMU that stopped answering) instead of
+waiting up to 30 s for it. On QEMU, whose bulk reply is otherwise complete, such a domain is
+reported busy for the tick and keeps its previous counters (its next reading measures from
+them); it is not read per domain, which would wait for the same job.
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ from gmd.agent.libvirt_conn import CONNECTION_LOST, DOMAIN_GONE, open_connection
 log = logging.getLogger(__name__)
 
 STATS = (
+    # Only what the agent uses: the state (a domain shut off mid-tick), CPU time, the resident
+    # set (balloon.rss), and the bytes of interfaces and disks.
     libvirt.VIR_DOMAIN_STATS_STATE
     | libvirt.VIR_DOMAIN_STATS_CPU_TOTAL
     | libvirt.VIR_DOMAIN_STATS_BALLOON
@@ -41,6 +50,17 @@ STATS = (
     | libvirt.VIR_DOMAIN_STATS_BLOCK
 )
 KIB = 1024
+BULK_FLAGS = (
+    libvirt.VIR_CONNECT_GET_ALL_DOMAINS_STATS_ACTIVE
+    | libvirt.VIR_CONNECT_GET_ALL_DOMAINS_STATS_NOWAIT
+)
+COMPLETE_DRIVERS = frozenset({"QEMU"})
+"""Drivers whose bulk reply holds every counter of a domain that is not busy: a gap there
+means a busy domain, not a driver to complete per domain."""
+
+
+class DomainBusy(Exception):
+    """The bulk reply left out a domain's monitor counters: another libvirt job holds it."""
 
 
 @dataclass
@@ -131,6 +151,7 @@ class LibvirtCollector:
         self._retry_at = 0.0
         self.down_reason = ""
         self._descriptions: dict[str, Description] = {}
+        self._complete = False
 
     # -- the connection ---------------------------------------------------------------------
 
@@ -146,6 +167,10 @@ class LibvirtCollector:
         except libvirt.libvirtError as exc:
             self._failed(f"cannot connect to libvirt at {self.uri}: {exc}")
             return None
+        try:
+            self._complete = self._conn.getType() in COMPLETE_DRIVERS
+        except libvirt.libvirtError:
+            self._complete = False
         if self._failures:
             log.info("reconnected to libvirt at %s after %d failures", self.uri, self._failures)
         else:
@@ -193,9 +218,7 @@ class LibvirtCollector:
             return HostReading(self._clock(), False, errors=(self.down_reason,))
         try:
             if self.bulk:
-                pairs = conn.getAllDomainStats(
-                    STATS, libvirt.VIR_CONNECT_GET_ALL_DOMAINS_STATS_ACTIVE
-                )
+                pairs = conn.getAllDomainStats(STATS, BULK_FLAGS)
             else:
                 active = conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE)
                 pairs = [(dom, {}) for dom in active]
@@ -224,6 +247,10 @@ class LibvirtCollector:
         for uuid, (dom, stats) in listed.items():
             try:
                 reading = self._read(dom, uuid, stats, taken_s)
+            except DomainBusy as exc:
+                errors.append(f"domain {uuid}: {exc}")
+                log.info("domain %s: %s", uuid, exc)
+                continue
             except libvirt.libvirtError as exc:
                 code = exc.get_error_code()
                 if code in DOMAIN_GONE:
@@ -264,6 +291,11 @@ class LibvirtCollector:
         disks = bulk_devices(stats, "block", "rd.bytes", "wr.bytes")
         nics = bulk_devices(stats, "net", "rx.bytes", "tx.bytes")
         if cpu_ns is None or rss_kib is None or disks is None or nics is None:
+            if self._complete and stats:
+                raise DomainBusy(
+                    "busy (another libvirt job holds it), not read this tick; its next reading"
+                    " counts from its last"
+                )
             # Per-domain fallback: timed by its own calls, not the bulk call's.
             taken_s = self._clock()
             state, _max_kib, current_kib, _vcpus, info_cpu_ns = dom.info()
