@@ -27,6 +27,8 @@ import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
@@ -196,11 +198,139 @@ def measure(n: int, ticks: int, workdir: Path) -> dict[str, Any]:
     }
 
 
+REPO = Path(__file__).resolve().parents[1]
+LIBVIRTD_PID = REPO / "var" / "libvirt" / "libvirtd.pid"
+ADMIN_URI = "libvirtd:///system"
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far; 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class MonitorLog:
+    """Counts the QMP commands libvirtd sends to the QEMUs (by their replies): its monitor messages go to a
+    file of ours (``virt-admin``) for the measurement, and its outputs are put back after."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.filters = self._admin("daemon-log-filters").split(":", 1)[1].strip()
+        self.outputs = self._admin("daemon-log-outputs").split(":", 1)[1].strip()
+
+    @staticmethod
+    def _admin(*args: str) -> str:
+        done = subprocess.run(
+            ["virt-admin", "-c", ADMIN_URI, *args], capture_output=True, text=True, check=True
+        )
+        return done.stdout
+
+    def __enter__(self) -> MonitorLog:
+        self._admin("daemon-log-filters", "1:qemu.qemu_monitor_json")
+        self._admin("daemon-log-outputs", f"1:file:{self.path}")
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._admin("daemon-log-outputs", self.outputs)
+        self._admin("daemon-log-filters", self.filters)
+
+    def commands(self) -> int:
+        try:
+            return self.path.read_text(errors="replace").count("QEMU_MONITOR_RECV_REPLY")
+        except FileNotFoundError:
+            return 0
+
+
+def measure_qemu(n: int, ticks: int, workdir: Path) -> dict[str, Any]:
+    """Ticks of the kernel collector, the libvirt collector and per-domain polling over ``n``
+    real QEMU guests, alternated: wall time, the agent's CPU, libvirtd's and the QEMUs' CPU
+    during the tick, and the monitor commands sent."""
+    sys.path.insert(0, str(REPO))
+    from gmd.agent.collect.kernel import KernelCollector
+    from tests.realvm import many_guests
+
+    with many_guests(workdir, n) as (uri, guests):
+        libvirtd = int(LIBVIRTD_PID.read_text())
+        qemus = [
+            int(
+                subprocess.run(
+                    ["pgrep", "-f", f"guest={g.name},"], capture_output=True, text=True, check=True
+                ).stdout.split()[0]
+            )
+            for g in guests
+        ]
+        poller = PerDomainPoller(uri)
+        sources: dict[str, Any] = {
+            "kernel": KernelCollector(uri).collect,
+            "libvirt_bulk": LibvirtCollector(uri).collect,
+            "per_domain": poller.collect,
+        }
+        figures: dict[str, dict[str, list[float]]] = {
+            name: {k: [] for k in ("wall", "agent", "libvirtd", "qemu", "monitor")}
+            for name in sources
+        }
+        with MonitorLog(workdir / "monitor.log") as monitor:
+            for read in sources.values():
+                read()  # the first tick reads every domain's XML
+            for _ in range(ticks):
+                for name, read in sources.items():
+                    before = (
+                        time.perf_counter(),
+                        time.process_time(),
+                        cpu_s(libvirtd),
+                        sum(cpu_s(p) for p in qemus),
+                        monitor.commands(),
+                    )
+                    reading = read()
+                    after = (
+                        time.perf_counter(),
+                        time.process_time(),
+                        cpu_s(libvirtd),
+                        sum(cpu_s(p) for p in qemus),
+                        monitor.commands(),
+                    )
+                    count = len(reading) if isinstance(reading, list) else len(reading.vms)
+                    if count != n:
+                        raise RuntimeError(f"{name} read {count} of {n} guests")
+                    for key, a, b in zip(figures[name], before, after, strict=True):
+                        figures[name][key].append(b - a)
+        poller.close()
+    out: dict[str, Any] = {"domains": n}
+    for name, f in figures.items():
+        wall, agent = statistics.median(f["wall"]), statistics.mean(f["agent"])
+        out[name] = {
+            "ms_per_tick": round(wall * 1e3, 2),
+            "agent_cpu_ms_per_100_vms": round(agent * 1e3 * 100 / n, 2),
+            # CPU seconds are counted in clock ticks (10 ms): means over the ticks.
+            "libvirtd_cpu_ms_per_tick": round(statistics.mean(f["libvirtd"]) * 1e3, 1),
+            "qemu_cpu_ms_per_tick": round(statistics.mean(f["qemu"]) * 1e3, 1),
+            "monitor_commands_per_tick": round(statistics.mean(f["monitor"]), 1),
+        }
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--domains", default="1,100,500", help="comma-separated sizes")
     parser.add_argument("--ticks", type=int, default=20)
+    parser.add_argument(
+        "--qemu",
+        type=int,
+        metavar="N",
+        help="instead: N real QEMU guests under the real libvirtd (tests/libvirt.sh; root),"
+        " read by the kernel collector, the libvirt collector and per-domain polling",
+    )
     args = parser.parse_args()
+    if args.qemu:
+        with tempfile.TemporaryDirectory() as tmp:
+            r = measure_qemu(args.qemu, args.ticks, Path(tmp))
+        for name in ("kernel", "libvirt_bulk", "per_domain"):
+            print(f"{args.qemu} guests, {name}: {r[name]}")
+        print(json.dumps({"benchmark": "agent_tick", "driver": "qemu", "ticks": args.ticks, **r}))
+        return
     sizes = [int(s) for s in args.domains.split(",")]
     results = []
     with tempfile.TemporaryDirectory() as tmp:

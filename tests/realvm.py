@@ -178,8 +178,35 @@ def running_guests(workdir: Path) -> Iterator[RealGuests]:
         conn.close()
 
 
-def _new_guest(role: str, pid: int, workdir: Path) -> Guest:
-    name = f"{NAME_PREFIX}{role}-{pid}"
+@contextmanager
+def many_guests(workdir: Path, count: int) -> Iterator[tuple[str, list[Guest]]]:
+    """``count`` idle guests (for benchmarks: as many as the machine holds, 96 MiB each), booted
+    together; yields the URI and the guests, and removes them however the block ends."""
+    libvirt = _libvirt()
+    uri = start_libvirt()
+    image = build_guest_image()
+    conn = libvirt.open(uri)
+    try:
+        remove_stale_domains(conn)
+        guests: dict[str, Guest] = {}
+        with ExitStack() as cleanup:
+            cleanup.callback(_remove_domains, conn, guests)
+            for k in range(count):
+                guest = _new_guest("idle", os.getpid(), workdir, index=k)
+                guests[guest.name] = guest
+                try:
+                    conn.defineXML(domain_xml(guest, image.kernel, image.initrd)).create()
+                except libvirt.libvirtError as e:
+                    raise RealVMError(f"could not define and start {guest.name}: {e}") from e
+            _wait_ready(conn, list(guests.values()), timeout_s=BOOT_TIMEOUT + 5 * count)
+            yield uri, list(guests.values())
+    finally:
+        conn.close()
+
+
+def _new_guest(role: str, pid: int, workdir: Path, index: int | None = None) -> Guest:
+    suffix = "" if index is None else str(index)
+    name = f"{NAME_PREFIX}{role}{suffix}-{pid}"
     disk = workdir / f"{name}.raw"
     with disk.open("wb") as f:
         f.truncate(DISK_MIB << 20)
@@ -190,7 +217,8 @@ def _new_guest(role: str, pid: int, workdir: Path) -> Guest:
         uuid=str(uuid.uuid4()),
         project_uuid=str(uuid.uuid4()),
         user_uuid=str(uuid.uuid4()),
-        tap=f"gmdt{pid}{role[0]}",  # at most 15 characters, not libvirt's vnet prefix
+        # At most 15 characters, not libvirt's vnet prefix.
+        tap=f"gmdt{pid % 10**7}{role[0]}{suffix}",
         disk=disk,
         disk_target="vda",
         console_log=console,
@@ -269,10 +297,10 @@ def domain_xml(guest: Guest, kernel: Path, initrd: Path) -> str:
 """
 
 
-def _wait_ready(conn, guests: list[Guest]) -> None:
+def _wait_ready(conn, guests: list[Guest], timeout_s: float = BOOT_TIMEOUT) -> None:
     libvirt = _libvirt()
 
-    deadline = time.monotonic() + BOOT_TIMEOUT
+    deadline = time.monotonic() + timeout_s
     waiting = {g.name: g for g in guests}
     while waiting:
         for name, g in list(waiting.items()):
@@ -295,7 +323,7 @@ def _wait_ready(conn, guests: list[Guest]) -> None:
         if waiting and time.monotonic() > deadline:
             g = next(iter(waiting.values()))
             raise RealVMError(
-                f"guest {g.name} not ready after {BOOT_TIMEOUT:.0f} s; its console "
+                f"guest {g.name} not ready after {timeout_s:.0f} s; its console "
                 f"{g.console_log} ends: {_tail(_console(g))}"
             )
         if waiting:
