@@ -11,11 +11,17 @@ Two ways to read every running domain's counters:
   ``blockStats`` per disk and ``interfaceStats`` per interface, every poll.
 
 On the test driver ``getAllDomainStats`` returns only the domains' state, so gmd's collector
-also makes per-domain calls here; the difference measured is the XML it does not re-read. On
-QEMU the bulk call returns every counter and gmd makes exactly one libvirt call per tick,
-where per-domain polling makes ~5 per domain, each a round trip to libvirtd: the API-call
-counts printed beside the times show that part. ``gmd_tick`` adds what the agent does with a
-reading (deltas, intervals, the spool commit with fsync).
+also makes per-domain calls here; the difference measured is the XML it does not re-read.
+``gmd_tick`` adds what the agent does with a reading (deltas, intervals, the spool commit with
+fsync).
+
+``--qemu N`` measures real QEMU guests instead (under the real libvirtd of tests/libvirt.sh,
+as root), with the kernel collector beside the two. There the bulk call does **not** win on
+time: libvirtd answers it by asking each QEMU over its monitor, one domain after another, six
+commands per domain against per-domain polling's four. On 30 idle TCG guests (2026-11-25): bulk
+128.8 ms a tick, 180 monitor commands, 32 ms of libvirtd's and 100 ms of the QEMUs' CPU;
+per-domain 124.9 ms, 120 commands; the kernel collector 8.6 ms, no monitor command, no
+libvirtd CPU. The bulk call saves the agent's own CPU (18.6 against 66.2 ms per 100 VMs).
 
 Prints a line per size and, last, one JSON line with the figures.
 """

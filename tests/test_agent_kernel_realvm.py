@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -150,3 +151,39 @@ def test_a_stuck_domain_does_not_stall_the_libvirt_collectors_tick(
     finally:
         collector.close()
         holder.close()
+
+
+def test_a_guest_started_during_a_tick_is_read_at_the_next(
+    real_guests: RealGuests, tmp_path: Path
+) -> None:
+    """The kernel collector lists the domains every tick (one cheap call, no QEMU involved),
+    so a guest that starts while a tick is being read is read, with its owner, at the next."""
+    import os
+    import threading
+
+    from gmd.agent.collect.kernel import KernelCollector
+    from tests.guest_image import build_guest_image
+    from tests.realvm import _new_guest, _remove_domain, domain_xml
+
+    image = build_guest_image()
+    guest = _new_guest("idle", os.getpid(), tmp_path, index=900)
+    conn = real_guests.connect()
+    collector = KernelCollector(real_guests.uri)
+    try:
+        collector.collect()
+        starting = threading.Thread(
+            target=lambda: conn.defineXML(domain_xml(guest, image.kernel, image.initrd)).create()
+        )
+        starting.start()
+        during = collector.collect()
+        starting.join(60)
+        after = collector.collect()
+        read = {v.uuid: v for v in after.vms}
+        assert guest.uuid in read, (after.errors, after.fallbacks)
+        assert read[guest.uuid].owner.customer == guest.project_uuid
+        assert read[guest.uuid].cpu_time_ns > 0
+        assert {real_guests.spin.uuid, real_guests.idle.uuid} <= {v.uuid for v in during.vms}
+    finally:
+        collector.close()
+        _remove_domain(conn, guest.name, guest.tap)
+        conn.close()
