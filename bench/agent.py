@@ -219,8 +219,9 @@ def cpu_s(pid: int) -> float:
 
 
 class MonitorLog:
-    """Counts the QMP commands libvirtd sends to the QEMUs (by their replies): its monitor messages go to a
-    file of ours (``virt-admin``) for the measurement, and its outputs are put back after."""
+    """Counts the QMP commands libvirtd sends to the QEMUs, by their replies: its monitor
+    messages go to a file of ours (``virt-admin``) for the measurement, and its log outputs and
+    filters are put back after."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
