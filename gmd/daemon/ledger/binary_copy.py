@@ -73,22 +73,19 @@ class CopyLayout:
             for c, v in values.items()
         }
         nullable = [c for c in self.columns if c in self.nullable]
-        if nullable:
-            # Bit k set: the row's k-th nullable column is NULL.
-            missing = np.zeros(n, dtype=np.int64)
-            for k, c in enumerate(nullable):
-                column = arrays[c]
-                if isinstance(column, np.ndarray):
-                    missing |= np.isnan(column).astype(np.int64) << k
-                elif column != column:
-                    missing |= 1 << k
-        else:
-            missing = np.zeros(n, dtype=np.int64)
+        # Bit k set: the row's k-th nullable column is NULL.
+        missing = np.zeros(n, dtype=np.int64)
+        for k, c in enumerate(nullable):
+            column = arrays[c]
+            if isinstance(column, np.ndarray):
+                missing |= np.isnan(column).astype(np.int64) << k
+            elif column != column:
+                missing |= 1 << k
+        grouped = bool(missing.any())
         parts = [HEADER]
-        for pattern in np.unique(missing) if missing.any() else (0,):
-            rows = None if not missing.any() else missing == pattern
-            nulls = frozenset(c for k, c in enumerate(nullable) if int(pattern) >> k & 1)
-            parts.append(self._rows(arrays, nulls, rows, n))
+        for pattern in np.unique(missing).tolist() if grouped else [0]:
+            nulls = frozenset(c for k, c in enumerate(nullable) if pattern >> k & 1)
+            parts.append(self._rows(arrays, nulls, missing == pattern if grouped else None, n))
         parts.append(TRAILER)
         return b"".join(parts)
 
