@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from functools import cache
 
 import numpy as np
-import psycopg
 from sqlalchemy import BigInteger, Boolean, Connection, Double, Integer, Table
 from sqlalchemy.exc import DBAPIError
 
@@ -98,6 +97,10 @@ class CopyLayout:
         invalidated (SQLAlchemy discards it, and ingest retries the batch) rather than
         returned to the pool to fail again.
         """
+        # Here, not at the top: psycopg is the ``postgres`` extra, and SQLite ledgers (the demo,
+        # gmd-admin on a laptop) import the store without it.
+        import psycopg
+
         raw = conn.connection.driver_connection
         if not isinstance(raw, psycopg.Connection):
             raise TypeError(f"binary COPY needs a psycopg connection, not {type(raw).__name__}")
