@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import libvirt
+from procstat import cpu_s
 
 from gmd.agent.collect.aggregate import AgentState, advance, dump_state
 from gmd.agent.collect.libvirt import LibvirtCollector
@@ -207,15 +208,6 @@ def measure(n: int, ticks: int, workdir: Path) -> dict[str, Any]:
 REPO = Path(__file__).resolve().parents[1]
 LIBVIRTD_PID = REPO / "var" / "libvirt" / "libvirtd.pid"
 ADMIN_URI = "libvirtd:///system"
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far; 0 once it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class MonitorLog:

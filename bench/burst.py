@@ -46,8 +46,9 @@ import httpx
 import numpy as np
 import orjson
 import sqlalchemy as sa
-from ingest import CAPACITY, HOST_PER_S, copy_ceiling, cpu_s, free_port, host_vms
+from ingest import CAPACITY, HOST_PER_S, copy_ceiling, free_port, host_vms
 from ledger_accounting import drop_database, postgres_url
+from procstat import cpu_s
 
 from gmd.daemon.config import AccountingConfig
 

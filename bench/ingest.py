@@ -36,6 +36,7 @@ import numpy as np
 import psycopg
 import sqlalchemy as sa
 from ledger_accounting import drop_database, postgres_url
+from procstat import cpu_s
 
 INTERVAL_S = 60
 CAPACITY = {
@@ -104,15 +105,6 @@ SAMPLE_COLUMNS = (
     " disk_write_bytes, network_rx_bytes, network_tx_bytes, flavor_vcpus, flavor_memory_bytes,"
     " flavor_disk_bytes_per_s, flavor_network_bytes_per_s, late"
 )
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process (all its threads) so far; 0 once it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def processes_cpu_s(processes: list[subprocess.Popen[bytes]]) -> float:
