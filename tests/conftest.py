@@ -14,7 +14,7 @@ import json
 import os
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -71,6 +71,19 @@ def _uses_real_vms(item: pytest.Item) -> bool:
         for name in item.fixturenames
         for fixturedef in info.name2fixturedefs.get(name, ())
     )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed test of a real service gets what the service logged meanwhile (``service_logs``,
+    set by its fixture): the only trace of a server-side error in a CI run."""
+    report: pytest.TestReport = yield
+    service_logs = getattr(item, "service_logs", None)
+    if report.failed and call.when == "call" and service_logs is not None:
+        report.sections.extend(service_logs())
+    return report
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -119,10 +119,32 @@ def openstack_info() -> dict[str, Any]:
     return start()
 
 
+class ServiceLogs:
+    """What the services logged from now on: a failing test's report shows it (tests/conftest.py),
+    so a 500 from a service in CI comes with the service's own traceback."""
+
+    def __init__(self, run: Path) -> None:
+        self.offsets = {log: log.stat().st_size for log in sorted(run.glob("*.log"))}
+
+    def __call__(self) -> list[tuple[str, str]]:
+        sections = []
+        for log, offset in self.offsets.items():
+            with log.open("rb") as stream:
+                stream.seek(offset)
+                text = stream.read()[-LOG_TAIL_BYTES:].decode(errors="replace")
+            if text.strip():
+                sections.append((f"{log.name} during the test", text))
+        return sections
+
+
+LOG_TAIL_BYTES = 20_000
+
+
 @pytest.fixture
 def real_cloud(
-    openstack_info: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    openstack_info: dict[str, Any], monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> Iterator[RealCloud]:
     """The real cloud, with its clouds.yaml the one every OpenStack client here reads."""
     monkeypatch.setenv("OS_CLIENT_CONFIG_FILE", openstack_info["clouds_yaml"])
+    request.node.service_logs = ServiceLogs(Path(openstack_info["clouds_yaml"]).parent)
     yield RealCloud(openstack_info)

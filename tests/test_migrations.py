@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -215,3 +216,19 @@ def test_0007_renumbers_intervals_by_their_start_and_keeps_every_row(database_ur
         migrate.upgrade(engine)
     finally:
         engine.dispose()
+
+
+def test_a_sqlite_file_gets_its_directory_and_a_sqlite_uri_is_left_to_sqlite(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A path's directories are made; a ``uri=true`` database is SQLite's URI, not a path: no
+    ``file:`` directory appears where the program runs."""
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "new" / "dir" / "l.db"
+    migrate.upgrade(migrate.engine_for(f"sqlite:///{path}"))
+    assert path.exists()
+    engine = migrate.engine_for(f"sqlite:///file:{path}?mode=ro&uri=true")
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM customers")).scalar() == 0
+    engine.dispose()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new"]

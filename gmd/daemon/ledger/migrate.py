@@ -15,7 +15,7 @@ from alembic.config import Config as AlembicConfig
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, create_engine, event, text
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
 
 _WRITER = "gmd_writer"
 
@@ -153,7 +153,10 @@ def engine_for(url: str) -> Engine:
     """
     memory = url in ("sqlite://", "sqlite:///:memory:")
     if url.startswith("sqlite:///") and not memory:
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        parsed = make_url(url)
+        # With uri=true the database is SQLite's own URI (file:…?mode=ro), not a path to make.
+        if parsed.database and parsed.query.get("uri") not in ("true", "1"):
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
     if not url.startswith("sqlite"):
         return create_engine(url, pool_size=10, max_overflow=20, pool_recycle=240)
     engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 60})
