@@ -200,6 +200,7 @@ def run(
                 except httpx.TransportError:
                     time.sleep(0.1)
         local = threading.local()
+        connections: list[http.client.HTTPConnection] = []
         next_client = iter(range(1 << 30))
 
         def post(item: tuple[str, bytes]) -> None:
@@ -210,6 +211,7 @@ def run(
             if conn is None:
                 port = ports[next(next_client) % daemons]
                 conn = local.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+                connections.append(conn)
             conn.request(
                 "POST",
                 "/v1/samples",
@@ -243,6 +245,10 @@ def run(
                     # The same rows again, by one binary COPY: the ceiling the HTTP path is
                     # measured against, right after it, so that both see the same machine.
                     rows, copy_s = copy_ceiling(url, batches_of(engine, chunk))
+                    # Idle through the COPY, the connections may have outlived the daemon's
+                    # keep-alive: each opens again at its next request.
+                    for conn in connections:
+                        conn.close()
                     copied += rows
                     figures["copy_samples_per_s"] = rows / copy_s
                     figures["of_copy"] = figures["samples_per_s"] / figures["copy_samples_per_s"]

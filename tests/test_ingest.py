@@ -15,6 +15,7 @@ import pytest
 import sqlalchemy as sa
 
 from gmd.daemon.api.checks import BatchProblem, ProblemCode, batch_problems
+from gmd.daemon.api.samples import record_of
 from gmd.daemon.ledger.accounting import SAMPLE_USE, account_due, read_samples
 from gmd.wire import SampleBatch
 from tests.daemon_support import (
@@ -347,7 +348,11 @@ def test_each_batch_problem_has_a_code(change: Any, codes: list[ProblemCode]) ->
     body = good(600)
     change(body)
     problems = batch_problems(
-        SampleBatch.model_validate(body), interval_s=60, now_s=1000, clock_skew_s=120, max_vms=3
+        record_of(SampleBatch.model_validate(body)),
+        interval_s=60,
+        now_s=1000,
+        clock_skew_s=120,
+        max_vms=3,
     )
     assert [p.code for p in problems] == codes
 
@@ -356,7 +361,11 @@ def test_batch_problems_keep_their_messages() -> None:
     body = good(1207)
     body["vms"] += [vm("vm-1"), vm("vm-3")]
     problems = batch_problems(
-        SampleBatch.model_validate(body), interval_s=60, now_s=1000, clock_skew_s=120, max_vms=3
+        record_of(SampleBatch.model_validate(body)),
+        interval_s=60,
+        now_s=1000,
+        clock_skew_s=120,
+        max_vms=3,
     )
     assert [p.message for p in problems] == [
         "interval_start_s = 1207 is not a multiple of 60",

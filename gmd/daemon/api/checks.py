@@ -1,6 +1,6 @@
 """What makes a well-formed batch unacceptable to this daemon.
 
-Pydantic has already checked the batch's shape; these checks need the daemon's own settings
+The batch already keeps the wire format's rules; these checks need the daemon's own settings
 (interval length, clock, batch size, what a host can plausibly do), so they are the daemon's,
 not the wire contract's. Each problem carries a code, so the route picks its status from what
 went wrong, not from words in the message.
@@ -19,7 +19,7 @@ from enum import Enum
 import numpy as np
 
 from gmd.daemon.ledger.store import BatchRecord
-from gmd.wire import CAPACITY_FIELDS, FLAVOR_FIELDS, RESOURCES, USAGE_FIELDS, SampleBatch
+from gmd.wire import CAPACITY_FIELDS, FLAVOR_FIELDS, RESOURCES, USAGE_FIELDS
 
 
 class ProblemCode(Enum):
@@ -43,7 +43,7 @@ class BatchProblem:
 
 
 def batch_problems(
-    batch: SampleBatch,
+    batch: BatchRecord,
     *,
     interval_s: int,
     now_s: float,
@@ -59,7 +59,7 @@ def batch_problems(
 
 
 def _interval_problems(
-    batch: SampleBatch, interval_s: int, now_s: float, clock_skew_s: int, max_late_s: float | None
+    batch: BatchRecord, interval_s: int, now_s: float, clock_skew_s: int, max_late_s: float | None
 ) -> list[BatchProblem]:
     problems = []
     if batch.interval_s != interval_s:
@@ -97,35 +97,34 @@ def _interval_problems(
     return problems
 
 
-def _vm_problems(batch: SampleBatch, max_vms: int, latest_s: float) -> list[BatchProblem]:
+def _vm_problems(batch: BatchRecord, max_vms: int, latest_s: float) -> list[BatchProblem]:
     problems = []
-    if len(batch.vms) > max_vms:
+    uuids = batch.vm_uuids
+    if len(uuids) > max_vms:
         problems.append(
             BatchProblem(
-                ProblemCode.TOO_MANY_VMS, f"{len(batch.vms)} VMs in one batch; at most {max_vms}"
+                ProblemCode.TOO_MANY_VMS, f"{len(uuids)} VMs in one batch; at most {max_vms}"
             )
         )
-    uuids = [vm["uuid"] for vm in batch.vms]
-    times = [t for vm in batch.vms if (t := vm.get("created_s")) is not None]
+    times = [t for t in batch.created_s if t is not None]
     if len(set(uuids)) == len(uuids) and max(times, default=0) <= latest_s:
         # The common case, told without a Python step per VM; the loop below names the VMs.
         return problems
     seen: set[str] = set()
-    for i, vm in enumerate(batch.vms):
-        if vm["uuid"] in seen:
+    for i, (uuid, created) in enumerate(zip(uuids, batch.created_s, strict=True)):
+        if uuid in seen:
             problems.append(
                 BatchProblem(
                     ProblemCode.DUPLICATE_VM,
-                    f"vms[{i}]: VM {vm['uuid']} appears twice in the batch",
+                    f"vms[{i}]: VM {uuid} appears twice in the batch",
                 )
             )
-        seen.add(vm["uuid"])
-        created = vm.get("created_s")
+        seen.add(uuid)
         if created is not None and created > latest_s:
             problems.append(
                 BatchProblem(
                     ProblemCode.CREATED_IN_FUTURE,
-                    f"vms[{i}]: VM {vm['uuid']} created_s = {created} is in the future",
+                    f"vms[{i}]: VM {uuid} created_s = {created} is in the future",
                 )
             )
     return problems

@@ -11,13 +11,14 @@ import hashlib
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import numpy as np
 import orjson
 from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
 
+from gmd.daemon.api import fast_batch
 from gmd.daemon.api.checks import (
     BatchProblem,
     ProblemCode,
@@ -80,14 +81,35 @@ def parse_and_store(
     services: Services, body: bytes, content_type: str | None, host: str | None, started: float
 ) -> BatchReceipt:
     """Parse, check and store a batch, in one hand-off to the ingest threads: parsing and
-    validating 500 VMs takes ~1 ms, which on the event loop would hold up every other
+    validating 500 VMs takes ~0.3 ms, which on the event loop would hold up every other
     request."""
     try:
-        return store_batch(services, parse_batch(body, content_type), host, started)
+        return store_batch(services, parse_record(body, content_type), host, started)
     except Refused as exc:
         if exc.reason is not None:
             services.metrics.report_rejected(exc.reason)
         raise
+
+
+def parse_record(body: bytes, content_type: str | None = "application/json") -> BatchRecord:
+    """The batch in a request body, as the ledger stores it, or :class:`Refused` saying what
+    is wrong and where. The common case is read by :mod:`~gmd.daemon.api.fast_batch`; anything
+    else by pydantic, which accepts it or words the refusal."""
+    json_media(content_type)
+    fast = fast_batch.accept(body)
+    if fast is None:
+        return record_of(parse_batch(body, content_type))
+    vms = fast.vms
+    return record_from(
+        fast,
+        capacity=fast_batch.capacity(fast),
+        uuids=[vm.uuid for vm in vms],
+        customers=[vm.customer for vm in vms],
+        use=fast_batch.use(fast),
+        flavor=fast_batch.flavor(fast),
+        created_s=[vm.created_s for vm in vms],
+        names=dict(fast.customer_names),
+    )
 
 
 def parse_batch(body: bytes, content_type: str | None = "application/json") -> SampleBatch:
@@ -110,16 +132,15 @@ def parse_batch(body: bytes, content_type: str | None = "application/json") -> S
 
 
 def store_batch(
-    services: Services, batch: SampleBatch, host: str | None, started: float
+    services: Services, batch: BatchRecord, host: str | None, started: float
 ) -> BatchReceipt:
     """Check ``batch`` against the caller and the daemon's settings, then store it."""
     services.auth.check_host(host, batch.host)
     check_batch(services, batch)
-    record = record_of(batch)
-    refuse(batch, implausible(record, services.plausible))
+    refuse(batch, implausible(batch, services.plausible))
     now_s = services.clock()
     try:
-        result = services.store.ingest(record, now_s)
+        result = services.store.ingest(batch, now_s)
     except KeyReused as exc:
         raise Refused(409, str(exc), reason=Rejection.key_reused) from None
     except CapacityConflict as exc:
@@ -141,7 +162,7 @@ def store_batch(
     )
 
 
-def check_batch(services: Services, batch: SampleBatch) -> None:
+def check_batch(services: Services, batch: BatchRecord) -> None:
     """Raise :class:`Refused` listing every problem of ``batch`` here: 413 when it holds too
     many VMs (the agent must split it), else 422."""
     config = services.config
@@ -156,7 +177,7 @@ def check_batch(services: Services, batch: SampleBatch) -> None:
     refuse(batch, problems)
 
 
-def refuse(batch: SampleBatch, problems: list[BatchProblem]) -> None:
+def refuse(batch: BatchRecord, problems: list[BatchProblem]) -> None:
     """Raise :class:`Refused` listing ``problems`` of ``batch``, if there are any."""
     if not problems:
         return
@@ -190,11 +211,22 @@ REJECTION_OF = {
 _NO_FLAVOR: Mapping[str, float | None] = {}
 
 
+class BatchHead(Protocol):
+    """What a parsed batch says besides its VMs (a :class:`SampleBatch` or a fast one)."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def host(self) -> str: ...
+    @property
+    def interval_start_s(self) -> int: ...
+    @property
+    def interval_s(self) -> int: ...
+
+
 def record_of(batch: SampleBatch) -> BatchRecord:
     """The batch as the ledger store takes it: columns in the order of :data:`RESOURCES`."""
     vms = cast(list[Mapping[str, Any]], batch.vms)
-    uuids = [v["uuid"] for v in vms]
-    customers = [v["customer"] for v in vms]
     # Column by column: a list per field is cheaper than a tuple per VM.
     use = np.array([[v[f] for v in vms] for f in USAGE_FIELDS], dtype=np.float64).T.reshape(
         len(vms), len(USAGE_FIELDS)
@@ -204,15 +236,35 @@ def record_of(batch: SampleBatch) -> BatchRecord:
     flavor = np.array(
         [[f.get(k) for f in flavors] for k in FLAVOR_FIELDS], dtype=np.float64
     ).T.reshape(len(vms), len(FLAVOR_FIELDS))
-    capacity = tuple(getattr(batch.capacity, f) for f in CAPACITY_FIELDS)
-    created_s = [v.get("created_s") for v in vms]
-    names = dict(batch.customer_names)
+    return record_from(
+        batch,
+        capacity=tuple(getattr(batch.capacity, f) for f in CAPACITY_FIELDS),
+        uuids=[v["uuid"] for v in vms],
+        customers=[v["customer"] for v in vms],
+        use=use,
+        flavor=flavor,
+        created_s=[v.get("created_s") for v in vms],
+        names=dict(batch.customer_names),
+    )
+
+
+def record_from(
+    head: BatchHead,
+    *,
+    capacity: tuple[float, ...],
+    uuids: list[str],
+    customers: list[str],
+    use: np.ndarray,
+    flavor: np.ndarray,
+    created_s: list[int | None],
+    names: dict[str, str],
+) -> BatchRecord:
     return BatchRecord(
-        key=batch.key,
-        digest=content_digest(batch, capacity, uuids, customers, use, flavor, created_s, names),
-        host=batch.host,
-        interval_start_s=batch.interval_start_s,
-        interval_s=batch.interval_s,
+        key=head.key,
+        digest=content_digest(head, capacity, uuids, customers, use, flavor, created_s, names),
+        host=head.host,
+        interval_start_s=head.interval_start_s,
+        interval_s=head.interval_s,
         capacity=capacity,
         vm_uuids=uuids,
         customers=customers,
@@ -224,7 +276,7 @@ def record_of(batch: SampleBatch) -> BatchRecord:
 
 
 def content_digest(
-    batch: SampleBatch,
+    batch: BatchHead,
     capacity: tuple[float, ...],
     uuids: list[str],
     customers: list[str],
@@ -260,7 +312,7 @@ def content_digest(
     return DIGEST_PREFIX + h.hexdigest()[: 64 - len(DIGEST_PREFIX)]
 
 
-def _count(metrics: DaemonMetrics, batch: SampleBatch, result: IngestResult) -> None:
+def _count(metrics: DaemonMetrics, batch: BatchRecord, result: IngestResult) -> None:
     metrics.batches.labels(result.status).inc()
     if result.status != "accepted":
         return
