@@ -7,6 +7,10 @@ because a real host cannot be made to lose a cgroup file on demand."""
 from __future__ import annotations
 
 import logging
+import os
+import socket
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,9 +22,12 @@ from gmd.agent.collect.kernel import (
     KernelCollector,
     KernelReadError,
     KernelSources,
+    OpenFiles,
     domain_cgroup,
     locate,
     parse_blkio_service_bytes,
+    parse_cpu_stat,
+    parse_cpuacct_usage,
     parse_io_stat,
     parse_mountinfo,
     parse_proc_cgroup,
@@ -177,7 +184,8 @@ def test_a_missing_file_falls_back_to_libvirt_for_the_tick_counted_and_logged_on
     try:
         first = collector.collect()
         assert first.fallbacks == frozenset()
-        usage.unlink()
+        # Written in place, as the kernel's files change: the file kept open reads it.
+        usage.write_text("not a number\n")
         with caplog.at_level(logging.WARNING, logger="gmd.agent.collect.kernel"):
             second, third = collector.collect(), collector.collect()
         usage.write_text("8000000000\n")
@@ -195,7 +203,7 @@ def test_a_missing_file_falls_back_to_libvirt_for_the_tick_counted_and_logged_on
         assert set(vm.nics) == {"testnet0"}
         assert vm.owner.flavor.vcpus == 2
     warnings = [r for r in caplog.records if TEST_UUID in r.getMessage()]
-    assert len(warnings) == 1 and "cpuacct.usage" in warnings[0].getMessage()
+    assert len(warnings) == 1 and "cpuacct.usage: unexpected content" in warnings[0].getMessage()
     assert fourth.fallbacks == frozenset()
     assert fourth.vms[0].cpu_time_ns == 8_000_000_000
 
@@ -216,3 +224,60 @@ def test_a_vm_unreadable_from_its_first_reading_takes_disks_from_libvirt(tmp_pat
     for reading in (first, second):
         assert reading.fallbacks == {TEST_UUID}
         assert set(reading.vms[0].disks) == {"vda"}
+
+
+def _own_cpu_file() -> tuple[Path, Callable[[str], int]]:
+    """This process's cgroup CPU counter, where the collector would look for a VM's."""
+    mounts = parse_mountinfo(Path("/proc/self/mountinfo").read_text())
+    own = parse_proc_cgroup(Path("/proc/self/cgroup").read_text())
+    if "cpuacct" in mounts.v1 and "cpuacct" in own:
+        path = mounts.v1["cpuacct"] / own["cpuacct"].lstrip("/") / "cpuacct.usage"
+        return path, parse_cpuacct_usage
+    assert mounts.v2 is not None, "no cgroup hierarchy with a CPU counter"
+    return mounts.v2 / own[""].lstrip("/") / "cpu.stat", parse_cpu_stat
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_open_files_read_the_kernels_files_anew_from_their_start() -> None:
+    """procfs, cgroupfs and sysfs each make their content again at a read from offset 0: the
+    counters move between two reads of the same open file."""
+    files = OpenFiles()
+    statm = Path("/proc/self/statm")
+    cgroup, parse_cpu = _own_cpu_file()
+    lo = Path("/sys/class/net/lo/statistics/tx_bytes")
+    before = {path: files.read(path) for path in (statm, cgroup, lo)}
+    fds = _open_fds()
+    ballast = bytearray(64 << 20)  # touched: 64 MiB more resident
+    for i in range(0, len(ballast), 4096):
+        ballast[i] = 1
+    deadline = time.process_time() + 0.05
+    while time.process_time() < deadline:
+        pass
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+        udp.sendto(b"x" * 1000, ("127.0.0.1", 9))
+    after = {path: files.read(path) for path in (statm, cgroup, lo)}
+    assert _open_fds() == fds, "a second reading opened the files again"
+    assert int(after[statm].split()[1]) >= int(before[statm].split()[1]) + (60 << 20) // PAGE
+    assert parse_cpu(after[cgroup]) > parse_cpu(before[cgroup])
+    assert int(after[lo]) >= int(before[lo]) + 1000
+    del ballast
+    files.sweep()  # all three were read since the last sweep: kept
+    assert _open_fds() == fds
+    files.sweep()  # none read since: closed
+    assert _open_fds() == fds - 3
+    files.close()
+
+
+def test_an_open_file_that_fails_is_opened_again_by_path(tmp_path: Path) -> None:
+    files = OpenFiles()
+    path = tmp_path / "usage"
+    with pytest.raises(KernelReadError, match="usage: No such file"):
+        files.read(path)
+    path.write_text("5\n")
+    assert files.read(path) == "5\n"
+    path.write_text("6\n")
+    assert files.read(path) == "6\n"
+    files.close()

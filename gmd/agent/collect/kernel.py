@@ -250,12 +250,69 @@ def _read(path: Path) -> str:
         raise KernelReadError(f"{path}: {exc.strerror or exc}") from None
 
 
-def _parsed(path: Path, parse: Callable[[str], Any]) -> Any:
-    text = _read(path)
+class OpenFiles:
+    """Counter files kept open between ticks, each read again from its start.
+
+    cgroupfs, sysfs and procfs make a file's content anew when it is read from offset 0, so
+    one ``pread`` per file and tick replaces an open, a read and a close: a third of the
+    syscalls, and no path lookup (the profile of a tick: five opens per VM, ~7.5 µs each).
+    A file that fails to read is closed and opened again by path at its next reading; one not
+    read in a tick (its VM gone, or described anew) is closed by :meth:`sweep`. A removed
+    cgroup's or tap's open file fails to read (ENODEV): no counter of another VM is read
+    through it.
+    """
+
+    CHUNK = 4096
+
+    def __init__(self) -> None:
+        self._fds: dict[Path, int] = {}
+        self._read: set[Path] = set()
+
+    def read(self, path: Path) -> str:
+        fd = self._fds.get(path)
+        try:
+            if fd is None:
+                fd = self._fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            self._read.add(path)
+            data = os.pread(fd, self.CHUNK, 0)
+            while len(data) % self.CHUNK == 0 and data:
+                more = os.pread(fd, self.CHUNK, len(data))
+                if not more:
+                    break
+                data += more
+        except OSError as exc:
+            self._close(path)
+            raise KernelReadError(f"{path}: {exc.strerror or exc}") from None
+        return data.decode()
+
+    def sweep(self) -> None:
+        """Close the files not read since the last sweep."""
+        for path in set(self._fds) - self._read:
+            self._close(path)
+        self._read = set()
+
+    def close(self) -> None:
+        for path in list(self._fds):
+            self._close(path)
+
+    def _close(self, path: Path) -> None:
+        fd = self._fds.pop(path, None)
+        if fd is not None:
+            os.close(fd)
+
+
+def _parsed(path: Path, parse: Callable[[str], Any], read: Callable[[Path], str] = _read) -> Any:
+    text = read(path)
     try:
         return parse(text)
     except (ValueError, IndexError) as exc:
         raise KernelReadError(f"{path}: unexpected content ({exc})") from None
+
+
+@functools.lru_cache(maxsize=4096)
+def _tap_files(sys_class_net: Path, tap: str) -> tuple[Path, Path]:
+    stats = sys_class_net / tap / "statistics"
+    return stats / "rx_bytes", stats / "tx_bytes"
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,31 +333,39 @@ class KernelCounters:
 
 
 def read_counters(
-    sources: KernelSources, *, sys_class_net: Path = SYS_CLASS_NET, page_size: int | None = None
+    sources: KernelSources,
+    *,
+    sys_class_net: Path = SYS_CLASS_NET,
+    page_size: int | None = None,
+    read: Callable[[Path], str] = _read,
 ) -> KernelCounters:
-    """One VM's counters from the kernel's files; :class:`KernelReadError` names the first
-    file that could not be read. Without an io file the disks are left empty."""
+    """One VM's counters from the kernel's files (each read by ``read``, e.g. an
+    :class:`OpenFiles`); :class:`KernelReadError` names the first file that could not be read.
+    Without an io file the disks are left empty."""
     cpu_kind, cpu_path = sources.cgroups.cpu
     cpu_ns = _parsed(
-        cpu_path, parse_cpuacct_usage if cpu_kind is CpuFile.CPUACCT_USAGE else parse_cpu_stat
+        cpu_path,
+        parse_cpuacct_usage if cpu_kind is CpuFile.CPUACCT_USAGE else parse_cpu_stat,
+        read,
     )
-    rss = _parsed(
-        sources.statm,
-        functools.partial(parse_statm_resident, page_size=page_size or os.sysconf("SC_PAGE_SIZE")),
-    )
+    statm = read(sources.statm)
+    try:
+        rss = parse_statm_resident(statm, page_size or os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, IndexError) as exc:
+        raise KernelReadError(f"{sources.statm}: unexpected content ({exc})") from None
     disks: dict[str, tuple[int, int]] = {}
     if sources.cgroups.io is not None:
         io_kind, io_path = sources.cgroups.io
         disks = _parsed(
             io_path,
             parse_blkio_service_bytes if io_kind is IoFile.BLKIO_SERVICE_BYTES else parse_io_stat,
+            read,
         )
     nics = {}
     for tap in sources.taps:
-        stats = sys_class_net / tap / "statistics"
-        host_rx = _parsed(stats / "rx_bytes", int)
-        host_tx = _parsed(stats / "tx_bytes", int)
-        nics[tap] = (host_tx, host_rx)  # the guest receives what the host's tap transmits
+        rx, tx = _tap_files(sys_class_net, tap)
+        # The guest receives what the host's tap transmits.
+        nics[tap] = (_parsed(tx, int, read), _parsed(rx, int, read))
     return KernelCounters(cpu_ns, rss, disks, nics)
 
 
@@ -361,11 +426,13 @@ class KernelCollector:
         )
         self._descriptions: dict[str, KernelDescription] = {}
         self._logged: set[str] = set()
+        self._files = OpenFiles()
 
     def resources(self) -> HostResources | None:
         return self._libvirt.resources()
 
     def close(self) -> None:
+        self._files.close()
         self._libvirt.close()
 
     def collect(self) -> HostReading:
@@ -421,6 +488,7 @@ class KernelCollector:
             errors.extend(more_errors)
         for uuid in set(self._descriptions) - set(listed):
             del self._descriptions[uuid]
+        self._files.sweep()
         self._logged &= set(listed)
         return HostReading(
             taken_s,
@@ -472,7 +540,10 @@ class KernelCollector:
             return None
         try:
             c = read_counters(
-                d.sources, sys_class_net=self.sys_class_net, page_size=self._page_size
+                d.sources,
+                sys_class_net=self.sys_class_net,
+                page_size=self._page_size,
+                read=self._files.read,
             )
         except KernelReadError as exc:
             self._cannot(uuid, d, str(exc))
