@@ -348,11 +348,11 @@ def read_counters(
         parse_cpuacct_usage if cpu_kind is CpuFile.CPUACCT_USAGE else parse_cpu_stat,
         read,
     )
-    statm = read(sources.statm)
-    try:
-        rss = parse_statm_resident(statm, page_size or os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, IndexError) as exc:
-        raise KernelReadError(f"{sources.statm}: unexpected content ({exc})") from None
+    rss = _parsed(
+        sources.statm,
+        functools.partial(parse_statm_resident, page_size=page_size or os.sysconf("SC_PAGE_SIZE")),
+        read,
+    )
     disks: dict[str, tuple[int, int]] = {}
     if sources.cgroups.io is not None:
         io_kind, io_path = sources.cgroups.io
