@@ -13,6 +13,9 @@ whose behaviour the kernel command line chooses:
   (169.254.77.7) on its NIC, five a second: the tap is isolated, nothing answers and nothing
   leaves the host.
 - `gmd.role=idle` (the default) only sleeps.
+- `gmd.poweroff_after=S` (with either role) powers the guest off from inside S seconds after its
+  devices are up, as a guest's own `poweroff` does: the kernel's ACPI power-off, a SHUTDOWN
+  event from QEMU, libvirt ending the domain.
 
 Either prints `gmd-guest: ready role=ROLE` on the serial console once its devices are up, or
 `gmd-guest: error ...` when one is missing.
@@ -62,8 +65,12 @@ for m in $(cat /lib/modules/load-order); do
     insmod "/lib/modules/$m.ko" || echo "gmd-guest: error: insmod $m failed"
 done
 role=idle
+poweroff_after=
 for arg in $(cat /proc/cmdline); do
-    case "$arg" in gmd.role=*) role=${arg#gmd.role=} ;; esac
+    case "$arg" in
+    gmd.role=*) role=${arg#gmd.role=} ;;
+    gmd.poweroff_after=*) poweroff_after=${arg#gmd.poweroff_after=} ;;
+    esac
 done
 ip link set lo up
 for _ in $(seq 100); do
@@ -73,6 +80,9 @@ done
 [ -b /dev/vda ] || echo "gmd-guest: error: no /dev/vda"
 [ -e /sys/class/net/eth0 ] || echo "gmd-guest: error: no eth0"
 ip link set eth0 up
+if [ -n "$poweroff_after" ]; then
+    (sleep "$poweroff_after"; echo "gmd-guest: powering off"; poweroff -f) &
+fi
 case "$role" in
 spin)
     ip addr add 169.254.77.7/16 dev eth0

@@ -228,8 +228,9 @@ def _new_guest(role: str, pid: int, workdir: Path, index: int | None = None) -> 
     )
 
 
-def domain_xml(guest: Guest, kernel: Path, initrd: Path) -> str:
-    """The persistent definition: Nova-style metadata, TCG, kernel boot, virtio devices.
+def domain_xml(guest: Guest, kernel: Path, initrd: Path, *, cmdline: str = "") -> str:
+    """The persistent definition: Nova-style metadata, TCG, kernel boot, virtio devices;
+    ``cmdline`` is added to the guest kernel's command line (see tests/guest_image.py).
 
     QEMU runs as root without relabelling (static DAC label): libvirt would otherwise chown
     the shared kernel and initramfs in var/guest/ to its qemu user while the guest runs.
@@ -262,7 +263,7 @@ def domain_xml(guest: Guest, kernel: Path, initrd: Path) -> str:
     <type arch='x86_64' machine='pc'>hvm</type>
     <kernel>{escape(str(kernel))}</kernel>
     <initrd>{escape(str(initrd))}</initrd>
-    <cmdline>console=ttyS0 quiet panic=1 gmd.role={guest.role}</cmdline>
+    <cmdline>console=ttyS0 quiet panic=1 gmd.role={guest.role} {escape(cmdline)}</cmdline>
   </os>
   <features><acpi/></features>
   <clock offset='utc'/>

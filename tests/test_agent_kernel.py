@@ -6,12 +6,14 @@ because a real host cannot be made to lose a cgroup file on demand."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,6 +32,7 @@ from gmd.agent.collect.kernel import (
     parse_cpuacct_usage,
     parse_io_stat,
     parse_mountinfo,
+    parse_net_dev,
     parse_proc_cgroup,
     read_counters,
 )
@@ -113,6 +116,17 @@ def _v1_tree(root: Path, *, cpu_ns: int = 7_000_000_123, tap: str = "testnet0") 
     cg = root / "sys/fs/cgroup"
     mountinfo = root / "mountinfo"
     mountinfo.write_text(MOUNTINFO_V1.replace("/sys/fs/cgroup", str(cg)))
+    proc, run = root / "proc", root / "run"
+    _lay_out_domain(root, "test", PID, MACHINE, cpu_ns)
+    (proc / "net").mkdir()
+    (proc / "net" / "dev").write_text(net_dev({"lo": (5, 5), tap: (111, 999)}))
+    return KernelCollector(TEST_URI, proc=proc, run_dir=run, mountinfo=mountinfo)
+
+
+def _lay_out_domain(root: Path, name: str, pid: int, machine: str, cpu_ns: int) -> Path:
+    """Domain ``name``'s QEMU (``pid``) in the v1 groups ``machine``: its pid file, its
+    ``/proc`` files and its counter files. Returns its ``cpuacct.usage``."""
+    cg = root / "sys/fs/cgroup"
     for controller, files in {
         "cpuacct": {"cpuacct.usage": f"{cpu_ns}\n"},
         "blkio": {
@@ -120,22 +134,30 @@ def _v1_tree(root: Path, *, cpu_ns: int = 7_000_000_123, tap: str = "testnet0") 
         },
         "memory": {"memory.stat": "total_rss 1\n"},
     }.items():
-        d = cg / controller / MACHINE
+        d = cg / controller / machine
         d.mkdir(parents=True)
-        for name, text in files.items():
-            (d / name).write_text(text)
-    proc = root / "proc"
-    (proc / str(PID)).mkdir(parents=True)
-    (proc / str(PID) / "cgroup").write_text(PROC_CGROUP_V1)
-    (proc / str(PID) / "statm").write_text("100000 25000 3000 1 0 20000 0\n")
-    run = root / "run"
-    run.mkdir()
-    (run / "test.pid").write_text(f"{PID}")
-    net = root / "net"
-    (net / tap / "statistics").mkdir(parents=True)
-    (net / tap / "statistics" / "rx_bytes").write_text("111\n")
-    (net / tap / "statistics" / "tx_bytes").write_text("999\n")
-    return KernelCollector(TEST_URI, proc=proc, sys_class_net=net, run_dir=run, mountinfo=mountinfo)
+        for file, text in files.items():
+            (d / file).write_text(text)
+    proc = root / "proc" / str(pid)
+    proc.mkdir(parents=True)
+    (proc / "cgroup").write_text(PROC_CGROUP_V1.replace(MACHINE, machine))
+    (proc / "statm").write_text("100000 25000 3000 1 0 20000 0\n")
+    (root / "run").mkdir(exist_ok=True)
+    (root / "run" / f"{name}.pid").write_text(f"{pid}")
+    return cg / "cpuacct" / machine / "cpuacct.usage"
+
+
+def net_dev(counters: dict[str, tuple[int, int]]) -> str:
+    """A ``/proc/net/dev`` with these interfaces' (received, transmitted) bytes."""
+    head = (
+        "Inter-|   Receive                                                |  Transmit\n"
+        " face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets"
+        " errs drop fifo colls carrier compressed\n"
+    )
+    return head + "".join(
+        f"{name:>6}: {rx:>8} 7 0 0 0 0 0 0 {tx:>8} 9 0 0 0 0 0 0\n"
+        for name, (rx, tx) in counters.items()
+    )
 
 
 def test_a_v1_tree_is_read_as_the_guest_sees_it(tmp_path: Path) -> None:
@@ -264,11 +286,12 @@ def test_open_files_read_the_kernels_files_anew_from_their_start() -> None:
     assert parse_cpu(after[cgroup]) > parse_cpu(before[cgroup])
     assert int(after[lo]) >= int(before[lo]) + 1000
     del ballast
-    files.sweep()  # all three were read since the last sweep: kept
+    files.keep_only({statm, cgroup, lo})
     assert _open_fds() == fds
-    files.sweep()  # none read since: closed
-    assert _open_fds() == fds - 3
+    files.keep_only({statm})
+    assert _open_fds() == fds - 2
     files.close()
+    assert _open_fds() == fds - 3
 
 
 def test_an_open_file_that_fails_is_opened_again_by_path(tmp_path: Path) -> None:
@@ -281,3 +304,140 @@ def test_an_open_file_that_fails_is_opened_again_by_path(tmp_path: Path) -> None
     path.write_text("6\n")
     assert files.read(path) == "6\n"
     files.close()
+
+
+def test_parsers_refuse_a_device_they_cannot_read_whole() -> None:
+    with pytest.raises(ValueError, match="Read and Write"):
+        parse_blkio_service_bytes("254:0 Read 5\n254:0 Sync 5\nTotal 5\n")
+    with pytest.raises(ValueError, match="rbytes"):
+        parse_io_stat("254:0 rios=1 rbytes=10 wbytes=20\n")
+    with pytest.raises(ValueError, match="usage_usec"):
+        parse_cpu_stat("user_usec 5\n")
+
+
+def test_net_dev_gives_every_interfaces_bytes_as_the_host_sees_them() -> None:
+    assert parse_net_dev(net_dev({"lo": (1, 2), "tap-x.1": (30, 40)})) == {
+        "lo": (1, 2),
+        "tap-x.1": (30, 40),
+    }
+    # This host's own file: one line per interface in /sys/class/net, all of them read
+    # (the kernel hands a page of lines per read, so a short read is not the end).
+    real = parse_net_dev(OpenFiles().read(Path("/proc/net/dev"), whole=True))
+    assert set(real) == set(os.listdir("/sys/class/net"))
+
+
+def test_a_tick_asks_libvirt_nothing_until_a_domain_starts_or_stops(tmp_path: Path) -> None:
+    """Lifecycle events, from libvirt's test driver (its ``default`` host is shared by the
+    process's connections): the domains are listed again only after one."""
+    import libvirt
+
+    from gmd.agent.libvirt_conn import open_connection
+
+    calls: list[str] = []
+
+    class Counting:
+        def __init__(self, conn: object) -> None:
+            self._conn = conn
+
+        def __getattr__(self, name: str) -> object:
+            calls.append(name)
+            return getattr(self._conn, name)
+
+    collector = _v1_tree(tmp_path)
+    collector._libvirt._opener = lambda uri: Counting(open_connection(uri, read_only=True))
+    other = libvirt.open(TEST_URI)
+    name = f"gmd-events-{os.getpid()}"
+    dom = None
+    try:
+        collector.collect()
+        calls.clear()
+        for _ in range(5):
+            assert {v.uuid for v in collector.collect().vms} == {TEST_UUID}
+        assert "listAllDomains" not in calls, calls
+        dom = other.createXML(
+            f"<domain type='test'><name>{name}</name><memory>65536</memory>"
+            "<os><type>hvm</type></os></domain>"
+        )
+        started = _collect_until(collector, lambda r: dom.UUIDString() in r.listed)
+        assert {v.uuid for v in started.vms} == {TEST_UUID, dom.UUIDString()}
+        assert calls.count("listAllDomains") == 1, calls
+        dom.destroy()
+        stopped = _collect_until(collector, lambda r: dom.UUIDString() not in r.listed)
+        dom = None
+        assert {v.uuid for v in stopped.vms} == {TEST_UUID}
+    finally:
+        if dom is not None:
+            dom.destroy()
+        collector.close()
+        other.close()
+
+
+def test_a_domain_about_to_end_is_read_at_its_event_and_sent_once_it_is_gone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A domain paused (as at the end of an outgoing migration) is read at the event. A tick
+    that reads it again supersedes that reading; once it is gone, the next tick sends the
+    reading of its last moment, dated then, before any other."""
+    import libvirt
+
+    collector = _v1_tree(tmp_path)
+    other = libvirt.open(TEST_URI)
+    name = f"gmd-last-{os.getpid()}"
+    dom = other.createXML(
+        f"<domain type='test'><name>{name}</name><memory>65536</memory>"
+        "<os><type>hvm</type></os></domain>"
+    )
+    uuid = dom.UUIDString()
+    usage = _lay_out_domain(tmp_path, name, PID + 1, f"machine/qemu-{dom.ID()}-{name}", 10**9)
+    caplog.set_level(logging.INFO, logger="gmd.agent.collect.kernel")
+
+    def read_at_event(times: int) -> None:
+        deadline = time.monotonic() + 10
+        while (
+            sum(f"{uuid} ({name}) SUSPENDED: its counters read" in m for m in caplog.messages)
+            < times
+        ):
+            assert time.monotonic() < deadline, caplog.messages
+            time.sleep(0.01)
+
+    try:
+        first = collector.collect()
+        assert uuid in {v.uuid for v in first.vms} and uuid not in first.fallbacks
+        fds = _open_fds()
+        usage.write_text("2000000000\n")
+        dom.suspend()
+        read_at_event(1)
+        # Still there, paused: read again by the tick, the event's reading is superseded.
+        again = collector.collect()
+        assert [v.cpu_time_ns for v in again.vms if v.uuid == uuid] == [2 * 10**9]
+        dom.resume()
+        usage.write_text("3000000000\n")
+        dom.suspend()
+        read_at_event(2)
+        usage.write_text("9000000000\n")  # after its last moment: never read
+        before_end = time.time()
+        dom.destroy()
+        gone = _collect_until(collector, lambda r: uuid not in r.listed)
+        after = collector.collect()
+        assert _open_fds() == fds - 3, "the files of a VM gone were kept open"
+    finally:
+        with contextlib.suppress(libvirt.libvirtError):
+            dom.destroy()
+        collector.close()
+        other.close()
+    last = gone.vms[0]
+    assert (last.uuid, last.cpu_time_ns) == (uuid, 3 * 10**9)
+    assert again.taken_s < last.taken_s < before_end < gone.taken_s
+    assert [v.uuid for v in gone.vms] == [uuid, TEST_UUID]
+    assert uuid not in {v.uuid for v in after.vms}
+
+
+def _collect_until(collector: KernelCollector, done: Callable, timeout_s: float = 10.0) -> Any:
+    """Ticks until ``done(reading)``: events reach the collector on the event loop's thread."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        reading = collector.collect()
+        if done(reading):
+            return reading
+        assert time.monotonic() < deadline, reading
+        time.sleep(0.01)

@@ -3,8 +3,10 @@ the counters (issue 19).
 
 The libvirt collector's ``getAllDomainStats`` asks every QEMU over its monitor socket, every
 tick: ~5–7 ms of libvirtd and QEMU time per VM. The kernel already keeps the same counters, so
-per tick this collector makes one cheap libvirt call (``listAllDomains``: ids and uuids, no
-QEMU involved) and otherwise only reads files:
+per tick this collector reads files, and asks libvirt nothing unless a domain started or
+stopped: it lists the domains (``listAllDomains``: ids and uuids, no QEMU involved) after a
+lifecycle event (:mod:`gmd.agent.collect.lifecycle`) or every ``describe_every_s``. Per VM it
+reads three files, and one file for every VM's network:
 
 - CPU: the domain's cgroup (the parent of QEMU's ``emulator`` cgroup, which also holds the
   ``vcpuN`` cgroups): v1 ``cpuacct.usage`` (ns) when QEMU sits in a cpuacct group, else v2
@@ -17,8 +19,9 @@ QEMU involved) and otherwise only reads files:
   v1 ``memory.stat`` ``total_rss`` (anonymous, huge pages included — ``rss_huge`` is a part of
   it, not an addend) and v2 ``anon`` leave out the shared libraries QEMU maps, ~20 MB per QEMU
   here, charged to whichever cgroup touched them first;
-- network: ``/sys/class/net/<tap>/statistics/{rx,tx}_bytes``, swapped to the guest's view as
-  libvirt swaps them (what the host's tap receives, the guest transmitted);
+- network: the taps' lines of ``/proc/net/dev`` (what libvirt reads for ``net.N.*`` too),
+  swapped to the guest's view as libvirt swaps them (what the host's tap receives, the guest
+  transmitted);
 - disk: the domain cgroup's v1 ``blkio.throttle.io_service_bytes`` or v2 ``io.stat``
   (``rbytes``/``wbytes``), per host block device (``host:MAJ:MIN``). These count what reached
   the host's block layer — not what the guest asked of its virtual disks, as libvirt's
@@ -29,6 +32,14 @@ What the counters need (the QEMU pid from libvirt's pid file, its cgroups from
 ``/proc/<pid>/cgroup`` and the mount table, the taps and the owner from the domain XML) is
 cached per domain and read again every ``describe_every_s``, when the domain's id changes (its
 process restarted) and when a domain appears.
+
+A domain about to end is read at its lifecycle event: when the guest shut down (QEMU has
+stopped its vCPUs and libvirt is about to kill it) or was paused (at the end of an outgoing
+migration), so the use between the last tick and its end is sent with the next tick instead
+of being lost with its process. A domain destroyed outright (``virsh destroy``, Nova deleting
+a running server) gives no such moment: libvirt removes its cgroups before it says it
+stopped, so its use since the last tick (at most one tick's) is lost, as with the libvirt
+collector.
 
 A VM whose files cannot be read is read through libvirt for the tick (the reading's
 ``fallbacks`` names it; the agent counts them; logged once per VM). Because the two collectors'
@@ -44,23 +55,30 @@ import dataclasses
 import functools
 import logging
 import os
+import re
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, NamedTuple
 
 import libvirt
 
 from gmd.agent.collect.base import HostReading, HostResources, Ownership, VmReading
 from gmd.agent.collect.libvirt import LibvirtCollector, describe
+from gmd.agent.collect.lifecycle import (
+    LAST_MOMENTS,
+    Lifecycle,
+    LifecycleWatch,
+    start_event_loop,
+)
 from gmd.agent.libvirt_conn import CONNECTION_LOST, DOMAIN_GONE, open_connection
 
 log = logging.getLogger(__name__)
 
 PROC = Path("/proc")
-SYS_CLASS_NET = Path("/sys/class/net")
 LIBVIRT_QEMU_RUN = Path("/run/libvirt/qemu")
 """where the system QEMU driver writes ``<domain name>.pid``"""
 EMULATOR = "emulator"
@@ -201,44 +219,42 @@ def parse_cpuacct_usage(text: str) -> int:
     return int(text.strip())
 
 
-def _keyed(text: str) -> dict[str, str]:
-    return dict(line.split(None, 1) for line in text.splitlines() if " " in line)
-
-
 def parse_cpu_stat(text: str) -> int:
     """v2 ``cpu.stat``'s ``usage_usec``, as nanoseconds."""
-    usec = _keyed(text).get("usage_usec")
-    if usec is None:
-        raise ValueError("no usage_usec")
-    return int(usec) * 1000
+    fields = text.split()
+    try:
+        return int(fields[fields.index("usage_usec") + 1]) * 1000
+    except ValueError:
+        raise ValueError("no usage_usec") from None
 
 
 def parse_statm_resident(text: str, page_size: int) -> int:
     """``/proc/<pid>/statm``'s second field (resident pages), in bytes."""
-    return int(text.split()[1]) * page_size
+    return int(text.split(None, 2)[1]) * page_size
+
+
+# The parsers below run for every VM and tick: one regular expression each, which finds every
+# device in one call. The kernel prints a device's lines (v1: Read, Write, Sync, Async,
+# Discard, Total) and fields (v2: rbytes= wbytes= rios= …) in a fixed order; a file with a
+# device the expression does not match is an error rather than a VM without disk I/O.
+_BLKIO_DEVICE = re.compile(r"^(\S+) Read (\d+)\n\1 Write (\d+)$", re.M)
+_IO_STAT_DEVICE = re.compile(r"^(\S+) rbytes=(\d+) wbytes=(\d+)", re.M)
 
 
 def parse_blkio_service_bytes(text: str) -> dict[str, tuple[int, int]]:
     """v1 ``blkio.throttle.io_service_bytes``: ``{"host:MAJ:MIN": (read, written)}``. A device
     appears once it has done I/O; the ``Total`` line is the sum of the others."""
-    out: dict[str, list[int]] = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) != 3 or parts[1] not in ("Read", "Write"):
-            continue
-        pair = out.setdefault(f"host:{parts[0]}", [0, 0])
-        pair[parts[1] == "Write"] = int(parts[2])
-    return {dev: (r, w) for dev, (r, w) in out.items()}
+    out = {f"host:{dev}": (int(r), int(w)) for dev, r, w in _BLKIO_DEVICE.findall(text)}
+    if len(out) != text.count(" Read "):
+        raise ValueError("a device without its Read and Write lines")
+    return out
 
 
 def parse_io_stat(text: str) -> dict[str, tuple[int, int]]:
     """v2 ``io.stat``: ``{"host:MAJ:MIN": (rbytes, wbytes)}``."""
-    out = {}
-    for line in text.splitlines():
-        dev, _, rest = line.partition(" ")
-        fields = dict(f.split("=", 1) for f in rest.split() if "=" in f)
-        if dev and "rbytes" in fields and "wbytes" in fields:
-            out[f"host:{dev}"] = (int(fields["rbytes"]), int(fields["wbytes"]))
+    out = {f"host:{dev}": (int(r), int(w)) for dev, r, w in _IO_STAT_DEVICE.findall(text)}
+    if len(out) != text.count(" rbytes="):
+        raise ValueError("a device line without rbytes= and wbytes=")
     return out
 
 
@@ -256,40 +272,46 @@ class OpenFiles:
     cgroupfs, sysfs and procfs make a file's content anew when it is read from offset 0, so
     one ``pread`` per file and tick replaces an open, a read and a close: a third of the
     syscalls, and no path lookup (the profile of a tick: five opens per VM, ~7.5 µs each).
-    A file that fails to read is closed and opened again by path at its next reading; one not
-    read in a tick (its VM gone, or described anew) is closed by :meth:`sweep`. A removed
-    cgroup's or tap's open file fails to read (ENODEV): no counter of another VM is read
-    through it.
+    A file that fails to read is closed and opened again by path at its next reading; the
+    files of VMs gone or described anew are closed by :meth:`keep_only`. A removed cgroup's
+    open file fails to read (ENODEV): no counter of another VM is read through it.
+
+    A counter file is one record, which the kernel hands out whole up to the size asked: a
+    read shorter than ``CHUNK`` is the end. A file of many records (``/proc/net/dev``) comes a
+    page's worth of whole records at a time, shorter than asked: ``whole=True`` reads it to
+    its end.
     """
 
     CHUNK = 4096
 
     def __init__(self) -> None:
         self._fds: dict[Path, int] = {}
-        self._read: set[Path] = set()
 
-    def read(self, path: Path) -> str:
+    def read(self, path: Path, *, whole: bool = False) -> str:
         fd = self._fds.get(path)
         try:
             if fd is None:
                 fd = self._fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            self._read.add(path)
             data = os.pread(fd, self.CHUNK, 0)
-            while len(data) % self.CHUNK == 0 and data:
-                more = os.pread(fd, self.CHUNK, len(data))
-                if not more:
-                    break
-                data += more
+            if whole or len(data) == self.CHUNK:
+                data = self._rest(fd, data, whole)
         except OSError as exc:
             self._close(path)
             raise KernelReadError(f"{path}: {exc.strerror or exc}") from None
         return data.decode()
 
-    def sweep(self) -> None:
-        """Close the files not read since the last sweep."""
-        for path in set(self._fds) - self._read:
+    def _rest(self, fd: int, data: bytes, whole: bool) -> bytes:
+        while data and (whole or len(data) % self.CHUNK == 0):
+            more = os.pread(fd, self.CHUNK, len(data))
+            if not more:
+                break
+            data += more
+        return data
+
+    def keep_only(self, paths: Set[Path]) -> None:
+        """Close the files not among ``paths``."""
+        for path in set(self._fds) - paths:
             self._close(path)
-        self._read = set()
 
     def close(self) -> None:
         for path in list(self._fds):
@@ -301,18 +323,16 @@ class OpenFiles:
             os.close(fd)
 
 
-def _parsed(path: Path, parse: Callable[[str], Any], read: Callable[[Path], str] = _read) -> Any:
-    text = read(path)
-    try:
-        return parse(text)
-    except (ValueError, IndexError) as exc:
-        raise KernelReadError(f"{path}: unexpected content ({exc})") from None
-
-
-@functools.lru_cache(maxsize=4096)
-def _tap_files(sys_class_net: Path, tap: str) -> tuple[Path, Path]:
-    stats = sys_class_net / tap / "statistics"
-    return stats / "rx_bytes", stats / "tx_bytes"
+def parse_net_dev(text: str) -> dict[str, tuple[int, int]]:
+    """``/proc/net/dev``: ``{interface: (received, transmitted)}`` bytes, as the host sees
+    them. Two header lines, then ``name: rx_bytes rx_packets … (8 fields) tx_bytes …``."""
+    out = {}
+    for line in text.splitlines()[2:]:
+        name, sep, rest = line.partition(":")
+        fields = rest.split()
+        if sep and len(fields) >= 9:
+            out[name.strip()] = (int(fields[0]), int(fields[8]))
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,8 +344,9 @@ class KernelSources:
     taps: tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class KernelCounters:
+class KernelCounters(NamedTuple):
+    """One VM's counters as :func:`read_counters` read them (a tuple: made per VM and tick)."""
+
     cpu_time_ns: int
     memory_rss_bytes: int
     disks: dict[str, tuple[int, int]]
@@ -335,37 +356,40 @@ class KernelCounters:
 def read_counters(
     sources: KernelSources,
     *,
-    sys_class_net: Path = SYS_CLASS_NET,
+    net: Mapping[str, tuple[int, int]] | None = None,
     page_size: int | None = None,
     read: Callable[[Path], str] = _read,
 ) -> KernelCounters:
     """One VM's counters from the kernel's files (each read by ``read``, e.g. an
-    :class:`OpenFiles`); :class:`KernelReadError` names the first file that could not be read.
-    Without an io file the disks are left empty."""
-    cpu_kind, cpu_path = sources.cgroups.cpu
-    cpu_ns = _parsed(
-        cpu_path,
-        parse_cpuacct_usage if cpu_kind is CpuFile.CPUACCT_USAGE else parse_cpu_stat,
-        read,
-    )
-    rss = _parsed(
-        sources.statm,
-        functools.partial(parse_statm_resident, page_size=page_size or os.sysconf("SC_PAGE_SIZE")),
-        read,
-    )
-    disks: dict[str, tuple[int, int]] = {}
-    if sources.cgroups.io is not None:
-        io_kind, io_path = sources.cgroups.io
-        disks = _parsed(
-            io_path,
-            parse_blkio_service_bytes if io_kind is IoFile.BLKIO_SERVICE_BYTES else parse_io_stat,
-            read,
-        )
+    :class:`OpenFiles`) and the host's interface counters ``net`` (:func:`parse_net_dev`,
+    read once per tick for every VM); :class:`KernelReadError` names the first file that
+    could not be read or parsed. Without an io file the disks are left empty."""
+    cpu_kind, path = sources.cgroups.cpu
+    try:
+        text = read(path)
+        if cpu_kind is CpuFile.CPUACCT_USAGE:
+            cpu_ns = parse_cpuacct_usage(text)
+        else:
+            cpu_ns = parse_cpu_stat(text)
+        path = sources.statm
+        rss = parse_statm_resident(read(path), page_size or os.sysconf("SC_PAGE_SIZE"))
+        disks: dict[str, tuple[int, int]] = {}
+        if sources.cgroups.io is not None:
+            io_kind, path = sources.cgroups.io
+            text = read(path)
+            if io_kind is IoFile.BLKIO_SERVICE_BYTES:
+                disks = parse_blkio_service_bytes(text)
+            else:
+                disks = parse_io_stat(text)
+    except (ValueError, IndexError) as exc:
+        raise KernelReadError(f"{path}: unexpected content ({exc})") from None
     nics = {}
     for tap in sources.taps:
-        rx, tx = _tap_files(sys_class_net, tap)
+        host = None if net is None else net.get(tap)
+        if host is None:
+            raise KernelReadError(f"interface {tap} is not among the host's (/proc/net/dev)")
         # The guest receives what the host's tap transmits.
-        nics[tap] = (_parsed(tx, int, read), _parsed(rx, int, read))
+        nics[tap] = (host[1], host[0])
     return KernelCounters(cpu_ns, rss, disks, nics)
 
 
@@ -390,8 +414,8 @@ class KernelDescription:
 class KernelCollector:
     """Reads every running domain's counters from the kernel (see the module docstring).
 
-    ``opener`` opens the libvirt connection (read-only by default); ``proc``, ``sys_class_net``,
-    ``run_dir`` and ``mountinfo`` point at the files, for tests on a laid-out tree.
+    ``opener`` opens the libvirt connection (read-only by default); ``proc``, ``run_dir`` and
+    ``mountinfo`` point at the files, for tests on a laid-out tree.
     """
 
     def __init__(
@@ -405,16 +429,18 @@ class KernelCollector:
         describe_every_s: float = 300.0,
         backoff_max_s: float = 60.0,
         proc: Path = PROC,
-        sys_class_net: Path = SYS_CLASS_NET,
         run_dir: Path = LIBVIRT_QEMU_RUN,
         mountinfo: Path | None = None,
     ) -> None:
         self.default_customer = default_customer
         self._clock, self._monotonic = clock, monotonic
         self.describe_every_s = describe_every_s
-        self.proc, self.sys_class_net, self.run_dir = proc, sys_class_net, run_dir
+        self.proc, self.run_dir = proc, run_dir
+        self.net_dev = proc / "net" / "dev"
         self.mountinfo = mountinfo or proc / "self" / "mountinfo"
         self._page_size = os.sysconf("SC_PAGE_SIZE")
+        # Before the connection is opened: a connection opened earlier delivers no events.
+        start_event_loop()
         self._libvirt = LibvirtCollector(
             uri,
             default_customer=default_customer,
@@ -424,42 +450,68 @@ class KernelCollector:
             describe_every_s=describe_every_s,
             backoff_max_s=backoff_max_s,
         )
+        self._events = LifecycleWatch(self._on_event)
+        self._domains: dict[str, tuple[Any, int]] = {}
+        """uuid → (domain, its id) at the last listing"""
+        self._listed_s: float | None = None
         self._descriptions: dict[str, KernelDescription] = {}
+        self._last: dict[str, VmReading] = {}
+        """readings taken at a lifecycle event, not yet superseded or sent (see _on_event)"""
         self._logged: set[str] = set()
         self._files = OpenFiles()
+        self._lock = threading.Lock()
+        """held while the files are read, by a tick or at an event: the two readings of one
+        VM are then in the order of their times"""
 
     def resources(self) -> HostResources | None:
         return self._libvirt.resources()
 
     def close(self) -> None:
-        self._files.close()
+        self._events.unwatch()
+        with self._lock:
+            self._files.close()
         self._libvirt.close()
 
     def collect(self) -> HostReading:
         lv = self._libvirt
         conn = lv.connection()
+        if conn is not None and self._events.closed:
+            self._events.unwatch()
+            lv.lost("the connection closed", "waiting for events")
+            conn = None
         if conn is None:
             return HostReading(self._clock(), False, errors=(lv.down_reason,))
-        try:
-            domains = conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE)
-        except libvirt.libvirtError as exc:
-            lv.lost(exc, "listing domains")
-            return HostReading(self._clock(), False, errors=(lv.down_reason,))
+        self._events.watch(conn)
+        if (
+            self._events.take_changed()
+            or self._listed_s is None
+            or self._monotonic() - self._listed_s >= self.describe_every_s
+        ):
+            try:
+                domains = conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE)
+            except libvirt.libvirtError as exc:
+                self._events.unwatch()
+                lv.lost(exc, "listing domains")
+                return HostReading(self._clock(), False, errors=(lv.down_reason,))
+            # A domain's id changes only with its process, which sends events: kept with it.
+            self._domains = {dom.UUIDString(): (dom, dom.ID()) for dom in domains}
+            self._listed_s = self._monotonic()
+        with self._lock:
+            return self._read(self._domains)
+
+    def _read(self, listed: dict[str, tuple[Any, int]]) -> HostReading:
+        lv = self._libvirt
         taken_s = self._clock()
-        listed = {dom.UUIDString(): dom for dom in domains}
+        describe_before = self._monotonic() - self.describe_every_s
         vms: list[VmReading] = []
         gone: set[str] = set()
         errors: list[str] = []
         fallback: dict[str, Any] = {}
         mounts: CgroupMounts | None = None
-        for uuid, dom in listed.items():
-            run_id = dom.ID()
+        net = self._net()
+        for uuid, (dom, run_id) in listed.items():
             d = self._descriptions.get(uuid)
-            if (
-                d is None
-                or d.run_id != run_id
-                or self._monotonic() - d.fetched_s >= (self.describe_every_s)
-            ):
+            if d is None or d.run_id != run_id or d.fetched_s <= describe_before:
                 try:
                     xml = dom.XMLDesc(0)
                 except libvirt.libvirtError as exc:
@@ -468,6 +520,7 @@ class KernelCollector:
                         gone.add(uuid)
                         continue
                     if code in CONNECTION_LOST:
+                        self._events.unwatch()
                         lv.lost(exc, f"describing domain {uuid}")
                         return HostReading(taken_s, False, errors=(lv.down_reason,))
                     errors.append(f"domain {uuid}: {exc}")
@@ -476,7 +529,7 @@ class KernelCollector:
                     mounts = self._mounts()
                 d = self._describe(xml, run_id, d, mounts)
                 self._descriptions[uuid] = d
-            reading = self._kernel_reading(uuid, d, taken_s)
+            reading = self._kernel_reading(uuid, d, taken_s, net)
             if reading is None:
                 fallback[uuid] = dom
             else:
@@ -486,10 +539,13 @@ class KernelCollector:
             vms.extend(more)
             gone |= more_gone
             errors.extend(more_errors)
-        for uuid in set(self._descriptions) - set(listed):
+        vms = self._last_moments(vms, listed, gone) + vms
+        stale = self._descriptions.keys() - listed.keys()
+        for uuid in stale:
             del self._descriptions[uuid]
-        self._files.sweep()
-        self._logged &= set(listed)
+        if stale or mounts is not None:  # a VM gone or described (anew): its files may be too
+            self._files.keep_only(self._paths())
+            self._logged &= listed.keys()
         return HostReading(
             taken_s,
             True,
@@ -499,6 +555,80 @@ class KernelCollector:
             tuple(errors),
             fallbacks=frozenset(fallback) - gone,
         )
+
+    def _paths(self) -> set[Path]:
+        """The files the described VMs are read from."""
+        out = {self.net_dev}
+        for d in self._descriptions.values():
+            if d.sources is not None:
+                out.add(d.sources.cgroups.cpu[1])
+                out.add(d.sources.statm)
+                if d.sources.cgroups.io is not None:
+                    out.add(d.sources.cgroups.io[1])
+        return out
+
+    def _net(self) -> Mapping[str, tuple[int, int]] | None:
+        """Every interface's counters, one file for all the VMs' taps; ``None`` (each VM with
+        a tap then falls back) when it cannot be read."""
+        try:
+            return parse_net_dev(self._files.read(self.net_dev, whole=True))
+        except (KernelReadError, ValueError, IndexError) as exc:
+            log.warning("cannot read the host's interface counters: %s", exc)
+            return None
+
+    def _on_event(self, uuid: str, kind: Lifecycle, dom: Any) -> None:
+        """On the event loop's thread. A domain about to end (:data:`LAST_MOMENTS`) is read
+        at once, so the use between the last tick and its end is not lost with its process.
+        The reading is kept until a tick supersedes it (the domain still runs) or sends it
+        (the domain is gone, or runs as another process, see :meth:`_last_moments`)."""
+        log.debug("domain %s: %s", uuid, kind.name)
+        if kind not in LAST_MOMENTS:
+            return
+        d = self._descriptions.get(uuid)
+        if d is None or d.sources is None or d.disk_source is not DiskSource.KERNEL:
+            return
+        with self._lock:
+            if d.run_id != dom.ID():
+                return
+            taken_s = self._clock()
+            try:
+                c = read_counters(
+                    d.sources, net=self._net(), page_size=self._page_size, read=self._files.read
+                )
+            except KernelReadError as exc:
+                log.info("domain %s (%s) %s: too late to read: %s", uuid, d.name, kind.name, exc)
+                return
+            self._last[uuid] = VmReading(
+                uuid,
+                d.run_id,
+                taken_s,
+                c.cpu_time_ns,
+                c.memory_rss_bytes,
+                c.disks,
+                c.nics,
+                d.owner,
+                d.name,
+            )
+        log.info("domain %s (%s) %s: its counters read", uuid, d.name, kind.name)
+
+    def _last_moments(
+        self, vms: list[VmReading], listed: Mapping[str, tuple[Any, int]], gone: set[str]
+    ) -> list[VmReading]:
+        """The readings taken at events that this tick sends: those of a process that this
+        tick did not read and that no longer runs. One that this tick read again is
+        superseded (its times are before the tick's: the lock orders them); one still running
+        but not read this tick waits for the next. They go before the tick's readings: a VM
+        restarted since reads its old process's end before its new process."""
+        out = []
+        read = {(v.uuid, v.run_id) for v in vms}
+        for uuid, last in list(self._last.items()):
+            if (uuid, last.run_id) in read:
+                del self._last[uuid]
+                continue
+            running = uuid in listed and uuid not in gone and listed[uuid][1] == last.run_id
+            if not running:
+                out.append(self._last.pop(uuid))
+        return out
 
     def _mounts(self) -> CgroupMounts:
         try:
@@ -530,7 +660,13 @@ class KernelCollector:
             run_id, self._monotonic(), name, owner, sources, problem, disk_source
         )
 
-    def _kernel_reading(self, uuid: str, d: KernelDescription, taken_s: float) -> VmReading | None:
+    def _kernel_reading(
+        self,
+        uuid: str,
+        d: KernelDescription,
+        taken_s: float,
+        net: Mapping[str, tuple[int, int]] | None,
+    ) -> VmReading | None:
         """The VM's reading from the kernel, or ``None`` when it must be read through libvirt
         this tick. The first reading of a process decides where its disk counters come from."""
         if d.sources is None:
@@ -541,7 +677,7 @@ class KernelCollector:
         try:
             c = read_counters(
                 d.sources,
-                sys_class_net=self.sys_class_net,
+                net=net,
                 page_size=self._page_size,
                 read=self._files.read,
             )

@@ -185,7 +185,7 @@ class LibvirtCollector:
         self.down_reason = f"{reason}; retrying in {delay:g} s"
         log.warning("%s", self.down_reason)
 
-    def lost(self, exc: libvirt.libvirtError, during: str) -> None:
+    def lost(self, exc: libvirt.libvirtError | str, during: str) -> None:
         """Drop a connection that failed ``during`` something; the next one waits a backoff."""
         conn, self._conn = self._conn, None
         with contextlib.suppress(libvirt.libvirtError):
