@@ -19,12 +19,13 @@ import pytest
 
 from gmd.agent.collect.kernel import (
     CgroupMounts,
+    CounterFiles,
     CpuFile,
     IoFile,
+    KeptFile,
     KernelCollector,
     KernelReadError,
     KernelSources,
-    OpenFiles,
     domain_cgroup,
     locate,
     parse_blkio_service_bytes,
@@ -34,7 +35,6 @@ from gmd.agent.collect.kernel import (
     parse_mountinfo,
     parse_net_dev,
     parse_proc_cgroup,
-    read_counters,
 )
 
 TEST_URI = "test:///default"
@@ -183,7 +183,7 @@ def test_a_v2_tree_reads_cpu_stat_and_io_stat(tmp_path: Path) -> None:
     (cg / "io.stat").write_text("254:0 rbytes=10 wbytes=20 rios=1 wios=1 dbytes=0 dios=0\n")
     (tmp_path / "statm").write_text("1 2 3 4 5 6 7\n")
     files = locate(parse_proc_cgroup(PROC_CGROUP_V2), CgroupMounts({}, tmp_path))
-    counters = read_counters(KernelSources(files, tmp_path / "statm", ()), page_size=PAGE)
+    counters = CounterFiles(KernelSources(files, tmp_path / "statm", ())).read({}, PAGE)
     assert counters.cpu_time_ns == 4_321_000
     assert counters.memory_rss_bytes == 2 * PAGE
     assert counters.disks == {"host:254:0": (10, 20)}
@@ -195,7 +195,7 @@ def test_a_v2_cpu_stat_without_usage_is_an_error_naming_the_file(tmp_path: Path)
     (cg / "cpu.stat").write_text("nr_periods 0\n")
     files = locate(parse_proc_cgroup(PROC_CGROUP_V2), CgroupMounts({}, tmp_path))
     with pytest.raises(KernelReadError, match=r"cpu\.stat: unexpected content"):
-        read_counters(KernelSources(files, tmp_path / "statm", ()), page_size=PAGE)
+        CounterFiles(KernelSources(files, tmp_path / "statm", ())).read({}, PAGE)
 
 
 def test_a_missing_file_falls_back_to_libvirt_for_the_tick_counted_and_logged_once(
@@ -266,11 +266,11 @@ def _open_fds() -> int:
 def test_open_files_read_the_kernels_files_anew_from_their_start() -> None:
     """procfs, cgroupfs and sysfs each make their content again at a read from offset 0: the
     counters move between two reads of the same open file."""
-    files = OpenFiles()
     statm = Path("/proc/self/statm")
     cgroup, parse_cpu = _own_cpu_file()
     lo = Path("/sys/class/net/lo/statistics/tx_bytes")
-    before = {path: files.read(path) for path in (statm, cgroup, lo)}
+    files = {path: KeptFile(path) for path in (statm, cgroup, lo)}
+    before = {path: file.read() for path, file in files.items()}
     fds = _open_fds()
     ballast = bytearray(64 << 20)  # touched: 64 MiB more resident
     for i in range(0, len(ballast), 4096):
@@ -280,30 +280,27 @@ def test_open_files_read_the_kernels_files_anew_from_their_start() -> None:
         pass
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
         udp.sendto(b"x" * 1000, ("127.0.0.1", 9))
-    after = {path: files.read(path) for path in (statm, cgroup, lo)}
+    after = {path: file.read() for path, file in files.items()}
     assert _open_fds() == fds, "a second reading opened the files again"
     assert int(after[statm].split()[1]) >= int(before[statm].split()[1]) + (60 << 20) // PAGE
     assert parse_cpu(after[cgroup]) > parse_cpu(before[cgroup])
     assert int(after[lo]) >= int(before[lo]) + 1000
     del ballast
-    files.keep_only({statm, cgroup, lo})
-    assert _open_fds() == fds
-    files.keep_only({statm})
-    assert _open_fds() == fds - 2
-    files.close()
+    for file in files.values():
+        file.close()
     assert _open_fds() == fds - 3
 
 
 def test_an_open_file_that_fails_is_opened_again_by_path(tmp_path: Path) -> None:
-    files = OpenFiles()
     path = tmp_path / "usage"
+    file = KeptFile(path)
     with pytest.raises(KernelReadError, match="usage: No such file"):
-        files.read(path)
+        file.read()
     path.write_text("5\n")
-    assert files.read(path) == "5\n"
+    assert file.read() == "5\n"
     path.write_text("6\n")
-    assert files.read(path) == "6\n"
-    files.close()
+    assert file.read() == "6\n"
+    file.close()
 
 
 def test_parsers_refuse_a_device_they_cannot_read_whole() -> None:
@@ -322,7 +319,7 @@ def test_net_dev_gives_every_interfaces_bytes_as_the_host_sees_them() -> None:
     }
     # This host's own file: one line per interface in /sys/class/net, all of them read
     # (the kernel hands a page of lines per read, so a short read is not the end).
-    real = parse_net_dev(OpenFiles().read(Path("/proc/net/dev"), whole=True))
+    real = parse_net_dev(KeptFile(Path("/proc/net/dev")).read(whole=True))
     assert set(real) == set(os.listdir("/sys/class/net"))
 
 

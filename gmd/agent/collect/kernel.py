@@ -58,7 +58,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping, Set
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path, PurePosixPath
@@ -266,15 +266,15 @@ def _read(path: Path) -> str:
         raise KernelReadError(f"{path}: {exc.strerror or exc}") from None
 
 
-class OpenFiles:
-    """Counter files kept open between ticks, each read again from its start.
+class KeptFile:
+    """A counter file kept open between ticks and read again from its start.
 
     cgroupfs, sysfs and procfs make a file's content anew when it is read from offset 0, so
     one ``pread`` per file and tick replaces an open, a read and a close: a third of the
     syscalls, and no path lookup (the profile of a tick: five opens per VM, ~7.5 µs each).
-    A file that fails to read is closed and opened again by path at its next reading; the
-    files of VMs gone or described anew are closed by :meth:`keep_only`. A removed cgroup's
-    open file fails to read (ENODEV): no counter of another VM is read through it.
+    A file that fails to read is closed and opened again by path at its next reading. A
+    removed cgroup's open file fails to read (ENODEV): no counter of another VM is read
+    through it.
 
     A counter file is one record, which the kernel hands out whole up to the size asked: a
     read shorter than ``CHUNK`` is the end. A file of many records (``/proc/net/dev``) comes a
@@ -282,45 +282,32 @@ class OpenFiles:
     its end.
     """
 
+    __slots__ = ("_fd", "path")
     CHUNK = 4096
 
-    def __init__(self) -> None:
-        self._fds: dict[Path, int] = {}
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd = -1
 
-    def read(self, path: Path, *, whole: bool = False) -> str:
-        fd = self._fds.get(path)
+    def read(self, *, whole: bool = False) -> str:
         try:
-            if fd is None:
-                fd = self._fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            data = os.pread(fd, self.CHUNK, 0)
-            if whole or len(data) == self.CHUNK:
-                data = self._rest(fd, data, whole)
+            if self._fd < 0:
+                self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            data = os.pread(self._fd, self.CHUNK, 0)
+            while data and (whole or len(data) % self.CHUNK == 0):
+                more = os.pread(self._fd, self.CHUNK, len(data))
+                if not more:
+                    break
+                data += more
         except OSError as exc:
-            self._close(path)
-            raise KernelReadError(f"{path}: {exc.strerror or exc}") from None
+            self.close()
+            raise KernelReadError(f"{self.path}: {exc.strerror or exc}") from None
         return data.decode()
 
-    def _rest(self, fd: int, data: bytes, whole: bool) -> bytes:
-        while data and (whole or len(data) % self.CHUNK == 0):
-            more = os.pread(fd, self.CHUNK, len(data))
-            if not more:
-                break
-            data += more
-        return data
-
-    def keep_only(self, paths: Set[Path]) -> None:
-        """Close the files not among ``paths``."""
-        for path in set(self._fds) - paths:
-            self._close(path)
-
     def close(self) -> None:
-        for path in list(self._fds):
-            self._close(path)
-
-    def _close(self, path: Path) -> None:
-        fd = self._fds.pop(path, None)
-        if fd is not None:
-            os.close(fd)
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 def parse_net_dev(text: str) -> dict[str, tuple[int, int]]:
@@ -345,7 +332,8 @@ class KernelSources:
 
 
 class KernelCounters(NamedTuple):
-    """One VM's counters as :func:`read_counters` read them (a tuple: made per VM and tick)."""
+    """One VM's counters as :meth:`CounterFiles.read` read them (a tuple: one per VM and
+    tick)."""
 
     cpu_time_ns: int
     memory_rss_bytes: int
@@ -353,44 +341,50 @@ class KernelCounters(NamedTuple):
     nics: dict[str, tuple[int, int]]
 
 
-def read_counters(
-    sources: KernelSources,
-    *,
-    net: Mapping[str, tuple[int, int]] | None = None,
-    page_size: int | None = None,
-    read: Callable[[Path], str] = _read,
-) -> KernelCounters:
-    """One VM's counters from the kernel's files (each read by ``read``, e.g. an
-    :class:`OpenFiles`) and the host's interface counters ``net`` (:func:`parse_net_dev`,
-    read once per tick for every VM); :class:`KernelReadError` names the first file that
-    could not be read or parsed. Without an io file the disks are left empty."""
-    cpu_kind, path = sources.cgroups.cpu
-    try:
-        text = read(path)
-        if cpu_kind is CpuFile.CPUACCT_USAGE:
-            cpu_ns = parse_cpuacct_usage(text)
-        else:
-            cpu_ns = parse_cpu_stat(text)
-        path = sources.statm
-        rss = parse_statm_resident(read(path), page_size or os.sysconf("SC_PAGE_SIZE"))
-        disks: dict[str, tuple[int, int]] = {}
-        if sources.cgroups.io is not None:
-            io_kind, path = sources.cgroups.io
-            text = read(path)
-            if io_kind is IoFile.BLKIO_SERVICE_BYTES:
-                disks = parse_blkio_service_bytes(text)
-            else:
-                disks = parse_io_stat(text)
-    except (ValueError, IndexError) as exc:
-        raise KernelReadError(f"{path}: unexpected content ({exc})") from None
-    nics = {}
-    for tap in sources.taps:
-        host = None if net is None else net.get(tap)
-        if host is None:
-            raise KernelReadError(f"interface {tap} is not among the host's (/proc/net/dev)")
-        # The guest receives what the host's tap transmits.
-        nics[tap] = (host[1], host[0])
-    return KernelCounters(cpu_ns, rss, disks, nics)
+class CounterFiles:
+    """One VM's counter files (:class:`KernelSources`), kept open while its process lives."""
+
+    __slots__ = ("_cpu", "_cpu_stat", "_io", "_statm", "sources")
+
+    def __init__(self, sources: KernelSources) -> None:
+        self.sources = sources
+        self._cpu = KeptFile(sources.cgroups.cpu[1])
+        self._cpu_stat = sources.cgroups.cpu[0] is CpuFile.CPU_STAT
+        self._statm = KeptFile(sources.statm)
+        io = sources.cgroups.io
+        self._io = None if io is None else (io[0] is IoFile.IO_STAT, KeptFile(io[1]))
+
+    def read(self, net: Mapping[str, tuple[int, int]] | None, page_size: int) -> KernelCounters:
+        """The counters, with the host's interface counters ``net`` (:func:`parse_net_dev`,
+        read once per tick for every VM); :class:`KernelReadError` names the first file that
+        could not be read or parsed. Without an io file the disks are left empty."""
+        file = self._cpu
+        try:
+            text = file.read()
+            cpu_ns = parse_cpu_stat(text) if self._cpu_stat else parse_cpuacct_usage(text)
+            file = self._statm
+            rss = parse_statm_resident(file.read(), page_size)
+            disks: dict[str, tuple[int, int]] = {}
+            if self._io is not None:
+                v2, file = self._io
+                text = file.read()
+                disks = parse_io_stat(text) if v2 else parse_blkio_service_bytes(text)
+        except (ValueError, IndexError) as exc:
+            raise KernelReadError(f"{file.path}: unexpected content ({exc})") from None
+        nics = {}
+        for tap in self.sources.taps:
+            host = None if net is None else net.get(tap)
+            if host is None:
+                raise KernelReadError(f"interface {tap} is not among the host's (/proc/net/dev)")
+            # The guest receives what the host's tap transmits.
+            nics[tap] = (host[1], host[0])
+        return KernelCounters(cpu_ns, rss, disks, nics)
+
+    def close(self) -> None:
+        self._cpu.close()
+        self._statm.close()
+        if self._io is not None:
+            self._io[1].close()
 
 
 # --- the collector -------------------------------------------------------------------------
@@ -404,7 +398,7 @@ class KernelDescription:
     fetched_s: float
     name: str
     owner: Ownership
-    sources: KernelSources | None
+    files: CounterFiles | None
     """``None``: the files could not be located (``problem`` says why): read through libvirt"""
     problem: str = ""
     disk_source: DiskSource | None = None
@@ -458,7 +452,7 @@ class KernelCollector:
         self._last: dict[str, VmReading] = {}
         """readings taken at a lifecycle event, not yet superseded or sent (see _on_event)"""
         self._logged: set[str] = set()
-        self._files = OpenFiles()
+        self._net_dev = KeptFile(self.net_dev)
         self._lock = threading.Lock()
         """held while the files are read, by a tick or at an event: the two readings of one
         VM are then in the order of their times"""
@@ -469,7 +463,10 @@ class KernelCollector:
     def close(self) -> None:
         self._events.unwatch()
         with self._lock:
-            self._files.close()
+            for d in self._descriptions.values():
+                if d.files is not None:
+                    d.files.close()
+            self._net_dev.close()
         self._libvirt.close()
 
     def collect(self) -> HostReading:
@@ -542,9 +539,10 @@ class KernelCollector:
         vms = self._last_moments(vms, listed, gone) + vms
         stale = self._descriptions.keys() - listed.keys()
         for uuid in stale:
-            del self._descriptions[uuid]
-        if stale or mounts is not None:  # a VM gone or described (anew): its files may be too
-            self._files.keep_only(self._paths())
+            files = self._descriptions.pop(uuid).files
+            if files is not None:
+                files.close()
+        if stale:
             self._logged &= listed.keys()
         return HostReading(
             taken_s,
@@ -556,22 +554,11 @@ class KernelCollector:
             fallbacks=frozenset(fallback) - gone,
         )
 
-    def _paths(self) -> set[Path]:
-        """The files the described VMs are read from."""
-        out = {self.net_dev}
-        for d in self._descriptions.values():
-            if d.sources is not None:
-                out.add(d.sources.cgroups.cpu[1])
-                out.add(d.sources.statm)
-                if d.sources.cgroups.io is not None:
-                    out.add(d.sources.cgroups.io[1])
-        return out
-
     def _net(self) -> Mapping[str, tuple[int, int]] | None:
         """Every interface's counters, one file for all the VMs' taps; ``None`` (each VM with
         a tap then falls back) when it cannot be read."""
         try:
-            return parse_net_dev(self._files.read(self.net_dev, whole=True))
+            return parse_net_dev(self._net_dev.read(whole=True))
         except (KernelReadError, ValueError, IndexError) as exc:
             log.warning("cannot read the host's interface counters: %s", exc)
             return None
@@ -585,16 +572,14 @@ class KernelCollector:
         if kind not in LAST_MOMENTS:
             return
         d = self._descriptions.get(uuid)
-        if d is None or d.sources is None or d.disk_source is not DiskSource.KERNEL:
+        if d is None or d.files is None or d.disk_source is not DiskSource.KERNEL:
             return
         with self._lock:
             if d.run_id != dom.ID():
                 return
             taken_s = self._clock()
             try:
-                c = read_counters(
-                    d.sources, net=self._net(), page_size=self._page_size, read=self._files.read
-                )
+                c = d.files.read(self._net(), self._page_size)
             except KernelReadError as exc:
                 log.info("domain %s (%s) %s: too late to read: %s", uuid, d.name, kind.name, exc)
                 return
@@ -655,9 +640,16 @@ class KernelCollector:
                 )
             except KernelReadError as exc:
                 problem = str(exc)
-        disk_source = before.disk_source if before is not None and before.run_id == run_id else None
+        same = before is not None and before.run_id == run_id
+        disk_source = before.disk_source if before is not None and same else None
+        files = before.files if before is not None else None
+        if files is not None and (sources != files.sources or not same):
+            files.close()
+            files = None
+        if files is None and sources is not None:
+            files = CounterFiles(sources)
         return KernelDescription(
-            run_id, self._monotonic(), name, owner, sources, problem, disk_source
+            run_id, self._monotonic(), name, owner, files, problem, disk_source
         )
 
     def _kernel_reading(
@@ -669,22 +661,17 @@ class KernelCollector:
     ) -> VmReading | None:
         """The VM's reading from the kernel, or ``None`` when it must be read through libvirt
         this tick. The first reading of a process decides where its disk counters come from."""
-        if d.sources is None:
+        if d.files is None:
             self._cannot(uuid, d, d.problem)
             return None
         if d.disk_source is DiskSource.LIBVIRT:
             return None
         try:
-            c = read_counters(
-                d.sources,
-                net=net,
-                page_size=self._page_size,
-                read=self._files.read,
-            )
+            c = d.files.read(net, self._page_size)
         except KernelReadError as exc:
             self._cannot(uuid, d, str(exc))
             return None
-        if d.sources.cgroups.io is None:
+        if d.files.sources.cgroups.io is None:
             self._cannot(uuid, d, "QEMU is in no blkio (v1) nor v2 cgroup of its own")
             return None
         d.disk_source = DiskSource.KERNEL
