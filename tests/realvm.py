@@ -228,15 +228,25 @@ def _new_guest(role: str, pid: int, workdir: Path, index: int | None = None) -> 
     )
 
 
-def domain_xml(guest: Guest, kernel: Path, initrd: Path, *, cmdline: str = "") -> str:
+def domain_xml(
+    guest: Guest, kernel: Path, initrd: Path, *, cmdline: str = "", disk_source: str = ""
+) -> str:
     """The persistent definition: Nova-style metadata, TCG, kernel boot, virtio devices;
-    ``cmdline`` is added to the guest kernel's command line (see tests/guest_image.py).
+    ``cmdline`` is added to the guest kernel's command line (see tests/guest_image.py), and
+    ``disk_source`` (a ``<disk type='network'>``'s ``<source>`` element) puts the guest's disk
+    on the network instead of in ``guest.disk``.
 
     QEMU runs as root without relabelling (static DAC label): libvirt would otherwise chown
     the shared kernel and initramfs in var/guest/ to its qemu user while the guest runs.
     """
     q = quoteattr
     mac = "52:54:00:" + ":".join(f"{b:02x}" for b in uuid.UUID(guest.uuid).bytes[:3])
+    kind, source = (
+        ("network", disk_source)
+        if disk_source
+        else ("file", f"<source file={q(str(guest.disk))}/>")
+    )
+    disk = f"<disk type='{kind}' device='disk'><driver name='qemu' type='raw'/>{source}"
     return f"""<domain type='qemu'>
   <name>{escape(guest.name)}</name>
   <uuid>{guest.uuid}</uuid>
@@ -271,9 +281,7 @@ def domain_xml(guest: Guest, kernel: Path, initrd: Path, *, cmdline: str = "") -
   <on_reboot>destroy</on_reboot>
   <on_crash>destroy</on_crash>
   <devices>
-    <disk type='file' device='disk'>
-      <driver name='qemu' type='raw'/>
-      <source file={q(str(guest.disk))}/>
+    {disk}
       <target dev={q(guest.disk_target)} bus='virtio'/>
     </disk>
     <interface type='ethernet'>
@@ -382,10 +390,11 @@ def remove_stale_domains(conn) -> list[str]:
     """Removes gmd-test-* domains whose pytest process is gone (a killed session's)."""
     removed = []
     for dom in conn.listAllDomains():
-        m = re.fullmatch(re.escape(NAME_PREFIX) + r"(\w+)-(\d+)", dom.name())
-        if not m or _alive(int(m.group(2))):
+        m = re.fullmatch(re.escape(NAME_PREFIX) + r"([a-z]+)(\d*)-(\d+)", dom.name())
+        if not m or _alive(int(m.group(3))):
             continue
-        tap = f"gmdt{m.group(2)}{m.group(1)[0]}"
+        role, index, pid = m.groups()
+        tap = f"gmdt{int(pid) % 10**7}{role[0]}{index}"  # as _new_guest names it
         _remove_domain(conn, dom.name(), tap)
         removed.append(dom.name())
     return removed
