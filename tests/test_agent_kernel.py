@@ -21,6 +21,7 @@ from gmd.agent.collect.kernel import (
     CgroupMounts,
     CounterFiles,
     CpuFile,
+    DiskPlan,
     IoFile,
     KeptFile,
     KernelCollector,
@@ -35,6 +36,7 @@ from gmd.agent.collect.kernel import (
     parse_mountinfo,
     parse_net_dev,
     parse_proc_cgroup,
+    plan_disks,
 )
 
 TEST_URI = "test:///default"
@@ -59,6 +61,20 @@ PROC_CGROUP_V1 = f"""\
 1:cpu:/{MACHINE}/emulator
 0::/{MACHINE}/emulator
 """
+# Domain ``test`` of the test driver's default host, its disk opened O_DIRECT (cache='none',
+# as Nova opens local disks): the cgroup counts its bytes. The default host's own ``test``
+# leaves the cache to the host, so its disk is only known to QEMU's block stats.
+NODE_XML = f"""<node><domain type='test'>
+  <name>test</name><uuid>{TEST_UUID}</uuid>
+  <memory unit='KiB'>8388608</memory><currentMemory unit='KiB'>2097152</currentMemory>
+  <vcpu>2</vcpu><os><type arch='i686'>hvm</type></os>
+  <devices>
+    <disk type='file' device='disk'><driver name='qemu' cache='none'/>
+      <source file='/guest/diskimage1'/><target dev='vda' bus='virtio'/></disk>
+    <interface type='ethernet'><mac address='aa:bb:cc:dd:ee:ff'/>
+      <target dev='testnet0'/></interface>
+  </devices>
+</domain></node>"""
 V2_SCOPE = "machine.slice/machine-qemu\\x2d1\\x2dtest.scope/libvirt"
 MOUNTINFO_V2 = "24 30 0:22 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
 PROC_CGROUP_V2 = f"0::/{V2_SCOPE}/emulator\n"
@@ -111,8 +127,11 @@ def test_blkio_and_io_stat_give_read_and_written_bytes_per_device() -> None:
     assert parse_io_stat(io) == {"host:254:0": (5378048, 4096)}
 
 
-def _v1_tree(root: Path, *, cpu_ns: int = 7_000_000_123, tap: str = "testnet0") -> KernelCollector:
-    """A v1 host with domain ``test`` (QEMU pid PID) laid out under ``root``."""
+def _v1_tree(
+    root: Path, *, cpu_ns: int = 7_000_000_123, tap: str = "testnet0", uri: str | None = None
+) -> KernelCollector:
+    """A v1 host with domain ``test`` (QEMU pid PID) laid out under ``root``, read from
+    ``uri`` (default: a test driver host of its own, :data:`NODE_XML`)."""
     cg = root / "sys/fs/cgroup"
     mountinfo = root / "mountinfo"
     mountinfo.write_text(MOUNTINFO_V1.replace("/sys/fs/cgroup", str(cg)))
@@ -120,7 +139,10 @@ def _v1_tree(root: Path, *, cpu_ns: int = 7_000_000_123, tap: str = "testnet0") 
     _lay_out_domain(root, "test", PID, MACHINE, cpu_ns)
     (proc / "net").mkdir()
     (proc / "net" / "dev").write_text(net_dev({"lo": (5, 5), tap: (111, 999)}))
-    return KernelCollector(TEST_URI, proc=proc, run_dir=run, mountinfo=mountinfo)
+    if uri is None:
+        (root / "node.xml").write_text(NODE_XML)
+        uri = f"test://{root / 'node.xml'}"
+    return KernelCollector(uri, proc=proc, run_dir=run, mountinfo=mountinfo)
 
 
 def _lay_out_domain(root: Path, name: str, pid: int, machine: str, cpu_ns: int) -> Path:
@@ -340,7 +362,7 @@ def test_a_tick_asks_libvirt_nothing_until_a_domain_starts_or_stops(tmp_path: Pa
             calls.append(name)
             return getattr(self._conn, name)
 
-    collector = _v1_tree(tmp_path)
+    collector = _v1_tree(tmp_path, uri=TEST_URI)
     collector._libvirt._opener = lambda uri: Counting(open_connection(uri, read_only=True))
     other = libvirt.open(TEST_URI)
     name = f"gmd-events-{os.getpid()}"
@@ -350,7 +372,8 @@ def test_a_tick_asks_libvirt_nothing_until_a_domain_starts_or_stops(tmp_path: Pa
         calls.clear()
         for _ in range(5):
             assert {v.uuid for v in collector.collect().vms} == {TEST_UUID}
-        assert "listAllDomains" not in calls, calls
+        # The default host's ``test`` has a host-cached disk: only its block stats are asked.
+        assert set(calls) == {"domainListGetStats"}, calls
         dom = other.createXML(
             f"<domain type='test'><name>{name}</name><memory>65536</memory>"
             "<os><type>hvm</type></os></domain>"
@@ -377,7 +400,7 @@ def test_a_domain_about_to_end_is_read_at_its_event_and_sent_once_it_is_gone(
     reading of its last moment, dated then, before any other."""
     import libvirt
 
-    collector = _v1_tree(tmp_path)
+    collector = _v1_tree(tmp_path, uri=TEST_URI)
     other = libvirt.open(TEST_URI)
     name = f"gmd-last-{os.getpid()}"
     dom = other.createXML(
@@ -416,7 +439,8 @@ def test_a_domain_about_to_end_is_read_at_its_event_and_sent_once_it_is_gone(
         dom.destroy()
         gone = _collect_until(collector, lambda r: uuid not in r.listed)
         after = collector.collect()
-        assert _open_fds() == fds - 3, "the files of a VM gone were kept open"
+        # Its CPU and statm files (without disks, it has no I/O file to read).
+        assert _open_fds() == fds - 2, "the files of a VM gone were kept open"
     finally:
         with contextlib.suppress(libvirt.libvirtError):
             dom.destroy()
@@ -438,3 +462,38 @@ def _collect_until(collector: KernelCollector, done: Callable, timeout_s: float 
             return reading
         assert time.monotonic() < deadline, reading
         time.sleep(0.01)
+
+
+def _domain(disks: str) -> str:
+    return f"<domain type='kvm'><name>d</name><devices>{disks}</devices></domain>"
+
+
+def _disk(kind: str, dev: str, cache: str | None = None, source: str = "file='/x'") -> str:
+    driver = f"<driver name='qemu' cache='{cache}'/>" if cache else ""
+    return f"<disk type='{kind}'>{driver}<source {source}/><target dev='{dev}'/></disk>"
+
+
+@pytest.mark.parametrize(
+    ("disks", "cgroup", "block_stats"),
+    [
+        # Nova's local disks: O_DIRECT, the cgroup counts them exactly.
+        (_disk("file", "vda", "none") + _disk("block", "vdb", "directsync"), True, ()),
+        # Left to the host's page cache (libvirt's default): QEMU's stats, for every disk.
+        (_disk("file", "vda", "none") + _disk("file", "vdb"), False, ("vda", "vdb")),
+        (_disk("file", "vda", "writethrough"), False, ("vda",)),
+        # Over the network, or a pool's volume that may be: QEMU's stats for those only.
+        (
+            _disk("file", "vda", "none")
+            + _disk("network", "vdb", "writeback", "protocol='rbd' name='pool/img'"),
+            True,
+            ("vdb",),
+        ),
+        (_disk("volume", "vda", "none", "pool='p' volume='v'"), False, ("vda",)),
+        # An empty CD-ROM drive has no counters.
+        ("<disk type='file' device='cdrom'><target dev='sda'/></disk>", False, ()),
+    ],
+)
+def test_each_disk_is_counted_where_its_bytes_can_be_seen(
+    disks: str, cgroup: bool, block_stats: tuple[str, ...]
+) -> None:
+    assert plan_disks(_domain(disks)) == DiskPlan(cgroup, block_stats)

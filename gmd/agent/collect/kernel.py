@@ -388,6 +388,50 @@ class CounterFiles:
             self._io[1].close()
 
 
+DIRECT_CACHE_MODES = frozenset({"none", "directsync"})
+"""Cache modes in which QEMU opens a local disk with ``O_DIRECT``: every guest request reaches
+the host's block layer, so the cgroup counts what the guest asked (measured, see
+``docs/agent.md``). In the others (``writeback``, the default, ``writethrough``, ``unsafe``)
+the host's page cache serves reads and, under cgroup v1, flushes writes from its own threads:
+the cgroup sees little or none of the guest's I/O."""
+LOCAL_DISK_TYPES = frozenset({"file", "block"})
+
+
+@dataclass(frozen=True, slots=True)
+class DiskPlan:
+    """Where a domain's disk bytes are counted: its cgroup's I/O file (``cgroup``), and QEMU's
+    block stats for ``block_stats`` (disk targets). The cgroup cannot tell one disk from
+    another on the same host device, so it counts a domain's disks only when it sees them all
+    exactly; else all of them come from the block stats."""
+
+    cgroup: bool
+    block_stats: tuple[str, ...]
+
+
+def plan_disks(xml: str) -> DiskPlan:
+    """The cgroup for local disks opened ``O_DIRECT`` (:data:`DIRECT_CACHE_MODES`); QEMU's
+    block stats for network disks (RBD, iSCSI, NBD, …: socket I/O, no cgroup file counts it)
+    and storage-pool volumes (which may be either), and for every disk of a domain with a
+    local disk cached by the host."""
+    root = ET.fromstring(xml)
+    local, remote, cached = [], [], False
+    for disk in root.iterfind("devices/disk"):
+        target, source = disk.find("target"), disk.find("source")
+        dev = target.get("dev") if target is not None else None
+        if not dev or source is None or not source.attrib:
+            continue  # an empty drive: no counters
+        if disk.get("type") in LOCAL_DISK_TYPES:
+            local.append(dev)
+            driver = disk.find("driver")
+            cache = driver.get("cache") if driver is not None else None
+            cached = cached or cache not in DIRECT_CACHE_MODES
+        else:
+            remote.append(dev)
+    if cached:
+        return DiskPlan(False, tuple(local + remote))
+    return DiskPlan(bool(local), tuple(remote))
+
+
 # --- the collector -------------------------------------------------------------------------
 
 
@@ -401,22 +445,11 @@ class KernelDescription:
     owner: Ownership
     files: CounterFiles | None
     """``None``: the files could not be located (``problem`` says why): read through libvirt"""
+    disks: DiskPlan
+    """where this domain's disks are counted"""
     problem: str = ""
     disk_source: DiskSource | None = None
     """decided at the first reading of this process, kept across refreshes"""
-    network_disks: tuple[str, ...] = ()
-    """targets of the disks QEMU reaches over the network (read through libvirt)"""
-
-
-def network_disk_targets(xml: str) -> tuple[str, ...]:
-    """The targets (``vdb``) of a domain's ``<disk type='network'>`` disks (RBD, iSCSI, NBD,
-    …): QEMU does their I/O over sockets, so no cgroup I/O file counts it."""
-    root = ET.fromstring(xml)
-    return tuple(
-        dev
-        for disk in root.iterfind("devices/disk[@type='network']")
-        if (target := disk.find("target")) is not None and (dev := target.get("dev"))
-    )
 
 
 class KernelCollector:
@@ -518,7 +551,7 @@ class KernelCollector:
         gone: set[str] = set()
         errors: list[str] = []
         fallback: dict[str, Any] = {}
-        networked: dict[str, Any] = {}
+        stats_disks: dict[str, Any] = {}
         mounts: CgroupMounts | None = None
         net = self._net()
         for uuid, (dom, run_id) in listed.items():
@@ -546,10 +579,10 @@ class KernelCollector:
                 fallback[uuid] = dom
             else:
                 vms.append(reading)
-                if d.network_disks:
-                    networked[uuid] = dom
-        if networked:
-            vms, failed = self._network_disks(conn, networked, vms)
+                if d.disks.block_stats:
+                    stats_disks[uuid] = dom
+        if stats_disks:
+            vms, failed = self._block_stats(conn, stats_disks, vms)
             errors.extend(failed)
         if fallback:
             more, more_gone, more_errors = self._fallback(fallback, taken_s)
@@ -574,13 +607,14 @@ class KernelCollector:
             fallbacks=frozenset(fallback) - gone,
         )
 
-    def _network_disks(
+    def _block_stats(
         self, conn: Any, domains: dict[str, Any], vms: list[VmReading]
     ) -> tuple[list[VmReading], list[str]]:
-        """The network disks' counters of the kernel-read ``domains``, from QEMU's block
-        stats: one bulk call for them all, the only one that reaches QEMU's monitor (two
-        requests per domain). Skips a busy domain (``NOWAIT``); a disk not read this tick keeps
-        its last counters, and its next reading measures from them."""
+        """The counters of the kernel-read ``domains``' disks that their cgroup cannot count
+        (:func:`plan_disks`), from QEMU's block stats: one bulk call for them all, the only
+        one that reaches QEMU's monitor (two requests per domain). Skips a busy domain
+        (``NOWAIT``); a disk not read this tick keeps its last counters, and its next reading
+        measures from them."""
         try:
             pairs = conn.domainListGetStats(
                 list(domains.values()),
@@ -588,13 +622,13 @@ class KernelCollector:
                 libvirt.VIR_CONNECT_GET_ALL_DOMAINS_STATS_NOWAIT,
             )
         except libvirt.libvirtError as exc:
-            why = f"network disks of {len(domains)} VMs not read this tick: {exc}"
+            why = f"the block stats of {len(domains)} VMs not read this tick: {exc}"
             log.warning("%s", why)
             return vms, [why]
         read: dict[str, dict[str, tuple[int, int]]] = {}
         for dom, stats in pairs:
             uuid = dom.UUIDString()
-            wanted = self._descriptions[uuid].network_disks
+            wanted = self._descriptions[uuid].disks.block_stats
             disks = bulk_devices(stats, "block", "rd.bytes", "wr.bytes") or {}
             read[uuid] = {dev: rw for dev, rw in disks.items() if dev in wanted}
         out = [
@@ -675,6 +709,7 @@ class KernelCollector:
         self, xml: str, run_id: int, before: KernelDescription | None, mounts: CgroupMounts
     ) -> KernelDescription:
         name, owner, _disks, nics = describe(xml, self.default_customer)
+        plan = plan_disks(xml)
         sources: KernelSources | None = None
         problem = ""
         try:
@@ -684,9 +719,10 @@ class KernelCollector:
         else:
             try:
                 proc_cgroup = parse_proc_cgroup(_read(self.proc / str(pid) / "cgroup"))
-                sources = KernelSources(
-                    locate(proc_cgroup, mounts), self.proc / str(pid) / "statm", nics
-                )
+                cgroups = locate(proc_cgroup, mounts)
+                if not plan.cgroup:  # its I/O file is not read: no disk is counted there
+                    cgroups = dataclasses.replace(cgroups, io=None)
+                sources = KernelSources(cgroups, self.proc / str(pid) / "statm", nics)
             except KernelReadError as exc:
                 problem = str(exc)
         same = before is not None and before.run_id == run_id
@@ -703,9 +739,9 @@ class KernelCollector:
             name,
             owner,
             files,
+            plan,
             problem,
             disk_source,
-            network_disk_targets(xml),
         )
 
     def _kernel_reading(
@@ -727,7 +763,7 @@ class KernelCollector:
         except KernelReadError as exc:
             self._cannot(uuid, d, str(exc))
             return None
-        if d.files.sources.cgroups.io is None:
+        if d.disks.cgroup and d.files.sources.cgroups.io is None:
             self._cannot(uuid, d, "QEMU is in no blkio (v1) nor v2 cgroup of its own")
             return None
         d.disk_source = DiskSource.KERNEL
