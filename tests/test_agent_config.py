@@ -174,7 +174,7 @@ def test_replay_keys(tmp_path: Path) -> None:
     owners = {"5": "acme", "1": "globex", "99": "other-host's"}
     c = parse_agent({"agent": {**table, "replay_vms": [5, 1], "replay_customers": owners}})
     assert c.replay_customers == owners
-    assert parse_agent({}).collector == "libvirt"
+    assert parse_agent({}).collector == "auto"
 
 
 def test_replay_of_the_shared_traces_parses() -> None:
@@ -187,7 +187,10 @@ def test_replay_of_the_shared_traces_parses() -> None:
 @pytest.mark.parametrize(
     ("table", "message"),
     [
-        ({"collector": "xen"}, "agent.collector: 'xen' is not one of libvirt, kernel, replay"),
+        (
+            {"collector": "xen"},
+            "agent.collector: 'xen' is not one of auto, kernel, libvirt, replay",
+        ),
         ({"collector": "replay"}, 'agent.replay_dir: required with collector = "replay"'),
         (
             {"collector": "replay", "replay_dir": "/nonexistent"},

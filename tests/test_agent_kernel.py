@@ -28,6 +28,7 @@ from gmd.agent.collect.kernel import (
     KernelReadError,
     KernelSources,
     domain_cgroup,
+    kernel_collector_fits,
     locate,
     parse_blkio_service_bytes,
     parse_cpu_stat,
@@ -497,3 +498,21 @@ def test_each_disk_is_counted_where_its_bytes_can_be_seen(
     disks: str, cgroup: bool, block_stats: tuple[str, ...]
 ) -> None:
     assert plan_disks(_domain(disks)) == DiskPlan(cgroup, block_stats)
+
+
+def test_auto_takes_the_kernel_collector_only_for_this_machines_qemu(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    # This machine's /proc: its cgroups are mounted (the tests of this module read them).
+    assert kernel_collector_fits("qemu:///system", run_dir=run) == ""
+    for uri in ("qemu+ssh://other/system", "qemu:///session", "test:///default"):
+        assert "is not this machine's system QEMU driver" in kernel_collector_fits(uri, run_dir=run)
+    assert "does not run here" in kernel_collector_fits("qemu:///system", run_dir=tmp_path / "x")
+    no_cgroups = tmp_path / "proc"
+    (no_cgroups / "self").mkdir(parents=True)
+    (no_cgroups / "self" / "mountinfo").write_text(MOUNTINFO_V2.replace("cgroup2", "tmpfs"))
+    (no_cgroups / "net").mkdir()
+    (no_cgroups / "net" / "dev").write_text(net_dev({"lo": (0, 0)}))
+    assert "no cgroup hierarchy counts CPU" in kernel_collector_fits(
+        "qemu:///system", proc=no_cgroups, run_dir=run
+    )

@@ -135,6 +135,8 @@ def test_once_dry_run_prints_the_batch(tmp_path: Path) -> None:
     assert vms["a1a1a1a1-0000-4000-8000-000000000001"]["disk_read_bytes"] > 0
     assert vms["a1a1a1a1-0000-4000-8000-000000000002"]["network_rx_bytes"] > 0
     assert "nothing was sent or written" in out.stderr
+    # agent.collector is left to "auto": a test driver host is read through libvirt.
+    assert "agent.collector = auto: libvirt's bulk stats (test://" in out.stderr
     assert not spool.exists()
 
 

@@ -66,8 +66,9 @@ def _applier(config: AgentConfig) -> PlanApplier | None:
 
 
 def _libvirt_collector(config: AgentConfig) -> Collector:
-    """The collector that reads the host through libvirt: bulk stats, or the kernel's files
-    for the counters (``agent.collector = "kernel"``)."""
+    """The collector that reads the host through libvirt: the kernel's files for the counters
+    (``agent.collector = "kernel"``, and ``"auto"`` where they can be read), else bulk stats
+    (``"libvirt"``)."""
     try:
         from gmd.agent.collect.libvirt import LibvirtCollector
     except ImportError as exc:
@@ -77,7 +78,17 @@ def _libvirt_collector(config: AgentConfig) -> Collector:
             exc,
         )
         raise typer.Exit(1) from None
-    if config.collector == "kernel":
+    kind = config.collector
+    if kind == "auto":
+        from gmd.agent.collect.kernel import kernel_collector_fits
+
+        why_not = kernel_collector_fits(config.libvirt_uri)
+        kind = "libvirt" if why_not else "kernel"
+        log.info(
+            "agent.collector = auto: %s",
+            f"libvirt's bulk stats ({why_not})" if why_not else "the kernel's counter files",
+        )
+    if kind == "kernel":
         from gmd.agent.collect.kernel import KernelCollector
 
         return KernelCollector(

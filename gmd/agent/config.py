@@ -70,12 +70,15 @@ key                           default                           meaning
                               ``SYSTEMD_TEMPLATE``, v1          fields ``{name}``, ``{uuid}``,
                               ``LIBVIRT_TEMPLATE`` (see         ``{id}``, ``{machine}``,
                               :mod:`gmd.agent.apply.cgroupfs`)       ``{machine_unit}``
-``collector``                 ``"libvirt"``                     where readings come from:
-                                                                ``"libvirt"`` (bulk stats),
-                                                                ``"kernel"`` (cgroup and sysfs
+``collector``                 ``"auto"``                        where readings come from:
+                                                                ``"kernel"`` (cgroup and /proc
                                                                 files, libvirt only to list and
                                                                 describe, see
-                                                                :mod:`gmd.agent.collect.kernel`)
+                                                                :mod:`gmd.agent.collect.kernel`),
+                                                                ``"libvirt"`` (bulk stats: remote
+                                                                or other drivers), ``"auto"``
+                                                                (kernel for this machine's
+                                                                ``qemu:///system``, else libvirt)
                                                                 or ``"replay"`` (recorded traces,
                                                                 see
                                                                 :mod:`gmd.agent.collect.replay`)
@@ -121,7 +124,7 @@ from gmd.common.config import ConfigError, Reader, default_state_dir, read_docum
 from gmd.common.timespec import parse_time
 
 ENFORCE_BACKENDS = ("libvirt", "cgroup", "none")
-COLLECTORS = ("libvirt", "kernel", "replay")
+COLLECTORS = ("auto", "kernel", "libvirt", "replay")
 
 _PRINTABLE = re.compile(r"^[!-~]+$")
 _NAME = re.compile(r"^[^\x00-\x1f]{1,255}$")
@@ -154,7 +157,7 @@ class AgentConfig:
     enforcement_state_path: Path = Path("var/agent-enforcement.json")
     cgroup_root: Path = Path("/sys/fs/cgroup")
     cgroup_template: str | None = None
-    collector: str = "libvirt"
+    collector: str = "auto"
     replay_dir: Path | None = None
     replay_vms: tuple[str, ...] = ()
     """trace names (``N`` of ``N.csv``); empty: every trace in ``replay_dir``"""
@@ -285,7 +288,7 @@ def parse_agent(
 def _replay_keys(a: Reader, path: Path | None) -> dict[str, Any]:
     """The ``collector`` and ``replay_*`` keys. The traces' directory and files must exist
     when the collector is ``"replay"``; the files themselves are read when the replay starts."""
-    collector = a.choice("collector", "libvirt", COLLECTORS)
+    collector = a.choice("collector", "auto", COLLECTORS)
     directory = a.get("replay_dir", str, None)
     replay_dir = None if directory is None else _relative(path, directory)
     if collector == "replay":

@@ -64,6 +64,7 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path, PurePosixPath
 from typing import Any, NamedTuple
+from urllib.parse import urlsplit
 
 import libvirt
 
@@ -430,6 +431,25 @@ def plan_disks(xml: str) -> DiskPlan:
     if cached:
         return DiskPlan(False, tuple(local + remote))
     return DiskPlan(bool(local), tuple(remote))
+
+
+def kernel_collector_fits(uri: str, proc: Path = PROC, run_dir: Path = LIBVIRT_QEMU_RUN) -> str:
+    """Why the kernel collector cannot read this host, or ``""`` when it can: libvirt's
+    system QEMU driver on this machine (its pid files in ``run_dir``, its VMs' files in this
+    machine's ``/proc`` and cgroups), with a cgroup hierarchy that counts CPU."""
+    parts = urlsplit(uri)
+    if parts.scheme != "qemu" or parts.netloc or parts.path.rstrip("/") != "/system":
+        return f"{uri} is not this machine's system QEMU driver (qemu:///system)"
+    if not run_dir.is_dir():
+        return f"no {run_dir}: libvirt's QEMU driver does not run here"
+    try:
+        mounts = parse_mountinfo(_read(proc / "self" / "mountinfo"))
+        _read(proc / "net" / "dev")
+    except KernelReadError as exc:
+        return str(exc)
+    if "cpuacct" not in mounts.v1 and mounts.v2 is None:
+        return "no cgroup hierarchy counts CPU (neither v1 cpuacct nor v2 is mounted)"
+    return ""
 
 
 # --- the collector -------------------------------------------------------------------------
