@@ -23,15 +23,20 @@ reads three files, and one file for every VM's network:
   swapped to the guest's view as libvirt swaps them (what the host's tap receives, the guest
   transmitted);
 - disk: the domain cgroup's v1 ``blkio.throttle.io_service_bytes`` or v2 ``io.stat``
-  (``rbytes``/``wbytes``), per host block device (``host:MAJ:MIN``). These count what reached
-  the host's block layer — not what the guest asked of its virtual disks, as libvirt's
-  ``block.N.rd/wr.bytes`` do: reads served from the host's page cache are missing, writes are
-  counted when written back, and network storage (RBD) does not appear at all.
+  (``rbytes``/``wbytes``), per host block device (``host:MAJ:MIN``), for the local disks QEMU
+  opens ``O_DIRECT`` (``cache='none'``, as Nova opens them, or ``directsync``): every request
+  of the guest reaches the host's block layer, and the cgroup's bytes equal QEMU's own, byte
+  for byte (measured on a real guest). What the cgroup cannot see comes from QEMU's block
+  stats (:func:`plan_disks`): network disks (RBD, iSCSI, NBD: QEMU's socket I/O), volumes of a
+  storage pool, and every disk of a VM with a local disk left to the host's page cache, whose
+  reads the cache serves and whose writes, under cgroup v1, the host flushes from its own
+  threads. Those are asked in one bulk call per tick for just those VMs (``NOWAIT``): the only
+  requests that reach a QEMU's monitor.
 
 What the counters need (the QEMU pid from libvirt's pid file, its cgroups from
 ``/proc/<pid>/cgroup`` and the mount table, the taps and the owner from the domain XML) is
 cached per domain and read again every ``describe_every_s``, when the domain's id changes (its
-process restarted) and when a domain appears.
+process restarted) and when a domain appears; the files are kept open while it runs.
 
 A domain about to end is read at its lifecycle event: when the guest shut down (QEMU has
 stopped its vCPUs and libvirt is about to kill it) or was paused (at the end of an outgoing
@@ -39,12 +44,12 @@ migration), so the use between the last tick and its end is sent with the next t
 of being lost with its process. A domain destroyed outright (``virsh destroy``, Nova deleting
 a running server) gives no such moment: libvirt removes its cgroups before it says it
 stopped, so its use since the last tick (at most one tick's) is lost, as with the libvirt
-collector.
+collector; so is that of disks read from QEMU's block stats, which are not asked at an event.
 
 A VM whose files cannot be read is read through libvirt for the tick (the reading's
-``fallbacks`` names it; the agent counts them; logged once per VM). Because the two collectors'
-disk counters measure different things, a VM's disk counters come from one source for its
-process's whole life: the kernel's if they could be read at its first reading, else libvirt's.
+``fallbacks`` names it; the agent counts them; logged once per VM). Because the cgroup names
+a VM's disks by host device (``host:254:0``) and libvirt by the guest's (``vda``), a VM's disk
+counters come from one source for its process's whole life: the kernel's if they could be read at its first reading, else libvirt's.
 A kernel-read VM falling back for a tick reports no disk counters then; its next kernel reading
 measures from its last, so nothing is lost or counted twice.
 """
