@@ -49,9 +49,10 @@ collector; so is that of disks read from QEMU's block stats, which are not asked
 A VM whose files cannot be read is read through libvirt for the tick (the reading's
 ``fallbacks`` names it; the agent counts them; logged once per VM). Because the cgroup names
 a VM's disks by host device (``host:254:0``) and libvirt by the guest's (``vda``), a VM's disk
-counters come from one source for its process's whole life: the kernel's if they could be read at its first reading, else libvirt's.
-A kernel-read VM falling back for a tick reports no disk counters then; its next kernel reading
-measures from its last, so nothing is lost or counted twice.
+counters come from one source for its process's whole life: the kernel's if they could be
+read at its first reading, else libvirt's. A kernel-read VM falling back for a tick reports no
+disk counters then; its next kernel reading measures from its last, so nothing is lost or
+counted twice.
 """
 
 from __future__ import annotations
@@ -683,8 +684,8 @@ class KernelCollector:
         if d is None or d.files is None or d.disk_source is not DiskSource.KERNEL:
             return
         with self._lock:
-            if d.run_id != dom.ID():
-                return
+            if self._descriptions.get(uuid) is not d or d.run_id != dom.ID():
+                return  # a tick let go of it meanwhile (it stopped): too late
             taken_s = self._clock()
             try:
                 c = d.files.read(self._net(), self._page_size)

@@ -148,12 +148,15 @@ class LifecycleWatch:
         self._callback_id = None
 
     def _lifecycle(self, _conn: Any, dom: Any, event: int, _detail: int, _opaque: Any) -> None:
-        self._changed = True
         try:
             self._on_event(dom.UUIDString(), Lifecycle.of(event), dom)
         except Exception:
             # An exception here would only reach libvirt's C loop, which prints and drops it.
             log.exception("handling a libvirt lifecycle event")
+        finally:
+            # After the handler: a tick listing again meanwhile would find a shut-down domain
+            # gone and let go of it before its last moment is read.
+            self._changed = True
 
     def _closed_cb(self, _conn: Any, reason: int, _opaque: Any) -> None:
         self._closed = self._changed = True
