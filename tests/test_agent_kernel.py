@@ -216,9 +216,16 @@ def test_a_v2_cpu_stat_without_usage_is_an_error_naming_the_file(tmp_path: Path)
     cg = tmp_path / V2_SCOPE
     cg.mkdir(parents=True)
     (cg / "cpu.stat").write_text("nr_periods 0\n")
+    (cg / "io.stat").write_text("")
     files = locate(parse_proc_cgroup(PROC_CGROUP_V2), CgroupMounts({}, tmp_path))
+    counter_files = CounterFiles(KernelSources(files, tmp_path / "statm", ()))
+    with pytest.raises(KernelReadError, match=r"/statm: No such file"):
+        counter_files.read({}, PAGE)
+    (tmp_path / "statm").write_text("1 2 3 4 5 6 7\n")
     with pytest.raises(KernelReadError, match=r"cpu\.stat: unexpected content"):
-        CounterFiles(KernelSources(files, tmp_path / "statm", ())).read({}, PAGE)
+        counter_files.read({}, PAGE)
+    (cg / "cpu.stat").write_text("usage_usec 5\n")
+    assert counter_files.read({}, PAGE).cpu_time_ns == 5000
 
 
 def test_a_missing_file_falls_back_to_libvirt_for_the_tick_counted_and_logged_once(
