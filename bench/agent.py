@@ -16,13 +16,14 @@ also makes per-domain calls here; the difference measured is the XML it does not
 fsync).
 
 ``--qemu N`` measures real QEMU guests instead (under the real libvirtd of tests/libvirt.sh,
-as root), with the kernel collector beside the two. There the bulk call does **not** win on
-time: libvirtd answers it by asking each QEMU over its monitor, one domain after another, six
-commands per domain against per-domain polling's four. On 30 idle TCG guests (2026-11-25): bulk
-107.0 ms a tick, 180 monitor commands, 23.5 ms of libvirtd's and 99.5 ms of the QEMUs' CPU;
-per-domain 96.4 ms, 120 commands; the kernel collector 1.6 ms, no monitor command, 0.5 ms of
-libvirtd's CPU. The bulk call saves the agent's own CPU (3.7 against 34.1 ms per 100 VMs; the
-kernel collector 4.2 ms, of which its one ``listAllDomains`` is a fifth).
+as root), with the kernel collector and its floor (the ``pread`` of the same files, nothing
+else) beside the two. There the bulk call does **not** win on time: libvirtd answers it by
+asking each QEMU over its monitor, one domain after another, six commands per domain against
+per-domain polling's four. On 100 idle TCG guests (2026-11-25): bulk 376.1 ms a tick, 600
+monitor commands, 81.5 ms of libvirtd's and 395 ms of the QEMUs' CPU; per-domain 352.4 ms,
+400 commands; the kernel collector 2.72 ms, no monitor command, no libvirtd CPU. The bulk
+call's agent CPU (2.67 ms per 100 VMs) is the kernel collector's (2.65; 1.13 back to back),
+whose floor is 1.28 (0.60 back to back).
 
 Prints a line per size and, last, one JSON line with the figures.
 """
