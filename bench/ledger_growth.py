@@ -75,11 +75,7 @@ import numpy as np
 import sqlalchemy as sa
 from ledger_accounting import drop_database, postgres_url
 
-from gmd.admin import plot as plotting
 from gmd.admin.db_usage import usage
-from gmd.admin.explain import explain
-from gmd.admin.series import collect
-from gmd.admin.usage import report
 from gmd.common.timespec import iso
 from gmd.daemon.config import Config, RetentionConfig, parse
 from gmd.daemon.enforce.levels import after_interval
@@ -100,6 +96,10 @@ from gmd.daemon.ledger.tables import (
     organizations as _organizations,
     vms as _vms,
 )
+from gmd.daemon.reports import plot as plotting
+from gmd.daemon.reports.explain import explain
+from gmd.daemon.reports.series import collect
+from gmd.daemon.reports.usage import report
 
 DAY_S = 86400
 GIB = 2**30

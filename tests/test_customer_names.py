@@ -14,13 +14,13 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from gmd.admin.explain import explain, render_text
-from gmd.admin.series import collect
-from gmd.admin.usage import report
 from gmd.daemon.config import Config
 from gmd.daemon.ledger.accounting import account_due
 from gmd.daemon.ledger.lookup import UnknownCustomer, customer_id
 from gmd.daemon.project_names import store_names
+from gmd.daemon.reports.explain import explain, render_text
+from gmd.daemon.reports.series import collect
+from gmd.daemon.reports.usage import report
 from tests.daemon_support import HostSpec, aligned_past, auth, batch, cpu_only, make_config, serving
 
 ADMIN = Path(sys.executable).with_name("gmd-admin")

@@ -4,6 +4,7 @@ accepts as the contract does: a property test of :mod:`gmd.daemon.api.fast_batch
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
@@ -120,13 +121,15 @@ def hostile_batches(draw: st.DrawFn) -> bytes:
         for step in parent_path:
             parent = parent[step]
         action = draw(st.sampled_from(["replace", "delete", "add"]))
+        # Copies: a later step may add to a hostile {} placed here, which must not change
+        # HOSTILE itself (hypothesis then sees the strategy draw differently each time).
         if action == "replace":
-            parent[last] = draw(st.sampled_from(HOSTILE + NAMES))
+            parent[last] = copy.deepcopy(draw(st.sampled_from(HOSTILE + NAMES)))
         elif action == "delete" and isinstance(parent, dict):
             del parent[last]
         elif action == "add" and isinstance(parent, dict):
-            parent[draw(st.sampled_from(["extra", "uuid", "cpu_s", "vcpus"]))] = draw(
-                st.sampled_from(HOSTILE)
+            parent[draw(st.sampled_from(["extra", "uuid", "cpu_s", "vcpus"]))] = copy.deepcopy(
+                draw(st.sampled_from(HOSTILE))
             )
     if document.get("vms") and isinstance(document["vms"], list) and draw(st.booleans()):
         # A VM changes hands: customer_names may now name a customer of no VM.

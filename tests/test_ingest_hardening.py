@@ -22,7 +22,6 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from gmd.admin.explain import explain
 from gmd.daemon.api.samples import record_of
 from gmd.daemon.ledger import accounting
 from gmd.daemon.ledger.accounting import (
@@ -33,6 +32,7 @@ from gmd.daemon.ledger.accounting import (
     compute_rows,
 )
 from gmd.daemon.ledger.store import LedgerStore
+from gmd.daemon.reports.explain import explain
 from gmd.wire import SampleBatch
 from tests.daemon_support import (
     INTERVAL_S,

@@ -493,7 +493,7 @@ BAD_PROCESS_IMPORTS = [
     ),
     (
         "gmd/daemon/enforce/levels.py",
-        "import gmd.admin.standings",
+        "import gmd.admin.render",
         ["the daemon must reach nothing of gmd.admin"],
     ),
 ]

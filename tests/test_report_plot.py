@@ -36,13 +36,13 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from typer.testing import CliRunner
 
-from gmd.admin import plot
 from gmd.admin.cli import app
-from gmd.admin.series import CustomerSeries, EmptyRange, collect
 from gmd.daemon.config import Config
 from gmd.daemon.enforce.levels import after_interval
 from gmd.daemon.ledger.accounting import account_due
 from gmd.daemon.ledger.lookup import UnknownCustomer
+from gmd.daemon.reports import plot
+from gmd.daemon.reports.series import CustomerSeries, EmptyRange, collect
 from tests.daemon_support import (
     INTERVAL_S,
     HostSpec,

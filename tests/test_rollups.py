@@ -11,12 +11,12 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from gmd.admin import series
-from gmd.admin.coverage import coverage
-from gmd.admin.usage import GROUPS, report
 from gmd.daemon.config import Config
 from gmd.daemon.ledger import rollups
 from gmd.daemon.ledger.accounting import account_due
+from gmd.daemon.reports import series
+from gmd.daemon.reports.coverage import coverage
+from gmd.daemon.reports.usage import GROUPS, report
 from tests.daemon_support import HostSpec, auth, batch, cpu_only, make_config, serving
 
 HOUR, DAY = 3600, 86400

@@ -17,7 +17,6 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from gmd.admin.actions import COLUMNS as ACTION_COLUMNS, actions as list_actions
 from gmd.admin.calculator import (
     Situation,
     judge,
@@ -25,16 +24,8 @@ from gmd.admin.calculator import (
     situation_from_csv,
     situation_from_options,
 )
-from gmd.admin.enforcement import (
-    CAPS_COLUMNS,
-    LEVEL_COLUMNS,
-    PLAN_COLUMNS,
-    levels as enforcement_levels,
-    plans as enforcement_plans,
-)
 from gmd.admin.output import Format, Listing, Output, View, emit, output_options
 from gmd.admin.render import json_text, yaml_text
-from gmd.admin.standings import COLUMNS as STANDINGS_COLUMNS, standings
 from gmd.common.cli import choice, version_option
 from gmd.common.config import DEFAULT_PATH, ConfigError
 from gmd.common.timespec import iso as iso_time, parse_time
@@ -42,6 +33,15 @@ from gmd.daemon.config import Config, load as load_config
 from gmd.daemon.ledger import migrate
 from gmd.daemon.ledger.lookup import UnknownCustomer
 from gmd.daemon.ledger.models import BatchState
+from gmd.daemon.reports.actions import COLUMNS as ACTION_COLUMNS, actions as list_actions
+from gmd.daemon.reports.enforcement import (
+    CAPS_COLUMNS,
+    LEVEL_COLUMNS,
+    PLAN_COLUMNS,
+    levels as enforcement_levels,
+    plans as enforcement_plans,
+)
+from gmd.daemon.reports.standings import COLUMNS as STANDINGS_COLUMNS, standings
 from gmd.fairness.scenarios import SCENARIOS
 
 app = typer.Typer(
@@ -715,7 +715,7 @@ def report_command(
     """
     from contextlib import nullcontext
 
-    from gmd.admin.usage import GROUPS, report as usage_report
+    from gmd.daemon.reports.usage import GROUPS, report as usage_report
 
     if group_by not in GROUPS:
         raise _fail(f"cannot group by {group_by!r}; choose one of {', '.join(GROUPS)}")
@@ -1005,7 +1005,7 @@ def explain_command(
     codes: 0 explained, 1 database unavailable, 2 bad option, 3 unknown customer or nothing
     to explain.
     """
-    from gmd.admin.explain import NothingToExplain, explain, render_summary, render_text
+    from gmd.daemon.reports.explain import NothingToExplain, explain, render_summary, render_text
 
     if fmt in (Format.csv, Format.value):
         raise _fail(f"explain writes text, JSON or YAML (-f table|json|yaml), not {fmt.upper()}")
@@ -1192,8 +1192,8 @@ def plot_command(
     configuration or option (a suffix other than .png/.svg), 3 unknown customer or no
     accounted interval in the range.
     """
-    from gmd.admin import plot as plotting
-    from gmd.admin.series import EmptyRange, collect
+    from gmd.daemon.reports import plot as plotting
+    from gmd.daemon.reports.series import EmptyRange, collect
 
     try:
         fmt = plotting.output_format(output)

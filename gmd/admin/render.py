@@ -13,29 +13,18 @@ import io
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 import yaml
 from rich import box
-from rich.console import Console, JustifyMethod
+from rich.console import Console
 from rich.table import Table
+
+from gmd.daemon.reports.columns import Column
 
 FORMATS: tuple[str, ...] = ("table", "csv", "json")
 """What the simulator's --format takes (gmd-admin's commands take :class:`output.Format`)."""
-
-
-@dataclass(frozen=True)
-class Column:
-    key: str
-    header: str
-    digits: int | None = 4
-    justify: JustifyMethod = "right"
-
-
-PROJECT = Column("name", "Project", None, "left")
-"""A customer's project name beside its uuid (the key), where the ledger knows it."""
 
 
 def cell(value: object, digits: int | None) -> str:

@@ -25,8 +25,6 @@ from typing import Any
 import numpy as np
 from sqlalchemy import Connection, and_, func, or_, select
 
-from gmd.admin.actions import actions as list_actions
-from gmd.admin.enforcement import caps_words
 from gmd.common.timespec import iso
 from gmd.daemon.config import Config
 from gmd.daemon.enforce.plans import host_caps, recent_window
@@ -64,6 +62,8 @@ from gmd.daemon.ledger.tables import (
     samples as _samples,
     vms as _vms,
 )
+from gmd.daemon.reports.actions import actions as list_actions
+from gmd.daemon.reports.enforcement import caps_words
 from gmd.fairness.cloud import CloudInterval, cloud_greediness
 from gmd.fairness.decay import decay_factor
 from gmd.fairness.policy import CapDecision, CapResource, ThrottlePolicy, caps_wanted

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, func, or_, select
 
-from gmd.admin.render import PROJECT, Column
 from gmd.common.timespec import iso
 from gmd.daemon.ledger.models import IntervalState
 from gmd.daemon.ledger.resets import pending_resets
@@ -22,6 +21,7 @@ from gmd.daemon.ledger.tables import (
     intervals as _intervals,
     levels as _levels,
 )
+from gmd.daemon.reports.columns import PROJECT, Column
 
 COLUMNS = (
     Column("customer", "Customer", None, "left"),

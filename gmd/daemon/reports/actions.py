@@ -10,7 +10,6 @@ from typing import Any
 
 from sqlalchemy import Connection, CursorResult, and_, or_, select
 
-from gmd.admin.render import Column
 from gmd.daemon.ledger.models import ActionKind
 from gmd.daemon.ledger.tables import (
     actions as _actions,
@@ -18,6 +17,7 @@ from gmd.daemon.ledger.tables import (
     hosts as _hosts,
     intervals as _intervals,
 )
+from gmd.daemon.reports.columns import Column
 
 COLUMNS = (
     Column("at", "At", None, "left"),

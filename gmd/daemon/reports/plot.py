@@ -49,8 +49,8 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from gmd.admin.series import CustomerSeries
 from gmd.common.timespec import iso
+from gmd.daemon.reports.series import CustomerSeries
 from gmd.fairness.policy import ThrottlePolicy
 
 FORMATS: dict[str, str] = {".png": "png", ".svg": "svg"}

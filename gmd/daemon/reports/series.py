@@ -36,8 +36,6 @@ from typing import Any
 import numpy as np
 from sqlalchemy import Connection, Select, select
 
-from gmd.admin.actions import level_changes
-from gmd.admin.coverage import Coverage, coverage
 from gmd.common.timespec import iso
 from gmd.daemon.ledger.lookup import customer_ids, display_names
 from gmd.daemon.ledger.models import (
@@ -54,6 +52,8 @@ from gmd.daemon.ledger.tables import (
     resource_rollups as _resource_rollups,
     rollup_periods as _periods,
 )
+from gmd.daemon.reports.actions import level_changes
+from gmd.daemon.reports.coverage import Coverage, coverage
 from gmd.wire import RESOURCES_COMBINED, RESOURCES_SPLIT
 
 # Resources in the order the configuration lists them; any other name follows, A→Z.

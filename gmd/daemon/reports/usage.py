@@ -85,9 +85,6 @@ from sqlalchemy import (
     union_all,
 )
 
-from gmd.admin.actions import level_changes
-from gmd.admin.coverage import Coverage, coverage
-from gmd.admin.render import PROJECT, Column
 from gmd.common.timespec import iso
 from gmd.daemon.ledger import lookup
 from gmd.daemon.ledger.models import (
@@ -115,6 +112,9 @@ from gmd.daemon.ledger.tables import (
     resource_rollups as _resource_rollups,
     samples as _samples,
 )
+from gmd.daemon.reports.actions import level_changes
+from gmd.daemon.reports.columns import PROJECT, Column
+from gmd.daemon.reports.coverage import Coverage, coverage
 
 GROUPS: tuple[str, ...] = ("customer", "organization", "host", "resource", "day", "week")
 QUOTA_KINDS: tuple[str, ...] = (ActionKind.quota_lower.value, ActionKind.quota_restore.value)
