@@ -41,7 +41,7 @@ from gmd.daemon.reports.enforcement import (
     levels as enforcement_levels,
     plans as enforcement_plans,
 )
-from gmd.daemon.reports.standings import COLUMNS as STANDINGS_COLUMNS, standings
+from gmd.daemon.reports.standings import COLUMNS as STANDINGS_COLUMNS, SortKey, standings
 from gmd.fairness.scenarios import SCENARIOS
 
 app = typer.Typer(
@@ -428,16 +428,6 @@ def gm_command(
         ),
         out,
     )
-
-
-class SortKey(StrEnum):
-    balance = "balance"
-    greediness = "greediness"
-    utility = "utility"
-    priority = "priority"
-    vms = "vms"
-    customer = "customer"
-    name = "name"
 
 
 @app.command("standings")

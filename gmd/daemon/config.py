@@ -152,6 +152,26 @@ class HostConfig:
     token_sha256: str | None = None
 
 
+READ_AUTH = ("off", "local", "keystone")
+LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
+
+
+@dataclass(frozen=True)
+class ReadApiConfig:
+    """``[read_api]``: who may read standings, reports, explanations and plots over HTTP.
+
+    ``auth`` is "off" (no read route: the default, nothing of the ledger is served), "local"
+    (every request is the operator's: only for a daemon bound to loopback) or "keystone"
+    (an ``X-Auth-Token`` checked by keystonemiddleware with the options of
+    ``[read_api.keystone]``, then oslo.policy's rules, see :mod:`gmd.daemon.api.access`)."""
+
+    auth: str = "off"
+    keystone: dict[str, str] = field(default_factory=dict)
+    admin_project_id: str = ""
+    """the project whose admins and readers read every customer (besides system scope)"""
+    policy_file: Path | None = None
+
+
 @dataclass(frozen=True)
 class Config:
     path: Path | None
@@ -166,6 +186,7 @@ class Config:
     # A streaming replica of database_url for gmd-admin's reads, so that heavy reports do not
     # load the primary that ingests and accounts; None reads from database_url.
     read_url: str | None = None
+    read_api: ReadApiConfig = field(default_factory=ReadApiConfig)
 
     def owner_of(self, host: str) -> str:
         """The organization that contributed ``host``: configured, else the default owner."""
@@ -220,6 +241,7 @@ def parse(document: dict[str, Any], source: str = "<config>", path: Path | None 
     acc.done()
 
     daemon = _daemon(root.sub("daemon"), path)
+    read_api = _read_api(root.sub("read_api"), daemon, path)
     enforcement = _enforcement(root.sub("enforcement"))
     retention = _retention(root.sub("retention"), daemon)
 
@@ -257,6 +279,7 @@ def parse(document: dict[str, Any], source: str = "<config>", path: Path | None 
         enforcement,
         retention,
         read_url=read_url,
+        read_api=read_api,
     )
 
 
@@ -374,6 +397,34 @@ def _retention(r: Reader, daemon: DaemonConfig) -> RetentionConfig:
                 f"{b:g} days is shorter than {shorter} ({'for ever' if a == 0 else f'{a:g}'}):"
                 " each summary must be kept at least as long as what it sums",
             )
+    r.done()
+    return config
+
+
+def _read_api(r: Reader, daemon: DaemonConfig, path: Path | None) -> ReadApiConfig:
+    auth = r.choice("auth", "off", READ_AUTH)
+    if auth == "local" and daemon.bind not in LOOPBACK:
+        raise r.fail(
+            "auth",
+            f'"local" serves the ledger to anyone who can connect: bind the daemon to'
+            f' 127.0.0.1 (daemon.bind is {daemon.bind!r}), or use "keystone"',
+        )
+    ks = r.sub("keystone")
+    options = {key: str(ks.get(key, (str, int, float, bool), None)) for key in ks.table}
+    ks.done()
+    if auth == "keystone":
+        for key in ("www_authenticate_uri", "auth_url", "auth_type"):
+            if key not in options:
+                raise r.fail(f"keystone.{key}", 'is required with auth = "keystone"')
+    policy = r.get("policy_file", str, None)
+    policy_file = None
+    if policy is not None:
+        policy_file = Path(policy)
+        if not policy_file.is_absolute() and path is not None:
+            policy_file = path.parent / policy_file
+        if not policy_file.is_file():
+            raise r.fail("policy_file", f"{policy!r}: no such file")
+    config = ReadApiConfig(auth, options, r.get("admin_project_id", str, ""), policy_file)
     r.done()
     return config
 

@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from sqlalchemy import Engine
 
+from gmd.daemon.api.access import read_access
 from gmd.daemon.api.auth import TokenAuth
 from gmd.daemon.api.checks import Plausible
 from gmd.daemon.api.metrics import DaemonMetrics
@@ -46,6 +47,7 @@ class Services:
     ) -> None:
         self.config, self.engine, self.clock = config, engine, clock
         self.metrics = DaemonMetrics()
+        self.read_access = read_access(config.read_api)
         d = config.daemon
         self.plausible = Plausible(d.plausibility_margin, d.max_capacity())
         self.store = LedgerStore(engine, config.owner_of, config.organization_customers)

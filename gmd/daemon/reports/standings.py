@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 from sqlalchemy import Connection, func, or_, select
 
@@ -35,6 +36,21 @@ COLUMNS = (
     Column("enforced", "Enforced", None, "left"),
 )
 SORT_KEYS: tuple[str, ...] = tuple(c.key for c in COLUMNS if c.key != "enforced")
+
+
+class SortKey(StrEnum):
+    """What the standings sort by: numbers greatest first, names A→Z (:data:`SORT_KEYS`)."""
+
+    balance = "balance"
+    greediness = "greediness"
+    utility = "utility"
+    priority = "priority"
+    vms = "vms"
+    level = "level"
+    customer = "customer"
+    name = "name"
+
+
 ENFORCED = {"on": "applied", "dry-run": "dry-run", "off": "off"}
 """What a level above 0 does, by enforcement.mode: applied by the agents and quotas, only
 recorded (dry-run), or nothing (off: the level is kept but not acted on)."""

@@ -1,0 +1,198 @@
+"""The read API: standings, a customer's report, its explanation and its balance plot, over
+HTTP for operators and customers (``[read_api]``; off unless configured).
+
+Each answer is the document ``gmd-admin … --format json`` prints, from the same query
+(:mod:`gmd.daemon.reports`). Who may read what is :mod:`gmd.daemon.api.access`'s: an
+operator reads every customer; a project member reads only its own project, and gets 403 for
+any other, whether the ledger knows it or not (so a member cannot probe which projects exist).
+An explanation read by a member names no other project and none of its VMs: the hosts'
+figures are aggregates of every consumer on them.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, Query
+from fastapi.responses import Response
+
+from gmd.common.timespec import parse_time
+from gmd.daemon.api.access import Reader, Unauthenticated
+from gmd.daemon.api.deps import ServicesDep
+from gmd.daemon.api.errors import Refused
+from gmd.daemon.ledger.lookup import UnknownCustomer, customer_uuid
+from gmd.daemon.reports.standings import SortKey, standings
+from gmd.wire import Problem
+
+# 404: an operator asked for a customer the ledger has never seen, or a range with nothing in it.
+router = APIRouter(prefix="/v1", tags=["read"], responses={404: {"model": Problem}})
+
+
+class CustomerGrouping(StrEnum):
+    """How a customer's report is grouped (gmd-admin report --customer's groupings)."""
+
+    day = "day"
+    week = "week"
+    host = "host"
+    resource = "resource"
+
+
+TIME_HELP = "ISO 8601 (UTC unless an offset is given), now, now-3d / now-12h, or Unix seconds"
+
+
+def reader(services: ServicesDep, x_auth_token: Annotated[str | None, Header()] = None) -> Reader:
+    """The caller, before anything is read (a plain function: it may ask Keystone, so
+    FastAPI runs it on a worker thread)."""
+    access = services.read_access
+    if access is None:  # the router is only mounted with an access; kept for type checkers
+        raise Refused(404, "the read API is off ([read_api] auth)")
+    try:
+        return access.reader(x_auth_token)
+    except Unauthenticated as exc:
+        raise Refused(401, str(exc)) from None
+
+
+ReaderDep = Annotated[Reader, Depends(reader)]
+
+
+def _customer(services: ServicesDep, who: Reader, customer: str) -> str:
+    """The project uuid of ``customer`` (a uuid or a project name) that ``who`` may read."""
+    with services.engine.connect() as conn:
+        try:
+            uuid = customer_uuid(conn, customer)
+        except UnknownCustomer as exc:
+            if not who.everyone:
+                uuid = customer  # no hint whether other projects exist
+            else:
+                raise Refused(404, str(exc)) from None
+    if not who.may_read(uuid):
+        raise Refused(403, f"{who.name} may read only its own project's figures, not {customer!r}")
+    return uuid
+
+
+def _time(value: str | None, default: float | None, name: str, now: float) -> float | None:
+    if value is None:
+        return default
+    try:
+        return parse_time(value, now)
+    except ValueError as exc:
+        raise Refused(400, f"{name}: {exc}") from None
+
+
+@router.get("/standings", summary="Where every customer stands (gmd-admin standings)")
+def get_standings(
+    who: ReaderDep,
+    services: ServicesDep,
+    sort: SortKey = SortKey.balance,
+    reverse: bool = False,
+    everyone: Annotated[bool, Query(alias="all")] = False,
+) -> dict[str, Any]:
+    """The standings after the latest accounted interval: the whole cloud for an operator,
+    the caller's own project for a member."""
+    with services.engine.connect() as conn:
+        result = standings(
+            conn,
+            sort=sort.value,
+            reverse=reverse,
+            everyone=everyone,
+            mode=services.config.enforcement.mode,
+        )
+    document = result.document()
+    if not who.everyone:
+        rows = [r for r in result.rows if who.may_read(str(r["customer"]))]
+        document["customers"] = rows
+        document["reset_since"] = [c for c in result.reset if who.may_read(c)]
+    return document
+
+
+@router.get("/customers/{customer}/explain", summary="Why a customer stands where it stands")
+def get_explanation(
+    customer: str,
+    who: ReaderDep,
+    services: ServicesDep,
+    at: Annotated[
+        str | None, Query(description=f"an interval holding this time; {TIME_HELP}")
+    ] = None,
+    from_: Annotated[str | None, Query(alias="from", description=TIME_HELP)] = None,
+    to: Annotated[str | None, Query(description=TIME_HELP)] = None,
+) -> dict[str, Any]:
+    """gmd-admin explain's document for the latest accounted interval (or the one holding
+    ``at``, or the range ``from``–``to``), with its summary in plain words."""
+    from gmd.daemon.reports.explain import NothingToExplain, explain
+
+    uuid = _customer(services, who, customer)
+    now = services.clock()
+    at_s = _time(at, None, "at", now)
+    from_s, to_s = _time(from_, None, "from", now), _time(to, None, "to", now)
+    try:
+        with services.engine.connect() as conn:
+            result = explain(conn, services.config, uuid, at_s=at_s, from_s=from_s, to_s=to_s)
+    except NothingToExplain as exc:
+        raise Refused(404, str(exc)) from None
+    except ValueError as exc:
+        raise Refused(400, str(exc)) from None
+    document = result.document()
+    if not who.everyone:
+        hosts: list[dict[str, object]] = document["hosts"]  # type: ignore[assignment]
+        for host in hosts:
+            host.pop("organization", None)  # the host's owner may be another customer
+    return document
+
+
+@router.get("/customers/{customer}/report", summary="A customer's use and standing over a range")
+def get_report(
+    customer: str,
+    who: ReaderDep,
+    services: ServicesDep,
+    from_: Annotated[str, Query(alias="from", description=TIME_HELP)] = "now-7d",
+    to: Annotated[str, Query(description=TIME_HELP)] = "now",
+    group_by: CustomerGrouping = CustomerGrouping.day,
+) -> dict[str, Any]:
+    """gmd-admin report --customer's document: the customer's intervals, GM, balance and
+    throttled time per day (or week, host, resource) over ``from``–``to``."""
+    from gmd.daemon.reports.usage import report
+
+    uuid = _customer(services, who, customer)
+    now = services.clock()
+    from_s, to_s = _time(from_, None, "from", now), _time(to, None, "to", now)
+    assert from_s is not None and to_s is not None
+    try:
+        with services.engine.connect() as conn:
+            result = report(conn, group_by.value, from_s, to_s, customer=uuid)
+    except ValueError as exc:
+        raise Refused(400, str(exc)) from None
+    return result.document()
+
+
+@router.get(
+    "/customers/{customer}/plot.svg",
+    summary="A customer's balance, level and use over time, as SVG",
+    response_class=Response,
+    responses={200: {"content": {"image/svg+xml": {}}}},
+)
+def get_plot(
+    customer: str,
+    who: ReaderDep,
+    services: ServicesDep,
+    from_: Annotated[str, Query(alias="from", description=TIME_HELP)] = "now-7d",
+    to: Annotated[str, Query(description=TIME_HELP)] = "now",
+) -> Response:
+    """The three panels of gmd-admin plot for this one customer."""
+    import io
+
+    from gmd.daemon.reports import plot
+    from gmd.daemon.reports.series import EmptyRange, collect
+
+    uuid = _customer(services, who, customer)
+    now = services.clock()
+    from_s, to_s = _time(from_, None, "from", now), _time(to, None, "to", now)
+    try:
+        with services.engine.connect() as conn:
+            data = collect(conn, customers=[uuid], from_s=from_s, to_s=to_s)
+    except EmptyRange as exc:
+        raise Refused(404, str(exc)) from None
+    figure = plot.draw(data, services.config.enforcement.policy, services.config.enforcement.mode)
+    out = io.BytesIO()
+    figure.savefig(out, format="svg")
+    return Response(out.getvalue(), media_type="image/svg+xml")

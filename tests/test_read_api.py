@@ -1,0 +1,219 @@
+"""The read API (issue 18): gmd-admin's answers over HTTP, and who may read which.
+
+The documents are compared with what ``gmd-admin … --format json`` prints from the same ledger
+(one query behind both). Authorization runs against the real Keystone of tests/openstack.sh:
+its tokens are validated by keystonemiddleware and judged by the oslo.policy defaults; the
+ledger's customers are the cloud's projects acme and initech, each with one VM on one host.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gmd.common.config import ConfigError
+from gmd.daemon.enforce.levels import after_interval
+from gmd.daemon.ledger.accounting import account_due
+from tests.daemon_support import (
+    HostSpec,
+    aligned_past,
+    as_uuid,
+    auth,
+    batch,
+    cpu_only,
+    make_config,
+    serving,
+)
+
+pytest_plugins = ("tests.openstack_support",)
+
+HOST = HostSpec("cmp-1", cpu_cores=2, memory_bytes=8e9, disk_bytes_per_s=1e8)
+GMD_ADMIN = Path(sys.executable).parent / "gmd-admin"
+INTERVALS = 4
+
+
+@contextmanager
+def seeded(config: Any, customers: tuple[str, str]) -> Iterator[Any]:
+    """A daemon whose ledger holds INTERVALS accounted intervals: ``customers[0]``'s VM used
+    three quarters of the host's CPU, ``customers[1]``'s a quarter."""
+    greedy, modest = customers
+    with serving(config) as d:
+        for k in range(INTERVALS, 0, -1):
+            vms = [
+                cpu_only(f"vm-{greedy}", greedy, 90.0, vcpus=2),
+                cpu_only(f"vm-{modest}", modest, 30.0, vcpus=2),
+            ]
+            body = batch(HOST, aligned_past(k + 1), vms, key=f"seed-{k}")
+            response = httpx.post(f"{d.url}/v1/samples", json=body, headers=auth(HOST.name))
+            assert response.status_code == 200, response.text
+        account_due(d.engine, config.accounting, after=after_interval(config.enforcement))
+        yield d
+
+
+def configured(url: str, read_api: dict[str, Any], **daemon: Any) -> Any:
+    return make_config(
+        url,
+        {HOST.name: "operator"},
+        accounting={"endowment": "equal", "half_life_s": "none"},
+        daemon={"bind": "127.0.0.1", **daemon},
+        read_api=read_api,
+    )
+
+
+def gmd_admin(config_file: Path, *args: str) -> Any:
+    done = subprocess.run(
+        [str(GMD_ADMIN), "--config", str(config_file), *args, "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_the_read_api_answers_what_gmd_admin_prints(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger.db"
+    config_file = tmp_path / "gmd.toml"
+    config_file.write_text(
+        f'[database]\nurl = "sqlite:///{ledger}"\n'
+        '[accounting]\ninterval_s = 60\ngrace_s = 0\nendowment = "equal"\nhalf_life_s = "none"\n'
+    )
+    config = configured(f"sqlite:///{ledger}", {"auth": "local"})
+    with seeded(config, ("acme", "initech")) as d:
+        standings = httpx.get(f"{d.url}/v1/standings").json()
+        explained = httpx.get(f"{d.url}/v1/customers/acme/explain").json()
+        window = {"from": str(int(time.time()) - 86400), "to": str(int(time.time()))}
+        report = httpx.get(f"{d.url}/v1/customers/acme/report", params=window)
+        plot = httpx.get(f"{d.url}/v1/customers/acme/plot.svg", params={"from": "now-1d"})
+    assert standings == gmd_admin(config_file, "standings")
+    assert [r["customer"] for r in standings["customers"]] == ["acme", "initech"]
+    assert standings["customers"][0]["balance"] > 0 > standings["customers"][1]["balance"]
+    assert explained == gmd_admin(config_file, "explain", "acme")
+    assert explained["summary"] and explained["customer"] == "acme"
+    assert report.status_code == 200, report.text
+    same = ("--from", window["from"], "--to", window["to"])
+    expected = gmd_admin(config_file, "report", "--group-by", "day", "--customer", "acme", *same)
+    assert report.json() == expected
+    assert plot.status_code == 200 and plot.headers["content-type"] == "image/svg+xml"
+    assert plot.content.startswith(b"<?xml") and b"<svg" in plot.content
+
+
+def test_the_read_api_is_off_unless_configured(tmp_path: Path) -> None:
+    config = make_config(f"sqlite:///{tmp_path / 'ledger.db'}", {HOST.name: "operator"})
+    with serving(config) as d:
+        assert httpx.get(f"{d.url}/v1/standings").status_code == 404
+        assert "/v1/standings" not in httpx.get(f"{d.url}/openapi.json").json()["paths"]
+
+
+def test_local_mode_is_refused_on_a_daemon_others_can_reach(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"read_api\.auth.*bind the daemon to 127\.0\.0\.1"):
+        configured("sqlite://", {"auth": "local"}, bind="0.0.0.0")
+    with pytest.raises(ConfigError, match=r"read_api\.keystone\.www_authenticate_uri"):
+        configured("sqlite://", {"auth": "keystone"})
+
+
+# --- against the real Keystone ---------------------------------------------------------------
+
+
+def keystone_token(info: dict[str, Any], user: str, **scope: str) -> str:
+    from keystoneauth1 import session
+    from keystoneauth1.identity import v3
+
+    plugin = v3.Password(
+        auth_url=info["keystone_url"],
+        username=user,
+        password=info["password"],
+        user_domain_name="Default",
+        **scope,
+    )
+    return str(session.Session(auth=plugin).get_token())
+
+
+def member_of(info: dict[str, Any], project: str) -> str:
+    return keystone_token(
+        info, f"{project}-member", project_name=project, project_domain_name="Default"
+    )
+
+
+@pytest.fixture
+def keystone_daemon(tmp_path: Path, real_cloud: Any) -> Iterator[tuple[Any, dict[str, Any]]]:
+    info = real_cloud.info
+    options = {
+        "www_authenticate_uri": info["keystone_url"],
+        "auth_url": info["keystone_url"],
+        "auth_type": "password",
+        "username": "gmd",
+        "password": info["password"],
+        "user_domain_name": "Default",
+        "project_name": "admin",
+        "project_domain_name": "Default",
+    }
+    read_api = {"auth": "keystone", "keystone": options, "admin_project_id": info["admin_project"]}
+    config = configured(f"sqlite:///{tmp_path / 'ledger.db'}", read_api)
+    projects = (info["projects"]["acme"], info["projects"]["initech"])
+    with seeded(config, projects) as d:
+        yield d, info
+
+
+def test_an_operator_token_reads_every_customer(keystone_daemon: Any) -> None:
+    d, info = keystone_daemon
+    for token in (
+        keystone_token(info, "admin", system_scope="all"),
+        keystone_token(info, "gmd", project_name="admin", project_domain_name="Default"),
+    ):
+        standings = httpx.get(f"{d.url}/v1/standings", headers={"X-Auth-Token": token})
+        assert standings.status_code == 200, standings.text
+        customers = {r["customer"] for r in standings.json()["customers"]}
+        assert customers == {info["projects"]["acme"], info["projects"]["initech"]}
+        for project in ("acme", "initech"):
+            url = f"{d.url}/v1/customers/{info['projects'][project]}/explain"
+            assert httpx.get(url, headers={"X-Auth-Token": token}).status_code == 200
+
+
+def test_a_member_reads_its_own_project_and_nothing_of_another(keystone_daemon: Any) -> None:
+    d, info = keystone_daemon
+    acme, initech = info["projects"]["acme"], info["projects"]["initech"]
+    headers = {"X-Auth-Token": member_of(info, "acme")}
+    standings = httpx.get(f"{d.url}/v1/standings", headers=headers).json()
+    assert [r["customer"] for r in standings["customers"]] == [acme]
+    own = httpx.get(f"{d.url}/v1/customers/{acme}/explain", headers=headers)
+    assert own.status_code == 200, own.text
+    # By its name too, as the operator may name it.
+    assert httpx.get(f"{d.url}/v1/customers/acme/explain", headers=headers).status_code == 403
+    body = own.text
+    for secret in (initech, "initech", as_uuid(f"vm-{initech}")):
+        assert secret not in body, f"{secret} in a member's explanation"
+    assert as_uuid(f"vm-{acme}") in body
+    for path in ("explain", "report", "plot.svg"):
+        other = httpx.get(f"{d.url}/v1/customers/{initech}/{path}", headers=headers)
+        assert other.status_code == 403, (path, other.text)
+        assert initech not in json.dumps(other.json()["errors"])
+    # Whether a project exists is none of a member's business either.
+    missing = httpx.get(f"{d.url}/v1/customers/{'0' * 32}/explain", headers=headers)
+    assert missing.status_code == 403
+
+
+def test_no_token_or_a_revoked_one_is_401(keystone_daemon: Any) -> None:
+    d, info = keystone_daemon
+    assert httpx.get(f"{d.url}/v1/standings").status_code == 401
+    made_up = httpx.get(f"{d.url}/v1/standings", headers={"X-Auth-Token": "gAAAA-not-a-token"})
+    assert made_up.status_code == 401
+    token = member_of(info, "acme")
+    admin = keystone_token(info, "admin", system_scope="all")
+    revoked = httpx.delete(
+        f"{info['keystone_url']}/auth/tokens",
+        headers={"X-Auth-Token": admin, "X-Subject-Token": token},
+    )
+    assert revoked.status_code == 204, revoked.text
+    answer = httpx.get(f"{d.url}/v1/standings", headers={"X-Auth-Token": token})
+    assert answer.status_code == 401, answer.text
+    assert "not valid" in answer.json()["detail"]
