@@ -126,6 +126,7 @@ POSITIVE_REFUSALS = ["2xx", "403", "409", "413", "422"]
 # statuses are the ingest's; the test checks theirs itself.
 READ_PATHS = (
     "/v1/standings",
+    "/v1/enforcement",
     "/v1/customers/{customer}/explain",
     "/v1/customers/{customer}/report",
     "/v1/customers/{customer}/plot.svg",

@@ -59,11 +59,16 @@ def seeded(config: Any, customers: tuple[str, str]) -> Iterator[Any]:
         yield d
 
 
+# Thresholds the greedy customer crosses in the seed's intervals: the log has its levels.
+ENFORCEMENT = {"mode": "dry-run", "enter": [0.2, 0.4, 0.8], "leave": [0.1, 0.3, 0.6], "dwell_s": 0}
+
+
 def configured(url: str, read_api: dict[str, Any], **daemon: Any) -> Any:
     return make_config(
         url,
         {HOST.name: "operator"},
         accounting={"endowment": "equal", "half_life_s": "none"},
+        enforcement=ENFORCEMENT,
         daemon={"bind": "127.0.0.1", **daemon},
         read_api=read_api,
     )
@@ -86,6 +91,8 @@ def test_the_read_api_answers_what_gmd_admin_prints(tmp_path: Path) -> None:
     config_file.write_text(
         f'[database]\nurl = "sqlite:///{ledger}"\n'
         '[accounting]\ninterval_s = 60\ngrace_s = 0\nendowment = "equal"\nhalf_life_s = "none"\n'
+        '[enforcement]\nmode = "dry-run"\nenter = [0.2, 0.4, 0.8]\nleave = [0.1, 0.3, 0.6]\n'
+        "dwell_s = 0\n"
     )
     config = configured(f"sqlite:///{ledger}", {"auth": "local"})
     with seeded(config, ("acme", "initech")) as d:
@@ -94,6 +101,7 @@ def test_the_read_api_answers_what_gmd_admin_prints(tmp_path: Path) -> None:
         window = {"from": str(int(time.time()) - 86400), "to": str(int(time.time()))}
         report = httpx.get(f"{d.url}/v1/customers/acme/report", params=window)
         plot = httpx.get(f"{d.url}/v1/customers/acme/plot.svg", params={"from": "now-1d"})
+        log = httpx.get(f"{d.url}/v1/enforcement").json()
     assert standings == gmd_admin(config_file, "standings")
     assert [r["customer"] for r in standings["customers"]] == ["acme", "initech"]
     assert standings["customers"][0]["balance"] > 0 > standings["customers"][1]["balance"]
@@ -103,6 +111,8 @@ def test_the_read_api_answers_what_gmd_admin_prints(tmp_path: Path) -> None:
     same = ("--from", window["from"], "--to", window["to"])
     expected = gmd_admin(config_file, "report", "--group-by", "day", "--customer", "acme", *same)
     assert report.json() == expected
+    assert log == gmd_admin(config_file, "actions")
+    assert {row["customer"] for row in log["actions"]} == {"acme"}, log
     assert plot.status_code == 200 and plot.headers["content-type"] == "image/svg+xml"
     assert plot.content.startswith(b"<?xml") and b"<svg" in plot.content
 
@@ -193,6 +203,11 @@ def test_a_member_reads_its_own_project_and_nothing_of_another(keystone_daemon: 
     for secret in (initech, "initech", as_uuid(f"vm-{initech}")):
         assert secret not in body, f"{secret} in a member's explanation"
     assert as_uuid(f"vm-{acme}") in body
+    log = httpx.get(f"{d.url}/v1/enforcement", headers=headers).json()["actions"]
+    assert log and {row["customer"] for row in log} == {acme}, log
+    assert initech not in json.dumps(log)
+    other_log = httpx.get(f"{d.url}/v1/enforcement", params={"customer": initech}, headers=headers)
+    assert other_log.status_code == 403
     for path in ("explain", "report", "plot.svg"):
         other = httpx.get(f"{d.url}/v1/customers/{initech}/{path}", headers=headers)
         assert other.status_code == 403, (path, other.text)

@@ -165,6 +165,35 @@ def get_report(
     return result.document()
 
 
+@router.get("/enforcement", summary="The enforcement log (gmd-admin actions)")
+def get_enforcement(
+    who: ReaderDep,
+    services: ServicesDep,
+    customer: Annotated[
+        str | None, Query(description="a project uuid or name (a member: its own, the default)")
+    ] = None,
+    from_: Annotated[str | None, Query(alias="from", description=TIME_HELP)] = None,
+    to: Annotated[str | None, Query(description=TIME_HELP)] = None,
+    limit: Annotated[int | None, Query(ge=1, le=100_000, description="the newest N")] = None,
+) -> dict[str, Any]:
+    """Every level change, plan, host report and quota change gmd made (or, in dry-run,
+    would have made), oldest first: an operator's whole log, a member's own project's."""
+    from gmd.daemon.reports.actions import actions
+
+    uuid: str | None = None
+    if customer is not None:
+        uuid = _customer(services, who, customer)
+    elif not who.everyone:
+        if who.project_id is None:
+            raise Refused(403, f"{who.name}: a project-scoped token is needed to read its log")
+        uuid = _customer(services, who, who.project_id)
+    now = services.clock()
+    from_s, to_s = _time(from_, None, "from", now), _time(to, None, "to", now)
+    with services.engine.connect() as conn:
+        rows = actions(conn, from_s=from_s, to_s=to_s, customer=uuid, limit=limit)
+    return {"actions": rows}
+
+
 @router.get(
     "/customers/{customer}/plot.svg",
     summary="A customer's balance, level and use over time, as SVG",
