@@ -11,6 +11,8 @@ gmd is packaged by the process that runs the code (docs/architecture.md in ../sh
 - ``gmd.common`` imports only the stdlib, typer (a dependency of all three programs: the
   options their command lines share) and itself;
 - ``gmd.wire`` imports nothing of gmd but itself, and only pydantic, orjson and the stdlib;
+- ``gmd.osc`` (the ``openstack fairness`` plugin) imports nothing of gmd but itself, and only
+  cliff, osc-lib and the stdlib: it runs wherever ``openstack`` does;
 - no import cycle between gmd's modules.
 
 Every import counts, including the lazy ones inside functions and those guarded by
@@ -54,8 +56,15 @@ DAEMON_LIBRARIES = frozenset(
         "uvicorn",
         "httptools",
         "uvloop",
+        "keystonemiddleware",
+        "oslo_config",
+        "oslo_context",
+        "oslo_policy",
+        "webob",
     }
 )
+# The openstack command line's plugin: what python-openstackclient brings, nothing of gmd's.
+OSC_LIBRARIES = frozenset({"cliff", "osc_lib"})
 AGENT_LIBRARIES = frozenset({"libvirt"})
 FAIRNESS_LIBRARIES = frozenset({"numpy"})
 COMMON_LIBRARIES = frozenset({"typer"})
@@ -402,6 +411,7 @@ def check_layout(root: Path) -> list[str]:
         *check_own_imports(modules, "gmd.fairness", "gmd.fairness", FAIRNESS_LIBRARIES),
         *check_own_imports(modules, "gmd.common", "gmd.common", COMMON_LIBRARIES),
         *check_own_imports(modules, "gmd.wire", "gmd.wire", WIRE_LIBRARIES),
+        *check_own_imports(modules, "gmd.osc", "gmd.osc", OSC_LIBRARIES),
         *check_cycles(modules),
     ]
 

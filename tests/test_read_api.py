@@ -9,6 +9,7 @@ ledger's customers are the cloud's projects acme and initech, each with one VM o
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -85,15 +86,20 @@ def gmd_admin(config_file: Path, *args: str) -> Any:
     return json.loads(done.stdout)
 
 
-def test_the_read_api_answers_what_gmd_admin_prints(tmp_path: Path) -> None:
-    ledger = tmp_path / "ledger.db"
-    config_file = tmp_path / "gmd.toml"
-    config_file.write_text(
+def admin_config(ledger: Path) -> str:
+    """gmd-admin's configuration for the ledger of :func:`configured`."""
+    return (
         f'[database]\nurl = "sqlite:///{ledger}"\n'
         '[accounting]\ninterval_s = 60\ngrace_s = 0\nendowment = "equal"\nhalf_life_s = "none"\n'
         '[enforcement]\nmode = "dry-run"\nenter = [0.2, 0.4, 0.8]\nleave = [0.1, 0.3, 0.6]\n'
         "dwell_s = 0\n"
     )
+
+
+def test_the_read_api_answers_what_gmd_admin_prints(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger.db"
+    config_file = tmp_path / "gmd.toml"
+    config_file.write_text(admin_config(ledger))
     config = configured(f"sqlite:///{ledger}", {"auth": "local"})
     with seeded(config, ("acme", "initech")) as d:
         standings = httpx.get(f"{d.url}/v1/standings").json()
@@ -168,7 +174,9 @@ def keystone_daemon(tmp_path: Path, real_cloud: Any) -> Iterator[tuple[Any, dict
         "project_domain_name": "Default",
     }
     read_api = {"auth": "keystone", "keystone": options, "admin_project_id": info["admin_project"]}
-    config = configured(f"sqlite:///{tmp_path / 'ledger.db'}", read_api)
+    ledger = tmp_path / "ledger.db"
+    config = configured(f"sqlite:///{ledger}", read_api)
+    (tmp_path / "gmd.toml").write_text(admin_config(ledger))
     projects = (info["projects"]["acme"], info["projects"]["initech"])
     with seeded(config, projects) as d:
         yield d, info
@@ -232,3 +240,53 @@ def test_no_token_or_a_revoked_one_is_401(keystone_daemon: Any) -> None:
     answer = httpx.get(f"{d.url}/v1/standings", headers={"X-Auth-Token": token})
     assert answer.status_code == 401, answer.text
     assert "not valid" in answer.json()["detail"]
+
+
+# --- the openstack command line ---------------------------------------------------------------
+
+
+def openstack_cli(clouds_yaml: str, cloud: str, *args: str) -> Any:
+    done = subprocess.run(
+        [str(GMD_ADMIN.parent / "openstack"), "--os-cloud", cloud, *args, "-f", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OS_CLIENT_CONFIG_FILE": clouds_yaml},
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_openstack_fairness_reads_the_catalogs_endpoint_with_the_clouds_auth(
+    keystone_daemon: Any, real_cloud: Any, tmp_path: Path
+) -> None:
+    """The plugin as people run it: the clouds.yaml of the fixture, the endpoint of service
+    type fairness from Keystone's catalog, OSC's own formatter."""
+    d, info = keystone_daemon
+    acme = info["projects"]["acme"]
+    clouds = str(real_cloud.clouds_yaml)
+    conn = real_cloud.connect()
+    service = conn.identity.create_service(name="gmd", type="fairness")
+    try:
+        conn.identity.create_endpoint(
+            service_id=service.id, interface="public", url=d.url, region_id="RegionOne"
+        )
+        listed = openstack_cli(clouds, "keystone-admin", "fairness", "standing", "list")
+        explained = openstack_cli(clouds, "member", "fairness", "explain")
+        reported = openstack_cli(clouds, "member", "fairness", "report", "--from", "now-1d")
+    finally:
+        for endpoint in conn.identity.endpoints(service_id=service.id):
+            conn.identity.delete_endpoint(endpoint)
+        conn.identity.delete_service(service)
+    expected = gmd_admin(tmp_path / "gmd.toml", "standings")["customers"]
+    assert [
+        (r["Customer"], r["Balance"], r["GM (last)"], r["Utility"], r["Priority"], r["Level"])
+        for r in listed
+    ] == [
+        (r["customer"], r["balance"], r["greediness"], r["utility"], r["priority"], r["level"])
+        for r in expected
+    ]
+    assert len(listed) == 2
+    # A member's own project, without naming it.
+    assert explained["customer"] == acme and explained["summary"]
+    assert reported and all(isinstance(row, dict) for row in reported)
