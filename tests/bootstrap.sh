@@ -53,6 +53,8 @@ need_apt() {
 [ "${GMD_WITH_POSTGRES:-0}" = 1 ] && need_apt "the unit files' checks" systemd
 # tmux: tests/test_terminal.py runs gmd-admin in a real 80-column terminal.
 [ "${GMD_WITH_POSTGRES:-0}" = 1 ] && need_apt "the terminal session test" tmux
+# chromium: tests/test_read_api.py loads the read API's web page in a real headless browser.
+[ "${GMD_WITH_POSTGRES:-0}" = 1 ] && need_apt "the web page's browser test" chromium fonts-dejavu-core
 
 # libvirt-python has no wheel: pip builds it against Debian's libvirt headers.
 case ",$EXTRAS," in

@@ -290,3 +290,47 @@ def test_openstack_fairness_reads_the_catalogs_endpoint_with_the_clouds_auth(
     # A member's own project, without naming it.
     assert explained["customer"] == acme and explained["summary"]
     assert reported and all(isinstance(row, dict) for row in reported)
+
+
+# --- the web page, in a real browser ----------------------------------------------------------
+
+PHONE = {"width": 390, "height": 844}
+
+
+def test_a_customers_page_in_a_browser_shows_the_apis_balance_and_level(tmp_path: Path) -> None:
+    """Debian's chromium, headless, at a phone's size: the customer's page shows the balance
+    and level the API gives, its plot loaded, and nothing is wider than the screen; the
+    standings page links to it."""
+    from tests.browser import Browser
+
+    config = configured(f"sqlite:///{tmp_path / 'ledger.db'}", {"auth": "local"})
+    with seeded(config, ("acme", "initech")) as d, Browser() as browser:
+        api = httpx.get(f"{d.url}/v1/customers/acme/explain").json()
+        browser.open(f"{d.url}/ui/customers/acme", **PHONE)
+        page = browser.evaluate(
+            """({
+                balance: document.querySelector("#standing [data-key=balance]").dataset.value,
+                shownBalance: document.querySelector("#standing [data-key=balance]").textContent,
+                level: document.querySelector("#standing [data-key=level]").dataset.value,
+                summary: [...document.querySelectorAll("ul.summary li")].map(li => li.textContent),
+                plotWidth: document.querySelector("img").naturalWidth,
+                actions: document.querySelectorAll("#actions tr").length - 1,
+                wide: document.documentElement.scrollWidth,
+                screen: window.innerWidth,
+            })"""
+        )
+        screenshot = browser.screenshot()
+        browser.open(f"{d.url}/ui", **PHONE)
+        links = browser.evaluate(
+            "[...document.querySelectorAll('tr[data-customer] a')].map(a => a.textContent)"
+        )
+    assert float(page["balance"]) == api["balance"]["balance"]
+    assert page["shownBalance"] == f"{api['balance']['balance']:.4f}"
+    assert int(page["level"]) == api["level"]["level"] > 0
+    assert page["summary"] == api["summary"]
+    assert page["plotWidth"] > 0, "the plot did not load"
+    assert page["actions"] > 0
+    assert page["wide"] <= page["screen"], page
+    assert screenshot.startswith(b"\x89PNG\r\n\x1a\n") and len(screenshot) > 10_000
+    (tmp_path / "customer-page.png").write_bytes(screenshot)
+    assert links == ["acme", "initech"]

@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from sqlalchemy import Engine
 
-from gmd.daemon.api import health, plans, read, samples
+from gmd.daemon.api import health, plans, read, samples, web
 from gmd.daemon.api.errors import install_handlers
 from gmd.daemon.api.services import Services
 from gmd.daemon.config import Config
@@ -53,6 +53,7 @@ def create_app(
         app.include_router(router)
     if services.read_access is not None:
         app.include_router(read.router)
+        app.include_router(web.router)
     describe_bodies(app)
     return app
 
