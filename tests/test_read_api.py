@@ -227,7 +227,10 @@ def test_a_member_reads_its_own_project_and_nothing_of_another(keystone_daemon: 
 
 def test_no_token_or_a_revoked_one_is_401(keystone_daemon: Any) -> None:
     d, info = keystone_daemon
-    assert httpx.get(f"{d.url}/v1/standings").status_code == 401
+    anonymous = httpx.get(f"{d.url}/v1/standings")
+    assert anonymous.status_code == 401
+    assert anonymous.headers["www-authenticate"] == f'Keystone uri="{info["keystone_url"]}"'
+
     made_up = httpx.get(f"{d.url}/v1/standings", headers={"X-Auth-Token": "gAAAA-not-a-token"})
     assert made_up.status_code == 401
     token = member_of(info, "acme")

@@ -43,7 +43,12 @@ class Reader:
 
 
 class Unauthenticated(Exception):
-    """No token, or one Keystone does not vouch for (expired, revoked, made up)."""
+    """No token, or one Keystone does not vouch for (expired, revoked, made up);
+    ``challenge`` tells the client where to get one (``WWW-Authenticate``)."""
+
+    def __init__(self, message: str, challenge: str) -> None:
+        super().__init__(message)
+        self.challenge = challenge
 
 
 class ReadAccess(Protocol):
@@ -96,6 +101,8 @@ class KeystoneAccess:
         )
         self._enforcer.register_defaults(policy_defaults())
         self._admin_project_id = config.admin_project_id
+        # As every OpenStack service answers a 401: where to get a token.
+        self._challenge = f'Keystone uri="{config.keystone["www_authenticate_uri"]}"'
 
     def reader(self, token: str | None) -> Reader:
         """Who ``token`` belongs to; :class:`Unauthenticated` when Keystone does not say."""
@@ -103,14 +110,16 @@ class KeystoneAccess:
         from oslo_context import context
 
         if not token:
-            raise Unauthenticated("no X-Auth-Token: a Keystone token is required")
+            raise Unauthenticated("no X-Auth-Token: a Keystone token is required", self._challenge)
         request = webob.Request.blank("/")
         request.headers["X-Auth-Token"] = token
         response = request.get_response(self._protocol)
         if response.status_int != 200 or request.environ.get("HTTP_X_IDENTITY_STATUS") != (
             "Confirmed"
         ):
-            raise Unauthenticated("the X-Auth-Token is not valid (expired, revoked or unknown)")
+            raise Unauthenticated(
+                "the X-Auth-Token is not valid (expired, revoked or unknown)", self._challenge
+            )
         creds = context.RequestContext.from_environ(request.environ).to_policy_values()
         rules = _Rules(self._enforcer, self._admin_project_id)
         everyone = rules.enforce(READ_EVERYONE, {}, creds)

@@ -35,10 +35,13 @@ class Refused(Exception):
         detail: str,
         errors: list[str] | None = None,
         reason: Rejection | None = None,
+        challenge: str = "Bearer",
     ) -> None:
         super().__init__(detail)
         self.status, self.detail, self.errors = status, detail, errors or []
         self.reason = reason
+        self.challenge = challenge
+        """a 401's ``WWW-Authenticate``: the agents' bearer token, or where to get a token"""
 
 
 def _where(loc: tuple[Any, ...]) -> str:
@@ -104,7 +107,7 @@ async def refused(request: Request, exc: Refused) -> JSONResponse:
         log.warning(
             "%s %s refused (%d): %s", request.method, request.url.path, exc.status, exc.detail
         )
-    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+    headers = {"WWW-Authenticate": exc.challenge} if exc.status == 401 else None
     return JSONResponse(
         Problem(detail=exc.detail, errors=exc.errors).model_dump(),
         status_code=exc.status,

@@ -50,7 +50,7 @@ def reader(services: ServicesDep, x_auth_token: Annotated[str | None, Header()] 
     try:
         return access.reader(x_auth_token)
     except Unauthenticated as exc:
-        raise Refused(401, str(exc)) from None
+        raise Refused(401, str(exc), challenge=exc.challenge) from None
 
 
 ReaderDep = Annotated[Reader, Depends(reader)]
