@@ -205,7 +205,8 @@ def test_a_member_reads_its_own_project_and_nothing_of_another(keystone_daemon: 
     assert [r["customer"] for r in standings["customers"]] == [acme]
     own = httpx.get(f"{d.url}/v1/customers/{acme}/explain", headers=headers)
     assert own.status_code == 200, own.text
-    # By its name too, as the operator may name it.
+    # A name the ledger does not know (the batches named no project): 403 like any other
+    # customer not the caller's, never a 404 that would tell what exists.
     assert httpx.get(f"{d.url}/v1/customers/acme/explain", headers=headers).status_code == 403
     body = own.text
     for secret in (initech, "initech", as_uuid(f"vm-{initech}")):
@@ -223,6 +224,66 @@ def test_a_member_reads_its_own_project_and_nothing_of_another(keystone_daemon: 
     # Whether a project exists is none of a member's business either.
     missing = httpx.get(f"{d.url}/v1/customers/{'0' * 32}/explain", headers=headers)
     assert missing.status_code == 403
+
+
+def expiring_token(info: dict[str, Any], project: str, seconds: int) -> tuple[str, float]:
+    """A member's token that expires in ``seconds``: issued through an application
+    credential that expires then (Keystone ends such a token with its credential)."""
+    import datetime
+
+    from keystoneauth1 import session
+    from keystoneauth1.identity import v3
+
+    member = session.Session(
+        auth=v3.Password(
+            auth_url=info["keystone_url"],
+            username=f"{project}-member",
+            password=info["password"],
+            user_domain_name="Default",
+            project_name=project,
+            project_domain_name="Default",
+        )
+    )
+    ends = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=seconds)
+    created = member.post(
+        f"{info['keystone_url']}/users/{member.get_user_id()}/application_credentials",
+        json={
+            "application_credential": {
+                "name": f"gmd-test-{time.time()}",
+                "expires_at": ends.strftime("%Y-%m-%dT%H:%M:%S"),
+            }
+        },
+    ).json()["application_credential"]
+    short = session.Session(
+        auth=v3.ApplicationCredential(
+            auth_url=info["keystone_url"],
+            application_credential_id=created["id"],
+            application_credential_secret=created["secret"],
+        )
+    )
+    return str(short.get_token()), ends.timestamp()
+
+
+def test_an_expired_token_is_401(keystone_daemon: Any) -> None:
+    d, info = keystone_daemon
+    token, ends = expiring_token(info, "acme", seconds=5)
+    while time.time() < ends + 1:
+        time.sleep(0.2)
+    answer = httpx.get(f"{d.url}/v1/standings", headers={"X-Auth-Token": token})
+    assert answer.status_code == 401, answer.text
+
+
+def test_the_web_page_takes_a_members_token_from_its_cookie(keystone_daemon: Any) -> None:
+    d, info = keystone_daemon
+    acme, initech = info["projects"]["acme"], info["projects"]["initech"]
+    cookies = {"gmd_token": member_of(info, "acme")}
+    standings = httpx.get(f"{d.url}/ui", cookies=cookies)
+    assert standings.status_code == 200 and acme in standings.text
+    assert initech not in standings.text
+    own = httpx.get(f"{d.url}/ui/customers/{acme}", cookies=cookies)
+    assert own.status_code == 200 and "Recent enforcement actions" in own.text
+    assert httpx.get(f"{d.url}/ui/customers/{initech}", cookies=cookies).status_code == 403
+    assert httpx.get(f"{d.url}/ui").status_code == 401
 
 
 def test_no_token_or_a_revoked_one_is_401(keystone_daemon: Any) -> None:
