@@ -188,14 +188,15 @@ def stop(run: Path) -> None:
         try:
             os.killpg(pid, signal.SIGTERM)
         except OSError:
-            pidfile.unlink()
+            pidfile.unlink(missing_ok=True)
             continue
         deadline = time.monotonic() + 15
         while (alive(pid) or not port_free(port)) and time.monotonic() < deadline:
             time.sleep(0.1)
         if alive(pid):
             os.killpg(pid, signal.SIGKILL)
-        pidfile.unlink()
+        # missing_ok: two stops at once (make test's, and one by hand) both get here.
+        pidfile.unlink(missing_ok=True)
 
 
 # --- the seed -----------------------------------------------------------------------------
