@@ -251,13 +251,13 @@ class KernelFloor:
     ``/proc/net/dev``, and nothing else: no parsing, no Python objects."""
 
     def __init__(self, guests: list[Any]) -> None:
-        from gmd.agent.collect.kernel import locate, parse_mountinfo, parse_proc_cgroup
+        from gmd.agent.collect.kernel import locate_process, parse_mountinfo
 
         mounts = parse_mountinfo(Path("/proc/self/mountinfo").read_text())
         paths = [Path("/proc/net/dev")]
         for g in guests:
             pid = int(Path(f"/run/libvirt/qemu/{g.name}.pid").read_text())
-            files = locate(parse_proc_cgroup(Path(f"/proc/{pid}/cgroup").read_text()), mounts)
+            files = locate_process(pid, mounts)
             paths += [files.cpu[1], Path(f"/proc/{pid}/statm")]
             if files.io is not None:
                 paths.append(files.io[1])

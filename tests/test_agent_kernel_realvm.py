@@ -228,11 +228,10 @@ def test_a_guest_that_shuts_down_between_ticks_keeps_its_last_seconds(
     from gmd.agent.collect.kernel import (
         CpuFile,
         KernelCollector,
-        locate,
+        locate_process,
         parse_cpu_stat,
         parse_cpuacct_usage,
         parse_mountinfo,
-        parse_proc_cgroup,
     )
     from tests.guest_image import build_guest_image
     from tests.realvm import _new_guest, _remove_domain, _wait_ready, domain_xml
@@ -253,10 +252,7 @@ def test_a_guest_that_shuts_down_between_ticks_keeps_its_last_seconds(
 
         # What the test sees of the guest's CPU counter, as often as it can, until it is gone.
         pid = int(Path(f"/run/libvirt/qemu/{guest.name}.pid").read_text())
-        cgroups = locate(
-            parse_proc_cgroup(Path(f"/proc/{pid}/cgroup").read_text()),
-            parse_mountinfo(Path("/proc/self/mountinfo").read_text()),
-        )
+        cgroups = locate_process(pid, parse_mountinfo(Path("/proc/self/mountinfo").read_text()))
         kind, cpu_file = cgroups.cpu
         parse = parse_cpuacct_usage if kind is CpuFile.CPUACCT_USAGE else parse_cpu_stat
 

@@ -25,6 +25,7 @@ from gmd.common.config import ConfigError
 from gmd.daemon.enforce.levels import after_interval
 from gmd.daemon.ledger.accounting import account_due
 from tests.daemon_support import (
+    INTERVAL_S,
     HostSpec,
     aligned_past,
     as_uuid,
@@ -60,6 +61,7 @@ def seeded(config: Any, customers: tuple[str, str]) -> Iterator[Any]:
         yield d
 
 
+ACCOUNTING = {"endowment": "equal", "half_life_s": "none"}
 # Thresholds the greedy customer crosses in the seed's intervals: the log has its levels.
 ENFORCEMENT = {"mode": "dry-run", "enter": [0.2, 0.4, 0.8], "leave": [0.1, 0.3, 0.6], "dwell_s": 0}
 
@@ -68,7 +70,7 @@ def configured(url: str, read_api: dict[str, Any], **daemon: Any) -> Any:
     return make_config(
         url,
         {HOST.name: "operator"},
-        accounting={"endowment": "equal", "half_life_s": "none"},
+        accounting=ACCOUNTING,
         enforcement=ENFORCEMENT,
         daemon={"bind": "127.0.0.1", **daemon},
         read_api=read_api,
@@ -87,12 +89,17 @@ def gmd_admin(config_file: Path, *args: str) -> Any:
 
 
 def admin_config(ledger: Path) -> str:
-    """gmd-admin's configuration for the ledger of :func:`configured`."""
-    return (
-        f'[database]\nurl = "sqlite:///{ledger}"\n'
-        '[accounting]\ninterval_s = 60\ngrace_s = 0\nendowment = "equal"\nhalf_life_s = "none"\n'
-        '[enforcement]\nmode = "dry-run"\nenter = [0.2, 0.4, 0.8]\nleave = [0.1, 0.3, 0.6]\n'
-        "dwell_s = 0\n"
+    """gmd-admin's configuration file for the ledger of :func:`configured` (the same
+    sections: :func:`make_config`'s accounting, then this module's). JSON's strings, numbers
+    and lists of numbers are TOML's too."""
+    sections = {
+        "database": {"url": f"sqlite:///{ledger}"},
+        "accounting": {"interval_s": INTERVAL_S, "grace_s": 0, **ACCOUNTING},
+        "enforcement": ENFORCEMENT,
+    }
+    return "".join(
+        f"[{name}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in table.items())
+        for name, table in sections.items()
     )
 
 

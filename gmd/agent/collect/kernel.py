@@ -75,7 +75,12 @@ from urllib.parse import urlsplit
 import libvirt
 
 from gmd.agent.collect.base import HostReading, HostResources, Ownership, VmReading
-from gmd.agent.collect.libvirt import LibvirtCollector, bulk_devices, describe
+from gmd.agent.collect.libvirt import (
+    LibvirtCollector,
+    bulk_devices,
+    counted_disks,
+    describe,
+)
 from gmd.agent.collect.lifecycle import (
     LAST_MOMENTS,
     Lifecycle,
@@ -217,6 +222,12 @@ def locate(proc_cgroup: Mapping[str, str], mounts: CgroupMounts) -> CgroupFiles:
     elif unified is not None:
         io = (IoFile.IO_STAT, unified / IoFile.IO_STAT.value)
     return CgroupFiles(cpu, io)
+
+
+def locate_process(pid: int, mounts: CgroupMounts, proc: Path = PROC) -> CgroupFiles:
+    """The counter files of QEMU process ``pid``'s domain (:func:`locate`), from its
+    ``/proc/<pid>/cgroup``; :class:`KernelReadError` when that cannot be read."""
+    return locate(parse_proc_cgroup(_read(proc / str(pid) / "cgroup")), mounts)
 
 
 # --- the counter files (pure parsers) --------------------------------------------------------
@@ -453,13 +464,8 @@ def plan_disks(xml: str) -> DiskPlan:
     block stats for network disks (RBD, iSCSI, NBD, …: socket I/O, no cgroup file counts it)
     and storage-pool volumes (which may be either), and for every disk of a domain with a
     local disk cached by the host."""
-    root = ET.fromstring(xml)
     local, remote, cached = [], [], False
-    for disk in root.iterfind("devices/disk"):
-        target, source = disk.find("target"), disk.find("source")
-        dev = target.get("dev") if target is not None else None
-        if not dev or source is None or not source.attrib:
-            continue  # an empty drive: no counters
+    for disk, dev in counted_disks(ET.fromstring(xml)):
         if disk.get("type") in LOCAL_DISK_TYPES:
             local.append(dev)
             driver = disk.find("driver")
@@ -509,6 +515,20 @@ class KernelDescription:
     problem: str = ""
     disk_source: DiskSource | None = None
     """decided at the first reading of this process, kept across refreshes"""
+
+    def reading(self, uuid: str, taken_s: float, c: KernelCounters) -> VmReading:
+        """The VM's reading of counters ``c``, taken at ``taken_s`` (a tick's, or an event's)."""
+        return VmReading(
+            uuid=uuid,
+            run_id=self.run_id,
+            taken_s=taken_s,
+            cpu_time_ns=c.cpu_time_ns,
+            memory_rss_bytes=c.memory_rss_bytes,
+            disks=c.disks,
+            nics=c.nics,
+            owner=self.owner,
+            name=self.name,
+        )
 
 
 class KernelCollector:
@@ -725,17 +745,7 @@ class KernelCollector:
             except KernelReadError as exc:
                 log.info("domain %s (%s) %s: too late to read: %s", uuid, d.name, kind.name, exc)
                 return
-            self._last[uuid] = VmReading(
-                uuid,
-                d.run_id,
-                taken_s,
-                c.cpu_time_ns,
-                c.memory_rss_bytes,
-                c.disks,
-                c.nics,
-                d.owner,
-                d.name,
-            )
+            self._last[uuid] = d.reading(uuid, taken_s, c)
         log.info("domain %s (%s) %s: its counters read", uuid, d.name, kind.name)
 
     def _last_moments(
@@ -777,8 +787,7 @@ class KernelCollector:
             problem = f"no QEMU pid for {name}: {exc}"
         else:
             try:
-                proc_cgroup = parse_proc_cgroup(_read(self.proc / str(pid) / "cgroup"))
-                cgroups = locate(proc_cgroup, mounts)
+                cgroups = locate_process(pid, mounts, self.proc)
                 if not plan.cgroup:  # its I/O file is not read: no disk is counted there
                     cgroups = dataclasses.replace(cgroups, io=None)
                 sources = KernelSources(cgroups, self.proc / str(pid) / "statm", nics)
@@ -826,17 +835,7 @@ class KernelCollector:
             self._cannot(uuid, d, "QEMU is in no blkio (v1) nor v2 cgroup of its own")
             return None
         d.disk_source = DiskSource.KERNEL
-        return VmReading(
-            uuid=uuid,
-            run_id=d.run_id,
-            taken_s=taken_s,
-            cpu_time_ns=c.cpu_time_ns,
-            memory_rss_bytes=c.memory_rss_bytes,
-            disks=c.disks,
-            nics=c.nics,
-            owner=d.owner,
-            name=d.name,
-        )
+        return d.reading(uuid, taken_s, c)
 
     def _cannot(self, uuid: str, d: KernelDescription, why: str) -> None:
         """Mark the VM for libvirt this tick; a VM not yet read from the kernel in this process

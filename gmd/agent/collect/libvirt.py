@@ -28,7 +28,7 @@ import functools
 import logging
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,12 +86,7 @@ def describe(
     target device is asked for by MAC address.
     """
     root = ET.fromstring(xml)
-    disks: list[str] = []
-    for disk in root.iterfind("devices/disk"):
-        target, source = disk.find("target"), disk.find("source")
-        dev = target.get("dev") if target is not None else None
-        if dev and source is not None and source.attrib:
-            disks.append(dev)
+    disks = [dev for _disk, dev in counted_disks(root)]
     nics: list[str] = []
     for iface in root.iterfind("devices/interface"):
         target, mac = iface.find("target"), iface.find("mac")
@@ -101,6 +96,16 @@ def describe(
         if name:
             nics.append(name)
     return root.findtext("name", ""), ownership(root, default_customer), tuple(disks), tuple(nics)
+
+
+def counted_disks(root: ET.Element) -> Iterator[tuple[ET.Element, str]]:
+    """A domain's ``<disk>`` elements that have counters, each with its target device: those
+    with a source (an empty CD-ROM drive has none)."""
+    for disk in root.iterfind("devices/disk"):
+        target, source = disk.find("target"), disk.find("source")
+        dev = target.get("dev") if target is not None else None
+        if dev and source is not None and source.attrib:
+            yield disk, dev
 
 
 def bulk_devices(stats: dict[str, Any], group: str, first: str, second: str) -> dict | None:

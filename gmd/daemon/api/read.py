@@ -71,13 +71,17 @@ def _customer(services: ServicesDep, who: Reader, customer: str) -> str:
     return uuid
 
 
-def _time(value: str | None, default: float | None, name: str, now: float) -> float | None:
-    if value is None:
-        return default
-    try:
-        return parse_time(value, now)
-    except ValueError as exc:
-        raise Refused(400, f"{name}: {exc}") from None
+def _times(services: ServicesDep, *given: tuple[str, str | None]) -> list[float | None]:
+    """Each ``(name, value)``'s time in seconds, all against one "now" (None stays None); a
+    400 naming the first that is not a time."""
+    now = services.clock()
+    out: list[float | None] = []
+    for name, value in given:
+        try:
+            out.append(None if value is None else parse_time(value, now))
+        except ValueError as exc:
+            raise Refused(400, f"{name}: {exc}") from None
+    return out
 
 
 @router.get("/standings", summary="Where every customer stands (gmd-admin standings)")
@@ -122,9 +126,7 @@ def get_explanation(
     from gmd.daemon.reports.explain import NothingToExplain, explain
 
     uuid = _customer(services, who, customer)
-    now = services.clock()
-    at_s = _time(at, None, "at", now)
-    from_s, to_s = _time(from_, None, "from", now), _time(to, None, "to", now)
+    at_s, from_s, to_s = _times(services, ("at", at), ("from", from_), ("to", to))
     try:
         with services.engine.connect() as conn:
             result = explain(conn, services.config, uuid, at_s=at_s, from_s=from_s, to_s=to_s)
@@ -154,9 +156,8 @@ def get_report(
     from gmd.daemon.reports.usage import report
 
     uuid = _customer(services, who, customer)
-    now = services.clock()
-    from_s, to_s = _time(from_, None, "from", now), _time(to, None, "to", now)
-    assert from_s is not None and to_s is not None
+    from_s, to_s = _times(services, ("from", from_), ("to", to))
+    assert from_s is not None and to_s is not None  # both have a default
     try:
         with services.engine.connect() as conn:
             result = report(conn, group_by.value, from_s, to_s, customer=uuid)
@@ -187,8 +188,7 @@ def get_enforcement(
         if who.project_id is None:
             raise Refused(403, f"{who.name}: a project-scoped token is needed to read its log")
         uuid = _customer(services, who, who.project_id)
-    now = services.clock()
-    from_s, to_s = _time(from_, None, "from", now), _time(to, None, "to", now)
+    from_s, to_s = _times(services, ("from", from_), ("to", to))
     with services.engine.connect() as conn:
         rows = actions(conn, from_s=from_s, to_s=to_s, customer=uuid, limit=limit)
     return {"actions": rows}
@@ -214,8 +214,7 @@ def get_plot(
     from gmd.daemon.reports.series import EmptyRange, collect
 
     uuid = _customer(services, who, customer)
-    now = services.clock()
-    from_s, to_s = _time(from_, None, "from", now), _time(to, None, "to", now)
+    from_s, to_s = _times(services, ("from", from_), ("to", to))
     try:
         with services.engine.connect() as conn:
             data = collect(conn, customers=[uuid], from_s=from_s, to_s=to_s)
