@@ -147,3 +147,16 @@ def test_db_unusable_url_is_a_config_error_without_the_password(tmp_path: Path) 
     out = run("--config", str(cfg), "db", "upgrade")
     assert out.returncode == 2
     assert "gmd:***@db/gmd" in out.stderr and "secret" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    "command", [["standings"], ["report"], ["actions"], ["explain"], ["reset"], ["plot"]]
+)
+def test_help_says_a_customer_is_named_by_uuid_or_name(command: list[str]) -> None:
+    """Every command taking a customer takes a project uuid or its name (issue 27): its help
+    says both, never "project uuid" alone."""
+    out = run(*command, "--help")
+    assert out.returncode == 0, out.stderr
+    text = " ".join(out.stdout.split())
+    assert "project uuid or project name" in text
+    assert "(project uuid)" not in text

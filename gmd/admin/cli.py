@@ -66,6 +66,10 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
+NAMED = "project uuid or project name"
+"""How every command that takes a customer says it may be named: the ledger's lookup
+(:mod:`gmd.daemon.ledger.lookup`) takes either, so every help says so in these words."""
+
 EXIT_UNAVAILABLE = 1
 EXIT_BAD_INPUT = 2
 EXIT_NOT_FOUND = 3
@@ -451,7 +455,7 @@ def standings_command(
         list[str] | None,
         typer.Option(
             "--customer",
-            help="Only this customer (project uuid or project name); repeat for several.",
+            help=f"Only this customer ({NAMED}); repeat for several.",
         ),
     ] = None,
     *,
@@ -517,7 +521,7 @@ def actions_command(
     to: Annotated[str | None, typer.Option("--to", help="End (exclusive), same forms.")] = None,
     customer: Annotated[
         str | None,
-        typer.Option("--customer", help="Only this customer (project uuid or project name)."),
+        typer.Option("--customer", help=f"Only this customer ({NAMED})."),
     ] = None,
     limit: Annotated[
         int | None, typer.Option(help="The newest N actions only (shown oldest first).", min=1)
@@ -652,7 +656,7 @@ def report_command(
         str | None,
         typer.Option(
             "--customer",
-            help="Only this customer (project uuid); with day or week, its rows per period.",
+            help=f"Only this customer ({NAMED}); with day or week, its rows per period.",
         ),
     ] = None,
     top: Annotated[
@@ -771,7 +775,7 @@ def report_command(
 @app.command("reset")
 def reset_command(
     ctx: typer.Context,
-    customer: Annotated[str, typer.Argument(help="The customer (project uuid) to reset.")],
+    customer: Annotated[str, typer.Argument(help=f"The customer ({NAMED}) to reset.")],
     reason: Annotated[
         str, typer.Option("--reason", help="Why; kept in the enforcement log (required).")
     ],
@@ -946,7 +950,7 @@ def batches_drop(ctx: typer.Context, key: _KEY, reason: _REASON, by: _BY = None)
 @app.command("explain")
 def explain_command(
     ctx: typer.Context,
-    customer: Annotated[str, typer.Argument(help="The customer (project uuid) to explain.")],
+    customer: Annotated[str, typer.Argument(help=f"The customer ({NAMED}) to explain.")],
     at: Annotated[
         str | None,
         typer.Option(
@@ -1154,7 +1158,7 @@ def plot_command(
         list[str] | None,
         typer.Option(
             "--customer",
-            help="A customer (project uuid) to draw; repeat for several. Default: the --top N.",
+            help=f"A customer ({NAMED}) to draw; repeat for several. Default: the --top N.",
             metavar="NAME",
         ),
     ] = None,
