@@ -42,6 +42,7 @@ FIRST = aligned_past(4)
 
 
 def write_config(path: Path, url: str) -> Path:
+    """gmd's configuration for this ledger; its read API answers on the loopback."""
     hosts = "".join(
         f'[hosts."{h}"]\nowner = "operator"\n'
         f'token_sha256 = "{hashlib.sha256(token_of(h).encode()).hexdigest()}"\n'
@@ -53,7 +54,8 @@ def write_config(path: Path, url: str) -> Path:
         "gamma = 0.5\n"
         '[enforcement]\nmode = "dry-run"\nenter = [0.15]\nleave = [0.1]\ndwell_s = 0\n'
         "max_step = 1\nweight_factors = [0.5]\ncap_level = 2\nquota_level = 2\n"
-        "cpu_cap_fractions = [0.5]\ndisk_caps_bytes_per_s = [0]\n" + hosts
+        "cpu_cap_fractions = [0.5]\ndisk_caps_bytes_per_s = [0]\n"
+        '[daemon]\nbind = "127.0.0.1"\n[read_api]\nauth = "local"\n' + hosts
     )
     return path
 
@@ -177,3 +179,34 @@ def test_errors_have_exit_codes(ledger: Path) -> None:
     assert csv_.returncode == 2 and "not CSV" in csv_.stderr
     bad = admin(ledger, "a", "--at", "yesterday-ish")
     assert bad.returncode == 2 and "is not a time" in bad.stderr
+
+
+def test_a_host_report_on_a_throttled_customer_is_explained(ledger: Path) -> None:
+    """A stock agent in dry-run reports what it would do to a's VM once a is at level 1: the
+    report's time (a datetime the database wrote) is compared with the level decision's
+    when explaining. SQLite hands both back without a zone; the read API, the web page and
+    gmd-admin still explain (this crashed with "can't compare offset-naive and offset-aware
+    datetimes")."""
+    config = load(ledger)
+    report = {
+        "generated_s": FIRST + 120,
+        "results": [
+            {
+                "uuid": as_uuid("vm-a1"),
+                "action": "apply",
+                "ok": True,
+                "before": {"cpu_shares": 1024},
+                "after": {"cpu_shares": 512},
+            }
+        ],
+    }
+    with serving(config) as d:
+        url = f"{d.url}/v1/plan/cmp-1/report"
+        assert httpx.post(url, json=report, headers=auth("cmp-1")).json() == {"recorded": 1}
+        api = httpx.get(f"{d.url}/v1/customers/a/explain")
+        page = httpx.get(f"{d.url}/ui/customers/a")
+    assert api.status_code == 200, api.text
+    assert page.status_code == 200, page.text
+    kinds = [a["kind"] for a in api.json()["actions"]]
+    assert kinds == ["level", "host_apply"]
+    assert explained(ledger, "a") == api.json()

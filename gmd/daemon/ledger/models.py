@@ -10,7 +10,8 @@ from, so that a balance can be explained from the rows alone.
 from __future__ import annotations
 
 import enum
-from datetime import datetime
+from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -24,6 +25,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Text,
+    TypeDecorator,
     UniqueConstraint,
     false,
     func,
@@ -48,6 +50,29 @@ ID64 = BigInteger().with_variant(Integer, "sqlite")
 """Ids that grow with time, batches or samples: 64-bit on PostgreSQL (a 100,000-VM cloud posts
 7.2 M batches a day, past 2^31 in ten months). SQLite's INTEGER is 64-bit already, and only
 INTEGER makes a primary key the rowid that numbers rows by itself."""
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """A moment, always read back as an aware UTC datetime.
+
+    PostgreSQL's ``timestamptz`` comes back aware, SQLite's text without a zone: comparing the
+    two (a host report's time with a level decision's) raised ``TypeError``. The zone is
+    settled here, where every such column is read, once for all readers; a moment written
+    with another zone is stored as UTC (SQLite would drop its offset)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is not None:
+            value = value.astimezone(UTC)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
 
 PARTITIONED = ("samples", "batches", "host_intervals")
 """On PostgreSQL these raw tables are partitioned by ``RANGE (interval_id)``, one partition a
@@ -115,7 +140,7 @@ class Organization(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(255), unique=True)
     customer_id: Mapped[int | None] = mapped_column(ForeignKey("customers.id"))
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), server_default=func.now())
 
 
 class Customer(Base):
@@ -124,7 +149,7 @@ class Customer(Base):
     __tablename__ = "customers"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(255), unique=True)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), server_default=func.now())
     display_name: Mapped[str | None] = mapped_column(String(255))
     """The project's name, for people (Keystone's, else the Nova metadata's); None: unknown"""
     display_source: Mapped[str | None] = mapped_column(String(16))
@@ -163,7 +188,7 @@ class Interval(Base):
         Enum(IntervalState, name="interval_state", native_enum=False, length=16),
         default=IntervalState.open,
     )
-    accounted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    accounted_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
     ledger_rows: Mapped[int | None] = mapped_column(Integer)
 
 
@@ -189,9 +214,7 @@ class Batch(Base):
     digest: Mapped[str] = mapped_column(String(64))
     host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"))
     interval_id: Mapped[int] = mapped_column(ForeignKey("intervals.id"), index=True)
-    received_at: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), server_default=func.now()
-    )
+    received_at: Mapped[datetime] = mapped_column(UtcDateTime(), server_default=func.now())
     samples: Mapped[int] = mapped_column(Integer)
     late: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     state: Mapped[BatchState] = mapped_column(
@@ -344,9 +367,7 @@ class QuotaOriginal(Base):
     restoring deletes the project limit gmd created)"""
     backend: Mapped[str | None] = mapped_column(String(32))
     """Where the lowered quota was written (``nova``, ``keystone-limits``); None until then"""
-    recorded_at: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), server_default=func.now()
-    )
+    recorded_at: Mapped[datetime] = mapped_column(UtcDateTime(), server_default=func.now())
 
 
 class EnforcementAction(Base):
@@ -354,7 +375,7 @@ class EnforcementAction(Base):
 
     __tablename__ = "enforcement_actions"
     id: Mapped[int] = mapped_column(ID64, primary_key=True)
-    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    at: Mapped[datetime] = mapped_column(UtcDateTime(), server_default=func.now())
     interval_id: Mapped[int | None] = mapped_column(ForeignKey("intervals.id"), index=True)
     customer_id: Mapped[int | None] = mapped_column(ForeignKey("customers.id"), index=True)
     host_id: Mapped[int | None] = mapped_column(ForeignKey("hosts.id"))
@@ -376,7 +397,7 @@ class BalanceReset(Base):
 
     __tablename__ = "balance_resets"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    at: Mapped[datetime] = mapped_column(UtcDateTime(), server_default=func.now())
     customer_id: Mapped[int] = mapped_column(ForeignKey("customers.id"), index=True)
     effective_start_s: Mapped[int] = mapped_column(BigInteger, index=True)
     previous_balance: Mapped[float] = mapped_column(Double)

@@ -91,7 +91,7 @@ def actions(
         newest_first = newest_first.limit(limit)
     rows = []
     for r in reversed(conn.execute(newest_first).all()):
-        at = r.at if r.at.tzinfo else r.at.replace(tzinfo=UTC)
+        at = r.at  # aware UTC (UtcDateTime)
         rows.append(
             {
                 "at": at.strftime("%Y-%m-%dT%H:%M:%SZ"),

@@ -378,10 +378,6 @@ def _dt(t: float) -> datetime:
     return datetime.fromtimestamp(t, UTC)
 
 
-def _epoch(at: datetime) -> float:
-    return (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp()
-
-
 def _only(column: Any, customer_id: int | None) -> list[ColumnElement[bool]]:
     """The condition keeping one customer's rows, if the report is about one."""
     return [] if customer_id is None else [column == customer_id]
@@ -1105,7 +1101,7 @@ def _by_period(
             _actions.c.at < _dt(rng.hi),
         )
     ):
-        actions[(math.floor(_epoch(at)) + shift) // size] += 1
+        actions[(math.floor(at.timestamp()) + shift) // size] += 1
     names = _customer_names(conn)
     rows = []
     for p in sorted(set(bounds) | set(actions)):
