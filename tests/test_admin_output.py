@@ -7,6 +7,7 @@ import csv
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -266,3 +267,29 @@ def test_reading_commands_create_nothing(tmp_path: Path) -> None:
 def test_version() -> None:
     out = subprocess.run([str(ADMIN), "--version"], capture_output=True, text=True, check=False)
     assert out.returncode == 0 and out.stdout.startswith("gmd-admin ")
+
+
+COLUMN_NAME = re.compile(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b")
+"""A column key as footnotes write it (gm_mean, throttled_s); ``gm_<resource>`` stands for
+the per-resource columns and is not one."""
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_every_footnote_names_columns_of_its_own_table(ledger_config: Path) -> None:  # noqa: F811
+    """A footnote explains a column the reader sees: the resource report's note said what
+    gm_mean divides by under a table without gm_mean (issue 27)."""
+    runner = CliRunner()
+    for group in ("customer", "organization", "host", "resource", "day", "week"):
+        for only in ([], ["--customer", "a"]):
+            if group == "organization" and only:
+                continue
+            base = ["--config", str(ledger_config), "report", "--from", "0", "--group-by", group]
+            doc = runner.invoke(app, [*base, *only, "-f", "json"])
+            assert doc.exit_code == 0, (group, only, doc.output)
+            heading = runner.invoke(app, [*base, *only, "-f", "csv"])
+            assert heading.exit_code == 0, (group, only, heading.output)
+            keys = set(heading.stdout.splitlines()[0].split(","))
+            notes = json.loads(doc.stdout)["notes"]
+            assert notes, (group, only)
+            named = {n for note in notes for n in COLUMN_NAME.findall(note)}
+            assert named <= keys, (group, only, named - keys, notes)

@@ -393,12 +393,14 @@ def _int(value: Any) -> int:
     return 0 if value is None else int(value)
 
 
-def _range_note(rng: _Range, mean: bool = True) -> str:
-    """The range's intervals; ``mean`` when the table has gm_mean, to say what it divides by."""
+def _range_note(rng: _Range, columns: Iterable[Column]) -> str:
+    """The range's intervals, and what gm_mean divides by when ``columns`` (the table the
+    note is under) have gm_mean: a note names no column its table lacks."""
     text = (
         f"{rng.accounted} accounted interval(s) start in [{iso(rng.lo)}, {iso(rng.hi)}),"
         f" {rng.empty} of them without samples"
     )
+    mean = any(c.key == "gm_mean" for c in columns)
     return text + (f"; gm_mean divides by {rng.accounted}" if mean else "")
 
 
@@ -582,7 +584,7 @@ def _by_customer(
         *_CUSTOMER_TAIL,
     )
     notes = [
-        _range_note(rng),
+        _range_note(rng, columns),
         _end_note(rng, "balance, utility, priority and contribution (organizations only)"),
         THROTTLE_NOTE,
         "quota_changes: quota lowerings and restorations applied or decided in dry-run"
@@ -747,8 +749,8 @@ def _by_organization(
         _end_note(rng, "contribution, utility and priority"),
         "hosts, supply and use: the hosts accounted in the range's intervals (an on-time"
         " batch) and their on-time samples, by the organization that owned the host then;"
-        " cpu_supplied = cores × interval length; customers: the most its hosts served in one"
-        " interval",
+        " cpu_supplied_core_s = cores × interval length; customers: the most its hosts served"
+        " in one interval",
     ]
     return ORGANIZATION_COLUMNS, rows, notes
 
@@ -924,7 +926,7 @@ def _by_resource(
     ]
     rows.sort(key=lambda r: _resource_key(str(r["resource"])))
     notes = [
-        _range_note(rng),
+        _range_note(rng, RESOURCE_COLUMNS),
         "terms are per customer and interval: positive where it took more than its endowment,"
         " negative where it ceded what others used (credited γ·κ); they add up to the GM sums;"
         " customers_over: customers with a positive term in some interval",
@@ -995,7 +997,7 @@ def _by_period(
     step("throttling")
     spans = _throttle_spans(conn, rng, customer_id)
     label = {p: _dt(start_of(p)).strftime("%Y-%m-%d") for p in bounds}
-    notes = [_range_note(rng, mean=customer_id is not None)]
+    notes = [_range_note(rng, _period_columns(unit, customer_id is not None))]
     if customer_id is not None:
         notes.append(THROTTLE_NOTE)
 
