@@ -293,3 +293,23 @@ def test_every_footnote_names_columns_of_its_own_table(ledger_config: Path) -> N
             assert notes, (group, only)
             named = {n for note in notes for n in COLUMN_NAME.findall(note)}
             assert named <= keys, (group, only, named - keys, notes)
+
+
+RANGE_NOTE = re.compile(r"start in \[(\S+), (\S+)\)")
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("range_", [["--from", "0"], ["--from", "@0.5", "--to", "now-0.5s"]])
+def test_a_report_shows_one_now(ledger_config: Path, range_: list[str]) -> None:  # noqa: F811
+    """The title's range and the note's range are one range: the title showed --to now
+    rounded down and the note the range the query used, a second later (issue 27)."""
+    table = admin(ledger_config, "report", *range_)
+    assert table.returncode == 0, table.stderr
+    title = table.stdout.splitlines()[0]
+    start, end = title.removeprefix("Usage by customer, ").split(" to ")
+    note = RANGE_NOTE.search(table.stdout)
+    assert note is not None, table.stdout
+    assert (start, end) == note.groups()
+    doc = json.loads(admin(ledger_config, "report", *range_, "-f", "json").stdout)
+    note = RANGE_NOTE.search(doc["notes"][0])
+    assert note is not None and (doc["from"], doc["to"]) == note.groups()

@@ -753,7 +753,8 @@ def report_command(
     empty = result.emptiness()
     if empty is not None:
         typer.echo(f"gmd-admin: nothing to report: {empty}", err=True)
-    title = f"Usage by {group_by}, {iso_time(from_s)} to {iso_time(to_s)}"
+    # The report's own range (whole seconds), as its notes show it: one "now" per report.
+    title = f"Usage by {group_by}, {iso_time(result.from_s)} to {iso_time(result.to_s)}"
     emit(
         Listing(
             [

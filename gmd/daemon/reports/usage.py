@@ -1165,6 +1165,10 @@ def report(
     configuration's order, days and weeks chronologically; ``top`` keeps the first rows.
     ValueError for an unknown grouping or sort column, or a ``customer`` with a grouping it
     does not apply to; UnknownCustomer for a customer the ledger has never seen.
+
+    Intervals start on whole seconds, so the range is taken as ``[⌈from_s⌉, ⌈to_s⌉)`` and the
+    report (its ``from_s``/``to_s``, document and notes) shows that one range: a title, a
+    heading and a note cannot show two different "now"s for one ``--to now``.
     """
     if group_by not in GROUPS:
         raise ValueError(f"cannot group by {group_by!r}; choose one of {', '.join(GROUPS)}")
@@ -1178,7 +1182,8 @@ def report(
     steps = _Steps(1 + _STEPS[group_by] - (periodic and customer is not None), progress)
     steps("intervals of the range")
     customer_id = None if customer is None else lookup.customer_id(conn, customer)
-    rng = _load_range(conn, math.ceil(from_s), math.ceil(to_s))
+    from_s, to_s = math.ceil(from_s), math.ceil(to_s)
+    rng = _load_range(conn, from_s, to_s)
     if group_by == "customer":
         columns, rows, notes = _by_customer(conn, rng, steps, customer_id, sort, top)
     elif group_by == "organization":
