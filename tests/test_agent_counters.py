@@ -15,7 +15,7 @@ from gmd.agent.collect.aggregate import (
     split,
 )
 from gmd.agent.collect.base import Flavor, HostReading, Ownership, VmReading
-from gmd.agent.collect.counters import Baseline, Usage, counter_delta, step
+from gmd.agent.collect.counters import Baseline, Usage, charged_memory, counter_delta, step
 from gmd.wire import SampleBatch
 
 OWNER = Ownership("proj-a", "nova/1.1", Flavor(2, 2**31), 1_700_000_000)
@@ -59,14 +59,14 @@ def test_step_measures_growth_of_the_same_process() -> None:
     span, base = step(None, first, new_since_s=None)
     assert span is None  # the agent's first sight of a VM is only a baseline
     second = reading(
-        1010.0, 65.0, rss=3 * GIB, disks={"vda": (4000, 900)}, nics={"tap0": (1300, 260)}
+        1010.0, 65.0, rss=GIB * 3 // 2, disks={"vda": (4000, 900)}, nics={"tap0": (1300, 260)}
     )
     span, base2 = step(base, second, new_since_s=None)
     assert span is not None
     assert (span.start_s, span.end_s) == (1000.0, 1010.0)
     assert span.usage == Usage(
         cpu_s=15.0,
-        memory_byte_s=2 * GIB * 10,  # mean of 1 and 3 GiB over 10 s
+        memory_byte_s=1.25 * GIB * 10,  # mean of 1 and 1.5 GiB over 10 s
         disk_read_bytes=3000,
         disk_write_bytes=400,
         network_rx_bytes=1000,
@@ -74,6 +74,25 @@ def test_step_measures_growth_of_the_same_process() -> None:
     )
     assert span.resets == ()
     assert base2.cpu_time_ns == 65_000_000_000 and base2.taken_s == 1010.0
+
+
+def test_memory_is_charged_at_most_the_flavor() -> None:
+    """QEMU's own overhead (an idle 96 MiB guest is ~200 MiB resident) is not the customer's:
+    each level is capped at the flavor's memory, so a VM within its flavor never looks greedy
+    for memory; an unknown flavor caps nothing (issue 27)."""
+    assert charged_memory(3 * GIB, 2 * GIB) == 2 * GIB
+    assert charged_memory(GIB, 2 * GIB) == GIB
+    assert charged_memory(3 * GIB, None) == 3 * GIB
+    # Both levels of a span are capped (OWNER's flavor: 2 GiB), and a new VM's half span too.
+    _, base = step(None, reading(0.0, 1.0, rss=5 * GIB), new_since_s=None)
+    span, _ = step(base, reading(10.0, 2.0, rss=3 * GIB), new_since_s=None)
+    assert span is not None and span.usage.memory_byte_s == 2 * GIB * 10
+    span, _ = step(None, reading(10.0, 2.0, rss=3 * GIB), new_since_s=0.0)
+    assert span is not None and span.usage.memory_byte_s == 2 * GIB * 10 / 2
+    unknown = Ownership("proj-a", "default", Flavor(2, None))
+    _, base = step(None, reading(0.0, 1.0, rss=5 * GIB, owner=unknown), new_since_s=None)
+    span, _ = step(base, reading(10.0, 2.0, rss=3 * GIB, owner=unknown), new_since_s=None)
+    assert span is not None and span.usage.memory_byte_s == 4 * GIB * 10
 
 
 def test_a_counter_that_goes_down_is_a_reset_not_negative_use() -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import pytest
+
 from gmd.agent.config import parse_agent
 from gmd.wire import SampleBatch
 
@@ -57,3 +59,45 @@ def test_the_agents_batch_attributes_use_to_the_right_guest(
     assert idle["disk_read_bytes"] == 0
     assert spin["memory_byte_s"] > 0 and idle["memory_byte_s"] > 0
     assert doc["capacity"]["cpu_cores"] >= 1
+
+
+@pytest.mark.parametrize("collector_kind", ["libvirt", "kernel"])
+def test_a_guest_within_its_flavor_is_charged_at_most_its_flavor(
+    real_guests: RealGuests, tmp_path, collector_kind: str
+) -> None:
+    """QEMU's own overhead is not the customer's (issue 27): an idle 96 MiB guest's QEMU
+    holds ~200 MiB, but the batch charges it at most its flavor, whichever collector reads
+    it (the rule is :func:`gmd.agent.collect.counters.charged_memory`)."""
+    from gmd.agent.collect.kernel import KernelCollector
+    from gmd.agent.collect.libvirt import LibvirtCollector
+    from gmd.agent.loop import dry_run_batch
+
+    config = parse_agent(
+        {
+            "agent": {
+                "libvirt_uri": real_guests.uri,
+                "host": "realvm-host",
+                "tick_s": 2,
+                "spool_path": str(tmp_path / "spool.db"),
+                "network_bytes_per_s": 1.25e8,
+            }
+        }
+    )
+    kinds = {"libvirt": LibvirtCollector, "kernel": KernelCollector}
+    collector = kinds[collector_kind](config.libvirt_uri)
+    try:
+        doc, span_s = dry_run_batch(config, collector)
+        resident = {v.uuid: v.memory_rss_bytes for v in collector.collect().vms}
+    finally:
+        collector.close()
+    vms = {v["uuid"]: v for v in doc["vms"]}
+    for guest in real_guests.guests:
+        vm = vms[guest.uuid]
+        flavor = vm["flavor"]["memory_bytes"]
+        assert flavor == 96 * 2**20
+        assert 0 < vm["memory_byte_s"] <= flavor * span_s * (1 + 1e-9), (guest.name, vm, span_s)
+        print(
+            f"{collector_kind}: {guest.role} guest resident {resident[guest.uuid] / 2**20:.1f}"
+            f" MiB, charged {vm['memory_byte_s'] / span_s / 2**20:.1f} MiB (flavor"
+            f" {flavor / 2**20:g} MiB)"
+        )

@@ -100,6 +100,24 @@ def counter_delta(previous: int | None, current: int) -> tuple[int, bool]:
     return current - previous, False
 
 
+def charged_memory(resident_bytes: int, flavor_memory_bytes: float | None) -> float:
+    """The memory a VM is charged for holding: its resident set, capped at its flavor's memory.
+
+    The resident set of a VM's QEMU process is what it holds of the host's RAM, but it also
+    holds QEMU's own overhead (its code and libraries, TCG's translation cache, device
+    buffers): an idle 96 MiB guest is ~200 MiB resident. That overhead is the hypervisor's,
+    not the customer's, so a VM is charged at most the memory it was sold; within it, what it
+    really holds. The guest's own figures (the balloon driver's stats) are not used: the
+    customer's kernel writes them (it could report nothing in use), they exist only with a
+    driver the customer may unload, and reading them costs QEMU monitor requests that the
+    kernel collector is there to avoid. The one rule for every collector, applied where
+    readings become use (:func:`step`). An unknown flavor caps nothing.
+    """
+    if flavor_memory_bytes is None:
+        return float(resident_bytes)
+    return float(min(resident_bytes, flavor_memory_bytes))
+
+
 def _pairs_delta(
     previous: Mapping[str, tuple[int, int]] | None,
     current: Mapping[str, tuple[int, int]],
@@ -126,7 +144,8 @@ def step(
     Three cases:
 
     - a baseline of the same process: each counter's growth (a counter that went down is a
-      reset), memory as the mean of the two levels over the span;
+      reset), memory as the mean of the two levels over the span, each
+      :func:`charged_memory` (capped at the flavor);
     - no baseline but ``new_since_s`` (the VM was not running at the host's previous reading,
       at ``new_since_s``), or a baseline of an earlier process (its domain id changed): the
       process started within the span, so all its counters are use within it, and memory is
@@ -158,12 +177,15 @@ def step(
 
     span_s = max(reading.taken_s - start_s, 0.0)
     rss = reading.memory_rss_bytes
+    cap = reading.owner.flavor.memory_bytes
     if rss is None:
         memory_byte_s = 0.0
     elif same is not None and same.memory_rss_bytes is not None:
-        memory_byte_s = (same.memory_rss_bytes + rss) / 2 * span_s
+        memory_byte_s = (
+            (charged_memory(same.memory_rss_bytes, cap) + charged_memory(rss, cap)) / 2 * span_s
+        )
     else:
-        memory_byte_s = rss / 2 * span_s
+        memory_byte_s = charged_memory(rss, cap) / 2 * span_s
     usage = Usage(
         cpu_s=cpu_ns / 1e9,
         memory_byte_s=memory_byte_s,
