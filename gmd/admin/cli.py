@@ -258,15 +258,27 @@ def db_upgrade(
 
 @db_app.command("current")
 def db_current(ctx: typer.Context) -> None:
-    """Show the ledger's schema revision; exit 0 when it is the newest, 1 when not."""
+    """Show the ledger's schema revision: the newest ("(head)"), an older or newer one, or
+    none (an empty database), with what to do.
+
+    What the schema is at is an answer, not a failure: exit 0 whenever the database could be
+    read (an empty one included), 1 when it cannot be reached or a SQLite ledger file is not
+    there, 2 bad configuration.
+    """
     with _reading(ctx, schema=False) as engine:
         rev = migrate.current(engine)
         head = migrate.head()
     if rev == head:
         typer.echo(f"{rev} (head)")
-        return
-    typer.echo(f"{rev or 'empty'} (newest is {head}: run `gmd-admin db upgrade`)")
-    raise typer.Exit(1)
+    elif rev is None:
+        typer.echo(
+            f"no schema (empty database {_shown(str(engine.url))}): run `gmd-admin db upgrade`"
+        )
+    else:
+        typer.echo(
+            f"{rev} (this gmd's newest is {head}: run `gmd-admin db upgrade`, or if the ledger"
+            " is newer, upgrade gmd)"
+        )
 
 
 @db_app.command("usage")
