@@ -130,6 +130,11 @@ async def unauthorized(request: Request, exc: AuthError) -> JSONResponse:
 
 async def database(request: Request, exc: SQLAlchemyError) -> JSONResponse:
     log.error("%s %s: ledger database error: %s", request.method, request.url.path, exc)
+    if request.method == "POST":
+        # Every POST writes to the ledger: a failure holds the accountant (see
+        # gmd.daemon.ledger.write_health) and turns /healthz 503.
+        services: Services = request.app.state.services
+        services.ledger_write_failed(exc)
     return await refused(
         request, Refused(503, f"ledger database unavailable: {type(exc).__name__}")
     )

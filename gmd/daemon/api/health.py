@@ -1,7 +1,8 @@
 """``/healthz`` and ``/metrics``: what a load balancer and Prometheus ask of the daemon.
 
-Health means the ledger database answers and its schema is the one this code expects, so a
-daemon started before a migration reports itself degraded instead of failing on writes.
+Health means the ledger database answers, its schema is the one this code expects (a daemon
+started before a migration reports itself degraded instead of failing on writes), and its
+latest write did not fail (a full disk answers reads but no batch).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ router = APIRouter()
 
 @router.get("/healthz")
 def healthz(services: ServicesDep) -> JSONResponse:
-    """200 when the ledger database answers and its schema is current, else 503."""
+    """200 when the ledger database answers, its schema is current and it writes, else 503."""
     engine = services.engine
     try:
         with engine.connect() as conn:
@@ -32,10 +33,11 @@ def healthz(services: ServicesDep) -> JSONResponse:
         )
     head = migrate.head()
     ok = revision == head
-    return JSONResponse(
-        {"status": "ok" if ok else "degraded", "schema": revision, "expected_schema": head},
-        200 if ok else 503,
-    )
+    cannot_write = services.write_health.failing()
+    answer = {"status": "ok" if ok else "degraded", "schema": revision, "expected_schema": head}
+    if cannot_write is not None:
+        answer.update(status="unavailable", detail=cannot_write)
+    return JSONResponse(answer, 200 if ok and cannot_write is None else 503)
 
 
 @router.get("/metrics", response_class=PlainTextResponse)

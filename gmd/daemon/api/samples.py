@@ -152,6 +152,8 @@ def store_batch(
         ) from None
     _count(services.metrics, batch, result)
     if result.status == "accepted":
+        # A duplicate writes nothing: only a stored batch shows that the ledger writes again.
+        services.write_health.succeeded(now_s)
         # The ledger's hosts.last_seen_s moved to the same second.
         services.metrics.report_seen({batch.host: int(now_s)})
     services.metrics.ingest_seconds.observe(time.perf_counter() - started)

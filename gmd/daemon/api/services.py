@@ -28,6 +28,7 @@ from gmd.daemon.ledger.retention import purge
 from gmd.daemon.ledger.schedule import Accountant
 from gmd.daemon.ledger.status import hosts_last_seen, level_counts
 from gmd.daemon.ledger.store import LedgerStore
+from gmd.daemon.ledger.write_health import WriteHealth
 from gmd.daemon.project_names import NameRefresher, ProjectNames
 
 
@@ -56,6 +57,8 @@ class Services:
             required=config.daemon.auth == "token",
         )
         self.run_accountant = config.daemon.accounting if run_accountant is None else run_accountant
+        self.write_health = WriteHealth(config.accounting.grace_s)
+        """whether the ledger's writes succeed: holds the accountant, answers ``/healthz``"""
         self.accountant = Accountant(
             engine,
             config.accounting,
@@ -63,6 +66,7 @@ class Services:
             on_run=self._count_run,
             on_error=self._count_error,
             after=after_interval(config.enforcement, on_levels=self._count_levels),
+            hold=self.write_health.hold_closing,
         )
         self.quotas: QuotaReconciler | None = None
         self.names: NameRefresher | None = None
@@ -136,6 +140,10 @@ class Services:
             yield
         finally:
             self.stop()
+
+    def ledger_write_failed(self, error: Exception) -> None:
+        """A write to the ledger failed with a database error (the request answers 503)."""
+        self.write_health.failed(self.clock(), error)
 
     def _count_run(self, report: RunReport) -> None:
         for seconds in report.seconds:

@@ -692,8 +692,10 @@ def account_due(
     budget_s: float = 60.0,
     after: AfterInterval | None = None,
     should_stop: Callable[[], bool] | None = None,
+    close: bool = True,
 ) -> RunReport:
-    """One accountant run: close what is due and account closed intervals in order, until
+    """One accountant run: close what is due (unless ``close`` is False: the ledger's writes
+    are failing, see :mod:`.write_health`) and account closed intervals in order, until
     none is left, ``budget_s`` has passed (a long catch-up continues at the next run) or
     ``should_stop()`` says so (the daemon is stopping: each interval is its own transaction,
     so stopping between two loses nothing).
@@ -702,7 +704,7 @@ def account_due(
     its own short transaction, so that a catch-up over days neither holds the writer lock nor
     builds its list of intervals in memory all at once."""
     now = time.time() if now_s is None else now_s
-    closed = close_chunk(engine, now, config.grace_s)
+    closed = close_chunk(engine, now, config.grace_s) if close else 0
     accounted: list[int] = []
     seconds: list[float] = []
     quarantined: list[Quarantined] = []
@@ -715,7 +717,7 @@ def account_due(
         t0 = time.monotonic()
         start = account_next(engine, config, after, quarantined.extend)
         if start is None:
-            newly = close_chunk(engine, now, config.grace_s)
+            newly = close_chunk(engine, now, config.grace_s) if close else 0
             closed += newly
             if not newly:
                 break

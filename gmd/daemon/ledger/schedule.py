@@ -3,15 +3,18 @@
 The first run waits one grace period after start, so that agents which spooled while the
 daemon was down can replay before the intervals they missed are closed. Runs never overlap;
 a run that fails is logged, counted and retried at the next tick (the interval it was on stays
-closed and unaccounted: nothing is half written). Stopping asks a run in progress to end after
-the interval it is on, so that a daemon told to stop mid-catch-up does so within about one
-interval's accounting, not after the whole catch-up.
+closed and unaccounted: nothing is half written). While ``hold`` gives a reason (the ledger's
+writes fail, :mod:`.write_health`), no interval is closed: those already closed are still
+accounted, and the outage's wait for the batches that agents spool meanwhile. Stopping asks a
+run in progress to end after the interval it is on, so that a daemon told to stop
+mid-catch-up does so within about one interval's accounting, not after the whole catch-up.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
@@ -33,20 +36,32 @@ class Accountant:
         on_run: Callable[[RunReport], None] | None = None,
         on_error: Callable[[Exception], None] | None = None,
         after: AfterInterval | None = None,
+        hold: Callable[[float], str | None] | None = None,
     ) -> None:
         self.engine, self.config, self.every_s = engine, config, every_s
         self.on_run, self.on_error, self.after = on_run, on_error, after
+        self.hold = hold
+        self._held: str | None = None
         self._scheduler = BackgroundScheduler(timezone=UTC)
         self._stopping = threading.Event()
 
     def run_once(self, now_s: float | None = None) -> RunReport | None:
+        now = time.time() if now_s is None else now_s
+        held = None if self.hold is None else self.hold(now)
+        if held != self._held:
+            if held is not None:
+                log.warning("accountant: closing no interval: %s", held)
+            else:
+                log.info("accountant: closing intervals again")
+            self._held = held
         try:
             report = account_due(
                 self.engine,
                 self.config,
-                now_s,
+                now,
                 after=self.after,
                 should_stop=self._stopping.is_set,
+                close=held is None,
             )
         except AccountingStuck as exc:
             log.critical("accounting is stuck, nothing after this interval is accounted: %s", exc)

@@ -1,0 +1,82 @@
+"""Whether the ledger can write, as the daemon's writes found out: what holds the accountant.
+
+A ledger that cannot write (a full disk under SQLite, a read-only or unreachable PostgreSQL)
+answers every batch 503 and the agents spool. Their batches arrive when it writes again, late
+for every interval that closed meanwhile, and late samples never count. So while writes fail
+no interval is closed, and after the first write that succeeds again the accountant waits one
+grace period more, for the agents to replay their spools, before it closes the outage's
+intervals. ``/healthz`` reports the same state.
+
+The state lives in the daemon's memory: a daemon restarted during an outage knows of no failure
+until its first write fails.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+
+def _when(at_s: float) -> str:
+    return datetime.fromtimestamp(at_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class WriteHealth:
+    """The outcome of the daemon's ledger writes; ``grace_s`` is accounting's grace period,
+    the time agents have to deliver what they spooled."""
+
+    grace_s: float
+    failing_since_s: float | None = None
+    """the first failure of the current (or latest) outage; None: no write has failed"""
+    failure: str = ""
+    """what the latest failure said"""
+    recovered_s: float | None = None
+    """the first success after the latest failure; None while writes still fail"""
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def failed(self, now_s: float, error: BaseException) -> None:
+        """A write failed at ``now_s`` with ``error`` (a database error)."""
+        with self._lock:
+            if self.failing_since_s is None or self.recovered_s is not None:
+                self.failing_since_s = now_s
+            self.recovered_s = None
+            self.failure = f"{type(error).__name__}: {_first_line(error)}"
+
+    def succeeded(self, now_s: float) -> None:
+        """A write committed at ``now_s``."""
+        with self._lock:
+            if self.failing_since_s is not None and self.recovered_s is None:
+                self.recovered_s = now_s
+
+    def failing(self) -> str | None:
+        """Why the ledger cannot write now (for ``/healthz``), or None when it can (as far as
+        the daemon's writes tell)."""
+        with self._lock:
+            if self.failing_since_s is None or self.recovered_s is not None:
+                return None
+            return f"ledger cannot write since {_when(self.failing_since_s)}: {self.failure}"
+
+    def hold_closing(self, now_s: float) -> str | None:
+        """Why no interval may be closed at ``now_s``, or None when intervals may close: writes
+        fail, or they recovered less than a grace period ago (spools are being replayed)."""
+        reason = self.failing()
+        if reason is not None:
+            return reason
+        with self._lock:
+            recovered = self.recovered_s
+        if recovered is not None and now_s < recovered + self.grace_s:
+            return (
+                f"ledger writes recovered at {_when(recovered)}; agents replay their spools"
+                f" until {_when(recovered + self.grace_s)} (accounting.grace_s)"
+            )
+        return None
+
+
+def _first_line(error: BaseException) -> str:
+    """The database's own message: SQLAlchemy's text after the driver's first line is the
+    statement and its parameters, which say nothing about the cause."""
+    orig = getattr(error, "orig", None)
+    text = str(orig if orig is not None else error)
+    return text.splitlines()[0][:200] if text else ""
