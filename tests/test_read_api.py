@@ -130,6 +130,22 @@ def test_the_read_api_answers_what_gmd_admin_prints(tmp_path: Path) -> None:
     assert plot.content.startswith(b"<?xml") and b"<svg" in plot.content
 
 
+def test_a_plot_names_a_customer_as_its_name_is_written(tmp_path: Path) -> None:
+    """A project name with matplotlib's math markup is text on the plot (plot.svg answered
+    500: matplotlib parsed the name as mathtext and raised)."""
+    import sqlalchemy as sa
+
+    markup = r"$x^$ \frac team"
+    config = configured(f"sqlite:///{tmp_path / 'ledger.db'}", {"auth": "local"})
+    with seeded(config, ("acme", "initech")) as d:
+        with d.engine.begin() as conn:
+            conn.execute(sa.text("UPDATE customers SET display_name = :n"), {"n": markup})
+        plot = httpx.get(f"{d.url}/v1/customers/acme/plot.svg", params={"from": "now-1d"})
+    assert plot.status_code == 200, plot.text
+    # both customers bear the name now: each is told apart by its uuid's start
+    assert f"{markup} (acme) (dry-run)" in plot.text
+
+
 def test_the_read_api_is_off_unless_configured(tmp_path: Path) -> None:
     config = make_config(f"sqlite:///{tmp_path / 'ledger.db'}", {HOST.name: "operator"})
     with serving(config) as d:

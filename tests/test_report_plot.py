@@ -537,3 +537,49 @@ def test_levels_fall_back_to_the_current_level_when_the_log_is_gone(
         assert steps[name].level.tolist() == [1]
     assert steps[C].change_s.size == 0 and steps[C].initial == 0
     assert late.levels[0].initial == 1 and late.levels[0].change_s.size == 0
+
+
+def test_names_are_text_and_alike_names_are_told_apart(
+    sqlite_ledger: tuple[Ledger, Path], tmp_path: Path
+) -> None:
+    """A project name with matplotlib's math markup is drawn as it is written (it made the
+    figure raise: gmd-admin plot exited 1, the read API's plot.svg answered 500), by name and
+    in every --top N that holds it; two projects of one name get one legend entry each, told
+    apart by their uuids' start; the command lists the customers as the legend names them."""
+    import shutil
+
+    ledger, toml = sqlite_ledger
+    copy = tmp_path / "named.db"
+    shutil.copy(Path(ledger.config.database_url.removeprefix("sqlite:///")), copy)
+    engine = sa.create_engine(f"sqlite:///{copy}")
+    markup = r"$x^$ team \$5"
+    try:
+        with engine.begin() as conn:
+            rename = sa.text("UPDATE customers SET display_name = :shown WHERE name = :uuid")
+            conn.execute(rename, [{"shown": markup, "uuid": A}])
+            conn.execute(rename, [{"shown": "twin", "uuid": B}, {"shown": "twin", "uuid": C}])
+    finally:
+        engine.dispose()
+    config = tmp_path / "gmd.toml"
+    config.write_text(toml.read_text().replace(ledger.config.database_url, f"sqlite:///{copy}"))
+    runner = CliRunner()
+    twins = {f"twin ({B[:8]})", f"twin ({C[:8]})"}
+    for args in ((), ("--top", "1"), ("--customer", markup)):
+        svg = tmp_path / f"plot{len(args)}.svg"
+        done = runner.invoke(app, ["--config", str(config), "plot", *args, "-o", str(svg)])
+        assert done.exit_code == 0, (args, done.output)
+        texts = {
+            "".join(e.itertext()).strip()
+            for e in ET.parse(svg).getroot().iter()
+            if e.tag.endswith("}text")
+        }
+        assert f"{markup} (dry-run)" in texts, texts
+        assert f"Per-resource terms of {markup}'s interval greediness (> 0: took more than" in (
+            " ".join(texts)
+        )
+        assert f"{svg}: {markup}" in done.stdout and A not in done.stdout
+        if not args:
+            assert twins <= texts and "twin" not in texts
+            for label in twins:
+                assert label in done.stdout
+            assert B not in done.stdout.replace(f"({B[:8]})", "")

@@ -1232,9 +1232,11 @@ def plot_command(
     except OSError as exc:
         raise _fail(f"cannot write {output}: {exc}", EXIT_UNAVAILABLE) from None
     line = data.timeline
-    quiet = [c for i, c in enumerate(data.customers) if not data.balances.present[i].any()]
+    # named as the legend names them
+    drawn = [data.label(c) for c in data.customers]
+    quiet = [drawn[i] for i in range(len(drawn)) if not data.balances.present[i].any()]
     typer.echo(
-        f"{output}: {', '.join(data.customers) or 'no customer'} over {len(line)} intervals,"
+        f"{output}: {', '.join(drawn) or 'no customer'} over {len(line)} intervals,"
         f" {iso_time(float(line.start_s[0]))} to {iso_time(float(line.end_s[-1]))}"
         + (f"; no standing in the range (drawn as 0): {', '.join(quiet)}" if quiet else "")
     )

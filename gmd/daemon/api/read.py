@@ -100,7 +100,7 @@ def get_standings(
             sort=sort.value,
             reverse=reverse,
             everyone=everyone,
-            mode=services.config.enforcement.mode,
+            enforcement=services.config.enforcement,
         )
     document = result.document()
     if not who.everyone:
@@ -208,8 +208,6 @@ def get_plot(
     to: Annotated[str, Query(description=TIME_HELP)] = "now",
 ) -> Response:
     """The three panels of gmd-admin plot for this one customer."""
-    import io
-
     from gmd.daemon.reports import plot
     from gmd.daemon.reports.series import EmptyRange, collect
 
@@ -221,6 +219,4 @@ def get_plot(
     except EmptyRange as exc:
         raise Refused(404, str(exc)) from None
     figure = plot.draw(data, services.config.enforcement.policy, services.config.enforcement.mode)
-    out = io.BytesIO()
-    figure.savefig(out, format="svg")
-    return Response(out.getvalue(), media_type="image/svg+xml")
+    return Response(plot.svg(figure), media_type="image/svg+xml")

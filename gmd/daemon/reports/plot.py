@@ -37,6 +37,7 @@ state (``svg.fonttype``, so that names stay searchable text), for the duration o
 
 from __future__ import annotations
 
+import io
 import textwrap
 from collections.abc import Sequence
 from datetime import UTC
@@ -120,10 +121,20 @@ def identical(rows: np.ndarray) -> list[tuple[int, ...]]:
     return [tuple(g) for g in groups.values()]
 
 
+def as_text(text: str) -> str:
+    """``text`` as matplotlib shows it literally: a name is text, never math markup.
+
+    matplotlib reads a string with an even number of unescaped ``$`` as mathtext: a project
+    named ``$x^$`` made every figure naming it raise (a 500 from the read API), and one named
+    ``a $5 and $6`` would lose its dollars. Escaped, each ``$`` is a dollar sign."""
+    return text.replace("$", r"\$")
+
+
 def _listing(head: str, labels: Sequence[str]) -> str:
-    """One legend entry naming several customers, wrapped so that the legend stays narrow."""
+    """One legend entry naming several customers, wrapped so that the legend stays narrow
+    (wrapped before it is escaped, so that no line ends between a backslash and its $)."""
     text = f"{head}: {', '.join(labels)}"
-    return "\n".join(textwrap.wrap(text, width=32, break_on_hyphens=False))
+    return as_text("\n".join(textwrap.wrap(text, width=32, break_on_hyphens=False)))
 
 
 def _group_label(values: np.ndarray, labels: Sequence[str]) -> str:
@@ -222,7 +233,7 @@ def _customer_lines(
             look = customer_style(members[0])
             look["ls"] = style.get("ls", look["ls"])
             extra = {k: v for k, v in style.items() if k != "ls"}
-            ax.plot(end, values, **look, **extra, label=labels[0] + suffix)
+            ax.plot(end, values, **look, **extra, label=as_text(labels[0] + suffix))
         else:
             ax.plot(
                 end,
@@ -258,6 +269,7 @@ def _levels(ax: Axes, data: CustomerSeries, policy: ThrottlePolicy, mode: str) -
             steps = data.levels[i]
             t, level = corners[i]
             label = data.label(steps.customer) + (" (dry-run)" if steps.any_dry_run else "")
+            label = as_text(label)
             # wider first, so that a customer hidden under another at the same level shows
             ax.plot(
                 _dates(t),
@@ -297,7 +309,7 @@ def _breakdown(ax: Axes, data: CustomerSeries, end: np.ndarray, marker: str | No
         ax.plot(end, terms[k], color=color, marker=marker, ms=2, lw=1, label=resource)
     ax.axhline(0.0, color="grey", lw=0.5, label="_nolegend_")
     ax.set_title(
-        f"Per-resource terms of {data.label(first)}'s interval greediness"
+        f"Per-resource terms of {as_text(data.label(first))}'s interval greediness"
         " (> 0: took more than its endowment)"
     )
     ax.set_ylabel("GM term")
@@ -311,7 +323,14 @@ def save(fig: Figure, path: Path, fmt: str | None = None) -> None:
     gives the same file."""
     fmt = fmt or output_format(path)
     if fmt == "svg":
-        with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "gmd"}):
-            fig.savefig(path, format="svg", metadata={"Date": None})
+        path.write_bytes(svg(fig))
     else:
         fig.savefig(path, format=fmt, dpi=100)
+
+
+def svg(fig: Figure) -> bytes:
+    """``fig`` as SVG, its text kept as text and no date in it (see :func:`save`)."""
+    out = io.BytesIO()
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "gmd"}):
+        fig.savefig(out, format="svg", metadata={"Date": None})
+    return out.getvalue()

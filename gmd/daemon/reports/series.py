@@ -217,7 +217,8 @@ class CustomerSeries:
     """the N of ``--top N`` when the customers were chosen by their final balance; None when
     the operator named them. Fewer than N are chosen when fewer have a standing at the end."""
     names: dict[str, str] = field(default_factory=dict)
-    """customer → its project name, where the ledger knows it"""
+    """customer → how the plot names it (:func:`plot_labels`), where the ledger knows its
+    project name"""
 
     @property
     def chosen_by(self) -> str:
@@ -225,8 +226,44 @@ class CustomerSeries:
         return "customer" if self.top is None else f"top {self.top}"
 
     def label(self, customer: str) -> str:
-        """How a customer is named on the plot: its project name, else its uuid."""
+        """How a customer is named on the plot and in ``gmd-admin plot``'s listing: its
+        project name (with its uuid's start where the name is not unique), else its uuid."""
         return self.names.get(customer, customer)
+
+
+UUID_SHOWN = 8
+"""Characters of a uuid shown beside a project name that several customers share"""
+
+
+def plot_labels(conn: Connection, ids: dict[str, int]) -> dict[str, str]:
+    """customer → its label, for the customers ``ids`` (uuid → id) whose project name the
+    ledger knows. Project names repeat across domains: a name that several customers of the
+    ledger bear gets the start of each one's uuid, "web (4f2a9c1e)", as long as it takes to
+    tell them apart, so that no two legend entries read alike and a label names the same
+    customer in every plot, whichever others are drawn beside it."""
+    shown = display_names(conn)
+    names = {shown[cid] for cid in ids.values() if cid in shown}
+    bearers: dict[str, list[str]] = {}
+    for uuid, name in conn.execute(
+        select(_customers.c.name, _customers.c.display_name).where(
+            _customers.c.display_name.in_(names)
+        )
+    ):
+        bearers.setdefault(str(name), []).append(str(uuid))
+    labels: dict[str, str] = {}
+    for uuid, cid in ids.items():
+        name = shown.get(cid)
+        if name is None:
+            continue
+        alike = bearers.get(name, [uuid])
+        if len(alike) == 1:
+            labels[uuid] = name
+            continue
+        n = UUID_SHOWN
+        while len({u[:n] for u in alike}) < len(alike) and n < max(map(len, alike)):
+            n += 1
+        labels[uuid] = f"{name} ({uuid[:n]})"
+    return labels
 
 
 MAX_POINTS = 2000
@@ -500,7 +537,6 @@ def collect(
         raise EmptyRange(f"no accounted interval with ledger rows from {line.describe()}")
     if not customers:
         ids = customer_ids(conn, top_customers(conn, line, top))
-    shown = display_names(conn)
     return CustomerSeries(
         customers=tuple(ids),
         timeline=line,
@@ -508,5 +544,5 @@ def collect(
         levels=levels(conn, ids, line),
         resources=resource_terms(conn, ids, line),
         top=None if customers else top,
-        names={c: shown[cid] for c, cid in ids.items() if cid in shown},
+        names=plot_labels(conn, ids),
     )
