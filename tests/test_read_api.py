@@ -146,6 +146,44 @@ def test_a_plot_names_a_customer_as_its_name_is_written(tmp_path: Path) -> None:
     assert f"{markup} (acme) (dry-run)" in plot.text
 
 
+def test_any_customer_name_opens_its_routes_and_pages(tmp_path: Path) -> None:
+    """Names with "/", "%", spaces and letters beyond ASCII: each customer's read routes
+    answer for its name quoted or with its "/" as is, and the web page's links open its page
+    and its plot (a name with "/" was a 404 everywhere)."""
+    import html
+    import re
+    from urllib.parse import quote, urljoin
+
+    names = ("team/a b", "100% ünï/ß")
+    config = configured(f"sqlite:///{tmp_path / 'ledger.db'}", {"auth": "local"})
+    with seeded(config, names) as d:
+        for name in names:
+            for spelled in (quote(name, safe=""), name):
+                for route in ("explain", "report", "plot.svg"):
+                    answer = httpx.get(f"{d.url}/v1/customers/{spelled}/{route}")
+                    assert answer.status_code == 200, (spelled, route, answer.text)
+                explained = httpx.get(f"{d.url}/v1/customers/{spelled}/explain").json()
+                assert explained["customer"] == name
+        log = httpx.get(f"{d.url}/v1/enforcement", params={"customer": names[0]})
+        assert log.status_code == 200 and log.json()["actions"]
+        standings = httpx.get(f"{d.url}/ui")
+        links = [html.unescape(h) for h in re.findall(r"href='([^']*)'", standings.text)]
+        assert len(links) == 2
+        for link in links:
+            page = httpx.get(urljoin(f"{d.url}/ui", link))
+            assert page.status_code == 200, (link, page.text)
+            (src,) = [html.unescape(s) for s in re.findall(r"<img[^>]* src='([^']*)'", page.text)]
+            assert httpx.get(urljoin(str(page.url), src)).status_code == 200, src
+        shown = {
+            html.unescape(h)
+            for h in re.findall(
+                r"<h1>([^<]*)</h1>",
+                "".join(httpx.get(urljoin(f"{d.url}/ui", link)).text for link in links),
+            )
+        }
+    assert {h.split(" (")[0] for h in shown} == set(names)
+
+
 def test_the_read_api_is_off_unless_configured(tmp_path: Path) -> None:
     config = make_config(f"sqlite:///{tmp_path / 'ledger.db'}", {HOST.name: "operator"})
     with serving(config) as d:

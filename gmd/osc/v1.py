@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterable, Sequence
 from typing import Any
+from urllib.parse import quote
 
 from cliff import lister, show
 from osc_lib import exceptions
@@ -79,7 +80,7 @@ class ShowExplanation(show.ShowOne):
 
     def take_action(self, parsed_args: argparse.Namespace) -> tuple[Sequence[str], Iterable[Any]]:
         project = _own_project(self.app, parsed_args.project)
-        doc = _get(self.app, f"/v1/customers/{project}/explain", at=parsed_args.at)
+        doc = _get(self.app, f"/v1/customers/{quote(project, safe='')}/explain", at=parsed_args.at)
         level = doc["level"]
         fields = {
             "customer": doc["customer"],
@@ -113,7 +114,7 @@ class ListReport(lister.Lister):
         project = _own_project(self.app, parsed_args.project)
         doc = _get(
             self.app,
-            f"/v1/customers/{project}/report",
+            f"/v1/customers/{quote(project, safe='')}/report",
             to=parsed_args.to,
             group_by=parsed_args.group_by,
             **{"from": parsed_args.from_},

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 from typing import Annotated, Any
+from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, Header, Query
 from fastapi.responses import Response
@@ -26,6 +27,9 @@ from gmd.daemon.reports.standings import SortKey, standings
 from gmd.wire import Problem
 
 # 404: an operator asked for a customer the ledger has never seen, or a range with nothing in it.
+# A customer's name may hold any visible character, "/" too: its routes take the rest of the
+# path up to their last segment ({customer:path}), so "team/a" is /v1/customers/team/a/explain
+# (or team%2Fa: the server decodes the path before routing). Links quote it whole (segment).
 router = APIRouter(prefix="/v1", tags=["read"], responses={404: {"model": Problem}})
 
 
@@ -39,6 +43,12 @@ class CustomerGrouping(StrEnum):
 
 
 TIME_HELP = "ISO 8601 (UTC unless an offset is given), now, now-3d / now-12h, or Unix seconds"
+
+
+def segment(name: str) -> str:
+    """``name`` as one segment of a link's path: every character but letters, digits and
+    ``_.-~`` percent-encoded ("/" and "%" too), so that any customer name opens its page."""
+    return quote(name, safe="")
 
 
 def reader(services: ServicesDep, x_auth_token: Annotated[str | None, Header()] = None) -> Reader:
@@ -110,7 +120,7 @@ def get_standings(
     return document
 
 
-@router.get("/customers/{customer}/explain", summary="Why a customer stands where it stands")
+@router.get("/customers/{customer:path}/explain", summary="Why a customer stands where it stands")
 def get_explanation(
     customer: str,
     who: ReaderDep,
@@ -142,7 +152,9 @@ def get_explanation(
     return document
 
 
-@router.get("/customers/{customer}/report", summary="A customer's use and standing over a range")
+@router.get(
+    "/customers/{customer:path}/report", summary="A customer's use and standing over a range"
+)
 def get_report(
     customer: str,
     who: ReaderDep,
@@ -195,7 +207,7 @@ def get_enforcement(
 
 
 @router.get(
-    "/customers/{customer}/plot.svg",
+    "/customers/{customer:path}/plot.svg",
     summary="A customer's balance, level and use over time, as SVG",
     response_class=Response,
     responses={200: {"content": {"image/svg+xml": {}}}},

@@ -13,7 +13,6 @@ from __future__ import annotations
 import html
 import math
 from typing import Annotated, Any
-from urllib.parse import quote
 
 from fastapi import APIRouter, Cookie, Depends, Header
 from fastapi.responses import HTMLResponse
@@ -77,7 +76,8 @@ def standings_page(who: WebReader, services: ServicesDep) -> HTMLResponse:
         name = f" ({html.escape(str(r['name']))})" if r.get("name") else ""
         rows.append(
             f"<tr data-customer='{html.escape(customer)}'>"
-            f"<td><a href='/ui/customers/{quote(customer)}'>{html.escape(customer)}</a>{name}</td>"
+            f"<td><a href='/ui/customers/{read.segment(customer)}'>"
+            f"{html.escape(customer)}</a>{name}</td>"
             + _number("balance", r["balance"])
             + _number("greediness", r["greediness"])
             + f"<td data-key='level' data-value='{r['level']}' class='level-{r['level']}'>"
@@ -92,7 +92,7 @@ def standings_page(who: WebReader, services: ServicesDep) -> HTMLResponse:
     )
 
 
-@router.get("/customers/{customer}", response_class=HTMLResponse)
+@router.get("/customers/{customer:path}", response_class=HTMLResponse)
 def customer_page(customer: str, who: WebReader, services: ServicesDep) -> HTMLResponse:
     explained = read.get_explanation(customer, who, services, None, None, None)
     uuid = str(explained["customer"])
@@ -112,7 +112,7 @@ def customer_page(customer: str, who: WebReader, services: ServicesDep) -> HTMLR
         + "</tr>"
         for a in reversed(log)
     )
-    plot = f"/v1/customers/{quote(uuid)}/plot.svg"
+    plot = f"/v1/customers/{read.segment(uuid)}/plot.svg"
     return _page(
         uuid,
         f"<h1>{who_name}</h1>"
