@@ -11,10 +11,12 @@ agent measured over the interval, in the resources' own units.
 
 from __future__ import annotations
 
+import math
+import re
 import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Annotated, Literal, NotRequired
+from typing import Annotated, Any, Literal, NotRequired
 
 from pydantic import (
     AfterValidator,
@@ -22,9 +24,11 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    ValidationError,
     model_validator,
     with_config,
 )
+from pydantic.json_schema import SkipJsonSchema
 from typing_extensions import TypedDict
 
 # The largest integer a JSON reader in any language holds exactly (2^53 - 1): times beyond it
@@ -270,17 +274,93 @@ class Problem(BaseModel):
     errors: list[str] = []
 
 
+# What a plan item may ask, checked by the agent per item when a plan arrives (one bad item is
+# refused and reported, the rest applied) and respected by the daemon's plan builder. Weights
+# are on the cgroup v2 / libvirt ``cpu_shares`` scale; a cap is a finite amount within its
+# range, and no cap is ``null``, never 0 or a negative number (those once meant "1 %" to the
+# libvirt applier and "no cap" to the cgroup one). The CPU floor is the kernel's smallest
+# quota (1 ms per 100 ms period); the ceilings are far above any host (a VM capped at 65536
+# cores, or at 2^50 bytes/s ≈ 1 PB/s, is not capped) and keep the kernel's and libvirt's
+# integer fields from overflowing.
+WEIGHT_MIN = 1
+WEIGHT_MAX = 10_000
+WEIGHT_DEFAULT = 100
+CPU_CAP_MIN_CORES = 0.01
+CPU_CAP_MAX_CORES = 65_536.0
+DISK_CAP_MIN_BYTES_PER_S = 1.0
+DISK_CAP_MAX_BYTES_PER_S = float(2**50)
+
+Weight = Annotated[int, Field(ge=WEIGHT_MIN, le=WEIGHT_MAX)]
+CpuCapCores = Annotated[
+    float, Field(ge=CPU_CAP_MIN_CORES, le=CPU_CAP_MAX_CORES, allow_inf_nan=False)
+]
+DiskCapBytesPerS = Annotated[
+    float, Field(ge=DISK_CAP_MIN_BYTES_PER_S, le=DISK_CAP_MAX_BYTES_PER_S, allow_inf_nan=False)
+]
+
+
 class VmPlanItem(BaseModel):
     """What the agent sets on one VM; VMs not listed are left, or put back, as they were."""
 
-    uuid: str
+    uuid: VmId
     customer: str
-    level: int
-    cpu_weight: int = Field(description="cgroup v2 / libvirt cpu_shares scale, 100 = normal")
-    io_weight: int = Field(description="blkio / io.weight scale, 100 = normal")
-    cpu_quota_cores: float | None = Field(description="hard CPU cap in cores; null: none")
-    disk_read_bytes_per_s: float | None
-    disk_write_bytes_per_s: float | None
+    level: Annotated[int, Field(ge=0)]
+    cpu_weight: Weight = Field(description="cgroup v2 / libvirt cpu_shares scale, 100 = normal")
+    io_weight: Weight = Field(description="blkio / io.weight scale, 100 = normal")
+    cpu_quota_cores: CpuCapCores | None = Field(
+        description="hard CPU cap in cores for the whole VM; null: none"
+    )
+    disk_read_bytes_per_s: DiskCapBytesPerS | None
+    disk_write_bytes_per_s: DiskCapBytesPerS | None
+
+
+class RefusedPlanItem(BaseModel):
+    """A plan item the agent would not apply, and why (``uuid``: ``None`` when the item does
+    not even name a VM). Not on the wire: the agent reports it as a failed ``apply``."""
+
+    uuid: str | None
+    reason: str
+
+
+def within(value: float | None, low: float, high: float) -> float | None:
+    """A cap brought into ``[low, high]`` (the plan's ranges above); ``None`` (no cap) and NaN
+    give ``None``. For the daemon's plan builder: a flavor or setting outside the range still
+    gives a valid item."""
+    if value is None or math.isnan(value):
+        return None
+    return min(max(value, low), high)
+
+
+def check_plan_items(items: object) -> tuple[object, list[RefusedPlanItem]]:
+    """``items`` (a plan's ``vms`` as received) split into the valid items and the refused
+    ones, so that one bad item cannot keep a host's other VMs from their plan. Anything but a
+    list is returned as it is, for the plan's own validation to refuse."""
+    if not isinstance(items, list):
+        return items, []
+    kept: list[object] = []
+    refused: list[RefusedPlanItem] = []
+    for i, raw in enumerate(items):
+        try:
+            kept.append(raw if isinstance(raw, VmPlanItem) else VmPlanItem.model_validate(raw))
+        except ValidationError as exc:
+            uuid = raw.get("uuid") if isinstance(raw, dict) else None
+            named = isinstance(uuid, str) and re.fullmatch(UUID_PATTERN, uuid) is not None
+            refused.append(
+                RefusedPlanItem(uuid=uuid if named else None, reason=item_problems(i, exc))
+            )
+    return kept, refused
+
+
+def item_problems(index: int, exc: ValidationError) -> str:
+    """A refused item's problems in one line: ``vms[3].cpu_quota_cores=nan: Input should be a
+    finite number``."""
+    parts = []
+    for e in exc.errors()[:3]:
+        where = "".join(f".{x}" for x in e["loc"])
+        value = e.get("input")
+        shown = repr(value)[:40] if not isinstance(value, dict) else "{…}"
+        parts.append(f"vms[{index}]{where}={shown}: {e['msg']}")
+    return "; ".join(parts)
 
 
 class HostCaps(BaseModel):
@@ -315,3 +395,14 @@ class HostPlan(BaseModel):
     caps: list[HostCaps] = Field(
         default=[], description="per capped resource, whether its caps apply here and why"
     )
+    refused: SkipJsonSchema[list[RefusedPlanItem]] = Field(default=[], exclude=True)
+    """The items of ``vms`` as received that were not valid (:func:`check_plan_items`), set
+    here and never read from the wire."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_bad_items(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            vms, refused = check_plan_items(data.get("vms", []))
+            data = {**data, "vms": vms, "refused": refused}
+        return data

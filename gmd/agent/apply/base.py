@@ -127,18 +127,37 @@ class PlanApplier(ABC):
             return self._off()
         dry = plan.mode == "dry-run"
         wanted = {item.uuid: item for item in plan.vms}
+        # A VM whose item was refused keeps its settings: what the daemon wants for it is
+        # unknown, and no news is not "lift the throttle".
+        unknown = self._refused(plan, dry=dry)
         try:
             for uuid in sorted(self.state.records):
-                if dry or uuid not in wanted:
+                if (dry or uuid not in wanted) and uuid not in unknown:
                     self._restore_one(uuid)
             for uuid, item in wanted.items():
-                self._apply_one(uuid, item, dry=dry)
+                if uuid not in unknown:
+                    self._apply_one(uuid, item, dry=dry)
             self._settle_dry_run(wanted, dry=dry)
         except BackendUnavailable as exc:
             log.warning("enforcement: %s; the rest of the plan waits for the next round", exc)
         finally:
             self.state.save()
         return self._take_results()
+
+    def _refused(self, plan: HostPlan, *, dry: bool) -> set[str]:
+        """Report the plan's refused items (:attr:`HostPlan.refused`) as failed applies, once
+        per distinct reason; the VMs they name."""
+        named = set()
+        for refused in plan.refused:
+            if refused.uuid is None:
+                log.error(
+                    "enforcement: plan of %d: item refused: %s", plan.generated_s, refused.reason
+                )
+                continue
+            named.add(refused.uuid)
+            error = f"VM {refused.uuid}: plan item refused, settings kept: {refused.reason}"
+            self._result(refused.uuid, "would_apply" if dry else "apply", Outcome(errors=[error]))
+        return named
 
     def restore_all(self) -> list[VmApplyResult]:
         """Put back every VM gmd changed (mode "off", ``gmd-agent --restore-all``)."""
@@ -191,6 +210,12 @@ class PlanApplier(ABC):
             if uuid in self.state.records:
                 self._forget(uuid, "vanished while being changed")
             return
+        except (ArithmeticError, ValueError, TypeError) as exc:
+            # A number no knob takes (a backend's conversion or binding refused it): this VM's
+            # failure, not the plan's; the other VMs still get theirs.
+            log.exception("enforcement: VM %s (%s): applying its plan item failed", uuid, vm.name)
+            error = f"{type(exc).__name__}: {exc}"
+            outcome = Outcome(errors=prefixed(vm, [f"cannot apply the plan item: {error}"]))
         if dry:
             self._note_dry_run(uuid, outcome)
         elif outcome.changed or outcome.errors:

@@ -161,11 +161,10 @@ class CgroupApplier(PlanApplier):
     def _limits(self, vm: VmRef, item: VmPlanItem) -> tuple[VmLimits, list[str]]:
         errors: list[str] = []
         io = self._disk_caps(vm, item, errors)
-        quota = item.cpu_quota_cores
         try:
             limits = VmLimits(
                 cpu_weight=item.cpu_weight,
-                cpu_quota=quota if quota is not None and quota > 0 else None,
+                cpu_quota=item.cpu_quota_cores,
                 io_weight=item.io_weight,
                 io_bytes_per_s=io,
             )

@@ -18,10 +18,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-# cgroup v2 weights (cpu.weight, io.weight): 1..10000, 100 is what every group gets by default.
-WEIGHT_MIN = 1
-WEIGHT_MAX = 10_000
-WEIGHT_DEFAULT = 100
+# cgroup v2 weights (cpu.weight, io.weight): 1..10000, 100 is what every group gets by default;
+# the plan's weights are on this scale, so the range is the wire contract's.
+from gmd.wire import WEIGHT_DEFAULT, WEIGHT_MAX, WEIGHT_MIN
 
 # cgroup v1 cpu.shares: the kernel clamps to 2..262144 silently; 1024 is the default.
 SHARES_MIN = 2

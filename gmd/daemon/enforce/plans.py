@@ -41,7 +41,18 @@ from gmd.fairness.policy import (
     host_contention,
     weights_for,
 )
-from gmd.wire import HostCaps, VmPlanItem
+from gmd.wire import (
+    CPU_CAP_MAX_CORES,
+    CPU_CAP_MIN_CORES,
+    DISK_CAP_MAX_BYTES_PER_S,
+    DISK_CAP_MIN_BYTES_PER_S,
+    WEIGHT_DEFAULT,
+    WEIGHT_MAX,
+    WEIGHT_MIN,
+    HostCaps,
+    VmPlanItem,
+    within,
+)
 
 # What a host's VMs used of each cap resource, and what it could give, per interval.
 _USE = {
@@ -151,7 +162,11 @@ def host_plan(conn: Connection, host: str, config: EnforcementConfig) -> Plan:
     plans = []
     for vm_id, uuid, customer, level in rows:
         effect = capped_effect(config.policy.effect(level), caps)
-        weight = weights_for(effect.weight_factor)
+        weight = weights_for(effect.weight_factor, WEIGHT_DEFAULT, WEIGHT_MIN, WEIGHT_MAX)
+        cpu_cap = cpu_cap_cores(effect.cpu_cap_fraction, vcpus.get(vm_id))
+        disk_cap = within(
+            effect.disk_bytes_per_s, DISK_CAP_MIN_BYTES_PER_S, DISK_CAP_MAX_BYTES_PER_S
+        )
         plans.append(
             VmPlanItem(
                 uuid=uuid,
@@ -159,9 +174,9 @@ def host_plan(conn: Connection, host: str, config: EnforcementConfig) -> Plan:
                 level=level,
                 cpu_weight=weight,
                 io_weight=weight,
-                cpu_quota_cores=cpu_cap_cores(effect.cpu_cap_fraction, vcpus.get(vm_id)),
-                disk_read_bytes_per_s=effect.disk_bytes_per_s,
-                disk_write_bytes_per_s=effect.disk_bytes_per_s,
+                cpu_quota_cores=within(cpu_cap, CPU_CAP_MIN_CORES, CPU_CAP_MAX_CORES),
+                disk_read_bytes_per_s=disk_cap,
+                disk_write_bytes_per_s=disk_cap,
             )
         )
     return Plan(plans, caps)
