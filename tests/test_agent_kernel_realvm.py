@@ -1,7 +1,8 @@
 """The kernel collector and the libvirt collector agree on real QEMU guests (issue 19).
 
-Both read the same two TCG guests of tests/realvm.py under the real libvirtd, back to back,
-at two moments a few seconds apart. CPU comes from the same cgroup counter (libvirt reads it
+Both read the same two TCG guests of tests/realvm.py under the real libvirtd, back to back
+with the guests paused (so that both see the same counters however busy the machine), at two
+moments a few seconds apart. CPU comes from the same cgroup counter (libvirt reads it
 for ``cpu.time``), memory from the same process counter (libvirt's ``balloon.rss``), network
 from the same tap counters: they must agree. The guests' disks are opened O_DIRECT
 (``cache='none'``, as Nova opens local disks), so every byte the guest reads or writes reaches
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from gmd.agent.collect.base import HostReading
     from tests.realvm import RealGuests
 
 pytest_plugins = ("tests.realvm",)
@@ -29,10 +31,26 @@ def test_kernel_and_libvirt_collectors_agree_per_vm(real_guests: RealGuests) -> 
     from gmd.agent.collect.libvirt import LibvirtCollector
 
     kernel, bulk = KernelCollector(real_guests.uri), LibvirtCollector(real_guests.uri)
+    conn = real_guests.connect()
+    domains = [conn.lookupByUUIDString(g.uuid) for g in real_guests.guests]
+
+    def at_one_moment() -> tuple[HostReading, HostReading]:
+        """Both collectors' readings of the guests paused (virDomainSuspend stops their
+        vCPUs): the spinner's CPU counter stands still between the two readings, however
+        long the busy machine makes the gap between them (issue 27: 1.219 s against 1.182
+        under a load average of 5, when the spinner kept running in between)."""
+        for dom in domains:
+            dom.suspend()
+        try:
+            return kernel.collect(), bulk.collect()
+        finally:
+            for dom in domains:
+                dom.resume()
+
     try:
-        k0, l0 = kernel.collect(), bulk.collect()
+        k0, l0 = at_one_moment()
         time.sleep(SPAN_S)
-        k1, l1 = kernel.collect(), bulk.collect()
+        k1, l1 = at_one_moment()
 
         # Network: the same tap counters. A libvirt reading bracketed by two kernel readings
         # that agree (no packet in between) must equal them, byte for byte.
@@ -81,6 +99,7 @@ def test_kernel_and_libvirt_collectors_agree_per_vm(real_guests: RealGuests) -> 
     finally:
         kernel.close()
         bulk.close()
+        conn.close()
 
     for r in (k0, k1):
         assert r.ok and not r.errors and r.fallbacks == frozenset(), r
@@ -219,8 +238,12 @@ def test_a_guest_that_shuts_down_between_ticks_keeps_its_last_seconds(
 ) -> None:
     """A spinning guest powers itself off seconds after a tick. Its cgroup is gone before
     libvirt says it stopped, so without the reading taken at its SHUTDOWN event those seconds
-    would be lost; with it, the next tick carries the guest's counters at its end: at least
-    what the test itself last saw in the guest's cgroup before it vanished."""
+    would be lost; with it, a later tick carries the guest's counters at its end: at least
+    what the test itself last saw in the guest's cgroup before it vanished.
+
+    Which tick carries it depends on when libvirt's events reach the collector (on a busy
+    machine the tick that still lists the guest may already find it gone and send it), so the
+    test folds every tick until the guest is no longer listed and looks in all of them."""
     import os
     import threading
 
@@ -241,6 +264,7 @@ def test_a_guest_that_shuts_down_between_ticks_keeps_its_last_seconds(
     conn = real_guests.connect()
     collector = KernelCollector(real_guests.uri)
     seen: list[int] = []
+    seen_s: list[float] = []
     try:
         xml = domain_xml(guest, image.kernel, image.initrd, cmdline="gmd.poweroff_after=5")
         dom = conn.defineXML(xml)
@@ -258,10 +282,12 @@ def test_a_guest_that_shuts_down_between_ticks_keeps_its_last_seconds(
 
         def watch() -> None:
             while True:
+                looked_s = time.time()
                 try:
                     seen.append(parse(cpu_file.read_text()))
                 except (OSError, ValueError):
                     return
+                seen_s.append(looked_s)
                 time.sleep(0.001)
 
         watcher = threading.Thread(target=watch, daemon=True)
@@ -272,21 +298,39 @@ def test_a_guest_that_shuts_down_between_ticks_keeps_its_last_seconds(
             time.sleep(0.05)
         watcher.join(10)
 
-        after = _collect_until(collector, lambda r: guest.uuid not in r.listed)
-        result = advance(state, after, 60)
+        ticks: list[HostReading] = []
+
+        def stopped(reading: HostReading) -> bool:
+            ticks.append(reading)
+            return guest.uuid not in reading.listed
+
+        _collect_until(collector, stopped, timeout_s=60)
+        spans = []
+        for tick in ticks:
+            result = advance(state, tick, 60)
+            state = result.state
+            spans += [s for s in result.spans if s.uuid == guest.uuid]
     finally:
         collector.close()
         _remove_domain(conn, guest.name, guest.tap)
         conn.close()
 
-    (end,) = [v for v in after.vms if v.uuid == guest.uuid]
-    assert start.taken_s < end.taken_s < after.taken_s and end.run_id == start.run_id
-    assert len(seen) > 100 and seen[-1] - start.cpu_time_ns > 1e9, (len(seen), seen[-1:])
-    # After SHUTDOWN the vCPUs are stopped: QEMU's own exit costs milliseconds, not more.
-    assert seen[-1] - 50_000_000 <= end.cpu_time_ns <= seen[-1] + 50_000_000, (seen[-1], end)
-    (span,) = [s for s in result.spans if s.uuid == guest.uuid]
+    # The test read nothing between the guest's first tick and its end: every later reading
+    # of it is the one taken at its SHUTDOWN event, sent once.
+    (end,) = [v for tick in ticks for v in tick.vms if v.uuid == guest.uuid]
+    carried = next(t for t in ticks if end in t.vms)
+    assert start.taken_s < end.taken_s < carried.taken_s and end.run_id == start.run_id
+    assert seen and seen[-1] - start.cpu_time_ns > 250_000_000, (len(seen), seen[-1:])
+    # After SHUTDOWN the vCPUs are stopped: QEMU's own exit costs milliseconds, not more. The
+    # event's reading holds at least what the test last saw, less that exit; and, when the
+    # test's own last look came after the event's (a busy machine may starve its thread),
+    # no more than it.
+    assert end.cpu_time_ns >= seen[-1] - 50_000_000, (seen[-1], end)
+    if seen_s[-1] > end.taken_s:
+        assert end.cpu_time_ns <= seen[-1], (seen[-1], end)
+    (span,) = spans
     assert span.usage.cpu_s == (end.cpu_time_ns - start.cpu_time_ns) / 1e9
-    assert guest.uuid not in result.state.baselines
+    assert guest.uuid not in state.baselines
     last_seen_s = (seen[-1] - start.cpu_time_ns) / 1e9
     print(
         f"last seconds: {end.taken_s - start.taken_s:.2f} s after the tick, "
