@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from gmd.admin.demo import PACKAGED_TRACES
 from gmd.agent.collect.capacity import link_speeds_mbit, network_bytes_per_s
 from gmd.agent.config import load_agent, parse_agent
 from gmd.common.config import ConfigError
-from tests.conftest import SHARED
 
 
 def test_defaults() -> None:
@@ -141,7 +141,7 @@ def test_no_link_speed_falls_back_to_a_gigabit_and_says_so(tmp_path: Path) -> No
     assert "assuming 1 Gbit/s (set agent.network_bytes_per_s)" in source
 
 
-TRACES = SHARED / "data" / "bitbrains_rnd_sample" / "2013-7"
+TRACES = PACKAGED_TRACES  # the demo's, N.csv.gz
 
 
 def test_replay_keys(tmp_path: Path) -> None:
@@ -177,11 +177,22 @@ def test_replay_keys(tmp_path: Path) -> None:
     assert parse_agent({}).collector == "auto"
 
 
-def test_replay_of_the_shared_traces_parses() -> None:
+def test_replay_of_the_packaged_traces_parses() -> None:
     c = parse_agent(
         {"agent": {"collector": "replay", "replay_dir": str(TRACES), "replay_vms": "1-100"}}
     )
     assert len(c.replay_vms) == 100
+
+
+def test_a_trace_both_plain_and_compressed_is_refused(tmp_path: Path) -> None:
+    """``gunzip -k`` leaves N.csv beside N.csv.gz: which one is replayed is not guessed."""
+    for name in ("1.csv", "1.csv.gz", "2.csv.gz"):
+        (tmp_path / name).write_text("")
+    table = {"collector": "replay", "replay_dir": str(tmp_path)}
+    assert parse_agent({"agent": {**table, "replay_vms": [2]}}).replay_vms == ("2",)
+    with pytest.raises(ConfigError) as err:
+        parse_agent({"agent": {**table, "replay_vms": [2, 1]}}, "gmd.toml")
+    assert f"agent.replay_vms: both 1.csv and 1.csv.gz in {tmp_path}: keep one" in str(err.value)
 
 
 @pytest.mark.parametrize(
@@ -199,7 +210,10 @@ def test_replay_of_the_shared_traces_parses() -> None:
         ({"replay_vms": "10-1"}, "agent.replay_vms: '10-1' is not a range like 1-10"),
         ({"replay_vms": [1.5]}, "agent.replay_vms: 1.5: give trace numbers (1, 2) or ranges"),
         ({"replay_vms": "1,2,1"}, "agent.replay_vms: trace 1 is listed twice"),
-        ({"collector": "replay", "replay_vms": [101]}, "agent.replay_vms: no trace 101.csv in"),
+        (
+            {"collector": "replay", "replay_vms": [101]},
+            "agent.replay_vms: no trace 101.csv (or 101.csv.gz) in",
+        ),
         ({"replay_customers": []}, "agent.replay_customers: an empty list"),
         ({"replay_customers": ["a", 7]}, "agent.replay_customers: 7: 1–255 characters"),
         (

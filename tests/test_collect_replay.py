@@ -8,9 +8,11 @@ and prefix sums, so a wrong integral, a lost or a doubled tick shows as a mismat
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import json
 import logging
+import shutil
 import threading
 import time
 import uuid
@@ -23,6 +25,7 @@ import pytest
 import sqlalchemy as sa
 from typer.testing import CliRunner
 
+from gmd.admin.demo import PACKAGED_TRACES
 from gmd.agent.cli import app as agent_cli
 from gmd.agent.client import DaemonClient, PostOutcome
 from gmd.agent.collect.aggregate import AgentState, advance
@@ -40,6 +43,9 @@ from gmd.agent.collect.replay import (
     replay_run,
     replay_vms,
     tick_times,
+    trace_names,
+    trace_paths,
+    traces_digest,
     vm_uuid,
 )
 from gmd.agent.config import AgentConfig, parse_agent
@@ -48,11 +54,28 @@ from gmd.agent.sender import Sender
 from gmd.agent.spool import Spool
 from gmd.daemon.ledger.accounting import account_due
 from gmd.wire import SampleBatch
-from tests.conftest import SHARED
 from tests.daemon_support import make_config, serving, token_of
 
-TRACES = SHARED / "data" / "bitbrains_rnd_sample" / "2013-7"
+TRACES = PACKAGED_TRACES  # the demo's: the sample's first three days, N.csv.gz
+LATE_44 = Path(__file__).parent / "data" / "bitbrains" / "44-lines-1262-1290.csv"
+"""VM 44 on day 4 of the sample, where it is created (rows of zeros, then running): past the
+demo's three days, so a cut of the week lives under tests/data (its README)."""
 FIRST_ROW_S = 1372629804  # every trace of the sample starts there
+
+
+def bb(n: int | str) -> Path:
+    """Bitbrains trace ``n`` of the demo's packaged sample."""
+    return TRACES / f"{n}.csv.gz"
+
+
+def text_of(path: Path) -> str:
+    """A trace file's text, gunzipped by the standard library (not gmd's reader)."""
+    if path.name.endswith(".gz"):
+        with gzip.open(path, "rt") as f:
+            return f.read()
+    return path.read_text()
+
+
 PAST = 1_700_000_000  # a simulated start in the past (2023), 200 s into a 300 s interval
 
 
@@ -60,7 +83,7 @@ PAST = 1_700_000_000  # a simulated start in the past (2023), 200 s into a 300 s
 
 
 def rows_of(path: Path) -> list[list[float]]:
-    lines = path.read_text().splitlines()[1:]
+    lines = text_of(path).splitlines()[1:]
     return [[float(f) for f in line.split(";")] for line in lines if line.strip()]
 
 
@@ -92,7 +115,7 @@ def cut(
 ):
     """Lines ``first``..``last`` (1-based, the header is line 1) of a real trace, behind its
     header, optionally edited: a small real trace for an edge case."""
-    lines = src.read_text().splitlines()
+    lines = text_of(src).splitlines()
     body = lines[first - 1 : last]
     if edit is not None:
         body = [edit(first + i, line) for i, line in enumerate(body)]
@@ -123,16 +146,46 @@ def drive(collector: ReplayCollector, clock: ReplayClock, tick_s: float, interva
 
 
 def test_a_real_trace_is_read_whole() -> None:
-    trace = read_trace(TRACES / "1.csv")
-    assert (trace.rows, trace.first_s, trace.name) == (2016, FIRST_ROW_S, "1")
-    assert trace.end_s == 1373234363 + 300  # the last row holds one typical step
+    trace = read_trace(bb(1))
+    assert (trace.rows, trace.first_s, trace.name) == (876, FIRST_ROW_S, "1")
+    assert trace.end_s == 1372892335 + 300  # the last row holds one typical step
     assert len(trace.runs) == 1 and trace.runs[0].start_s == FIRST_ROW_S
-    # the largest provisioned memory of the week (8218624 KB in the first rows)
+    # the largest provisioned memory of the three days (8218624 KB in the first rows)
     assert trace.flavor == Flavor(2.0, 8388608 * 1024)
 
 
+def test_a_compressed_trace_is_the_same_vm_and_replay_as_its_plain_text(tmp_path: Path) -> None:
+    """``N.csv.gz`` is read as it is: the same rows, runs and counters as ``N.csv``, the same VM
+    UUID (the directory's and the trace's name, not the file's suffix) and the same replay
+    identity, so a replay of gzipped traces is the replay of the plain ones."""
+    plain_dir = tmp_path / "2013-7"
+    plain_dir.mkdir()
+    for n in (1, 2):
+        (plain_dir / f"{n}.csv").write_text(text_of(bb(n)))
+    packed, plain = read_trace(bb(1)), read_trace(plain_dir / "1.csv")
+    assert (packed.name, packed.rows, packed.flavor) == (plain.name, plain.rows, plain.flavor)
+    assert packed.runs == plain.runs
+    assert vm_uuid("h", bb(1)) == vm_uuid("h", plain_dir / "1.csv")
+    assert traces_digest(TRACES, ["1", "2"]) == traces_digest(plain_dir, ["1", "2"])
+    assert trace_names(plain_dir) == ["1", "2"] and trace_names(TRACES)[:3] == ["1", "2", "3"]
+    assert len(trace_names(TRACES)) == 100
+
+
+def test_a_broken_compressed_trace_is_named(tmp_path: Path) -> None:
+    whole = bb(1).read_bytes()
+    (tmp_path / "1.csv.gz").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "2.csv.gz").write_bytes(b"not gzip at all")
+    with pytest.raises(TraceError, match=r"1\.csv\.gz: cannot read: the compressed file ends"):
+        read_trace(tmp_path / "1.csv.gz")
+    with pytest.raises(TraceError, match=r"2\.csv\.gz: cannot read: Not a gzipped file"):
+        read_trace(tmp_path / "2.csv.gz")
+    (tmp_path / "2.csv").write_text("")
+    with pytest.raises(ReplayError, match=r"both 2\.csv and 2\.csv\.gz in .*: keep one of them"):
+        trace_paths(tmp_path, ["2"])
+
+
 def test_counters_are_the_rows_integrated_by_hand() -> None:
-    run = read_trace(TRACES / "1.csv").runs[0]
+    run = read_trace(bb(1)).runs[0]
     # Rows 1 and 2 (300 s apart): usage 1.5 % then 0.5 % of 2 cores; 450 s in is mid-row 2.
     t = FIRST_ROW_S + 450
     cpu_ns, rd, wr, rx, tx = run.counters_at(t)
@@ -143,7 +196,7 @@ def test_counters_are_the_rows_integrated_by_hand() -> None:
     assert tx == round(1.4666666666666666 * 1024 * 300 + 1.0 * 1024 * 150) == 604_160
     assert run.rss_at(t) == round(458575.4666666667 * 1024)  # the row in effect
     # A day in, against the independent sum over 288 rows.
-    rows = rows_of(TRACES / "1.csv")
+    rows = rows_of(bb(1))
     day = FIRST_ROW_S + 86400 + 123
     cpu_ns, rd, wr, rx, tx = run.counters_at(day)
     assert cpu_ns / 1e9 == pytest.approx(integral(rows, cpu_s, FIRST_ROW_S, day), rel=1e-12)
@@ -156,7 +209,7 @@ def test_counters_are_the_rows_integrated_by_hand() -> None:
 
 def header_and(tmp_path: Path, *rows: str) -> Path:
     path = tmp_path / "9.csv"
-    cut(TRACES / "1.csv", path, 2, 4)
+    cut(bb(1), path, 2, 4)
     path.write_text(path.read_text() + "".join(r + "\n" for r in rows))
     return path
 
@@ -190,27 +243,27 @@ def test_bad_rows_stop_the_replay_naming_file_and_line(
 
 def test_a_vm_without_rows_never_runs(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING):
-        empty = read_trace(TRACES / "14.csv")
+        empty = read_trace(bb(14))
     assert (empty.rows, empty.runs, empty.first_s, empty.flavor) == (0, (), None, Flavor())
-    assert "14.csv: no rows: the VM never runs in this replay" in caplog.text
-    traces = [read_trace(TRACES / "1.csv"), empty]
+    assert "14.csv.gz: no rows: the VM never runs in this replay" in caplog.text
+    traces = [read_trace(bb(1)), empty]
     clock = plan_clock(traces, start_s=PAST, interval_s=300, end_s=PAST + 3600)
     collector = ReplayCollector(replay_vms(traces, "sim-1"), clock)
     clock.now_s = PAST + 600
-    assert collector.collect().listed == {vm_uuid("sim-1", TRACES / "1.csv")}
+    assert collector.collect().listed == {vm_uuid("sim-1", bb(1))}
     assert collector.resources().cpu_cores == 2  # the empty VM provisions nothing
     with pytest.raises(ReplayError, match="none of the traces has a row"):
         plan_clock([empty], start_s=PAST, interval_s=300)
     with pytest.raises(ReplayError, match="replay_host_cores"):
-        ReplayCollector(replay_vms([empty, read_trace(TRACES / "38.csv")], "h"), clock)
+        ReplayCollector(replay_vms([empty, read_trace(bb(38))], "h"), clock)
 
 
 def test_zero_rows_are_a_vm_not_running_and_nothing_is_lost_around_them(tmp_path: Path) -> None:
     # VM 44 is created on day 4 (rows of zeros before); VM 7 here is VM 1 stopped for 3 rows.
-    late = read_trace(cut(TRACES / "44.csv", tmp_path / "44.csv", 1262, 1290))
+    late = read_trace(Path(shutil.copy(LATE_44, tmp_path / "44.csv")))
     zero = "\t0;\t0.0;\t0.0;\t0.0;\t0.0;\t0.0;\t0.0;\t0.0;\t0.0;\t0.0"
     stopped = cut(
-        TRACES / "1.csv",
+        bb(1),
         tmp_path / "7.csv",
         2,
         31,
@@ -265,7 +318,7 @@ def test_a_host_short_of_cores_shares_them_in_proportion_to_what_each_vm_asks(
     where they ask more together, each gets the same fraction of what its trace asks, so no
     interval holds more than the host's cores; with enough cores the traces are replayed as
     they are."""
-    paths = [cut(TRACES / f"{n}.csv", tmp_path / f"{n}.csv", 450, 520) for n in (41, 42)]
+    paths = [cut(bb(n), tmp_path / f"{n}.csv", 450, 520) for n in (41, 42)]
     traces = [read_trace(p) for p in paths]
     for cores, short in ((6.0, True), (20.0, False)):
         clock = plan_clock(traces, start_s=PAST, interval_s=60)
@@ -296,13 +349,10 @@ def test_a_host_short_of_cores_shares_them_in_proportion_to_what_each_vm_asks(
 
 
 def test_uuids_and_customers_are_stable() -> None:
-    path = TRACES / "1.csv"
+    path = bb(1)
     assert uuid.UUID(vm_uuid("sim-1", path)).version == 5
     assert vm_uuid("sim-1", path) == str(uuid.uuid5(UUID_NAMESPACE, "sim-1/2013-7/1.csv"))
-    assert (
-        len({vm_uuid("sim-1", path), vm_uuid("sim-2", path), vm_uuid("sim-1", TRACES / "2.csv")})
-        == 3
-    )
+    assert len({vm_uuid("sim-1", path), vm_uuid("sim-2", path), vm_uuid("sim-1", bb(2))}) == 3
     assert deal_customers(["1", "2", "3"], ["a", "b"]) == {"1": "a", "2": "b", "3": "a"}
     assert deal_customers(["1"], None, "lab") == {"1": "lab"}
     assert deal_customers(["1"], {"1": "x", "9": "y"}) == {"1": "x"}
@@ -314,7 +364,7 @@ def test_uuids_and_customers_are_stable() -> None:
 
 
 def test_the_clock_maps_simulated_onto_trace_time() -> None:
-    traces = [read_trace(TRACES / "1.csv")]
+    traces = [read_trace(bb(1))]
     clock = plan_clock(traces, start_s=PAST, interval_s=300, end_s=PAST + 7200, offset_s=600)
     assert clock.start_s == PAST - 200 and clock.now_s == clock.start_s  # aligned down
     assert clock.trace_start_s == FIRST_ROW_S + 600  # the start is 600 s into the trace
@@ -418,7 +468,7 @@ def test_a_replayed_host_is_accounted_as_the_trace_says(tmp_path: Path) -> None:
         {HOST: "operator"},
         accounting={"interval_s": INTERVAL_S, "grace_s": 0},
     )
-    traces = [read_trace(TRACES / f"{n}.csv") for n in VMS]
+    traces = [read_trace(bb(n)) for n in VMS]
     start = aligned_start(30)
     end = start + 2 * 3600  # two simulated hours: 24 intervals, 49 ticks
     clock = plan_clock(traces, start_s=start, interval_s=INTERVAL_S, end_s=end)
@@ -465,7 +515,7 @@ def test_a_replayed_host_is_accounted_as_the_trace_says(tmp_path: Path) -> None:
     t0, t1 = clock.to_trace(start), clock.to_trace(end)
     want: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
     for i, n in enumerate(VMS):
-        rows = rows_of(TRACES / f"{n}.csv")
+        rows = rows_of(bb(n))
         for k, f in enumerate((cpu_s, disk_bytes, net_bytes)):
             want[CUSTOMERS[i % 2]][k] += integral(rows, f, t0, t1)
     got = {name: (cpu, disk, net, intervals, late) for name, cpu, disk, net, intervals, late in use}
@@ -536,13 +586,13 @@ def test_an_interrupted_replay_resumes_and_delivers_what_an_uninterrupted_one_do
     (tmp_path / "traces").mkdir()
     off = "\t0;" * 9 + "\t0"  # every column but the timestamp zero: the VM is not running
     stops = cut(  # VM 1 with lines 12-14 off: it stops ~3000 s in, then runs again
-        TRACES / "1.csv",
+        bb(1),
         tmp_path / "traces" / "7.csv",
         2,
         40,
         lambda n, line: line.split(";")[0] + ";" + off if n in (12, 13, 14) else line,
     )
-    traces = [read_trace(TRACES / "24.csv"), read_trace(TRACES / "39.csv"), read_trace(stops)]
+    traces = [read_trace(bb(24)), read_trace(bb(39)), read_trace(stops)]
     paused = traces[2]
     assert [r.run_id for r in paused.runs] == [1, 2]
     start = aligned_start(30)
@@ -710,7 +760,7 @@ def test_gmd_agent_replays_and_exits(tmp_path: Path, caplog: pytest.LogCaptureFi
                 )
             ).all()
     assert [s for s, _ in intervals] == [start + k * INTERVAL_S for k in range(12)]
-    rows = rows_of(TRACES / "1.csv"), rows_of(TRACES / "2.csv")
+    rows = rows_of(bb(1)), rows_of(bb(2))
     first = sum(integral(r, cpu_s, FIRST_ROW_S, FIRST_ROW_S + INTERVAL_S) for r in rows)
     assert sum(v["cpu_s"] for v in batch.vms) == pytest.approx(first, rel=1e-9)
     assert intervals[0][1] == pytest.approx(first, rel=1e-9)
@@ -771,7 +821,7 @@ def test_a_replaying_agent_killed_mid_replay_resumes_without_counting_twice(
     assert all(k.startswith(f"{HOST}/") and "/replay-" in k for k in keys)  # deterministic
     assert [s for s, _n, _c in intervals] == [start + k * INTERVAL_S for k in range(24)]
     assert batches == 24 and all(n == 1 for _s, n, _c in intervals)
-    rows = rows_of(TRACES / "1.csv"), rows_of(TRACES / "2.csv")
+    rows = rows_of(bb(1)), rows_of(bb(2))
     for k, (_s, _n, cpu) in enumerate(intervals):
         t0 = FIRST_ROW_S + k * INTERVAL_S
         want = sum(integral(r, cpu_s, t0, t0 + INTERVAL_S) for r in rows)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import csv
+import gzip
 import itertools
 import json
 import subprocess
@@ -21,9 +22,9 @@ import pytest
 from typer.testing import CliRunner
 
 from gmd.admin.cli import app
-from tests.conftest import SHARED
+from gmd.admin.demo import PACKAGED_TRACES
 
-TRACES = SHARED / "data" / "bitbrains_rnd_sample" / "2013-7"
+TRACES = PACKAGED_TRACES  # what `gmd-admin demo` replays by default: N.csv.gz
 BIN = Path(sys.executable).parent
 DAYS = 2
 INTERVAL_S = 900
@@ -38,11 +39,16 @@ def admin(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def rows_of(path: Path) -> list[list[float]]:
+    """A trace's rows, gunzipped and read with the standard library, not gmd's parser."""
+    with gzip.open(path, "rt") as f:
+        return [[float(x) for x in r] for r in list(csv.reader(f, delimiter=";"))[1:] if r]
+
+
 def trace_core_seconds(path: Path, start: float, end: float) -> float:
     """CPU core-seconds a trace says its VM used in [start, end): each row's usage % of its
     cores holds until the next row. Read with the csv module, not gmd's parser."""
-    with path.open() as f:
-        rows = [[float(x) for x in r] for r in list(csv.reader(f, delimiter=";"))[1:] if r]
+    rows = rows_of(path)
     total = 0.0
     for row, nxt in itertools.pairwise(rows):
         lo, hi = max(row[0], start), min(nxt[0], end)
@@ -58,8 +64,7 @@ def host_core_seconds(paths: list[Path], cores: float, start: float, end: float)
     steps = []
     edges = {start, end}
     for path in paths:
-        with path.open() as f:
-            rows = [[float(x) for x in r] for r in list(csv.reader(f, delimiter=";"))[1:] if r]
+        rows = rows_of(path)
         times = [row[0] for row in rows]
         rates = [row[4] / 100 * row[1] for row in rows]
         steps.append((times, rates))
@@ -76,9 +81,8 @@ def host_core_seconds(paths: list[Path], cores: float, start: float, end: float)
 
 
 def first_timestamp(path: Path) -> float:
-    with path.open() as f:
-        rows = [r for r in list(csv.reader(f, delimiter=";"))[1:] if r]
-    return float(rows[0][0]) if rows else float("inf")
+    rows = rows_of(path)
+    return rows[0][0] if rows else float("inf")
 
 
 def test_the_demo_replays_accounts_and_reports_what_the_traces_say(tmp_path: Path) -> None:
@@ -89,8 +93,6 @@ def test_the_demo_replays_accounts_and_reports_what_the_traces_say(tmp_path: Pat
             "demo",
             "--dir",
             str(root),
-            "--traces",
-            str(TRACES),
             "--days",
             str(DAYS),
             "--hosts",
@@ -147,7 +149,8 @@ def test_the_demo_replays_accounts_and_reports_what_the_traces_say(tmp_path: Pat
     assert sorted(h["host"] for h in hosts) == ["cmp-01", "cmp-02"]
     for row in hosts:
         agent = tomllib.loads((root / f"agent-{row['host']}.toml").read_text())["agent"]
-        paths = [TRACES / f"{n}.csv" for n in agent["replay_vms"]]
+        assert agent["replay_dir"] == str(TRACES)  # the packaged traces, by default
+        paths = [TRACES / f"{n}.csv.gz" for n in agent["replay_vms"]]
         start = min(first_timestamp(p) for p in paths)
         end = start + intervals * INTERVAL_S
         asked = sum(trace_core_seconds(p, start, end) for p in paths)
@@ -189,11 +192,22 @@ def test_the_demo_says_where_the_traces_are_missing(tmp_path: Path) -> None:
     assert bad.exit_code == 1 and "--vms '1-x'" in bad.stderr
 
 
+def test_the_demo_refuses_more_days_than_its_traces_cover(tmp_path: Path) -> None:
+    """The shipped traces hold three days (and an hour): a longer demo would stop short at
+    their end, so it is refused before anything starts, saying what to give instead."""
+    result = CliRunner().invoke(app, ["demo", "--dir", str(tmp_path / "d"), "--days", "4"])
+    assert result.exit_code == 1
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert f"gmd-admin demo: --days 4: the traces in {TRACES}" in result.stderr
+    assert "cover 3.04 days: give --days 3.03 or fewer, or --traces DIR" in result.stderr
+    assert not (tmp_path / "d").exists()
+
+
 def test_a_bad_trace_stops_the_demo_naming_the_agent_file_and_line(tmp_path: Path) -> None:
     traces = tmp_path / "traces"
     traces.mkdir()
-    (traces / "1.csv").write_text((TRACES / "1.csv").read_text())
-    lines = (TRACES / "2.csv").read_text().splitlines()
+    (traces / "1.csv.gz").write_bytes((TRACES / "1.csv.gz").read_bytes())
+    lines = gzip.decompress((TRACES / "2.csv.gz").read_bytes()).decode().splitlines()
     fields = lines[4].split(";")
     fields[4] = "\tNaN%"
     lines[4] = ";".join(fields)

@@ -1257,8 +1257,9 @@ def demo_command(
         Path | None,
         typer.Option(
             "--traces",
-            help="The Bitbrains GWA-T-12 Rnd traces (N.csv). Default: ../shared/data/"
-            "bitbrains_rnd_sample/2013-7 beside this checkout, or under $GMD_SHARED.",
+            help="The Bitbrains GWA-T-12 Rnd traces (N.csv or N.csv.gz), e.g. the whole"
+            " trace for more than 3 days. Default: the first 3 days of its 100-VM sample,"
+            " shipped with gmd.",
             metavar="DIR",
         ),
     ] = None,
@@ -1267,7 +1268,13 @@ def demo_command(
     ] = "1-100",
     hosts: Annotated[int, typer.Option("--hosts", min=1, max=50, help="Simulated hosts.")] = 4,
     days: Annotated[
-        float, typer.Option("--days", min=0.05, max=7, help="Simulated days (the trace has 7).")
+        float,
+        typer.Option(
+            "--days",
+            min=0.05,
+            max=7,
+            help="Simulated days (at most 3 with the shipped traces).",
+        ),
     ] = 3.0,
     cores: Annotated[
         float, typer.Option("--cores", min=1, help="Physical cores of each simulated host.")
@@ -1286,7 +1293,7 @@ def demo_command(
     from gmd.admin import demo
 
     try:
-        found = demo.default_traces() if traces is None else traces
+        found = demo.PACKAGED_TRACES if traces is None else traces
         demo.run(directory, found, vms=vms, hosts=hosts, days=days, cores_per_host=cores)
     except demo.DemoError as exc:
         typer.echo(f"gmd-admin demo: {exc}", err=True)

@@ -53,7 +53,7 @@ from typing import TextIO
 
 import httpx
 
-from gmd.agent.collect.replay import trace_ranges
+from gmd.agent.collect.replay import ReplayError, trace_extent, trace_file, trace_ranges
 from gmd.common.timespec import iso
 
 MARKER = ".gmd-demo"
@@ -82,11 +82,10 @@ class DemoError(RuntimeError):
     """The demo cannot go on; the message says what failed and where its log is."""
 
 
-def default_traces() -> Path:
-    """The Bitbrains sample beside this checkout (``$GMD_SHARED`` overrides ``../shared``)."""
-    repo = Path(__file__).resolve().parents[2]
-    shared = Path(os.environ.get("GMD_SHARED", repo.parent / "shared"))
-    return shared / "data" / "bitbrains_rnd_sample" / "2013-7"
+PACKAGED_TRACES = Path(__file__).resolve().parent / "demo_data" / "2013-7"
+"""The traces the demo replays by default, shipped in the package (``N.csv.gz``): the first
+three days (and an hour) of the GWA-T-12 Bitbrains Rnd sample; ``demo_data/README.md`` says
+where they come from, their terms and how they were cut. ``--traces DIR`` takes others."""
 
 
 @dataclass(frozen=True)
@@ -146,6 +145,30 @@ def plan_cloud(
     if hosts > 1:
         cores[names[0]] = cores_per_host * BUSY_HOST_SHARE
     return Cloud(tuple(names), placement, owners, start, end, interval_s, tick_s, cores)
+
+
+def check_coverage(traces: Path, cloud: Cloud, days: float) -> None:
+    """Refuse a replay longer than the traces: an agent would stop at its traces' end (see
+    :func:`gmd.agent.collect.replay.plan_clock`) and the demo would account a shorter span than
+    asked. Each host's replay starts at its traces' earliest first row and ends at their latest
+    last row; unreadable traces are left to the agent, which names file and line."""
+    covered = math.inf
+    for host in cloud.hosts:
+        extents = []
+        for name in cloud.traces_on(host):
+            with contextlib.suppress(ReplayError):
+                extents.append(trace_extent(trace_file(traces, name)))
+        found = [e for e in extents if e is not None]
+        if found:
+            covered = min(covered, max(e[1] for e in found) - min(e[0] for e in found))
+    if covered < cloud.end_s - cloud.start_s:
+        most = math.floor(max(covered, 0) / cloud.interval_s) * cloud.interval_s / 86400
+        shipped = " (the demo's own, the first days of GWA-T-12 Rnd)"
+        raise DemoError(
+            f"--days {days:g}: the traces in {traces}{shipped if traces == PACKAGED_TRACES else ''}"
+            f" cover {max(covered, 0) / 86400:.2f} days: give --days"
+            f" {math.floor(most * 100) / 100:g} or fewer, or --traces DIR with longer traces"
+        )
 
 
 def parse_traces(spec: str) -> list[str]:
@@ -542,7 +565,7 @@ def caps_walkthrough(customer: str, caps: dict[str, str]) -> str:
 
 def run(
     root: Path,
-    traces: Path,
+    traces: Path = PACKAGED_TRACES,
     *,
     vms: str = "1-100",
     hosts: int = 4,
@@ -555,14 +578,17 @@ def run(
     began = time.monotonic()
     if not traces.is_dir():
         raise DemoError(
-            f"no Bitbrains traces in {traces}: give --traces DIR (the N.csv files of"
-            " GWA-T-12 Rnd) or set GMD_SHARED"
+            f"no Bitbrains traces in {traces}: give --traces DIR (the N.csv or N.csv.gz files"
+            " of GWA-T-12 Rnd)"
         )
     names = parse_traces(vms)
-    missing = [n for n in names if not (traces / f"{n}.csv").is_file()]
-    if missing:
-        raise DemoError(f"no trace {missing[0]}.csv in {traces}")
+    for name in names:
+        try:
+            trace_file(traces, name)
+        except ReplayError as exc:
+            raise DemoError(str(exc)) from None
     cloud = plan_cloud(names, hosts, days, cores_per_host=cores_per_host)
+    check_coverage(traces, cloud, days)
     layout = prepare(root)
     port = free_port()
     write_configs(layout, cloud, traces.resolve(), port, memory_per_host=memory_per_host)

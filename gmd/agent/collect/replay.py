@@ -1,11 +1,11 @@
 """The replay collector: recorded per-VM traces played back as if libvirt read them.
 
 For what-if analysis and the demo, a host is simulated by replaying real VM traces in the
-Bitbrains format (GWA-T-12, ``N.csv``: one row per VM every ~300 s). The collector hands the
-agent the same raw cumulative counters libvirt would (CPU time, disk and network bytes, resident
-memory), so everything after it — deltas and resets (:mod:`gmd.agent.collect.counters`), intervals
-(:mod:`gmd.agent.collect.aggregate`), spool, sender, the daemon's accounting — runs unchanged and is
-exercised by real workloads.
+Bitbrains format (GWA-T-12, ``N.csv`` or ``N.csv.gz``: one row per VM every ~300 s). The
+collector hands the agent the same raw cumulative counters libvirt would (CPU time, disk and
+network bytes, resident memory), so everything after it — deltas and resets
+(:mod:`gmd.agent.collect.counters`), intervals (:mod:`gmd.agent.collect.aggregate`), spool,
+sender, the daemon's accounting — runs unchanged and is exercised by real workloads.
 
 **Three clocks.** *Wall* time is what the machine says; *simulated* time is what the agent
 stamps its readings with and what the daemon sees; *trace* time is the CSV's timestamps. A
@@ -53,6 +53,7 @@ Another replay on the same spool is refused.
 from __future__ import annotations
 
 import bisect
+import gzip
 import hashlib
 import json
 import logging
@@ -108,6 +109,9 @@ DEFAULT_HISTORY_S = 7 * 86400
 UUID_NAMESPACE = uuidlib.UUID("6f1c2a47-2f0e-4c55-9a43-0b6a5d3e7a10")
 """Fixed, so a replayed VM keeps its UUID across runs and machines."""
 DISK, NIC = "vda", "eth0"
+TRACE_SUFFIXES = (".csv", ".csv.gz")
+"""A trace file is ``N.csv``, or ``N.csv.gz`` read as it is (gzip): an operator can point
+``replay_dir`` at compressed traces, and the demo's packaged traces are compressed."""
 
 
 class ReplayError(RuntimeError):
@@ -151,6 +155,27 @@ def _first_bad_line(path: Path, numbered: list[tuple[int, str]]) -> TraceError:
     return TraceError(f"{path}: cannot read the rows")
 
 
+def _read_bytes(path: Path) -> bytes:
+    """A trace file's bytes, decompressed when its name ends in ``.gz``; :class:`TraceError`
+    naming the file when it cannot be read (a truncated or corrupt gzip file included)."""
+    try:
+        if path.name.endswith(".gz"):
+            with gzip.open(path, "rb") as f:
+                return f.read()
+        return path.read_bytes()
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except EOFError:
+        raise TraceError(f"{path}: cannot read: the compressed file ends early") from None
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return _read_bytes(path).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"{path}: cannot read: not UTF-8 text ({exc.reason})") from None
+
+
 def parse_rows(path: Path) -> Rows:
     """The data rows of a Bitbrains CSV (``;`` + tab separated, one header line).
 
@@ -160,10 +185,7 @@ def parse_rows(path: Path) -> Rows:
     Parsed in bulk with numpy (a week of 100 VMs is 200,000 rows); a failure is located
     line by line.
     """
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise TraceError(f"{path}: cannot read: {exc.strerror}") from None
+    text = _read_text(Path(path))
     numbered = [(n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
     if numbered and numbered[0][0] == 1 and not numbered[0][1].lstrip()[:1].isdigit():
         numbered = numbered[1:]  # the header
@@ -273,7 +295,7 @@ class Trace:
 
     @property
     def name(self) -> str:
-        return self.path.stem
+        return trace_name(self.path)
 
     def run_at(self, t: float) -> Run | None:
         """The run in progress at trace time ``t``."""
@@ -351,18 +373,52 @@ def trace_ranges(value: str | Sequence[object]) -> tuple[str, ...]:
     return tuple(names)
 
 
+def trace_name(path: Path) -> str:
+    """``N`` of a trace file ``N.csv`` or ``N.csv.gz``."""
+    name = Path(path).name
+    for suffix in sorted(TRACE_SUFFIXES, key=len, reverse=True):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return Path(path).stem
+
+
+def trace_file(directory: Path, name: str | int) -> Path:
+    """Trace ``name``'s file in ``directory``: ``N.csv`` or ``N.csv.gz``. :class:`ReplayError`
+    when there is none, or both (which one is replayed must not be a guess)."""
+    found = [Path(directory) / f"{name}{s}" for s in TRACE_SUFFIXES]
+    found = [p for p in found if p.is_file()]
+    if not found:
+        raise ReplayError(f"no trace {name}.csv (or {name}.csv.gz) in {directory}")
+    if len(found) > 1:
+        raise ReplayError(
+            f"both {found[0].name} and {found[1].name} in {directory}: keep one of them"
+        )
+    return found[0]
+
+
 def trace_paths(directory: Path, names: Iterable[str | int]) -> list[Path]:
-    """``directory/N.csv`` for each name; :class:`ReplayError` for one that does not exist."""
-    paths = [Path(directory) / f"{n}.csv" for n in names]
-    missing = [p for p in paths if not p.is_file()]
-    if missing:
-        raise ReplayError(f"no trace file {missing[0]}")
-    return paths
+    """Each name's trace file (:func:`trace_file`); :class:`ReplayError` for one missing."""
+    return [trace_file(directory, n) for n in names]
+
+
+def trace_extent(path: Path) -> tuple[float, float] | None:
+    """The first and the last row's timestamps of a trace file: a quick look at what it covers
+    before a replay (``gmd-admin demo --days``), which checks nothing else (the replay checks
+    every row). ``None`` for a file without rows, or whose first or last row does not start
+    with a number."""
+    lines = [line for line in _read_text(Path(path)).splitlines() if line.strip()]
+    if lines and not lines[0].lstrip()[:1].isdigit():
+        lines = lines[1:]  # the header
+    try:
+        return (float(lines[0].split(";")[0]), float(lines[-1].split(";")[0])) if lines else None
+    except ValueError:
+        return None
 
 
 def trace_names(directory: Path) -> list[str]:
-    """Every ``N.csv`` in ``directory``, numbers in numeric order, then other names."""
-    stems = [p.stem for p in Path(directory).glob("*.csv")]
+    """Every trace (``N.csv``, ``N.csv.gz``) in ``directory``, numbers in numeric order, then
+    other names."""
+    stems = {trace_name(p) for s in TRACE_SUFFIXES for p in Path(directory).glob(f"*{s}")}
     return sorted(stems, key=lambda s: (0, int(s), "") if s.isdigit() else (1, 0, s))
 
 
@@ -370,11 +426,11 @@ def trace_names(directory: Path) -> list[str]:
 
 
 def vm_uuid(host: str, path: Path) -> str:
-    """A VM's UUID from its host and trace file (its directory's name and its own): the same
-    VM replayed on the same host is the same VM in the ledger, run after run, and the same
-    trace replayed on two hosts is two VMs."""
+    """A VM's UUID from its host and trace file (its directory's name and its trace name): the
+    same VM replayed on the same host is the same VM in the ledger, run after run, and the same
+    trace replayed on two hosts is two VMs. ``N.csv.gz`` is the VM of ``N.csv``."""
     path = Path(path)
-    return str(uuidlib.uuid5(UUID_NAMESPACE, f"{host}/{path.parent.name}/{path.name}"))
+    return str(uuidlib.uuid5(UUID_NAMESPACE, f"{host}/{path.parent.name}/{trace_name(path)}.csv"))
 
 
 def deal_customers(
@@ -726,16 +782,14 @@ def plan_path(config: AgentConfig) -> Path:
 
 
 def traces_digest(directory: Path, names: Iterable[str]) -> str:
-    """A SHA-256 over the named traces' file names and bytes: what the replay reads, so that a
+    """A SHA-256 over the named traces' names and text: what the replay reads, so that a
     trace edited, added (with every trace of a directory replayed) or removed makes another
-    replay, not a resumed one whose counters no longer match the saved baselines."""
+    replay, not a resumed one whose counters no longer match the saved baselines. A trace
+    compressed or decompressed meanwhile is the same replay."""
     digest = hashlib.sha256()
     for path in trace_paths(directory, names):
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise TraceError(f"{path}: cannot read: {exc.strerror}") from None
-        digest.update(f"{path.name}\0{len(data)}\0".encode())
+        data = _read_bytes(path)
+        digest.update(f"{trace_name(path)}.csv\0{len(data)}\0".encode())
         digest.update(data)
     return digest.hexdigest()
 
