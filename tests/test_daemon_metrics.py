@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -204,3 +205,78 @@ def test_customers_per_level_and_level_changes_logged_by_project_name(
     ]
     with serving(config, accountant=True) as again:
         assert sample(again, "gmd_enforcement_customers", level="2") == 1.0
+
+
+def test_process_python_mode_and_every_help_names_a_real_series(tmp_path: Path) -> None:
+    """The process and Python series every Prometheus client exports; the configured mode as
+    one of its pre-created values; counters that start at 0; and no HELP text naming a
+    metric that is not exposed (a counter is scraped as ``…_total``)."""
+    config = make_config(
+        f"sqlite:///{tmp_path / 'l.db'}", {H1.name: "operator"}, enforcement={"mode": "on"}
+    )
+    with serving(config) as d:
+        text = httpx.get(f"{d.url}/metrics").text
+    families = list(text_string_to_metric_families(text))
+    names = {s.name for f in families for s in f.samples}
+    assert {"process_cpu_seconds_total", "process_resident_memory_bytes", "python_info"} <= names
+    values = {(s.name, frozenset(s.labels.items())): s.value for f in families for s in f.samples}
+    assert {
+        m: values[("gmd_enforcement_mode", frozenset({("mode", m)}))]
+        for m in ("off", "dry-run", "on")
+    } == {"off": 0.0, "dry-run": 0.0, "on": 1.0}
+    for action in ("apply", "restore"):
+        assert values[("gmd_enforcement_host_failures_total", frozenset({("action", action)}))] == 0
+    for action in ("lower", "restore"):
+        assert values[("gmd_enforcement_quota_writes_total", frozenset({("action", action)}))] == 0
+    assert values[("gmd_enforcement_quota_write_failures_total", frozenset())] == 0
+    assert values[("gmd_ledger_write_failures_total", frozenset())] == 0
+    assert values[("gmd_ledger_write_failing", frozenset())] == 0
+    helps = [line for line in text.splitlines() if line.startswith("# HELP gmd_")]
+    named = {n for line in helps for n in re.findall(r"\bgmd_[a-z_]+", line.split(" ", 3)[3])}
+    assert named <= names, f"HELP texts name {sorted(named - names)}, which are not exposed"
+
+
+def test_host_apply_failures_are_counted_by_action(tmp_path: Path) -> None:
+    with serving(make_config(f"sqlite:///{tmp_path / 'l.db'}", {H1.name: "operator"})) as d:
+        assert post(d, usage(aligned_past(2))).status_code == 200
+        vm = batch(H1, 0, [cpu_only("vm-1", "proj-a", 1.0)])["vms"][0]["uuid"]
+        results = [
+            {"uuid": vm, "action": "apply", "ok": False, "error": "libvirt: domain is busy"},
+            {"uuid": vm, "action": "would_restore", "ok": False, "error": "no such file"},
+            {"uuid": vm, "action": "apply", "ok": True},
+        ]
+        answer = httpx.post(
+            f"{d.url}/v1/plan/{H1.name}/report",
+            json={"generated_s": int(time.time()), "results": results},
+            headers=auth(H1.name),
+        )
+        assert answer.status_code == 200, answer.text
+        assert sample(d, "gmd_enforcement_host_failures_total", action="apply") == 1
+        assert sample(d, "gmd_enforcement_host_failures_total", action="restore") == 1
+
+
+@pytest.mark.filterwarnings("ignore::openstack.warnings._RemovedInSDKWarning")
+def test_quota_writes_and_failures_are_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The daemon's quota job against a cloud that answers 503, then heals: one failure, then
+    one quota lowered (the fake cloud of tests/fake_openstack.py: a real one cannot be made to
+    fail on demand)."""
+    from gmd.daemon.enforce.quota_job import QuotaReconciler
+    from tests.fake_openstack import FakeOpenStack, write_clouds_yaml
+    from tests.test_enforce_quota_job import config_for, drive
+
+    with FakeOpenStack() as cloud:
+        monkeypatch.setenv("OS_CLIENT_CONFIG_FILE", str(write_clouds_yaml(tmp_path, cloud)))
+        config = config_for(tmp_path, "on")
+        with serving(config) as d:
+            services = d.app.state.services
+            services.quotas = QuotaReconciler(d.engine, config.enforcement)
+            drive(config, d, [90.0] * 4, first_ago=20)
+            cloud.fail(503, times=None, path="")
+            assert services.run_quotas().failed == 1
+            cloud.heal()
+            assert services.run_quotas().lowered == 1
+            assert sample(d, "gmd_enforcement_quota_write_failures_total") == 1
+            assert sample(d, "gmd_enforcement_quota_writes_total", action="lower") == 1
+            assert sample(d, "gmd_enforcement_quota_writes_total", action="restore") == 0

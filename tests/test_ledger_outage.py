@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import sqlalchemy as sa
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.daemon_support import (
     INTERVAL_S,
@@ -87,6 +88,17 @@ def full_ledger(d: Daemon, url: str) -> Iterator[None]:
         engine.dispose()
 
 
+def metric(d: Daemon, name: str) -> float:
+    """The unlabelled sample ``name`` of the daemon's /metrics."""
+    text = httpx.get(f"{d.url}/metrics").text
+    return next(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name
+    )
+
+
 def interval_state(d: Daemon, start_s: int) -> str | None:
     with d.engine.connect() as conn:
         return conn.execute(
@@ -122,6 +134,8 @@ def test_no_interval_closes_while_the_ledger_cannot_write(database_url: str) -> 
             assert health.status_code == 503
             assert health.json()["status"] == "unavailable"
             assert "ledger cannot write" in health.json()["detail"]
+            assert metric(d, "gmd_ledger_write_failing") == 1
+            assert metric(d, "gmd_ledger_write_failures_total") == 1
             # Long past the interval's end and grace: an outage holds it open.
             now["s"] = start + INTERVAL_S + GRACE_S + 600
             accountant.run_once(now["s"])
@@ -133,6 +147,7 @@ def test_no_interval_closes_while_the_ledger_cannot_write(database_url: str) -> 
         assert replayed.status_code == 200, replayed.text
         assert replayed.json()["late"] == 0
         assert httpx.get(f"{d.url}/healthz").status_code == 200
+        assert metric(d, "gmd_ledger_write_failing") == 0
         # Within a grace period of the recovery other hosts are still replaying.
         accountant.run_once(now["s"] + GRACE_S / 2)
         assert interval_state(d, start) == "open"

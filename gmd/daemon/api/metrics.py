@@ -7,17 +7,28 @@ ledger knows (only a stored batch names it), a level one of the policy's.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from enum import StrEnum
+from typing import get_args
 
 import prometheus_client
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+)
 
 from gmd.common.version import version
+from gmd.wire import PLAN_MODES, ApplyAction
 
 
 class Rejection(StrEnum):
-    """Why a batch was refused: the ``reason`` of ``gmd_ingest_rejected_batches``."""
+    """Why a batch was refused: the ``reason`` of ``gmd_ingest_rejected_batches_total``."""
 
     content_type = "content_type"
     """not sent as application/json (415)"""
@@ -47,6 +58,17 @@ class Rejection(StrEnum):
     """an interval before the ledger's first, once accounting has begun (422)"""
 
 
+class QuotaChange(StrEnum):
+    """What a quota write did: the ``action`` of ``gmd_enforcement_quota_writes_total``."""
+
+    lowered = "lower"
+    restored = "restore"
+
+
+HOST_ACTIONS = tuple(sorted({a.removeprefix("would_") for a in get_args(ApplyAction)}))
+"""What a host does to a VM, dry-run or not: the ``action`` of host failures."""
+
+
 class DaemonMetrics:
     def __init__(self) -> None:
         # prometheus_client adds a `_created` series beside every counter and histogram by
@@ -54,13 +76,18 @@ class DaemonMetrics:
         prometheus_client.disable_created_metrics()
         self.registry = CollectorRegistry()
         r = self.registry
+        # The process's CPU, memory, open files and start time, Python's version and its
+        # garbage collector, as every Prometheus client exports them: the collectors of the
+        # default registry, registered in this one too (they read /proc and gc when scraped).
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            r.register(collector)
         Info("gmd_build", "The gmd version this daemon runs.", registry=r).info(
             {"version": version()}
         )
         self.batches = Counter(
             "gmd_ingest_batches",
             "Sample batches received, by outcome: accepted, duplicate (a retry, acknowledged"
-            " again) or rejected (gmd_ingest_rejected_batches says why).",
+            " again) or rejected (gmd_ingest_rejected_batches_total says why).",
             ["outcome"],
             registry=r,
         )
@@ -122,6 +149,58 @@ class DaemonMetrics:
             registry=r,
         )
         self._levels_shown: set[int] = set()
+        self.mode = Gauge(
+            "gmd_enforcement_mode",
+            "The configured enforcement.mode: 1 for the current one, 0 for the others.",
+            ["mode"],
+            registry=r,
+        )
+        for mode in PLAN_MODES:
+            self.mode.labels(mode).set(0)
+        self.quota_writes = Counter(
+            "gmd_enforcement_quota_writes",
+            "OpenStack compute quotas written: lowered for a customer's level, or restored.",
+            ["action"],
+            registry=r,
+        )
+        for change in QuotaChange:
+            self.quota_writes.labels(change.value)
+        self.quota_failures = Counter(
+            "gmd_enforcement_quota_write_failures",
+            "Quota writes that failed (the enforcement log and the daemon's log say why).",
+            registry=r,
+        )
+        self.host_failures = Counter(
+            "gmd_enforcement_host_failures",
+            "VMs whose throttle settings a host reported it could not apply or restore.",
+            ["action"],
+            registry=r,
+        )
+        for action in HOST_ACTIONS:
+            self.host_failures.labels(action)
+        self.ledger_write_failures = Counter(
+            "gmd_ledger_write_failures",
+            "Requests whose ledger write failed with a database error (answered 503).",
+            registry=r,
+        )
+        self.ledger_failing = Gauge(
+            "gmd_ledger_write_failing",
+            "1 while the ledger's latest write failed (no interval is closed meanwhile), else 0.",
+            registry=r,
+        )
+
+    def report_mode(self, mode: str) -> None:
+        for each in PLAN_MODES:
+            self.mode.labels(each).set(1 if each == mode else 0)
+
+    def watch_writes(self, failing: Callable[[], object]) -> None:
+        """``gmd_ledger_write_failing`` reads ``failing()`` (truthy: writes fail) at scrape."""
+        self.ledger_failing.set_function(lambda: 1.0 if failing() else 0.0)
+
+    def report_host_failure(self, action: str) -> None:
+        """A host could not ``action`` (``apply``, ``restore``, or their ``would_`` forms) a
+        VM's settings."""
+        self.host_failures.labels(action.removeprefix("would_")).inc()
 
     def report_rejected(self, reason: Rejection) -> None:
         self.batches.labels("rejected").inc()

@@ -66,6 +66,9 @@ async def post_plan_report(
         report.generated_s,
         [r.model_dump() for r in report.results],
     )
+    for result in report.results:
+        if not result.ok:
+            services.metrics.report_host_failure(result.action)
     return PlanReportReceipt(recorded=recorded)
 
 

@@ -18,10 +18,10 @@ from sqlalchemy import Engine
 from gmd.daemon.api.access import read_access
 from gmd.daemon.api.auth import TokenAuth
 from gmd.daemon.api.checks import Plausible
-from gmd.daemon.api.metrics import DaemonMetrics
+from gmd.daemon.api.metrics import DaemonMetrics, QuotaChange
 from gmd.daemon.config import Config
 from gmd.daemon.enforce.levels import after_interval
-from gmd.daemon.enforce.quota_job import QuotaReconciler
+from gmd.daemon.enforce.quota_job import QuotaReconciler, QuotaRun
 from gmd.daemon.ledger import partitions, rollups
 from gmd.daemon.ledger.accounting import RunReport
 from gmd.daemon.ledger.retention import purge
@@ -59,6 +59,8 @@ class Services:
         self.run_accountant = config.daemon.accounting if run_accountant is None else run_accountant
         self.write_health = WriteHealth(config.accounting.grace_s)
         """whether the ledger's writes succeed: holds the accountant, answers ``/healthz``"""
+        self.metrics.watch_writes(self.write_health.failing)
+        self.metrics.report_mode(config.enforcement.mode)
         self.accountant = Accountant(
             engine,
             config.accounting,
@@ -113,7 +115,7 @@ class Services:
         )
         if config.enforcement.quota.cloud and config.enforcement.mode != "off":
             self.quotas = QuotaReconciler(self.engine, config.enforcement)
-            self.accountant.every(config.enforcement.quota.every_s, self.quotas.run, "quotas")
+            self.accountant.every(config.enforcement.quota.every_s, self.run_quotas, "quotas")
         q = config.enforcement.quota
         if q.cloud and q.names_every_s > 0:
             client = ProjectNames(q.cloud, timeout_s=q.timeout_s, retries=q.retries)
@@ -144,6 +146,16 @@ class Services:
     def ledger_write_failed(self, error: Exception) -> None:
         """A write to the ledger failed with a database error (the request answers 503)."""
         self.write_health.failed(self.clock(), error)
+        self.metrics.ledger_write_failures.inc()
+
+    def run_quotas(self) -> QuotaRun:
+        """One pass of the quota reconciler, counted in the metrics."""
+        assert self.quotas is not None
+        run = self.quotas.run()
+        self.metrics.quota_writes.labels(QuotaChange.lowered.value).inc(run.lowered)
+        self.metrics.quota_writes.labels(QuotaChange.restored.value).inc(run.restored)
+        self.metrics.quota_failures.inc(run.failed)
+        return run
 
     def _count_run(self, report: RunReport) -> None:
         for seconds in report.seconds:
