@@ -184,6 +184,46 @@ def test_any_customer_name_opens_its_routes_and_pages(tmp_path: Path) -> None:
     assert {h.split(" (")[0] for h in shown} == set(names)
 
 
+def test_every_answer_carries_the_security_headers(tmp_path: Path) -> None:
+    """The page, the read routes, the plot, the agents' routes and their refusals (401, 404,
+    422) all forbid framing, sniffing, caching and any origin but the daemon's own."""
+    config = configured(f"sqlite:///{tmp_path / 'ledger.db'}", {"auth": "local"})
+    with seeded(config, ("acme", "initech")) as d:
+        answers = {
+            "/ui": httpx.get(f"{d.url}/ui"),
+            "/ui/customers/acme": httpx.get(f"{d.url}/ui/customers/acme"),
+            "/v1/standings": httpx.get(f"{d.url}/v1/standings"),
+            "plot.svg": httpx.get(f"{d.url}/v1/customers/acme/plot.svg"),
+            "unknown customer": httpx.get(f"{d.url}/v1/customers/nobody/explain"),
+            "unknown customer's page": httpx.get(f"{d.url}/ui/customers/nobody"),
+            "no such route": httpx.get(f"{d.url}/v2/nothing"),
+            "bad sort": httpx.get(f"{d.url}/v1/standings", params={"sort": "x"}),
+            "no host token": httpx.get(f"{d.url}/v1/plan/{HOST.name}"),
+            "healthz": httpx.get(f"{d.url}/healthz"),
+        }
+    statuses = {what: a.status_code for what, a in answers.items()}
+    assert statuses == {
+        "/ui": 200,
+        "/ui/customers/acme": 200,
+        "/v1/standings": 200,
+        "plot.svg": 200,
+        "unknown customer": 404,
+        "unknown customer's page": 404,
+        "no such route": 404,
+        "bad sort": 422,
+        "no host token": 401,
+        "healthz": statuses["healthz"],  # whatever the ledger's health, the headers
+    }
+    for what, answer in answers.items():
+        headers = answer.headers
+        assert headers["x-content-type-options"] == "nosniff", what
+        assert headers["cache-control"] == "no-store", what
+        assert headers["x-frame-options"] == "DENY", what
+        policy = [p.strip() for p in headers["content-security-policy"].split(";")]
+        assert "frame-ancestors 'none'" in policy and "default-src 'none'" in policy, what
+        assert "img-src 'self'" in policy, what  # the page's plot
+
+
 def test_the_read_api_is_off_unless_configured(tmp_path: Path) -> None:
     config = make_config(f"sqlite:///{tmp_path / 'ledger.db'}", {HOST.name: "operator"})
     with serving(config) as d:

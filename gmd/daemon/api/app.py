@@ -17,6 +17,7 @@ from sqlalchemy import Engine
 
 from gmd.daemon.api import health, plans, read, samples, web
 from gmd.daemon.api.errors import install_handlers
+from gmd.daemon.api.headers import SecurityHeaders
 from gmd.daemon.api.services import Services
 from gmd.daemon.config import Config
 from gmd.wire import PlanReport, Problem, SampleBatch
@@ -49,6 +50,7 @@ def create_app(
     app.state.store = services.store
     app.state.accountant = services.accountant
     install_handlers(app)
+    app.add_middleware(SecurityHeaders)
     for router in ROUTERS:
         app.include_router(router)
     if services.read_access is not None:
