@@ -224,6 +224,27 @@ def test_every_answer_carries_the_security_headers(tmp_path: Path) -> None:
         assert "img-src 'self'" in policy, what  # the page's plot
 
 
+def test_a_read_routes_refusal_says_what_was_invalid_in_its_own_words(tmp_path: Path) -> None:
+    """A bad parameter of a read route is named as the parameter it is (it was "invalid
+    batch: query.sort: …", a batch nobody sent); a batch's refusal keeps its own words."""
+    config = configured(f"sqlite:///{tmp_path / 'ledger.db'}", {"auth": "local"})
+    with serving(config) as d:
+        sort = httpx.get(f"{d.url}/v1/standings", params={"sort": "size"})
+        limit = httpx.get(f"{d.url}/v1/enforcement", params={"limit": "0"})
+        group = httpx.get(f"{d.url}/v1/customers/acme/report", params={"group_by": "month"})
+        ingest = httpx.post(f"{d.url}/v1/samples", json={"key": 1}, headers=auth(HOST.name))
+    for answer in (sort, limit, group):
+        assert answer.status_code == 422, answer.text
+        assert "batch" not in answer.text, answer.text
+    assert sort.json()["detail"].startswith("invalid request: query parameter sort: Input should")
+    assert '(got "size")' in sort.json()["detail"]
+    assert limit.json()["errors"] == [
+        'query parameter limit: Input should be greater than or equal to 1 (got "0")'
+    ]
+    assert group.json()["detail"].startswith("invalid request: query parameter group_by:")
+    assert ingest.status_code == 422 and ingest.json()["detail"].startswith("invalid batch: ")
+
+
 def test_the_read_api_is_off_unless_configured(tmp_path: Path) -> None:
     config = make_config(f"sqlite:///{tmp_path / 'ledger.db'}", {HOST.name: "operator"})
     with serving(config) as d:

@@ -115,8 +115,26 @@ async def refused(request: Request, exc: Refused) -> JSONResponse:
     )
 
 
+_PLACES = {
+    "query": "query parameter",
+    "path": "path parameter",
+    "header": "header",
+    "cookie": "cookie",
+}
+"""How a request's refusal names where a parameter FastAPI read was: ``query parameter sort``"""
+
+
 async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-    return await refused(request, validation_problem(list(exc.errors())))
+    """A parameter FastAPI reads for a route (the read routes' query and path) that is not
+    what the route takes: "invalid request: query parameter sort: …". The routes that take a
+    body (a batch, a plan report) read and name it themselves."""
+    errors = []
+    for e in exc.errors():
+        loc = tuple(e.get("loc", ()))
+        if len(loc) >= 2 and loc[0] in _PLACES:
+            loc = (f"{_PLACES[loc[0]]} {loc[1]}", *loc[2:])
+        errors.append({**e, "loc": loc})
+    return await refused(request, validation_problem(errors, "invalid request"))
 
 
 async def unauthorized(request: Request, exc: AuthError) -> JSONResponse:
