@@ -58,8 +58,11 @@ def _applier(config: AgentConfig) -> PlanApplier | None:
                 config.cgroup_template,
                 state_path=config.enforcement_state_path,
                 libvirt_conn_or_uri=config.libvirt_uri,
+                domains=config.domains,
             )
-        return LibvirtApplier(config.libvirt_uri, state_path=config.enforcement_state_path)
+        return LibvirtApplier(
+            config.libvirt_uri, state_path=config.enforcement_state_path, domains=config.domains
+        )
     except (EnforcementStateError, CgroupError) as exc:
         log.error("enforcement: %s", exc)
         raise typer.Exit(1) from None
@@ -88,6 +91,13 @@ def _libvirt_collector(config: AgentConfig) -> Collector:
             "agent.collector = auto: %s",
             f"libvirt's bulk stats ({why_not})" if why_not else "the kernel's counter files",
         )
+    log.info(
+        "measuring and throttling %s%s",
+        config.domains.words(),
+        ""
+        if config.domains.prefixes or config.domains.only_nova
+        else " of libvirt's (agent.domain_prefixes and agent.only_nova limit them)",
+    )
     if kind == "kernel":
         from gmd.agent.collect.kernel import KernelCollector
 
@@ -96,12 +106,14 @@ def _libvirt_collector(config: AgentConfig) -> Collector:
             default_customer=config.default_customer,
             describe_every_s=config.describe_every_s,
             backoff_max_s=config.reconnect_max_s,
+            domains=config.domains,
         )
     return LibvirtCollector(
         config.libvirt_uri,
         default_customer=config.default_customer,
         describe_every_s=config.describe_every_s,
         backoff_max_s=config.reconnect_max_s,
+        domains=config.domains,
     )
 
 

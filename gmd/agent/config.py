@@ -35,6 +35,15 @@ key                           default                           meaning
                               (``/sys/class/net/*/speed``)      when no link reports a speed
 ``default_customer``          none (→ ``"unknown"``)            customer of VMs with neither Nova
                                                                 nor gmd metadata
+``domain_prefixes``           ``[]`` (every domain)             measure and throttle only the
+                                                                domains whose name starts with
+                                                                one of these (``["instance-"]``:
+                                                                Nova's names)
+``only_nova``                 ``false``                         measure and throttle only the
+                                                                domains with Nova's metadata
+                                                                (an owner project); the others
+                                                                on a shared hypervisor are left
+                                                                alone
 ``metrics_bind``              ``"127.0.0.1"``                   where ``/metrics`` listens
 ``metrics_port``              ``8471``                          its port; ``0`` turns it off
 ``timeout_s``                 ``10``                            HTTP timeout per request to the
@@ -119,6 +128,7 @@ from pathlib import Path
 from typing import Any
 
 from gmd.agent.apply.cgroupfs import CgroupError, VmIdentity, render_template
+from gmd.agent.collect.ownership import EVERY_DOMAIN, DomainFilter
 from gmd.agent.collect.replay import ReplayError, trace_file, trace_ranges
 from gmd.common.config import ConfigError, Reader, default_state_dir, read_document
 from gmd.common.timespec import parse_time
@@ -145,6 +155,8 @@ class AgentConfig:
     disk_bytes_per_s: float = 500e6
     network_bytes_per_s: float | None = None
     default_customer: str | None = None
+    domains: DomainFilter = EVERY_DOMAIN
+    """which domains are measured and throttled (``domain_prefixes``, ``only_nova``)"""
     metrics_bind: str = "127.0.0.1"
     metrics_port: int = 8471
     timeout_s: float = 10.0
@@ -264,6 +276,7 @@ def parse_agent(
         disk_bytes_per_s=a.number("disk_bytes_per_s", 500e6, 1),
         network_bytes_per_s=None if network is None else float(network),
         default_customer=default_customer,
+        domains=_domains(a),
         metrics_bind=a.get("metrics_bind", str, "127.0.0.1"),
         metrics_port=int(a.number("metrics_port", 8471, 0, 65535)),
         timeout_s=a.number("timeout_s", 10.0, 0.1, 600),
@@ -283,6 +296,15 @@ def parse_agent(
     )
     a.done()
     return config
+
+
+def _domains(a: Reader) -> DomainFilter:
+    """``domain_prefixes`` and ``only_nova``: the domains this agent may measure and throttle."""
+    prefixes = a.get("domain_prefixes", list, [])
+    for p in prefixes:
+        if not isinstance(p, str) or not _NAME.match(p):
+            raise a.fail("domain_prefixes", f"{p!r}: each prefix is 1–255 characters of a name")
+    return DomainFilter(tuple(prefixes), a.get("only_nova", bool, False))
 
 
 def _replay_keys(a: Reader, path: Path | None) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from gmd.agent.apply.state import EnforcementState, Settings, VmRecord
+from gmd.agent.collect.ownership import EVERY_DOMAIN, DomainFilter, ownership_from_xml
 from gmd.wire import ApplyAction, HostPlan, VmApplyResult, VmPlanItem
 
 log = logging.getLogger(__name__)
@@ -89,9 +90,16 @@ class PlanApplier(ABC):
 
     backend: ClassVar[str]
 
-    def __init__(self, state_path: Path, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        state_path: Path,
+        *,
+        clock: Callable[[], float] = time.time,
+        domains: DomainFilter = EVERY_DOMAIN,
+    ) -> None:
         self.state = EnforcementState(state_path, self.backend)
         self._clock = clock
+        self.domains = domains
         self._pending: list[VmApplyResult] = []
 
     # -- what a backend provides -------------------------------------------------------------------
@@ -118,6 +126,10 @@ class PlanApplier(ABC):
 
     def close(self) -> None:  # noqa: B027 - most backends hold nothing to release
         """Release the backend's connections."""
+
+    def _xml(self, vm: VmRef) -> str:
+        """The domain's XML, for its owner (both backends find VMs through libvirt)."""
+        return str(vm.handle.XMLDesc(0))
 
     # -- the plan ----------------------------------------------------------------------------------
 
@@ -202,6 +214,9 @@ class PlanApplier(ABC):
         if vm is None:
             self._not_running(uuid)
             return
+        if not self._admitted(vm):
+            self._outside(vm, dry=dry)
+            return
         record = self._same_process(uuid, vm)
         try:
             originals = self._originals(uuid, vm, record, dry=dry)
@@ -220,6 +235,28 @@ class PlanApplier(ABC):
             self._note_dry_run(uuid, outcome)
         elif outcome.changed or outcome.errors:
             self._result(uuid, "apply", outcome)
+
+    def _admitted(self, vm: VmRef) -> bool:
+        """Whether the agent's domain filter lets gmd touch ``vm``; a VM whose owner cannot
+        be read is left alone when the filter needs it."""
+        if not self.domains.admits_name(vm.name):
+            return False
+        if not self.domains.by_owner:
+            return True
+        try:
+            owner = ownership_from_xml(self._xml(vm))
+        except Exception as exc:
+            log.warning("enforcement: VM %s (%s): cannot read its owner: %s", vm.uuid, vm.name, exc)
+            return False
+        return self.domains.admits_owner(owner)
+
+    def _outside(self, vm: VmRef, *, dry: bool) -> None:
+        """A planned VM the domain filter keeps gmd from: put back if gmd changed it before
+        the filter was set, and say once why it is not throttled."""
+        if vm.uuid in self.state.records and not dry:
+            self._restore_one(vm.uuid)
+        error = f"VM {vm.uuid} ({vm.name}): outside this agent's {self.domains.words()}: left alone"
+        self._result(vm.uuid, "would_apply" if dry else "apply", Outcome(errors=[error]))
 
     def _not_running(self, uuid: str) -> None:
         if uuid in self.state.records:

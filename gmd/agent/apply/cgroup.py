@@ -32,6 +32,7 @@ from gmd.agent.apply.cgroupfs import (
 )
 from gmd.agent.apply.libvirt import connect
 from gmd.agent.apply.limits import LimitsError, VmLimits
+from gmd.agent.collect.ownership import EVERY_DOMAIN, DomainFilter
 from gmd.agent.libvirt_conn import DOMAIN_GONE, NO_SUCH_DOMAIN, LazyConnection, reason
 from gmd.wire import VmPlanItem
 
@@ -122,8 +123,9 @@ class CgroupApplier(PlanApplier):
         version: CgroupVersion | None = None,
         io: CgroupIO | None = None,
         clock: Callable[[], float] = time.time,
+        domains: DomainFilter = EVERY_DOMAIN,
     ) -> None:
-        super().__init__(state_path, clock=clock)
+        super().__init__(state_path, clock=clock, domains=domains)
         self.cgroups = CgroupBackend(Path(root), template, version=version, io=io)
         self._libvirt = LazyConnection(libvirt_conn_or_uri, read_only=True)
         self.uri = self._libvirt.uri

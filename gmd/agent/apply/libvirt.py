@@ -44,6 +44,7 @@ from gmd.agent.apply.limits import (
     round_half_up,
 )
 from gmd.agent.apply.state import Settings
+from gmd.agent.collect.ownership import EVERY_DOMAIN, DomainFilter
 from gmd.agent.libvirt_conn import (
     CONNECTION_LOST,
     DOMAIN_GONE,
@@ -136,8 +137,9 @@ class LibvirtApplier(PlanApplier):
         *,
         state_path: Path,
         clock: Callable[[], float] = time.time,
+        domains: DomainFilter = EVERY_DOMAIN,
     ) -> None:
-        super().__init__(state_path, clock=clock)
+        super().__init__(state_path, clock=clock, domains=domains)
         self._libvirt = LazyConnection(conn_or_uri, read_only=False)
         self.uri = self._libvirt.uri
         log.info(

@@ -87,6 +87,7 @@ from gmd.agent.collect.lifecycle import (
     LifecycleWatch,
     start_event_loop,
 )
+from gmd.agent.collect.ownership import EVERY_DOMAIN, DomainFilter
 from gmd.agent.libvirt_conn import CONNECTION_LOST, DOMAIN_GONE, open_connection
 
 log = logging.getLogger(__name__)
@@ -551,8 +552,10 @@ class KernelCollector:
         proc: Path = PROC,
         run_dir: Path = LIBVIRT_QEMU_RUN,
         mountinfo: Path | None = None,
+        domains: DomainFilter = EVERY_DOMAIN,
     ) -> None:
         self.default_customer = default_customer
+        self.domains = domains
         self._clock, self._monotonic = clock, monotonic
         self.describe_every_s = describe_every_s
         self.proc, self.run_dir = proc, run_dir
@@ -617,7 +620,12 @@ class KernelCollector:
                 lv.lost(exc, "listing domains")
                 return HostReading(self._clock(), False, errors=(lv.down_reason,))
             # A domain's id changes only with its process, which sends events: kept with it.
-            self._domains = {dom.UUIDString(): (dom, dom.ID()) for dom in domains}
+            # Names the domain filter refuses are not even described.
+            self._domains = {
+                dom.UUIDString(): (dom, dom.ID())
+                for dom in domains
+                if self.domains.admits_name(dom.name())
+            }
             self._listed_s = self._monotonic()
         with self._lock:
             return self._read(conn, self._domains)
@@ -632,6 +640,7 @@ class KernelCollector:
         fallback: dict[str, Any] = {}
         stats_disks: dict[str, Any] = {}
         mounts: CgroupMounts | None = None
+        excluded: set[str] = set()
         net = self._net()
         for uuid, (dom, run_id) in listed.items():
             d = self._descriptions.get(uuid)
@@ -653,6 +662,9 @@ class KernelCollector:
                     mounts = self._mounts()
                 d = self._describe(xml, run_id, d, mounts)
                 self._descriptions[uuid] = d
+            if not self.domains.admits_owner(d.owner):
+                excluded.add(uuid)
+                continue
             reading = self._kernel_reading(uuid, d, taken_s, net)
             if reading is None:
                 fallback[uuid] = dom
@@ -680,7 +692,7 @@ class KernelCollector:
             taken_s,
             True,
             tuple(vms),
-            frozenset(listed),
+            frozenset(listed) - excluded,
             frozenset(gone),
             tuple(errors),
             fallbacks=frozenset(fallback) - gone,
@@ -735,7 +747,7 @@ class KernelCollector:
             return
         d = self._descriptions.get(uuid)
         if d is None or d.files is None or d.disk_source is not DiskSource.KERNEL:
-            return
+            return  # never read from the kernel (or outside the domain filter)
         with self._lock:
             if self._descriptions.get(uuid) is not d or d.run_id != dom.ID():
                 return  # a tick let go of it meanwhile (it stopped): too late

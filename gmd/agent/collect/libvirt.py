@@ -35,7 +35,7 @@ from typing import Any
 import libvirt
 
 from gmd.agent.collect.base import HostReading, HostResources, Ownership, VmReading
-from gmd.agent.collect.ownership import ownership
+from gmd.agent.collect.ownership import EVERY_DOMAIN, DomainFilter, ownership
 from gmd.agent.libvirt_conn import CONNECTION_LOST, DOMAIN_GONE, open_connection
 
 log = logging.getLogger(__name__)
@@ -143,9 +143,11 @@ class LibvirtCollector:
         backoff_initial_s: float = 1.0,
         backoff_max_s: float = 60.0,
         bulk: bool = True,
+        domains: DomainFilter = EVERY_DOMAIN,
     ) -> None:
         self.uri = uri
         self.default_customer = default_customer
+        self.domains = domains
         self._opener = opener or functools.partial(open_connection, read_only=True)
         self._clock, self._monotonic = clock, monotonic
         self.describe_every_s = describe_every_s
@@ -232,13 +234,34 @@ class LibvirtCollector:
             self.lost(exc, "listing domains")
             return HostReading(self._clock(), False, errors=(self.down_reason,))
 
-        listed = {dom.UUIDString(): (dom, stats) for dom, stats in pairs}
+        everything = {dom.UUIDString(): (dom, stats) for dom, stats in pairs}
+        listed = self.admitted(everything)
         vms, gone, errors = self.read_listed(listed, taken_s)
-        for uuid in set(self._descriptions) - set(listed):
+        for uuid in set(self._descriptions) - set(everything):
             del self._descriptions[uuid]
         return HostReading(
             taken_s, True, tuple(vms), frozenset(listed), frozenset(gone), tuple(errors)
         )
+
+    def admitted(self, listed: dict[str, tuple[Any, Any]]) -> dict[str, tuple[Any, Any]]:
+        """The listed domains that :attr:`domains` admits: the others are neither read nor
+        reported. With ``only_nova`` a domain is described (cached, as for its reading) to
+        know its owner; one that cannot be is kept, for its reading to say why."""
+        if self.domains == EVERY_DOMAIN:
+            return listed
+        out = {}
+        for uuid, (dom, extra) in listed.items():
+            try:
+                if not self.domains.admits_name(dom.name()):
+                    continue
+                if self.domains.by_owner:
+                    owner = self._describe(dom, uuid, dom.ID()).owner
+                    if not self.domains.admits_owner(owner):
+                        continue
+            except libvirt.libvirtError:
+                pass
+            out[uuid] = (dom, extra)
+        return out
 
     def read_listed(
         self, listed: dict[str, tuple[Any, dict[str, Any]]], taken_s: float

@@ -22,6 +22,7 @@ import calendar
 import re
 import time
 import xml.etree.ElementTree as ET
+from dataclasses import dataclass
 
 from gmd.agent.collect.base import UNKNOWN_CUSTOMER, Flavor, Ownership
 from gmd.wire import MAX_NAME, visible_name
@@ -155,3 +156,46 @@ def ownership(root: ET.Element, default_customer: str | None = None) -> Ownershi
 def ownership_from_xml(xml: str, default_customer: str | None = None) -> Ownership:
     """:func:`ownership` of a domain XML document (``virDomainGetXMLDesc``)."""
     return ownership(ET.fromstring(xml), default_customer)
+
+
+@dataclass(frozen=True)
+class DomainFilter:
+    """Which of the host's domains are gmd's to measure and throttle (``agent.domain_prefixes``,
+    ``agent.only_nova``): on a hypervisor shared with other work, the agent leaves the other
+    domains alone. The one predicate the collectors and the appliers ask.
+
+    ``prefixes``: a domain's name must start with one of them (empty: any name); ``only_nova``:
+    its XML must carry Nova's metadata with an owner. The name is known without the XML, so
+    collectors ask :meth:`admits_name` when they list and :meth:`admits_owner` once the
+    domain is described.
+    """
+
+    prefixes: tuple[str, ...] = ()
+    only_nova: bool = False
+
+    @property
+    def by_owner(self) -> bool:
+        """Whether the owner (the domain's XML) must be read to decide."""
+        return self.only_nova
+
+    def admits_name(self, name: str) -> bool:
+        return not self.prefixes or name.startswith(self.prefixes)
+
+    def admits_owner(self, owner: Ownership) -> bool:
+        return not self.only_nova or owner.source.startswith("nova/")
+
+    def admits(self, name: str, owner: Ownership) -> bool:
+        return self.admits_name(name) and self.admits_owner(owner)
+
+    def words(self) -> str:
+        """For the log: "every domain", or what a domain must be to be measured."""
+        rules = []
+        if self.prefixes:
+            rules.append("named " + " or ".join(f"{p}*" for p in self.prefixes))
+        if self.only_nova:
+            rules.append("with Nova's metadata")
+        return "domains " + ", ".join(rules) if rules else "every domain"
+
+
+EVERY_DOMAIN = DomainFilter()
+"""No filter: the default, for a hypervisor that is all the cloud's."""
