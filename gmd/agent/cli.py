@@ -292,18 +292,18 @@ def _serve(
         client.close()
         collector.close()
         raise
-    runner = Agent(
-        config,
-        collector,
-        spool,
-        Sender(spool, client),
-        metrics,
-        key=key,
-        applier=applier,
-        plans=client if applier is not None else None,
-    )
     server = None
     try:
+        runner = Agent(
+            config,
+            collector,
+            spool,
+            Sender(spool, client),
+            metrics,
+            key=key,
+            applier=applier,
+            plans=client if applier is not None else None,
+        )
         if once and clock is not None:
             clock.end_s = clock.start_s + config.interval_s
             _replay(runner, clock, None, once=True)
@@ -326,6 +326,9 @@ def _serve(
             return
         runner.run(stop)
         log.info("stopping: %d batches left in the spool for the next start", spool.size()[0])
+    except SpoolError as exc:
+        log.error("%s", exc)
+        raise typer.Exit(1) from None
     finally:
         if server is not None:
             server.shutdown()

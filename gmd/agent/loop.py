@@ -50,7 +50,7 @@ from gmd.agent.collect.base import Collector, HostReading
 from gmd.agent.collect.capacity import SYS_CLASS_NET, Bandwidth, Capacity
 from gmd.agent.config import AgentConfig
 from gmd.agent.sender import Sender
-from gmd.agent.spool import Spool, Spooled
+from gmd.agent.spool import Spool, Spooled, SpoolError
 from gmd.common.version import version
 from gmd.wire import HostPlan, PlanReport, VmApplyResult
 
@@ -406,6 +406,8 @@ class Agent:
         while not stop.is_set():
             try:
                 self.tick(clock())
+            except SpoolError:
+                raise  # the state cannot be saved: ticking on would measure nothing
             except Exception:
                 log.exception("tick failed; the next tick measures from the last saved state")
             next_tick_s = (math.floor(clock() / tick_s) + 1) * tick_s
@@ -426,6 +428,8 @@ class Agent:
             now_s = clock()
             try:
                 self._send(now_s, budget_s=max(0.0, next_tick_s - now_s))
+            except SpoolError:
+                raise
             except Exception:
                 log.exception("posting the batches due failed; the next tick tries again")
                 return
