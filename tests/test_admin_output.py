@@ -313,3 +313,49 @@ def test_a_report_shows_one_now(ledger_config: Path, range_: list[str]) -> None:
     doc = json.loads(admin(ledger_config, "report", *range_, "-f", "json").stdout)
     note = RANGE_NOTE.search(doc["notes"][0])
     assert note is not None and (doc["from"], doc["to"]) == note.groups()
+
+
+def test_byte_columns_show_units_in_tables_and_raw_numbers_elsewhere() -> None:
+    """Tables showed 1610612736 under "Disk bytes" (issue 27): a table shows binary multiples
+    with the unit in the cell; CSV and JSON keep the number under a key naming the unit."""
+    from gmd.admin.db_usage import COLUMNS as DB_COLUMNS
+    from gmd.admin.render import Unit, cell
+    from gmd.daemon.reports.enforcement import PLAN_COLUMNS
+    from gmd.daemon.reports.usage import HOST_COLUMNS
+
+    for column in (*HOST_COLUMNS, *PLAN_COLUMNS, *DB_COLUMNS):
+        if "byte" in column.key:
+            assert column.unit is not None, column
+    assert cell(1.5 * 2**30, 0, Unit.bytes) == "1.5 GiB"
+    assert cell(512, None, Unit.bytes) == "512 B"
+    assert cell(10 * 2**20, 0, Unit.bytes_per_s) == "10.0 MiB/s"
+    assert cell(3 * 2**40, 0, Unit.byte_seconds) == "3.0 TiB·s"
+    assert cell(None, 0, Unit.bytes) == "-"
+    columns = (
+        Column("host", "Host", None, "left"),
+        Column("disk_bytes", "Disk", 0, unit=Unit.bytes),
+    )
+    listing = Listing([View([{"host": "h", "disk_bytes": 1610612736}], columns)])
+    table = render(listing, Output(), io.StringIO()).splitlines()
+    assert table[-1].split() == ["h", "1.5", "GiB"]
+    assert render(listing, Output(format=Format.csv)) == "host,disk_bytes\nh,1610612736\n"
+    doc = json.loads(render(listing, Output(format=Format.json)))
+    assert doc == {"rows": [{"host": "h", "disk_bytes": 1610612736}]}
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_report_by_host_and_db_usage_show_byte_units(ledger_config: Path) -> None:  # noqa: F811
+    hosts = admin(ledger_config, "report", "--from", "0", "--group-by", "host")
+    assert hosts.returncode == 0, hosts.stderr
+    lines = hosts.stdout.splitlines()
+    heading = lines[1]
+    cells = lines[2]
+    shown = {h: cells[heading.index(h) :].split()[:2] for h in ("Memory", "Disk", "Network")}
+    assert shown == {"Memory": ["0", "B·s"], "Disk": ["0", "B"], "Network": ["0", "B"]}
+    raw = admin(ledger_config, "report", "--from", "0", "--group-by", "host", "-f", "csv")
+    record = next(csv.DictReader(io.StringIO(raw.stdout)))
+    assert float(record["memory_byte_s"]) == 0 and float(record["disk_bytes"]) == 0
+    usage = admin(ledger_config, "db", "usage")
+    assert usage.returncode == 0, usage.stderr
+    samples = next(line for line in usage.stdout.splitlines() if line.startswith("samples "))
+    assert samples.split()[3] in ("B", "KiB", "MiB"), usage.stdout

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, Table, func, select, text
 from sqlalchemy.exc import OperationalError
 
-from gmd.admin.render import Column
+from gmd.admin.render import Column, Unit
 from gmd.common.timespec import iso
 from gmd.daemon.config import RetentionConfig
 from gmd.daemon.ledger import partitions
@@ -26,7 +26,7 @@ from gmd.daemon.ledger.retention import LEDGER_TABLES, RAW_TABLES, cutoffs
 COLUMNS = (
     Column("table", "Table", None, "left"),
     Column("rows", "Rows", None),
-    Column("bytes", "Bytes", None),
+    Column("bytes", "Size", None, unit=Unit.bytes),
     Column("oldest", "Oldest interval", None, "left"),
     Column("kept_days", "Kept (days)", None),
     Column("next_purge", "Oldest due", None, "left"),

@@ -149,7 +149,7 @@ def terminal_width(stream: IO[str]) -> int | None:
 
 
 def _needed(column: Column, rows: Sequence[Mapping[str, object]]) -> int:
-    cells = [len(cell(r.get(column.key), column.digits)) for r in rows]
+    cells = [len(cell(r.get(column.key), column.digits, column.unit)) for r in rows]
     return max([len(column.header), *cells])
 
 

@@ -21,18 +21,35 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from gmd.daemon.reports.columns import Column
+from gmd.daemon.reports.columns import Column, Unit
 
 FORMATS: tuple[str, ...] = ("table", "csv", "json")
 """What the simulator's --format takes (gmd-admin's commands take :class:`output.Format`)."""
 
 
-def cell(value: object, digits: int | None) -> str:
-    """``value`` as a table shows it."""
+_BINARY = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
+
+
+def with_unit(value: float, unit: Unit) -> str:
+    """An amount of ``unit`` for people: in binary multiples, one decimal from KiB on, the
+    unit in the cell (``512 B``, ``1.5 GiB``, ``10.0 MiB/s``, ``3.2 TiB·s``), as ``ls -h``
+    and ``df -h`` show sizes, so that no one counts digits."""
+    size, step = abs(value), 0
+    while size >= 1024 and step < len(_BINARY) - 1:
+        size, step = size / 1024, step + 1
+    sign = "-" if value < 0 and size else ""
+    number = f"{size:.0f}" if step == 0 else f"{size:.1f}"
+    return f"{sign}{number} {_BINARY[step]}{unit.value}"
+
+
+def cell(value: object, digits: int | None, unit: Unit | None = None) -> str:
+    """``value`` as a table shows it (in ``unit``'s binary multiples when it has one)."""
     if value is None:  # no host, no cap: a dash, not Python's "None"
         return "-"
     if isinstance(value, bool):
         return "yes" if value else "no"
+    if unit is not None and isinstance(value, int | float):
+        return "-" if not math.isfinite(value) else with_unit(value, unit)
     if isinstance(value, float):
         if math.isnan(value):
             return "-"
@@ -103,7 +120,7 @@ def table_text(
     for col in columns:
         table.add_column(col.header, justify=col.justify, no_wrap=True, overflow="ellipsis")
     for row in rows:
-        table.add_row(*(cell(row.get(c.key), c.digits) for c in columns))
+        table.add_row(*(cell(row.get(c.key), c.digits, c.unit) for c in columns))
     buffer = io.StringIO()
     # Wide enough that rich never folds a row when no width is asked for.
     Console(file=buffer, width=width or 100_000, color_system=None, highlight=False).print(table)

@@ -8,9 +8,20 @@ same fields under the same headers.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Literal
 
 Justify = Literal["default", "left", "center", "right", "full"]
+
+
+class Unit(StrEnum):
+    """What a column's numbers count, where a reader needs to be told: a table shows them in
+    binary multiples with the unit in every cell (``1.5 GiB``), while CSV, JSON and YAML keep
+    the raw number under a key that names the unit (``disk_bytes``, ``memory_byte_s``)."""
+
+    bytes = "B"
+    byte_seconds = "B·s"
+    bytes_per_s = "B/s"
 
 
 @dataclass(frozen=True)
@@ -19,6 +30,7 @@ class Column:
     header: str
     digits: int | None = 4
     justify: Justify = "right"
+    unit: Unit | None = None
 
 
 PROJECT = Column("name", "Project", None, "left")

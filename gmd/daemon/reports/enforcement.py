@@ -17,7 +17,7 @@ from gmd.daemon.ledger.tables import (
     hosts as _hosts,
     levels as _levels,
 )
-from gmd.daemon.reports.columns import Column
+from gmd.daemon.reports.columns import Column, Unit
 from gmd.fairness.policy import CapDecision, CapResource, LevelEffect, caps_wanted
 
 LEVEL_COLUMNS = (
@@ -37,8 +37,8 @@ PLAN_COLUMNS = (
     Column("cpu_weight", "CPU weight", None),
     Column("io_weight", "I/O weight", None),
     Column("cpu_quota_cores", "CPU cap (cores)", 2),
-    Column("disk_read_bytes_per_s", "Disk read cap (B/s)", 0),
-    Column("disk_write_bytes_per_s", "Disk write cap (B/s)", 0),
+    Column("disk_read_bytes_per_s", "Disk read cap", 0, unit=Unit.bytes_per_s),
+    Column("disk_write_bytes_per_s", "Disk write cap", 0, unit=Unit.bytes_per_s),
     Column("caps", "Caps", None, "left"),
 )
 

@@ -113,7 +113,7 @@ from gmd.daemon.ledger.tables import (
     samples as _samples,
 )
 from gmd.daemon.reports.actions import level_changes
-from gmd.daemon.reports.columns import PROJECT, Column
+from gmd.daemon.reports.columns import PROJECT, Column, Unit
 from gmd.daemon.reports.coverage import Coverage, coverage
 
 GROUPS: tuple[str, ...] = ("customer", "organization", "host", "resource", "day", "week")
@@ -764,9 +764,9 @@ HOST_COLUMNS = (
     Column("customers", "Customers", None),
     Column("samples", "Samples", None),
     Column("cpu_core_s", "CPU core-s", 1),
-    Column("memory_byte_s", "Memory byte-s", 0),
-    Column("disk_bytes", "Disk bytes", 0),
-    Column("network_bytes", "Network bytes", 0),
+    Column("memory_byte_s", "Memory", 0, unit=Unit.byte_seconds),
+    Column("disk_bytes", "Disk read+written", 0, unit=Unit.bytes),
+    Column("network_bytes", "Network in+out", 0, unit=Unit.bytes),
     Column("late_samples", "Late samples", None),
 )
 
