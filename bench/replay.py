@@ -3,6 +3,10 @@ tick without a daemon (collector, intervals, the spool commit with its fsync).
 
     python bench/replay.py --vms 1-20 --days 1 --tick 300 --interval 300
 
+It replays the demo's traces, shipped in the package (gmd/admin/demo_data: the first three days
+of the GWA-T-12 Bitbrains Rnd sample); ``--traces DIR`` takes others, e.g. the whole trace from
+the Grid Workloads Archive (http://gwa.ewi.tudelft.nl/, GWA-T-12 Bitbrains) for longer runs.
+
 A *sample* is one VM read at one tick. The demo's budget is what matters here: a few simulated
 days of ~100 VMs over several hosts within a couple of minutes, daemon and accounting included.
 
@@ -14,12 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import platform
 import tempfile
 import time
 from pathlib import Path
 
+from gmd.admin.demo import PACKAGED_TRACES
 from gmd.agent.collect.aggregate import AgentState, advance
 from gmd.agent.collect.replay import (
     ReplayClock,
@@ -35,9 +39,6 @@ from gmd.agent.collect.replay import (
 from gmd.agent.config import parse_agent
 from gmd.agent.loop import Agent
 from gmd.agent.spool import Spool
-
-SHARED = Path(os.environ.get("GMD_SHARED", Path(__file__).resolve().parents[2] / "shared"))
-TRACES = SHARED / "data" / "bitbrains_rnd_sample" / "2013-7"
 
 
 def collector_only(collector: ReplayCollector, clock: ReplayClock, tick_s: float, interval_s: int):
@@ -57,13 +58,19 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--vms", default="1-20", help="trace numbers, e.g. 1-20 or 1,5,9")
     p.add_argument("--days", type=float, default=1.0, help="simulated days")
+    p.add_argument(
+        "--traces",
+        type=Path,
+        default=PACKAGED_TRACES,
+        help="N.csv or N.csv.gz traces (default: the demo's, three days)",
+    )
     p.add_argument("--tick", type=float, default=300.0, help="agent.tick_s")
     p.add_argument("--interval", type=int, default=300, help="agent.interval_s")
     args = p.parse_args()
     logging.basicConfig(level=logging.ERROR)
 
     began = time.perf_counter()
-    traces = [read_trace(path) for path in trace_paths(TRACES, trace_ranges(args.vms))]
+    traces = [read_trace(path) for path in trace_paths(args.traces, trace_ranges(args.vms))]
     parse_s = time.perf_counter() - began
     start = (time.time() - args.days * 86400 - 2 * args.interval) // args.interval * args.interval
     end = start + args.days * 86400

@@ -1,4 +1,4 @@
-"""Shared fixtures: where the project's read-only reference data lives; and the test tiers.
+"""Shared fixtures: where the tests' read-only data lives (tests/data); and the test tiers.
 
 Every test is marked from what it uses, so no test file names its tier:
 ``postgres`` (the PostgreSQL server fixture, or ``database_url`` on PostgreSQL), ``realvm``
@@ -23,7 +23,9 @@ import pytest
 pytest.register_assert_rewrite("tests.openstack_support")
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("GMD_SHARED", REPO.parent / "shared"))
+DATA = REPO / "tests" / "data"
+"""What the tests read, cut from public data at copy time (tests/data/README.md says what, from
+where and how): the repository holds everything its tests need."""
 
 POSTGRES_FIXTURE = "postgres_server_url"
 REALVM_PLUGIN = "tests.realvm"
@@ -116,10 +118,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def test_vectors() -> dict:
-    path = SHARED / "data" / "test_vectors.json"
-    if not path.is_file():
-        pytest.fail(f"{path} is missing: the tests need ../shared beside the repository")
-    return json.loads(path.read_text())
+    """The published DRF and Shapley examples (tests/data/README.md)."""
+    return json.loads((DATA / "test_vectors.json").read_text())
 
 
 @pytest.fixture(scope="session")

@@ -10,8 +10,8 @@ cd "$(dirname "$0")/.."
 
 STATE="$(pwd)/var/openstack"
 VENV="$STATE/venv"
-# Pinned: the versions ../shared/docs/openstack-services.md measured. Changing one rebuilds the
-# venv and the seed (the stamp below).
+# Pinned: the versions the project's notes on these services measured (Keystone, Nova and
+# Placement of one release). Changing one rebuilds the venv and the seed (the stamp below).
 PACKAGES=(keystone==30.0.0 nova==34.0.0 openstack-placement==16.0.0 gunicorn==27.0.1)
 STAMP="${PACKAGES[*]}"
 

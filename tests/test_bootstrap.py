@@ -16,8 +16,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import SHARED
-
 REPO = Path(__file__).resolve().parents[1]
 EVERY_EXTRA = "dev,postgres,agent,daemon,admin,openstack"
 TRIPWIRES = ("apt-get", "dpkg-query", "sudo")
@@ -116,7 +114,6 @@ def test_make_demo_sets_up_without_libvirt_or_apt_and_the_demo_runs(tmp_path: Pa
     demo = subprocess.run(
         [
             *(str(venv / "bin" / "gmd-admin"), "demo", "--dir", str(tmp_path / "demo")),
-            *("--traces", str(SHARED / "data" / "bitbrains_rnd_sample" / "2013-7")),
             *("--vms", "1-2,41", "--hosts", "1", "--days", "0.1"),
         ],
         env=env,

@@ -1,5 +1,5 @@
 """DRF progressive filling and Asset Fairness against the NSDI 2011 example in
-../shared/data/test_vectors.json (values recomputed there with exact fractions)."""
+tests/data/test_vectors.json (values recomputed there with exact fractions)."""
 
 from __future__ import annotations
 

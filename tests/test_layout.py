@@ -1,6 +1,6 @@
 """The package's layout rules, checked by reading every module's imports with ``ast``.
 
-gmd is packaged by the process that runs the code (docs/architecture.md in ../shared):
+gmd is packaged by the process that runs the code (the project's architecture notes):
 
 - the agent (``gmd/agent/**`` and everything it reaches, e.g. ``gmd.wire``, ``gmd.common``)
   reaches nothing of ``gmd.daemon`` or ``gmd.admin`` and imports none of the daemon's

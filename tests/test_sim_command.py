@@ -12,9 +12,9 @@ import pytest
 
 from gmd.sim.__main__ import main
 from gmd.sim.command import run_simulate
-from tests.conftest import SHARED
+from tests.conftest import DATA
 
-LPC = SHARED / "data" / "pwa" / "LPC-EGEE-2004-1.2-cln.swf.gz"
+LPC = DATA / "pwa" / "LPC-EGEE-2004-1.2-cln.weeks-24-27.swf.gz"  # tests/data/pwa/README.md
 
 
 @pytest.fixture(scope="module")

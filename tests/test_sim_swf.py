@@ -15,9 +15,9 @@ from gmd.sim.workload import (
     processor_counts,
     read_assignment,
 )
-from tests.conftest import SHARED
+from tests.conftest import DATA
 
-LPC = SHARED / "data" / "pwa" / "LPC-EGEE-2004-1.2-cln.swf.gz"
+LPC = DATA / "pwa" / "LPC-EGEE-2004-1.2-cln.weeks-24-27.swf.gz"  # tests/data/pwa/README.md
 
 LINES = """; MaxProcs: 8
 1 0 5 10 2 -1 -1 2 -1 -1 1 7 1 -1 -1 -1 -1 -1
