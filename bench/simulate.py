@@ -1,7 +1,11 @@
 """Time the simulator: DirectContr over a whole trace, and Ref on one day for several k.
 
-    python bench/simulate.py                       # LPC-EGEE, 5 orgs, Ref for k = 5, 8, 10
+    python bench/simulate.py --trace LPC-EGEE-2004-1.2-cln.swf.gz   # 5 orgs, Ref for k = 5, 8, 10
     python bench/simulate.py --ref-orgs 5 --jobs 20000
+
+The whole LPC-EGEE trace (the figures in docs/benchmarks.md) is the Parallel Workloads
+Archive's, https://www.cs.huji.ac.il/labs/parallel/workload/ ; without ``--trace`` the benchmark
+runs on the four weeks of it the repository holds (tests/data/pwa, 22,517 jobs).
 
 DirectContr (ORIG_DIRECT, utility ψ) replays every job of the trace that ran (jobs the log
 gives no run time are dropped) with its users dealt to 5 organizations and the header's
@@ -27,8 +31,15 @@ from gmd.sim.scheduler import simulate
 from gmd.sim.swf import read_swf
 from gmd.sim.workload import assign_users, build_workload, processor_counts
 
-SHARED = Path(os.environ.get("GMD_SHARED", Path(__file__).resolve().parents[2] / "shared"))
-LPC = SHARED / "data" / "pwa" / "LPC-EGEE-2004-1.2-cln.swf.gz"
+LPC = (
+    Path(__file__).resolve().parents[1]
+    / "tests"
+    / "data"
+    / "pwa"
+    / "LPC-EGEE-2004-1.2-cln.weeks-24-27.swf.gz"
+)
+REF_START_DAY = 30
+"""Ref's day of the trace by default: day 30 of a trace that long, else its middle day."""
 
 
 def main() -> None:
@@ -38,7 +49,12 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=None, help="only the first N jobs")
     parser.add_argument("--ref-orgs", type=int, nargs="*", default=[5, 8, 10])
     parser.add_argument("--ref-window", type=int, default=86400)
-    parser.add_argument("--ref-start-day", type=int, default=30, help="day of the trace")
+    parser.add_argument(
+        "--ref-start-day",
+        type=int,
+        default=None,
+        help=f"day of the trace (default {REF_START_DAY}, or the middle day of a shorter trace)",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--total-processors", type=int, default=None, help="default: MaxProcs")
     args = parser.parse_args()
@@ -61,7 +77,10 @@ def main() -> None:
     print(f"DirectContr: {whole.n_jobs} jobs, {args.orgs} orgs in {dc_s:.2f} s")
 
     ref: dict[str, dict[str, float | int]] = {}
-    start = first + args.ref_start_day * 86400
+    day_of = args.ref_start_day
+    if day_of is None:
+        day_of = min(REF_START_DAY, int(trace.submit_s[-1] - first) // 86400 // 2)
+    start = first + day_of * 86400
     for k in args.ref_orgs:
         day = build_workload(
             trace,
