@@ -58,7 +58,7 @@ need_apt() {
 
 # libvirt-python has no wheel: pip builds it against Debian's libvirt headers.
 case ",$EXTRAS," in
-*,agent,*) need_apt "gmd[agent] (libvirt-python is built here)" libvirt-dev pkg-config gcc ;;
+*,agent,*) need_apt "gmd[agent] (libvirt-python is built here)" libvirt-dev pkg-config gcc python3-dev ;;
 esac
 
 # The virtualenv: remade when missing or broken (a machine whose Python moved), with Python

@@ -61,3 +61,19 @@ def test_every_docs_page_is_reachable_from_the_readme() -> None:
     }
     orphans = [p.name for p in sorted((REPO / "docs").glob("*.md")) if p.resolve() not in linked]
     assert not orphans, orphans
+
+
+def test_the_compute_hosts_install_lines_have_what_builds_libvirt_python() -> None:
+    """libvirt-python has no wheel: pip compiles its C extension, which needs the libvirt and
+    Python headers, gcc and pkg-config. Every install line that builds it (the one that
+    installs libvirt-dev) says all four, in the README, docs/ and the development bootstrap."""
+    needed = {"libvirt-dev", "python3-dev", "pkg-config", "gcc"}
+    lines = [
+        (path.relative_to(REPO), line)
+        for path in [*PAGES, REPO / "tests" / "bootstrap.sh"]
+        for line in path.read_text().splitlines()
+        if "libvirt-dev" in line and ("apt-get install" in line or "need_apt" in line)
+    ]
+    assert {str(p) for p, _ in lines} >= {"README.md", "docs/install.md", "tests/bootstrap.sh"}
+    missing = [(str(p), sorted(needed - set(line.split()))) for p, line in lines]
+    assert all(not m for _, m in missing), missing

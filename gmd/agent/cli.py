@@ -77,7 +77,7 @@ def _libvirt_collector(config: AgentConfig) -> Collector:
     except ImportError as exc:
         log.error(
             "the libvirt Python binding is missing (%s): pip install libvirt-python"
-            " (needs the libvirt-dev package to build)",
+            " (it builds a C extension: apt-get install libvirt-dev python3-dev pkg-config gcc)",
             exc,
         )
         raise typer.Exit(1) from None
