@@ -77,3 +77,77 @@ def test_the_compute_hosts_install_lines_have_what_builds_libvirt_python() -> No
     assert {str(p) for p, _ in lines} >= {"README.md", "docs/install.md", "tests/bootstrap.sh"}
     missing = [(str(p), sorted(needed - set(line.split()))) for p, line in lines]
     assert all(not m for _, m in missing), missing
+
+
+def _section(path: Path, title: str) -> str:
+    text = path.read_text()
+    start = text.index(f"## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else len(text)]
+
+
+def test_running_without_systemd_shows_commands_and_flags_that_exist() -> None:
+    """Every gmd-daemon and gmd-agent command in docs/install.md's "Running without systemd"
+    (the shell loop, runit's run script, Supervisor's command=) uses flags the program's
+    ``--help`` lists, and the exit codes the section gives are the ones ``--help`` states."""
+    import subprocess
+    import sys
+
+    section = _section(REPO / "docs" / "install.md", "Running without systemd")
+    blocks = "\n".join(b.strip("`") for b in FENCED.findall(section))
+    used: dict[str, set[str]] = {"gmd-daemon": set(), "gmd-agent": set()}
+    for line in blocks.splitlines():
+        for program, flags in used.items():
+            if re.search(rf"(^|[\s/=]){program}\s", line):
+                after = line.split(program, 1)[1]
+                flags.update(re.findall(r"(?<!\S)(--[a-z][a-z-]*)", after))
+    assert used["gmd-daemon"] >= {"--config"} and used["gmd-agent"] >= {"--config"}, used
+    bin_dir = Path(sys.executable).parent
+    for program, flags in used.items():
+        out = subprocess.run(
+            [str(bin_dir / program), "--help"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={"COLUMNS": "300", "PATH": "/usr/bin:/bin"},
+        )
+        assert out.returncode == 0, out.stderr
+        assert "2 bad configuration or option" in " ".join(out.stdout.split())
+        missing = [f for f in sorted(flags) if f not in out.stdout]
+        assert not missing, (program, missing)
+    assert "2 bad configuration or option: do not restart" in " ".join(section.split())
+
+
+def test_sighup_stops_the_agent_as_running_without_systemd_says(tmp_path: Path) -> None:
+    """ "SIGHUP is not handled: it kills either program at once (exit status 129)": the real
+    gmd-agent, on libvirt's test driver, once it has started ticking."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.agent_fixtures import NODE, uri
+
+    toml = tmp_path / "gmd.toml"
+    toml.write_text(
+        f'[agent]\nlibvirt_uri = "{uri(NODE)}"\ncollector = "libvirt"\nmetrics_port = 0\n'
+        f'daemon_url = "http://127.0.0.1:9"\nspool_path = "{tmp_path / "spool.db"}"\n'
+        'enforce_backend = "none"\n'
+    )
+    log = tmp_path / "agent.log"
+    with log.open("w") as err:
+        agent = subprocess.Popen(
+            [str(Path(sys.executable).with_name("gmd-agent")), "--config", str(toml)],
+            stderr=err,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while "gmd-agent for host" not in log.read_text():
+                assert agent.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.1)
+            agent.send_signal(signal.SIGHUP)
+            assert agent.wait(timeout=30) == -signal.SIGHUP  # a shell shows 128 + 1
+        finally:
+            if agent.poll() is None:
+                agent.kill()
+                agent.wait()
