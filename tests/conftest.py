@@ -51,6 +51,8 @@ SLOW = frozenset(
         "tests/test_api_fuzz.py::test_no_request_gets_a_5xx_or_an_undocumented_answer",
         "tests/test_collect_replay.py::"
         "test_a_replaying_agent_killed_mid_replay_resumes_without_counting_twice",
+        "tests/test_wheel_demo.py::"
+        "test_a_wheel_with_daemon_and_admin_runs_the_demo_outside_the_checkout",
     }
 )
 

@@ -96,6 +96,17 @@ def test_wheel_holds_only_the_package_and_its_data(wheel: zipfile.ZipFile) -> No
     assert "gmd/daemon/ledger/migrate.py" in wheel.namelist()
 
 
+def test_wheel_carries_the_demo_traces(wheel: zipfile.ZipFile) -> None:
+    """`gmd-admin demo` replays gmd/admin/demo_data from the installed package: every trace
+    and its README, byte for byte (tests/test_wheel_demo.py runs the demo from a wheel)."""
+    root = REPO / "gmd" / "admin" / "demo_data"
+    want = {f"gmd/admin/demo_data/{p.relative_to(root).as_posix()}": p.read_bytes()
+            for p in root.rglob("*") if p.is_file()}  # fmt: skip
+    carried = {n: wheel.read(n) for n in wheel.namelist() if n.startswith("gmd/admin/demo_data/")}
+    assert sorted(carried) == sorted(want) and carried == want
+    assert len([n for n in want if n.endswith(".csv.gz")]) == 100
+
+
 def test_wheel_installs_the_systemd_units_entry_points(wheel: zipfile.ZipFile) -> None:
     """gmd-daemon and gmd-agent, which systemd/*.service start, are console scripts."""
     (entry_points,) = [n for n in wheel.namelist() if n.endswith(".dist-info/entry_points.txt")]
