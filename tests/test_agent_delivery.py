@@ -112,7 +112,7 @@ class Host:
         self.vms = [
             ScriptedVm(as_uuid("vm-a"), "proj-a", cores=1.5, started_s=start_s - 500),
             ScriptedVm(
-                as_uuid("vm-b"), "proj-b", cores=0.25, rss_bytes=3 * 2**30, started_s=start_s - 9
+                as_uuid("vm-b"), "proj-b", cores=0.25, rss_bytes=3 * 2**29, started_s=start_s - 9
             ),
             ScriptedVm(
                 as_uuid("vm-c"), "proj-a", cores=0.0, read_bytes_per_s=0, started_s=start_s - 70
