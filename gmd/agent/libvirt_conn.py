@@ -14,6 +14,10 @@ import libvirt
 
 # The domain stopped or was undefined between two calls.
 DOMAIN_GONE = frozenset({libvirt.VIR_ERR_NO_DOMAIN, libvirt.VIR_ERR_OPERATION_INVALID})
+# The domain is there but cannot be read now: another libvirt job holds it (a migration, a
+# snapshot) or its QEMU or guest agent did not answer in time. Not an error of libvirt's: the
+# domain is read again at the next tick, from its last counters.
+DOMAIN_BUSY = frozenset({libvirt.VIR_ERR_OPERATION_TIMEOUT, libvirt.VIR_ERR_AGENT_UNRESPONSIVE})
 # Looking up a VM by uuid: these mean "no such VM here" (a uuid libvirt cannot parse included);
 # anything else is libvirt failing, which must not make gmd forget what it changed.
 NO_SUCH_DOMAIN = DOMAIN_GONE | {libvirt.VIR_ERR_INVALID_ARG}

@@ -100,6 +100,8 @@ class PlanApplier(ABC):
         self.state = EnforcementState(state_path, self.backend)
         self._clock = clock
         self.domains = domains
+        self.interrupted: str | None = None
+        """why the latest round stopped short (the hypervisor could not be reached), or None"""
         self._pending: list[VmApplyResult] = []
 
     # -- what a backend provides -------------------------------------------------------------------
@@ -142,6 +144,7 @@ class PlanApplier(ABC):
         # A VM whose item was refused keeps its settings: what the daemon wants for it is
         # unknown, and no news is not "lift the throttle".
         unknown = self._refused(plan, dry=dry)
+        self.interrupted = None
         try:
             for uuid in sorted(self.state.records):
                 if (dry or uuid not in wanted) and uuid not in unknown:
@@ -151,6 +154,7 @@ class PlanApplier(ABC):
                     self._apply_one(uuid, item, dry=dry)
             self._settle_dry_run(wanted, dry=dry)
         except BackendUnavailable as exc:
+            self.interrupted = str(exc)
             log.warning("enforcement: %s; the rest of the plan waits for the next round", exc)
         finally:
             self.state.save()
@@ -175,10 +179,12 @@ class PlanApplier(ABC):
         """Put back every VM gmd changed (mode "off", ``gmd-agent --restore-all``)."""
         if self.state.records:
             log.info("enforcement: restoring %d VM(s) gmd changed", len(self.state.records))
+        self.interrupted = None
         try:
             for uuid in sorted(self.state.records):
                 self._restore_one(uuid)
         except BackendUnavailable as exc:
+            self.interrupted = str(exc)
             log.warning("enforcement: %s; restoring the rest waits for the next round", exc)
         finally:
             self.state.save()

@@ -88,6 +88,9 @@ class HostReading:
     fallbacks: frozenset[str] = frozenset()
     """VMs the kernel collector could not read from the kernel's files this tick and read
     through libvirt instead (:mod:`gmd.agent.collect.kernel`); always empty for the others"""
+    busy: frozenset[str] = frozenset()
+    """listed VMs not read this tick because another libvirt job held them or they did not
+    answer in time: not errors (they are read at a later tick, from their last counters)"""
 
 
 @dataclass(frozen=True, slots=True)

@@ -637,6 +637,7 @@ class KernelCollector:
         vms: list[VmReading] = []
         gone: set[str] = set()
         errors: list[str] = []
+        busy: set[str] = set()
         fallback: dict[str, Any] = {}
         stats_disks: dict[str, Any] = {}
         mounts: CgroupMounts | None = None
@@ -676,7 +677,7 @@ class KernelCollector:
             vms, failed = self._block_stats(conn, stats_disks, vms)
             errors.extend(failed)
         if fallback:
-            more, more_gone, more_errors = self._fallback(fallback, taken_s)
+            more, more_gone, more_errors, busy = self._fallback(fallback, taken_s)
             vms.extend(more)
             gone |= more_gone
             errors.extend(more_errors)
@@ -696,6 +697,7 @@ class KernelCollector:
             frozenset(gone),
             tuple(errors),
             fallbacks=frozenset(fallback) - gone,
+            busy=frozenset(busy),
         )
 
     def _block_stats(
@@ -868,11 +870,11 @@ class KernelCollector:
 
     def _fallback(
         self, domains: dict[str, Any], taken_s: float
-    ) -> tuple[list[VmReading], set[str], list[str]]:
+    ) -> tuple[list[VmReading], set[str], list[str], set[str]]:
         """Read ``domains`` through libvirt, one call per counter as the libvirt collector
         does when bulk stats lack them. A VM whose disks come from the kernel reports no disk
         counters here: its next kernel reading measures them from its last one."""
-        vms, gone, errors = self._libvirt.read_listed(
+        vms, gone, errors, busy = self._libvirt.read_listed(
             {uuid: (dom, {}) for uuid, dom in domains.items()}, taken_s
         )
         out = []
@@ -881,4 +883,4 @@ class KernelCollector:
             if d is not None and d.disk_source is DiskSource.KERNEL:
                 reading = dataclasses.replace(reading, disks={})
             out.append(reading)
-        return out, gone, errors
+        return out, gone, errors, busy

@@ -36,7 +36,7 @@ import libvirt
 
 from gmd.agent.collect.base import HostReading, HostResources, Ownership, VmReading
 from gmd.agent.collect.ownership import EVERY_DOMAIN, DomainFilter, ownership
-from gmd.agent.libvirt_conn import CONNECTION_LOST, DOMAIN_GONE, open_connection
+from gmd.agent.libvirt_conn import CONNECTION_LOST, DOMAIN_BUSY, DOMAIN_GONE, open_connection
 
 log = logging.getLogger(__name__)
 
@@ -236,11 +236,17 @@ class LibvirtCollector:
 
         everything = {dom.UUIDString(): (dom, stats) for dom, stats in pairs}
         listed = self.admitted(everything)
-        vms, gone, errors = self.read_listed(listed, taken_s)
+        vms, gone, errors, busy = self.read_listed(listed, taken_s)
         for uuid in set(self._descriptions) - set(everything):
             del self._descriptions[uuid]
         return HostReading(
-            taken_s, True, tuple(vms), frozenset(listed), frozenset(gone), tuple(errors)
+            taken_s,
+            True,
+            tuple(vms),
+            frozenset(listed),
+            frozenset(gone),
+            tuple(errors),
+            busy=frozenset(busy),
         )
 
     def admitted(self, listed: dict[str, tuple[Any, Any]]) -> dict[str, tuple[Any, Any]]:
@@ -265,18 +271,20 @@ class LibvirtCollector:
 
     def read_listed(
         self, listed: dict[str, tuple[Any, dict[str, Any]]], taken_s: float
-    ) -> tuple[list[VmReading], set[str], list[str]]:
+    ) -> tuple[list[VmReading], set[str], list[str], set[str]]:
         """Read each listed ``uuid → (domain, bulk stats)``: the readings, the domains found
-        gone, and the errors. A lost connection stops the loop (the rest stay unread); the
-        kernel collector calls this for the domains it must read through libvirt."""
+        gone, the errors, and the domains found busy (not read this tick, not an error). A lost
+        connection stops the loop (the rest stay unread); the kernel collector calls this for
+        the domains it must read through libvirt."""
         vms: list[VmReading] = []
         gone: set[str] = set()
         errors: list[str] = []
+        busy: set[str] = set()
         for uuid, (dom, stats) in listed.items():
             try:
                 reading = self._read(dom, uuid, stats, taken_s)
             except DomainBusy as exc:
-                errors.append(f"domain {uuid}: {exc}")
+                busy.add(uuid)
                 log.info("domain %s: %s", uuid, exc)
                 continue
             except libvirt.libvirtError as exc:
@@ -289,6 +297,10 @@ class LibvirtCollector:
                     self.lost(exc, f"reading domain {uuid}")
                     errors.append(self.down_reason)
                     break
+                if code in DOMAIN_BUSY:
+                    busy.add(uuid)
+                    log.info("domain %s: busy, not read this tick: %s", uuid, exc)
+                    continue
                 errors.append(f"domain {uuid}: {exc}")
                 log.warning("cannot read domain %s: %s (libvirt error %s)", uuid, exc, code)
                 continue
@@ -296,7 +308,7 @@ class LibvirtCollector:
                 gone.add(uuid)
             else:
                 vms.append(reading)
-        return vms, gone, errors
+        return vms, gone, errors, busy
 
     def _describe(self, dom: Any, uuid: str, run_id: int) -> Description:
         d = self._descriptions.get(uuid)
