@@ -202,11 +202,56 @@ def test_a_host_report_on_a_throttled_customer_is_explained(ledger: Path) -> Non
     }
     with serving(config) as d:
         url = f"{d.url}/v1/plan/cmp-1/report"
-        assert httpx.post(url, json=report, headers=auth("cmp-1")).json() == {"recorded": 1}
-        api = httpx.get(f"{d.url}/v1/customers/a/explain")
-        page = httpx.get(f"{d.url}/ui/customers/a")
+        assert httpx.post(url, json=report, headers=auth("cmp-1")).json()["recorded"] == 1
+        api = httpx.get(f"{d.url}/v1/customers/a/explain", timeout=120)
+        page = httpx.get(f"{d.url}/ui/customers/a", timeout=120)
     assert api.status_code == 200, api.text
     assert page.status_code == 200, page.text
     kinds = [a["kind"] for a in api.json()["actions"]]
     assert kinds == ["level", "host_apply"]
     assert explained(ledger, "a") == api.json()
+
+
+def test_the_why_cites_the_greed_that_made_the_level_not_the_latest_crumb(
+    database_url: str, tmp_path: Path
+) -> None:
+    """a takes 50 core-s beyond its share once (+50/240 = +0.2083: level 1 from 0.15), then
+    1 core-s twice (+0.004167 each). Explained after the third interval, the why cites the
+    first, not the latest negligible one, and tells the score now (0.2167) from the one the
+    level was decided with (0.2083)."""
+    from gmd.common.timespec import iso
+
+    config = load(write_config(tmp_path / "gmd.toml", database_url))
+    with serving(config) as d:
+        for k, (a, b) in enumerate([(110.0, 10.0), (61.0, 59.0), (61.0, 59.0)]):
+            start = FIRST + 60 * k
+            vms = [cpu_only("vm-a1", "a", a), cpu_only("vm-b", "b", b)]
+            body = batch(CMP1, start, vms)
+            assert httpx.post(f"{d.url}/v1/samples", json=body, headers=auth("cmp-1")).is_success
+            account_due(
+                d.engine,
+                config.accounting,
+                now_s=start + 60,
+                after=after_interval(config.enforcement),
+            )
+    doc = explained(tmp_path / "gmd.toml", "a")
+    assert doc["interval"]["start_s"] == FIRST + 120
+    level = doc["level"]
+    assert level["level"] == 1 and level["since_s"] == FIRST + 60
+    assert level["score"] == pytest.approx(52 / 240, abs=1e-12)
+    entered = level["entered_after"]
+    assert entered["start_s"] == FIRST and entered["score"] == pytest.approx(50 / 240, abs=1e-12)
+    (driver,) = level["drivers"]
+    assert driver["start_s"] == FIRST and driver["resource"] == "cpu"
+    assert driver["greediness"] == pytest.approx(50 / 240, abs=1e-12)
+    why = doc["summary"][1]
+    assert f"balance is 0.2167 now (after the interval of {iso(FIRST + 120)})" in why
+    assert f"it was 0.2083 when the level was decided, after the interval of {iso(FIRST)}" in why
+    assert (
+        f"the greed that made its balance: the interval of {iso(FIRST)} (+0.2083, mostly cpu)"
+        in (why)
+    )
+    assert "0.004167" not in why
+    text = admin(tmp_path / "gmd.toml", "a").stdout
+    assert f"decided after the interval of {iso(FIRST)}: score 0.2083 ≥ enter 0.15" in text
+    assert "its score now, after this interval, is 0.216667" in text
