@@ -491,7 +491,7 @@ def standings_command(
             reverse=reverse,
             everyone=everyone,
             customers=wanted,
-            mode=config.enforcement.mode,
+            enforcement=config.enforcement,
         )
     missing = [
         c for c in wanted if not any(c in (r["customer"], r.get("name")) for r in result.rows)

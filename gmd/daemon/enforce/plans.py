@@ -1,11 +1,12 @@
 """What each host should do to its VMs now: the plan ``GET /v1/plan/{host}`` returns.
 
-A VM is in its host's plan when its customer is above level 0; a VM not in the plan is to be
-left (or put back) as it was. Weights are on the cgroup v2 / libvirt ``cpu_shares`` scale
-(100 = normal, 1–10000) and apply on every host; the hard caps of a level (CPU in cores, from
-the VM's flavor vCPUs as last reported; disk bytes/s) apply only where the host is contended
-for that resource (:func:`gmd.fairness.policy.host_contention`), and the plan says why
-(:class:`~gmd.wire.HostCaps`).
+A VM is in its host's plan when it runs there now (:func:`running_vms`: it is in the host's
+latest accounted interval of the last few) and its customer is above level 0; a VM not in the
+plan is to be left (or put back) as it was. Weights are on the cgroup v2 / libvirt
+``cpu_shares`` scale (100 = normal, 1–10000) and apply on every host; the hard caps of a
+level (CPU in cores, from the VM's flavor vCPUs as last reported; disk bytes/s) apply only
+where the host is contended for that resource (:func:`gmd.fairness.policy.host_contention`),
+and the plan says why (:class:`~gmd.wire.HostCaps`).
 
 Every query here is bounded by interval ids (an interval's id is its start): the last
 ``contention_intervals`` accounted intervals, found from the top of the intervals' primary
@@ -19,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from sqlalchemy import Connection, and_, func, select
+from sqlalchemy import Connection, Select, and_, false, func, select
 
 from gmd.daemon.config import EnforcementConfig
 from gmd.daemon.ledger.models import IntervalState
@@ -89,6 +90,42 @@ def recent_window(conn: Connection, intervals: int, upto_id: int | None = None) 
     return Window(tuple(sorted(int(i) for i in ids)))
 
 
+def running_vms(window: Window, host_id: int | None = None) -> Select[tuple[int, int]]:
+    """The VMs running on each host (or on ``host_id``) as far as the ledger knows, a query
+    of ``(vm_id, host_id)``: those of the host's latest interval in ``window`` (the intervals
+    contention is measured over: the last ``contention_intervals`` accounted ones). A VM the
+    host stopped reporting no longer runs there once that interval is accounted; a host
+    silent for the whole window runs nothing gmd knows of.
+
+    The one definition of "on the host now": plans list only these VMs, a host may report
+    only on these (:mod:`gmd.daemon.enforce.audit`), and the standings count what is applied
+    to these (:mod:`gmd.daemon.reports.enforced`). Bounded by the window's ids, as every
+    query of the raw tables here."""
+    hi = _host_intervals.c
+    if window.first is None or window.last is None:
+        return select(_samples.c.vm_id, _samples.c.host_id).where(false())
+    latest = (
+        select(hi.host_id, func.max(hi.interval_id).label("interval_id"))
+        .where(hi.interval_id.between(window.first, window.last))
+        .group_by(hi.host_id)
+    )
+    if host_id is not None:
+        latest = latest.where(hi.host_id == host_id)
+    last = latest.subquery()
+    return (
+        select(_samples.c.vm_id, _samples.c.host_id)
+        .join(
+            last,
+            and_(
+                _samples.c.interval_id == last.c.interval_id,
+                _samples.c.host_id == last.c.host_id,
+            ),
+        )
+        .where(_samples.c.interval_id.between(window.first, window.last))
+        .distinct()
+    )
+
+
 def host_caps(
     conn: Connection, host_id: int | None, window: Window, policy: ContentionPolicy
 ) -> dict[CapResource, CapDecision]:
@@ -143,7 +180,8 @@ class Plan:
 
 
 def host_plan(conn: Connection, host: str, config: EnforcementConfig) -> Plan:
-    """The throttled VMs last seen on ``host`` and what to set on each (empty when "off")."""
+    """The throttled VMs running on ``host`` (:func:`running_vms`) and what to set on each
+    (empty when "off")."""
     if config.mode == "off":
         return Plan()
     host_id = conn.execute(select(_hosts.c.id).where(_hosts.c.name == host)).scalar()
@@ -151,11 +189,12 @@ def host_plan(conn: Connection, host: str, config: EnforcementConfig) -> Plan:
     caps = host_caps(conn, host_id, window, config.contention)
     if host_id is None:
         return Plan([], caps)
+    running = running_vms(window, host_id).subquery()
     rows = conn.execute(
         select(_vms.c.id, _vms.c.uuid, _customers.c.name, _levels.c.level)
         .join(_levels, _levels.c.customer_id == _vms.c.customer_id)
         .join(_customers, _customers.c.id == _vms.c.customer_id)
-        .where(_vms.c.host_id == host_id, _levels.c.level > 0)
+        .where(_vms.c.id.in_(select(running.c.vm_id)), _levels.c.level > 0)
         .order_by(_vms.c.uuid)
     ).all()
     vcpus = _flavor_vcpus(conn, host_id, window) if rows else {}

@@ -14,6 +14,7 @@ from enum import StrEnum
 from sqlalchemy import Connection, func, or_, select
 
 from gmd.common.timespec import iso
+from gmd.daemon.config import EnforcementConfig
 from gmd.daemon.ledger.models import IntervalState
 from gmd.daemon.ledger.resets import pending_resets
 from gmd.daemon.ledger.tables import (
@@ -23,6 +24,7 @@ from gmd.daemon.ledger.tables import (
     levels as _levels,
 )
 from gmd.daemon.reports.columns import PROJECT, Column
+from gmd.daemon.reports.enforced import enforced_now
 
 COLUMNS = (
     Column("customer", "Customer", None, "left"),
@@ -49,11 +51,6 @@ class SortKey(StrEnum):
     level = "level"
     customer = "customer"
     name = "name"
-
-
-ENFORCED = {"on": "applied", "dry-run": "dry-run", "off": "off"}
-"""What a level above 0 does, by enforcement.mode: applied by the agents and quotas, only
-recorded (dry-run), or nothing (off: the level is kept but not acted on)."""
 
 
 @dataclass(frozen=True)
@@ -93,12 +90,15 @@ def standings(
     reverse: bool = False,
     everyone: bool = False,
     customers: Sequence[str] = (),
-    mode: str = "off",
+    enforcement: EnforcementConfig | None = None,
 ) -> Standings:
     """Rows sorted by ``sort``: numbers greatest first, names A→Z; ``reverse`` flips that.
 
     ``everyone`` lists customers without a standing too (with zeros). ``customers`` are
-    project uuids or names (none: all). ``mode`` is enforcement.mode, for the Enforced column.
+    project uuids or names (none: all). ``enforcement`` (the daemon's ``[enforcement]``; none:
+    mode "off") for the Enforced column: what a level above 0 does now, from what the hosts
+    report (:func:`~gmd.daemon.reports.enforced.enforced_now`): ``applied`` only while a host
+    reports one of the customer's running VMs throttled.
     """
     if sort not in SORT_KEYS:
         raise ValueError(f"cannot sort by {sort!r}; choose one of {', '.join(SORT_KEYS)}")
@@ -161,8 +161,13 @@ def standings(
             for n, shown, level in names
             if n not in listed and (not customers or n in customers or shown in customers)
         ]
+    config = enforcement or EnforcementConfig(mode="off")
+    throttled = any(r["level"] != 0 for r in rows)
+    now = enforced_now(conn, config.mode, config.contention.intervals) if throttled else {}
+    ids = dict(conn.execute(select(_customers.c.name, _customers.c.id)).all()) if now else {}
     for r in rows:
-        r["enforced"] = ENFORCED.get(mode, mode) if r["level"] != 0 else None
+        state = now.get(ids.get(r["customer"], -1)) if r["level"] != 0 else None
+        r["enforced"] = None if state is None else state[0].value
     if sort in ("customer", "name"):
         rows.sort(key=lambda r: (str(r[sort] or ""), str(r["customer"])))
     else:

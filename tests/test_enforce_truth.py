@@ -1,0 +1,190 @@
+"""Enforcement tells the truth: plans hold the VMs a host runs now, the standings say
+"applied" only for what a host reports applied, history says what was applied per interval,
+a restore is recorded, and a host reports only on its own VMs. Against real SQLite and
+PostgreSQL ledgers, through the daemon's real HTTP API."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import sqlalchemy as sa
+
+from gmd.daemon.config import Config
+from gmd.daemon.enforce.levels import after_interval
+from gmd.daemon.ledger.accounting import account_due
+from gmd.daemon.reports.enforcement import plans as enforcement_plans
+from gmd.daemon.reports.standings import standings
+from tests.daemon_support import (
+    Daemon,
+    HostSpec,
+    aligned_past,
+    as_uuid,
+    auth,
+    batch,
+    cpu_only,
+    make_config,
+    serving,
+)
+
+CMP1 = HostSpec("cmp-1", cpu_cores=2, memory_bytes=8e9, disk_bytes_per_s=1e8)
+CMP2 = HostSpec("cmp-2", cpu_cores=2, memory_bytes=8e9, disk_bytes_per_s=1e8)
+HOSTS = {CMP1.name: CMP1, CMP2.name: CMP2}
+# Low thresholds: the greedy customer a climbs a level per interval and stays up.
+ENFORCEMENT = {
+    "enter": [0.02, 0.04, 0.08],
+    "leave": [0.01, 0.03, 0.06],
+    "dwell_s": 0,
+    "max_step": 1,
+    "weight_factors": [0.5, 0.25, 0.1],
+    "cap_level": 2,
+    "cpu_cap_fractions": [1.0, 0.75, 0.5],
+}
+
+Use = tuple[str, str, str, float]
+"""(host, VM, customer, core-seconds) in one interval"""
+
+
+def config_for(database_url: str, mode: str) -> Config:
+    return make_config(
+        database_url,
+        {h: "operator" for h in HOSTS},
+        accounting={"endowment": "equal", "half_life_s": "none"},
+        enforcement={**ENFORCEMENT, "mode": mode},
+    )
+
+
+@contextmanager
+def cloud(database_url: str, mode: str, intervals: list[list[Use]]) -> Iterator[Daemon]:
+    """The daemon, after the hosts posted ``intervals`` (the last one ending before the
+    current interval) and the accountant decided levels after each."""
+    config = config_for(database_url, mode)
+    with serving(config) as d:
+        for k, uses in enumerate(intervals):
+            start = aligned_past(len(intervals) + 1 - k)
+            for host in sorted({u[0] for u in uses}):
+                vms = [cpu_only(vm, c, cpu, vcpus=2) for h, vm, c, cpu in uses if h == host]
+                body = batch(HOSTS[host], start, vms)
+                r = httpx.post(f"{d.url}/v1/samples", json=body, headers=auth(host))
+                assert r.is_success, r.text
+        account_due(d.engine, config.accounting, after=after_interval(config.enforcement))
+        yield d
+
+
+def plan_of(d: Daemon, host: str) -> dict[str, Any]:
+    r = httpx.get(f"{d.url}/v1/plan/{host}", headers=auth(host))
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def enforced(d: Daemon, mode: str) -> dict[str, Any]:
+    config = config_for("sqlite://", mode)
+    with d.engine.connect() as conn:
+        rows = standings(conn, everyone=True, enforcement=config.enforcement).rows
+    return {r["customer"]: (r["level"], r["vms"], r["enforced"]) for r in rows}
+
+
+# Three VMs of a on cmp-1; in the last interval a3 is gone (stopped: cmp-1 no longer reports
+# it). a4 ran on cmp-2 in the first interval only, and cmp-2 has been silent since.
+THREE_THEN_TWO: list[list[Use]] = [
+    [
+        ("cmp-1", "a1", "a", 40.0),
+        ("cmp-1", "a2", "a", 40.0),
+        ("cmp-1", "a3", "a", 40.0),
+        ("cmp-1", "b1", "b", 0.0),
+        ("cmp-2", "a4", "a", 0.0),
+    ],
+    *[
+        [
+            ("cmp-1", "a1", "a", 40.0),
+            ("cmp-1", "a2", "a", 40.0),
+            ("cmp-1", "a3", "a", 40.0),
+            ("cmp-1", "b1", "b", 0.0),
+        ]
+    ]
+    * 2,
+    [("cmp-1", "a1", "a", 60.0), ("cmp-1", "a2", "a", 60.0), ("cmp-1", "b1", "b", 0.0)],
+    [("cmp-1", "a1", "a", 60.0), ("cmp-1", "a2", "a", 60.0), ("cmp-1", "b1", "b", 0.0)],
+]
+
+
+def test_a_plan_holds_only_the_vms_its_host_reported_last(database_url: str) -> None:
+    """A VM the host stopped reporting leaves its plan (and enforce --plan's view), and a host
+    silent for the contention window has no throttled VM at all."""
+    with cloud(database_url, "on", THREE_THEN_TWO) as d:
+        plan = plan_of(d, "cmp-1")
+        assert plan["mode"] == "on"
+        assert sorted(v["uuid"] for v in plan["vms"]) == sorted([as_uuid("a1"), as_uuid("a2")])
+        assert all(v["customer"] == "a" and v["level"] >= 1 for v in plan["vms"])
+        assert plan_of(d, "cmp-2")["vms"] == []
+        with d.engine.connect() as conn:
+            rows, _caps = enforcement_plans(conn, config_for(database_url, "on").enforcement)
+        assert sorted((r["host"], r["uuid"]) for r in rows) == sorted(
+            [("cmp-1", as_uuid("a1")), ("cmp-1", as_uuid("a2"))]
+        )
+
+
+def test_a_customer_without_a_running_vm_is_not_enforced(database_url: str) -> None:
+    """Level 1 with no VM left running: nothing is applied, and the standings say so."""
+    greedy = [("cmp-1", "a1", "a", 90.0), ("cmp-1", "b1", "b", 30.0)]
+    with cloud(database_url, "on", [greedy, greedy, greedy, [("cmp-1", "b1", "b", 30.0)]]) as d:
+        assert plan_of(d, "cmp-1")["vms"] == []
+        level, vms, word = enforced(d, "on")["a"]
+        assert level >= 1 and vms == 0
+        assert word == "not applied"
+        assert enforced(d, "dry-run")["a"][2] == "dry-run"
+        assert enforced(d, "off")["a"][2] == "off"
+        assert enforced(d, "on")["b"][2] is None
+
+
+def report(d: Daemon, host: str, results: list[dict[str, Any]], **extra: Any) -> httpx.Response:
+    body = {"generated_s": aligned_past(0), "results": results, **extra}
+    return httpx.post(f"{d.url}/v1/plan/{host}/report", json=body, headers=auth(host))
+
+
+def applied(vm: str, **after: Any) -> dict[str, Any]:
+    return {
+        "uuid": as_uuid(vm),
+        "action": "apply",
+        "ok": True,
+        "before": {"cpu_shares": 1024},
+        "after": after or {"cpu_shares": 256},
+    }
+
+
+def restored(vm: str) -> dict[str, Any]:
+    return {
+        "uuid": as_uuid(vm),
+        "action": "restore",
+        "ok": True,
+        "before": {"cpu_shares": 256},
+        "after": {"cpu_shares": 1024},
+    }
+
+
+def log_rows(d: Daemon) -> list[tuple[Any, ...]]:
+    with d.engine.connect() as conn:
+        return [
+            tuple(r)
+            for r in conn.execute(
+                sa.text(
+                    "SELECT c.name, h.name, a.kind, a.status, a.after, a.reason"
+                    " FROM enforcement_actions a LEFT JOIN customers c ON c.id = a.customer_id"
+                    " LEFT JOIN hosts h ON h.id = a.host_id"
+                    " WHERE a.kind IN ('host_apply', 'host_restore') ORDER BY a.id"
+                )
+            )
+        ]
+
+
+def test_the_standings_say_applied_only_while_a_host_reports_a_running_vm_throttled(
+    database_url: str,
+) -> None:
+    with cloud(database_url, "on", THREE_THEN_TWO) as d:
+        assert enforced(d, "on")["a"][2] == "not applied"  # no host has applied anything
+        assert report(d, "cmp-1", [applied("a1"), applied("a2")]).status_code == 200
+        assert enforced(d, "on")["a"][2] == "applied"
+        assert report(d, "cmp-1", [restored("a1"), restored("a2")]).status_code == 200
+        assert enforced(d, "on")["a"][2] == "not applied"
