@@ -221,7 +221,8 @@ def test_a_chunked_body_over_the_limit_is_one_warning_and_no_error(
 
 
 def test_extreme_values_in_a_plan_report_are_recorded_as_sent(daemon: Daemon) -> None:
-    """What fits the schema is no 5xx: the largest numbers JSON has, the longest error."""
+    """What fits the schema is no 5xx: the largest numbers JSON has, the longest error (cut to
+    what the daemon keeps)."""
     before = {"cpu_shares": 1e308, "cpu.max": -1e308, "weight": 2**63, "path": "p" * 256}
     after = {"cpu_shares": 2**70, "cpu.max": "max", "weight": None}
     body = report(
@@ -244,7 +245,9 @@ def test_extreme_values_in_a_plan_report_are_recorded_as_sent(daemon: Daemon) ->
         "cpu.max": "max",
         "weight": None,
     }
-    assert row.reason == "E" * 1999 + f"\n (plan of {2**53 - 1}, reported by host {HOST.name})"
+    # The longest error the wire takes is cut at daemon.limits.max_error_chars (500).
+    cut = "E" * 500 + "… (1500 more characters cut: daemon.limits.max_error_chars)"
+    assert row.reason == cut + f" (plan of {2**53 - 1}, reported by host {HOST.name})"
 
 
 def test_a_hidden_character_in_the_path_host_is_422_even_without_auth(tmp_path: object) -> None:

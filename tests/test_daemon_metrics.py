@@ -70,9 +70,11 @@ def test_metrics_carry_no_created_series_and_name_the_version(tmp_path: Path) ->
     assert f'gmd_build_info{{version="{version()}"}} 1.0' in text
 
 
-def refusals(d: Daemon) -> dict[Rejection, Callable[[], httpx.Response]]:
-    """One request per kind of refusal, each refused for that reason alone."""
-    start = aligned_past(3)
+def refusals(d: Daemon, taken: int) -> dict[Rejection, Callable[[], httpx.Response]]:
+    """One request per kind of refusal, each refused for that reason alone; ``taken`` is the
+    accounted interval of the batch whose key is "taken" (fixed once: a minute may turn while
+    the requests are sent)."""
+    start = taken - INTERVAL_S
     eight_days_ago = (int(time.time()) // INTERVAL_S - 8 * 1440) * INTERVAL_S
     three_vms = batch(H1, start, [cpu_only(f"vm-{k}", "proj-a", 1.0) for k in range(3)])
     return {
@@ -86,11 +88,13 @@ def refusals(d: Daemon) -> dict[Rejection, Callable[[], httpx.Response]]:
         Rejection.future: lambda: post(d, usage(aligned_past(-20))),
         Rejection.too_old: lambda: post(d, usage(eight_days_ago)),
         Rejection.implausible: lambda: post(d, usage(start, cpu_s=1e6)),
-        Rejection.key_reused: lambda: post(d, usage(aligned_past(2), key="taken", cpu_s=7.0)),
+        Rejection.key_reused: lambda: post(d, usage(taken, key="taken", cpu_s=7.0)),
         Rejection.capacity_conflict: lambda: post(
-            d, usage(aligned_past(2), host=HostSpec(H1.name, cpu_cores=4), key="other")
+            d, usage(taken, host=HostSpec(H1.name, cpu_cores=4), key="other")
         ),
         Rejection.before_origin: lambda: post(d, usage(aligned_past(20))),
+        # a second batch for the interval of "taken", beyond batches_per_interval = 1
+        Rejection.over_limit: lambda: post(d, usage(taken, key="second")),
     }
 
 
@@ -98,14 +102,19 @@ def test_every_refused_batch_is_counted_by_its_reason(tmp_path: Path) -> None:
     config = make_config(
         f"sqlite:///{tmp_path / 'l.db'}",
         {H1.name: "operator", H2.name: "operator"},
-        daemon={"max_batch_vms": 2, "max_body_bytes": 4096},
+        daemon={
+            "max_batch_vms": 2,
+            "max_body_bytes": 4096,
+            "limits": {"batches_per_interval": 1},
+        },
     )
     with serving(config) as d:
         # A key to reuse, a capacity to contradict, and accounting begun (an origin).
-        assert post(d, usage(aligned_past(2), key="taken")).status_code == 200
-        assert post(d, usage(aligned_past(3))).status_code == 200
+        taken = aligned_past(2)
+        assert post(d, usage(taken, key="taken")).status_code == 200
+        assert post(d, usage(taken - INTERVAL_S)).status_code == 200
         account_due(d.engine, config.accounting)
-        statuses = {reason: send().status_code for reason, send in refusals(d).items()}
+        statuses = {reason: send().status_code for reason, send in refusals(d, taken).items()}
         too_big = post(d, b"[" + b" " * 5000 + b"]")
         metrics = scrape(d)
     assert statuses == {
@@ -122,6 +131,7 @@ def test_every_refused_batch_is_counted_by_its_reason(tmp_path: Path) -> None:
         Rejection.key_reused: 409,
         Rejection.capacity_conflict: 409,
         Rejection.before_origin: 422,
+        Rejection.over_limit: 422,
     }
     assert too_big.status_code == 413
     counted = {

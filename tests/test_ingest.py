@@ -33,6 +33,8 @@ from tests.daemon_support import (
 H1, H2 = HostSpec("cmp-1"), HostSpec("cmp-2")
 TABLES = ("batches", "samples", "customers", "vms", "intervals", "host_intervals")
 
+TOO_MANY = "4 VMs in one batch; at most 3 (daemon.max_batch_vms): split the batch"
+
 
 def vm(uuid: str, customer: str = "proj-a", cpu_s: float = 30.0, **extra: Any) -> dict[str, Any]:
     return {
@@ -286,7 +288,7 @@ REFUSALS = [
     pytest.param(
         lambda b: b["vms"].extend([vm("vm-3"), vm("vm-4")]),
         413,
-        "4 VMs in one batch; at most 3",
+        TOO_MANY,
         id="too-many-vms",
     ),
     pytest.param(
@@ -371,10 +373,10 @@ def test_batch_problems_keep_their_messages() -> None:
         "interval_start_s = 1207 is not a multiple of 60",
         "interval ends at 1267, 267 s in the future (allowed clock skew: 120 s): is cmp-1's"
         " clock right?",
-        "4 VMs in one batch; at most 3",
+        TOO_MANY,
         f"vms[2]: VM {as_uuid('vm-1')} appears twice in the batch",
     ]
-    assert problems[2] == BatchProblem(ProblemCode.TOO_MANY_VMS, "4 VMs in one batch; at most 3")
+    assert problems[2] == BatchProblem(ProblemCode.TOO_MANY_VMS, TOO_MANY)
 
 
 def test_a_reused_key_with_other_content_is_a_conflict(daemon: Daemon) -> None:

@@ -55,6 +55,27 @@ class AccountingConfig:
 
 
 @dataclass(frozen=True)
+class LimitsConfig:
+    """``[daemon.limits]``: what one host may claim of the ledger, per host (see
+    :mod:`gmd.daemon.api.limits`). The defaults leave a host of a 100,000-VM cloud, which runs
+    hundreds of VMs and builds at most a few at once (Nova's ``max_concurrent_builds`` is 10),
+    several times what it needs, and bound what a stolen or buggy token can write to a few
+    hundred rows a minute."""
+
+    batches_per_interval: int = 4
+    """distinct batches a host may store for one interval: one, or a few after an agent's
+    restart mid-interval (retries of a stored batch are duplicates and do not count)"""
+    new_customers_per_interval: int = 100
+    """customers the ledger does not know that a host may introduce per interval"""
+    new_vms_per_interval: int = 200
+    """VMs the ledger does not know that a host may introduce per interval"""
+    report_rows_per_interval: int = 1000
+    """enforcement-log rows (VM results of plan reports) a host may write per interval"""
+    max_error_chars: int = 500
+    """a host's error text in a plan report is cut to this many characters"""
+
+
+@dataclass(frozen=True)
 class DaemonConfig:
     bind: str = "0.0.0.0"
     port: int = 8470
@@ -62,7 +83,8 @@ class DaemonConfig:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     clock_skew_s: int = 300
-    max_batch_vms: int = 5000
+    max_batch_vms: int = 2000
+    """VMs in one batch: a compute host runs hundreds at most"""
     max_body_bytes: int = 16 * 1024 * 1024
     ingest_threads: int = 2
     accounting: bool = True
@@ -73,6 +95,7 @@ class DaemonConfig:
     max_host_memory_bytes: float = 64 * 2**40
     max_host_disk_bytes_per_s: float = 1e12
     max_host_network_bytes_per_s: float = 1e12
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
 
     def max_capacity(self) -> tuple[float, ...]:
         """The sane bounds of a host's capacity, one per :data:`~gmd.wire.CAPACITY_FIELDS`."""
@@ -453,7 +476,7 @@ def _daemon(d: Reader, path: Path | None) -> DaemonConfig:
         tls_cert=cert,
         tls_key=key,
         clock_skew_s=int(d.number("clock_skew_s", 300, 0, 86400)),
-        max_batch_vms=int(d.number("max_batch_vms", 5000, 1, 1_000_000)),
+        max_batch_vms=int(d.number("max_batch_vms", DaemonConfig.max_batch_vms, 1, 1_000_000)),
         max_body_bytes=int(d.number("max_body_bytes", 16 * 1024 * 1024, 1024, 2**31)),
         ingest_threads=int(d.number("ingest_threads", 2, 1, 64)),
         accounting=d.get("accounting", bool, True),
@@ -470,8 +493,29 @@ def _daemon(d: Reader, path: Path | None) -> DaemonConfig:
         max_host_network_bytes_per_s=d.number(
             "max_host_network_bytes_per_s", DaemonConfig.max_host_network_bytes_per_s, 1, 1e15
         ),
+        limits=_limits(d.sub("limits")),
     )
     d.done()
+    return config
+
+
+def _limits(r: Reader) -> LimitsConfig:
+    d = LimitsConfig()
+
+    def whole(key: str, low: int, high: int) -> int:
+        value = r.number(key, getattr(d, key), low, high)
+        if value != int(value):
+            raise r.fail(key, f"{value!r} is not a whole number")
+        return int(value)
+
+    config = LimitsConfig(
+        batches_per_interval=whole("batches_per_interval", 1, 10_000),
+        new_customers_per_interval=whole("new_customers_per_interval", 1, 10_000_000),
+        new_vms_per_interval=whole("new_vms_per_interval", 1, 10_000_000),
+        report_rows_per_interval=whole("report_rows_per_interval", 1, 10_000_000),
+        max_error_chars=whole("max_error_chars", 20, 2000),
+    )
+    r.done()
     return config
 
 

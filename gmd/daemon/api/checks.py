@@ -103,7 +103,9 @@ def _vm_problems(batch: BatchRecord, max_vms: int, latest_s: float) -> list[Batc
     if len(uuids) > max_vms:
         problems.append(
             BatchProblem(
-                ProblemCode.TOO_MANY_VMS, f"{len(uuids)} VMs in one batch; at most {max_vms}"
+                ProblemCode.TOO_MANY_VMS,
+                f"{len(uuids)} VMs in one batch; at most {max_vms} (daemon.max_batch_vms):"
+                " split the batch",
             )
         )
     times = [t for t in batch.created_s if t is not None]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from fastapi import FastAPI, Request
@@ -19,8 +19,11 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from gmd.daemon.api.auth import AuthError
 from gmd.daemon.api.metrics import Rejection
-from gmd.daemon.api.services import Services
 from gmd.wire import UUID_PATTERN, UUID_RULE, Problem
+
+if TYPE_CHECKING:
+    # The services build refusals (their host limits): only their type is needed here.
+    from gmd.daemon.api.services import Services
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +39,15 @@ class Refused(Exception):
         errors: list[str] | None = None,
         reason: Rejection | None = None,
         challenge: str = "Bearer",
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(detail)
         self.status, self.detail, self.errors = status, detail, errors or []
         self.reason = reason
         self.challenge = challenge
         """a 401's ``WWW-Authenticate``: the agents' bearer token, or where to get a token"""
+        self.headers = headers or {}
+        """more headers of the answer (a 429's ``Retry-After``)"""
 
 
 def _where(loc: tuple[Any, ...]) -> str:
@@ -107,11 +113,12 @@ async def refused(request: Request, exc: Refused) -> JSONResponse:
         log.warning(
             "%s %s refused (%d): %s", request.method, request.url.path, exc.status, exc.detail
         )
-    headers = {"WWW-Authenticate": exc.challenge} if exc.status == 401 else None
+    headers = {"WWW-Authenticate": exc.challenge} if exc.status == 401 else {}
+    headers.update(exc.headers)
     return JSONResponse(
         Problem(detail=exc.detail, errors=exc.errors).model_dump(),
         status_code=exc.status,
-        headers=headers,
+        headers=headers or None,
     )
 
 

@@ -56,6 +56,9 @@ class Rejection(StrEnum):
     """the host's capacity for the interval differs from its first batch's (409)"""
     before_origin = "before_origin"
     """an interval before the ledger's first, once accounting has begun (422)"""
+    over_limit = "over_limit"
+    """past a host's bound of [daemon.limits]: batches per interval (422), new customers or
+    VMs per interval (429, or 422 for one batch beyond it)"""
 
 
 class QuotaChange(StrEnum):

@@ -51,7 +51,8 @@ async def post_plan_report(
     host: str, request: Request, caller_host: Caller, services: ServicesDep
 ) -> PlanReportReceipt:
     """Record, in the enforcement log, what the host's agent did with its plan
-    (a ``PlanReport``)."""
+    (a ``PlanReport``): at most ``daemon.limits.report_rows_per_interval`` results a host an
+    interval, each error text cut to ``max_error_chars``."""
     services.auth.check_host(caller_host, host)
     check_host_name(host)
     document = json_document(request.headers.get("content-type"), await request.body())
@@ -59,12 +60,14 @@ async def post_plan_report(
         report = PlanReport.model_validate(document)
     except ValidationError as exc:
         raise validation_problem(exc.errors(), "invalid report") from None
+    limits = services.limits
+    limits.admit_rows(host, services.clock(), len(report.results))
     recorded = await run_in_threadpool(
         record_host_report,
         services.engine,
         host,
         report.generated_s,
-        [r.model_dump() for r in report.results],
+        [{**r.model_dump(), "error": limits.clip_error(r.error)} for r in report.results],
     )
     for result in report.results:
         if not result.ok:

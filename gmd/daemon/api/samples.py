@@ -28,6 +28,7 @@ from gmd.daemon.api.checks import (
 )
 from gmd.daemon.api.deps import Caller, ServicesDep
 from gmd.daemon.api.errors import Refused, json_document, json_media, validation_problem
+from gmd.daemon.api.limits import Claim
 from gmd.daemon.api.metrics import DaemonMetrics, Rejection
 from gmd.daemon.api.services import Services
 from gmd.daemon.ledger.store import (
@@ -141,7 +142,7 @@ def store_batch(
     refuse(batch, implausible(batch, services.plausible))
     now_s = services.clock()
     try:
-        result = services.store.ingest(batch, now_s)
+        result = ingest_within_limits(services, batch, now_s)
     except KeyReused as exc:
         raise Refused(409, str(exc), reason=Rejection.key_reused) from None
     except CapacityConflict as exc:
@@ -163,6 +164,31 @@ def store_batch(
         samples=result.samples,
         late=result.late,
     )
+
+
+def ingest_within_limits(services: Services, batch: BatchRecord, now_s: float) -> IngestResult:
+    """Store ``batch`` if its host's bounds (``[daemon.limits]``) let it in; what the bounds
+    counted for a batch that is not stored after all (a database error, a store's retry) is
+    given back, so that a full disk does not use up a host's room."""
+    oldest_s = now_s - services.config.daemon.max_late_s - batch.interval_s
+    claims: list[Claim] = []
+
+    def admit(customers: int, vms: int) -> None:
+        claims.append(
+            services.limits.admit_batch(
+                batch.host, batch.interval_start_s, now_s, customers, vms, oldest_s
+            )
+        )
+
+    try:
+        result = services.store.ingest(batch, now_s, admit)
+    except BaseException:
+        for claim in claims:
+            services.limits.release(claim)
+        raise
+    for claim in claims[:-1]:
+        services.limits.release(claim)
+    return result
 
 
 def check_batch(services: Services, batch: BatchRecord) -> None:

@@ -18,6 +18,7 @@ from sqlalchemy import Engine
 from gmd.daemon.api.access import read_access
 from gmd.daemon.api.auth import TokenAuth
 from gmd.daemon.api.checks import Plausible
+from gmd.daemon.api.limits import HostLimits
 from gmd.daemon.api.metrics import DaemonMetrics, QuotaChange
 from gmd.daemon.config import Config
 from gmd.daemon.enforce.levels import after_interval
@@ -51,6 +52,8 @@ class Services:
         self.read_access = read_access(config.read_api)
         d = config.daemon
         self.plausible = Plausible(d.plausibility_margin, d.max_capacity())
+        self.limits = HostLimits(d.limits, config.accounting.interval_s)
+        """what each host may claim of the ledger (``[daemon.limits]``)"""
         self.store = LedgerStore(engine, config.owner_of, config.organization_customers)
         self.auth = TokenAuth(
             {h.name: h.token_sha256 for h in config.hosts.values() if h.token_sha256},

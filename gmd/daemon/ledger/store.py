@@ -132,6 +132,11 @@ class BatchRecord:
     """customer → its project's name from the Nova metadata, where the agent read one"""
 
 
+Admit = Callable[[int, int], None]
+"""Told, of a new batch, the customers and VMs new to the ledger it would create; raises to
+refuse it."""
+
+
 @dataclass(frozen=True)
 class IngestResult:
     status: BatchStatus
@@ -414,6 +419,24 @@ class LedgerStore:
             )
         return [known[u][0] for u in record.vm_uuids]
 
+    def _unknown(self, conn: Connection, record: BatchRecord) -> tuple[int, int]:
+        """How many of the batch's customers and VMs the ledger does not know: a look-up of
+        those this process has not cached, so a known host's batch costs nothing here."""
+        with self._ids.lock:
+            customers = set(record.customers) - self._ids.customers.keys()
+            vms = set(record.vm_uuids) - self._ids.vms.keys()
+        if customers:
+            customers -= set(
+                conn.execute(
+                    select(_customers.c.name).where(_customers.c.name.in_(sorted(customers)))
+                ).scalars()
+            )
+        if vms:
+            vms -= set(
+                conn.execute(select(_vms.c.uuid).where(_vms.c.uuid.in_(sorted(vms)))).scalars()
+            )
+        return len(customers), len(vms)
+
     # -- intervals -----------------------------------------------------------------------------
 
     def _interval(self, conn: Connection, start_s: int, length_s: int) -> tuple[int, bool]:
@@ -456,11 +479,17 @@ class LedgerStore:
 
     # -- the batch -----------------------------------------------------------------------------
 
-    def ingest(self, record: BatchRecord, now_s: float | None = None) -> IngestResult:
-        """Store one batch, or recognize it as a retry. Raises :class:`KeyReused`."""
+    def ingest(
+        self, record: BatchRecord, now_s: float | None = None, admit: Admit | None = None
+    ) -> IngestResult:
+        """Store one batch, or recognize it as a retry. Raises :class:`KeyReused`.
+
+        ``admit(customers, vms)`` is told of every new batch (not of a retry) how many customers
+        and VMs new to the ledger it would create, before they are written; what it raises
+        undoes the batch."""
         for attempt in range(5):
             try:
-                return self._ingest_once(record, time.time() if now_s is None else now_s)
+                return self._ingest_once(record, time.time() if now_s is None else now_s, admit)
             except IntegrityError:
                 # A concurrent transaction stored the same key (or created the same name)
                 # first; the next attempt sees its committed result.
@@ -482,7 +511,9 @@ class LedgerStore:
         ensure_days(self.engine, [day])
         self._partition_days.add(day)
 
-    def _ingest_once(self, record: BatchRecord, now_s: float) -> IngestResult:
+    def _ingest_once(
+        self, record: BatchRecord, now_s: float, admit: Admit | None = None
+    ) -> IngestResult:
         self._partition_for(record.interval_start_s)
         n = len(record.vm_uuids)
         new_customers: dict[str, int] = {}
@@ -500,6 +531,8 @@ class LedgerStore:
                 batch_id, on_time = stored
                 self._fix_capacity(conn, record, host_id, org_id, now_s)
                 known = self._ids.same_vms(host_id, record)
+                if admit is not None:
+                    admit(*(self._unknown(conn, record) if known is None else (0, 0)))
                 if known is None:
                     customer_ids = self._customer_ids(
                         conn, record.customers, new_customers, record.customer_names
