@@ -246,15 +246,29 @@ class VmApplyResult(Strict):
     after: Settings = {}
 
 
+MAX_REPORT_RESULTS = 10_000
+"""The most VM results one report holds (a host holds far fewer VMs)."""
+
+
 class PlanReport(Strict):
-    """An agent's account of applying the plan it fetched (only the VMs it changed or failed)."""
+    """An agent's account of applying the plan it fetched (only the VMs it changed or failed).
+
+    ``restore_all``: the report of ``gmd-agent --restore-all``, not of a plan (``generated_s``
+    is then when it ran): every VM gmd had changed on the host is back as it was, those listed
+    and any other."""
 
     generated_s: UnixTime
-    results: Annotated[list[VmApplyResult], Field(max_length=10000)]
+    results: Annotated[list[VmApplyResult], Field(max_length=MAX_REPORT_RESULTS)]
+    restore_all: bool = False
 
 
 class PlanReportReceipt(BaseModel):
-    recorded: int
+    recorded: int = Field(description="rows written to the enforcement log")
+    ignored: list[str] = Field(
+        [],
+        description="VMs of the report that do not run on the host as far as the ledger knows"
+        " (not in its latest accounted interval, nor last reported by it): not recorded",
+    )
 
 
 BatchStatus = Literal["accepted", "duplicate"]

@@ -188,3 +188,23 @@ def test_the_standings_say_applied_only_while_a_host_reports_a_running_vm_thrott
         assert enforced(d, "on")["a"][2] == "applied"
         assert report(d, "cmp-1", [restored("a1"), restored("a2")]).status_code == 200
         assert enforced(d, "on")["a"][2] == "not applied"
+
+
+def test_a_host_reports_only_on_the_vms_that_run_on_it(database_url: str) -> None:
+    """cmp-2 reports applying and restoring a's VM, which runs on cmp-1, and a VM the ledger
+    never saw: neither lands in any log (the receipt names them); its own VM's result does."""
+    uses: list[Use] = [("cmp-1", "a1", "a", 90.0), ("cmp-2", "b1", "b", 30.0)]
+    with cloud(database_url, "on", [uses, uses]) as d:
+        r = report(
+            d, "cmp-2", [applied("a1"), restored("a1"), applied("b1"), applied("never-seen")]
+        )
+        assert r.status_code == 200, r.text
+        assert r.json() == {
+            "recorded": 1,
+            "ignored": sorted([as_uuid("a1"), as_uuid("never-seen")]),
+        }
+        assert [(c, h, k) for c, h, k, *_ in log_rows(d)] == [("b", "cmp-2", "host_apply")]
+        # the host the VM runs on may
+        r = report(d, "cmp-1", [applied("a1")])
+        assert r.json() == {"recorded": 1, "ignored": []}
+        assert [(c, h, k) for c, h, k, *_ in log_rows(d)][-1] == ("a", "cmp-1", "host_apply")

@@ -1,14 +1,24 @@
-"""Writing what hosts report back into the enforcement log (``enforcement_actions``)."""
+"""Writing what hosts report back into the enforcement log (``enforcement_actions``).
+
+A host reports only on its own VMs: those the ledger places on it — last reported by it, or
+in its latest accounted interval (:func:`~gmd.daemon.enforce.plans.running_vms`), which is
+where its plan comes from. A result about any other VM is not recorded (it would land in
+another customer's log): it is logged, and named in the receipt's ``ignored``, and the rest
+of the report is recorded. Rows are stamped with the daemon's clock when the report arrives.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Engine, insert, select
+from sqlalchemy import Engine, insert, or_, select
 
+from gmd.daemon.enforce.plans import recent_window, running_vms
 from gmd.daemon.ledger.migrate import writer
 from gmd.daemon.ledger.models import ActionKind, ActionStatus
 from gmd.daemon.ledger.tables import (
@@ -19,25 +29,62 @@ from gmd.daemon.ledger.tables import (
 
 log = logging.getLogger(__name__)
 
+RESTORE_ALL = "gmd-agent --restore-all"
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What became of a report: rows written, and the VMs refused as not on the host."""
+
+    rows: int
+    ignored: list[str] = field(default_factory=list)
+
 
 def record_host_report(
-    engine: Engine, host: str, generated_s: int, results: Sequence[dict[str, Any]]
-) -> int:
-    """One action row per VM result (kind ``host_apply``/``host_restore``); failures are
-    logged here too, since they mean a customer is not throttled as decided."""
-    if not results:
-        return 0
+    engine: Engine,
+    host: str,
+    generated_s: int,
+    results: Sequence[dict[str, Any]],
+    *,
+    at_s: float,
+    contention_intervals: int,
+    restore_all: bool = False,
+) -> Recorded:
+    """One action row per VM result on the host (kind ``host_apply``/``host_restore``), and
+    for ``restore_all`` one ``host_restore`` row for the host itself (no customer, ``after``
+    ``{"all": true}``: everything gmd had changed there is back). Failures are logged here
+    too, since they mean a customer is not throttled as decided."""
+    if not results and not restore_all:
+        return Recorded(0)
+    at = datetime.fromtimestamp(at_s, UTC)
     with writer(engine).begin() as conn:
         host_id = conn.execute(select(_hosts.c.id).where(_hosts.c.name == host)).scalar()
-        owners = dict(
-            conn.execute(
-                select(_vms.c.uuid, _vms.c.customer_id).where(
-                    _vms.c.uuid.in_([r["uuid"] for r in results])
-                )
-            ).all()
-        )
+        owners: dict[str, int] = {}
+        if host_id is not None and results:
+            window = recent_window(conn, contention_intervals)
+            running = running_vms(window, host_id).subquery()
+            owners = dict(
+                conn.execute(
+                    select(_vms.c.uuid, _vms.c.customer_id).where(
+                        _vms.c.uuid.in_([r["uuid"] for r in results]),
+                        or_(_vms.c.host_id == host_id, _vms.c.id.in_(select(running.c.vm_id))),
+                    )
+                ).all()
+            )
+        ignored = sorted({r["uuid"] for r in results if r["uuid"] not in owners})
+        if ignored:
+            log.warning(
+                "host %s reported on %d VM(s) that do not run on it as far as the ledger"
+                " knows, not recorded: %s",
+                host,
+                len(ignored),
+                ", ".join(ignored[:10]) + (" …" if len(ignored) > 10 else ""),
+            )
+        source = RESTORE_ALL if restore_all else f"plan of {generated_s}"
         rows = []
         for r in results:
+            if r["uuid"] not in owners:
+                continue
             dry = r["action"].startswith("would_")
             verb = r["action"].removeprefix("would_")
             kind = ActionKind.host_apply if verb == "apply" else ActionKind.host_restore
@@ -45,16 +92,32 @@ def record_host_report(
                 log.warning("host %s could not %s VM %s: %s", host, verb, r["uuid"], r["error"])
             rows.append(
                 {
-                    "customer_id": owners.get(r["uuid"]),
+                    "at": at,
+                    "customer_id": owners[r["uuid"]],
                     "host_id": host_id,
                     "kind": kind.value,
                     "status": (ActionStatus.ok if r["ok"] else ActionStatus.failed).value,
                     "dry_run": dry,
                     "before": json.dumps({"vm": r["uuid"], **r["before"]}),
                     "after": json.dumps({"vm": r["uuid"], **r["after"]}),
-                    "reason": (r["error"] or "")
-                    + f" (plan of {generated_s}, reported by host {host})",
+                    "reason": (r["error"] or "") + f" ({source}, reported by host {host})",
                 }
             )
-        conn.execute(insert(_actions), rows)
-    return len(rows)
+        if restore_all:
+            rows.append(
+                {
+                    "at": at,
+                    "customer_id": None,
+                    "host_id": host_id,
+                    "kind": ActionKind.host_restore.value,
+                    "status": ActionStatus.ok.value,
+                    "dry_run": False,
+                    "before": None,
+                    "after": json.dumps({"all": True}),
+                    "reason": f"{RESTORE_ALL} on host {host}: every VM gmd had changed there is"
+                    f" back to its original settings ({len(results)} reported)",
+                }
+            )
+        if rows:
+            conn.execute(insert(_actions), rows)
+    return Recorded(len(rows), ignored)
