@@ -101,6 +101,11 @@ class Browser:
         )
         self.call("Page.navigate", wait_for="Page.loadEventFired", url=url)
 
+    def set_cookie(self, url: str, name: str, value: str) -> None:
+        """A cookie the browser sends to ``url``'s site (as a portal that signed the user in
+        would have set it)."""
+        self.call("Network.setCookie", url=url, name=name, value=value)
+
     def evaluate(self, expression: str) -> Any:
         """The value of a JavaScript expression in the page (JSON-able)."""
         answer = self.call("Runtime.evaluate", expression=expression, returnByValue=True)
