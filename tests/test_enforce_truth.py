@@ -5,11 +5,16 @@ PostgreSQL ledgers, through the daemon's real HTTP API."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
+import libvirt
 import sqlalchemy as sa
 
 from gmd.daemon.config import Config
@@ -27,7 +32,11 @@ from tests.daemon_support import (
     cpu_only,
     make_config,
     serving,
+    token_of,
 )
+from tests.test_enforce_applier import NODE, UUID_B
+
+AGENT = Path(sys.executable).with_name("gmd-agent")
 
 CMP1 = HostSpec("cmp-1", cpu_cores=2, memory_bytes=8e9, disk_bytes_per_s=1e8)
 CMP2 = HostSpec("cmp-2", cpu_cores=2, memory_bytes=8e9, disk_bytes_per_s=1e8)
@@ -208,3 +217,91 @@ def test_a_host_reports_only_on_the_vms_that_run_on_it(database_url: str) -> Non
         r = report(d, "cmp-1", [applied("a1")])
         assert r.json() == {"recorded": 1, "ignored": []}
         assert [(c, h, k) for c, h, k, *_ in log_rows(d)][-1] == ("a", "cmp-1", "host_apply")
+
+
+def host_wide_rows(d: Daemon) -> list[tuple[Any, ...]]:
+    with d.engine.connect() as conn:
+        return [
+            tuple(r)
+            for r in conn.execute(
+                sa.text(
+                    "SELECT h.name, a.kind, a.status, a.after, a.reason FROM enforcement_actions a"
+                    " JOIN hosts h ON h.id = a.host_id WHERE a.customer_id IS NULL ORDER BY a.id"
+                )
+            )
+        ]
+
+
+def test_gmd_agent_restore_all_is_recorded_and_the_standings_follow(
+    database_url: str, tmp_path: Path
+) -> None:
+    """An agent applied a's plan to vm-b (on a test-driver host); ``gmd-agent --restore-all``
+    puts it back and tells the daemon: a host_restore row for the VM and one for the host,
+    and the standings no longer say "applied"."""
+    vm = UUID_B
+    uses: list[Use] = [("cmp-1", vm, "a", 90.0), ("cmp-1", "b1", "b", 30.0)]
+    with cloud(database_url, "on", [uses, uses, uses]) as d:
+        assert [v["uuid"] for v in plan_of(d, "cmp-1")["vms"]] == [vm]
+        assert report(d, "cmp-1", [applied(vm)]).json() == {"recorded": 1, "ignored": []}
+        assert enforced(d, "on")["a"][2] == "applied"
+
+        node = tmp_path / "node.xml"
+        node.write_text(NODE)
+        probe = libvirt.open(f"test://{node}")
+        run_id = probe.lookupByUUIDString(vm).ID()
+        probe.close()
+        state = tmp_path / "enforcement.json"
+        record = {
+            "name": "vm-b",
+            "run_id": run_id,
+            "since_s": 1.0,
+            "originals": {"blkio_weight": 321},
+        }
+        state.write_text(json.dumps({"version": 1, "backend": "libvirt", "vms": {vm: record}}))
+        toml = tmp_path / "agent.toml"
+        toml.write_text(
+            f'[agent]\nlibvirt_uri = "test://{node}"\nenforcement_state_path = "{state}"\n'
+            f'host = "cmp-1"\ndaemon_url = "{d.url}"\ntoken = "{token_of("cmp-1")}"\n'
+        )
+        out = subprocess.run(
+            [str(AGENT), "--config", str(toml), "--restore-all"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        assert "the restore is recorded in the daemon's enforcement log" in out.stderr
+        last = [r for r in log_rows(d) if r[0] is not None][-1]
+        assert last[:4] == ("a", "cmp-1", "host_restore", "ok")
+        assert json.loads(last[4]) == {"vm": vm, "blkio_weight": 321}
+        assert "gmd-agent --restore-all, reported by host cmp-1" in last[5]
+        ((host, kind, status, after, reason),) = host_wide_rows(d)
+        assert (host, kind, status, json.loads(after)) == (
+            "cmp-1",
+            "host_restore",
+            "ok",
+            {"all": True},
+        )
+        assert reason.startswith("gmd-agent --restore-all on host cmp-1: every VM gmd had changed")
+        assert enforced(d, "on")["a"][2] == "not applied"
+
+
+def test_a_restore_all_report_ends_what_the_host_had_applied_even_unlisted(
+    database_url: str,
+) -> None:
+    """The agent's state file had lost a VM it had throttled: --restore-all lists nothing, but
+    says everything on the host is back; the daemon believes it for that host's VMs only."""
+    uses: list[Use] = [
+        ("cmp-1", "a1", "a", 90.0),
+        ("cmp-1", "b1", "b", 30.0),
+        ("cmp-2", "a2", "a", 90.0),
+        ("cmp-2", "b2", "b", 30.0),
+    ]
+    with cloud(database_url, "on", [uses, uses, uses]) as d:
+        assert report(d, "cmp-1", [applied("a1")]).status_code == 200
+        assert report(d, "cmp-2", [applied("a2")]).status_code == 200
+        assert report(d, "cmp-1", [], restore_all=True).json() == {"recorded": 1, "ignored": []}
+        assert [h for h, *_ in host_wide_rows(d)] == ["cmp-1"]
+        assert enforced(d, "on")["a"][2] == "applied"  # a2 on cmp-2 still is
+        assert report(d, "cmp-2", [], restore_all=True).status_code == 200
+        assert enforced(d, "on")["a"][2] == "not applied"

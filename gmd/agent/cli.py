@@ -11,6 +11,7 @@ import json
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -28,6 +29,7 @@ from gmd.common import logs
 from gmd.common.cli import LogLevelOption, version_option
 from gmd.common.config import DEFAULT_PATH, ConfigError
 from gmd.common.timespec import iso
+from gmd.wire import MAX_REPORT_RESULTS, PlanReport, VmApplyResult
 
 if TYPE_CHECKING:
     from gmd.agent.apply.base import PlanApplier
@@ -227,6 +229,7 @@ def _restore_all(config: AgentConfig) -> None:
         applier.close()
     for r in results:
         print(json.dumps(r.model_dump()))
+    _report_restore(config, results, everything=not left)
     if left:
         log.error(
             "%d VM(s) could not be restored (still in %s): %s",
@@ -236,6 +239,42 @@ def _restore_all(config: AgentConfig) -> None:
         )
         raise typer.Exit(1)
     log.info("every VM gmd had changed is back to its original settings")
+
+
+def _report_restore(config: AgentConfig, results: list[VmApplyResult], *, everything: bool) -> None:
+    """Tell the daemon what --restore-all put back (``restore_all`` when it put back every VM
+    gmd had changed), so that its log and standings stop counting them as throttled. The
+    restore stands whether or not the daemon hears of it: a failure is a warning."""
+    if config.daemon_url is None:
+        log.warning(
+            "agent.daemon_url is not set: the daemon was not told of the restore, and still"
+            " counts these VMs as throttled until this host's agent reports again"
+        )
+        return
+    client = DaemonClient(config.daemon_url, config.token, timeout_s=config.timeout_s)
+    chunks = [
+        results[k : k + MAX_REPORT_RESULTS] for k in range(0, len(results), MAX_REPORT_RESULTS)
+    ]
+    try:
+        for k, chunk in enumerate(chunks or [[]]):
+            last = k == max(len(chunks) - 1, 0)
+            report = PlanReport(
+                generated_s=int(time.time()), results=chunk, restore_all=everything and last
+            )
+            outcome = client.post_report(config.host, report)
+            if outcome.kind != "delivered":
+                break
+    finally:
+        client.close()
+    if outcome.kind == "delivered":
+        log.info("the restore is recorded in the daemon's enforcement log")
+    else:
+        log.warning(
+            "the daemon was not told of the restore (%s%s): it counts these VMs as throttled"
+            " until this host's agent reports again",
+            f"HTTP {outcome.status}: " if outcome.status else "",
+            outcome.detail,
+        )
 
 
 def _dry_run(
