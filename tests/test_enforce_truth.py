@@ -37,6 +37,7 @@ from tests.daemon_support import (
 from tests.test_enforce_applier import NODE, UUID_B
 
 AGENT = Path(sys.executable).with_name("gmd-agent")
+ADMIN = AGENT.with_name("gmd-admin")
 
 CMP1 = HostSpec("cmp-1", cpu_cores=2, memory_bytes=8e9, disk_bytes_per_s=1e8)
 CMP2 = HostSpec("cmp-2", cpu_cores=2, memory_bytes=8e9, disk_bytes_per_s=1e8)
@@ -305,3 +306,29 @@ def test_a_restore_all_report_ends_what_the_host_had_applied_even_unlisted(
         assert enforced(d, "on")["a"][2] == "applied"  # a2 on cmp-2 still is
         assert report(d, "cmp-2", [], restore_all=True).status_code == 200
         assert enforced(d, "on")["a"][2] == "not applied"
+
+
+def test_gmd_admin_enforce_shows_the_plan_without_being_asked(tmp_path: Path) -> None:
+    """``gmd-admin enforce`` shows levels, plans and caps, as ``--plan`` (still accepted) does;
+    it used to exit 2 asking for --plan, its only mode."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    with cloud(url, "on", THREE_THEN_TWO[:3]):
+        pass
+    toml = tmp_path / "gmd.toml"
+    toml.write_text(f'[database]\nurl = "{url}"\n[enforcement]\nmode = "on"\n')
+
+    def enforce(*args: str) -> Any:
+        out = subprocess.run(
+            [str(ADMIN), "--config", str(toml), "enforce", *args, "--format", "json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    shown = enforce()
+    assert shown == enforce("--plan")
+    assert set(shown) == {"mode", "levels", "plans", "caps"} and shown["mode"] == "on"
+    assert [r["customer"] for r in shown["levels"]] == ["a"]
+    assert {p["uuid"] for p in shown["plans"]} == {as_uuid(v) for v in ("a1", "a2", "a3")}

@@ -574,9 +574,11 @@ def enforce_command(
     plan: Annotated[
         bool,
         typer.Option(
-            "--plan", help="Show what enforcement does now: levels, and every host's plan."
+            "--plan",
+            help="What enforce shows anyway (levels, and every host's plan); kept so that"
+            " scripts written for it still run.",
         ),
-    ] = False,
+    ] = True,
     host: Annotated[str | None, typer.Option(help="Only this host's plan.")] = None,
     *,
     out: Output,
@@ -594,8 +596,7 @@ def enforce_command(
     """
     from gmd.daemon.ledger.lookup import UnknownHost
 
-    if not plan:
-        raise _fail("say what to show: --plan")
+    del plan  # accepted for compatibility: the plan is what enforce shows
     config = _load_config(ctx)
     try:
         with _reading(ctx) as engine, engine.connect() as conn:
