@@ -157,17 +157,18 @@ def test_numbers_in_configuration_errors_read_as_written(tmp_path: Path) -> None
     bad.write_text("[agent]\nmetrics_port = 70000\n")
     out = run("--config", str(bad))
     assert out.returncode == 2
-    assert out.stderr.splitlines()[-1].endswith(
-        f"ERROR gmd.agent: {bad}: agent.metrics_port: 70000 is not in [0, 65535]"
-    )
+    assert out.stderr.splitlines() == [
+        f"gmd-agent: error: {bad}: agent.metrics_port: 70000 is not in [0, 65535]"
+    ]
 
 
 def test_a_bogus_log_level_names_the_choices_and_exits_2() -> None:
     out = run("--log-level", "loud")
     assert out.returncode == 2
-    assert (
-        "Error: Invalid value for '--log-level': 'loud' is not one of debug, info, warning, error\n"
-    ) in out.stderr
+    assert out.stderr == (
+        "gmd-agent: error: invalid value for '--log-level': 'loud' is not one of debug, info,"
+        " warning, error (see gmd-agent --help)\n"
+    )
     assert "Value error" not in out.stderr and "Traceback" not in out.stderr
 
 

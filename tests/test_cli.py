@@ -5,13 +5,16 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from gmd.common.cli import ExitCode
 from gmd.fairness import greediness
+from tests.test_standings import ledger_config  # noqa: F401 - the fixture
 
 BIN = Path(sys.executable).parent
 
@@ -170,3 +173,83 @@ def test_help_says_a_customer_is_named_by_uuid_or_name(command: list[str]) -> No
     text = " ".join(out.stdout.split())
     assert "project uuid or project name" in text
     assert "(project uuid)" not in text
+
+
+ERROR_LINE = r"{program}: error: \S.*"
+
+
+def one_error_line(out: subprocess.CompletedProcess[str], program: str, code: int) -> None:
+    """The one way a gmd program ends with an error: ``PROGRAM: error: WHAT`` as the only line
+    on stderr, no traceback, and the documented code."""
+    assert out.returncode == code, (out.returncode, out.stderr)
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1, out.stderr
+    assert re.fullmatch(ERROR_LINE.format(program=program), lines[0]), lines[0]
+    assert "Traceback" not in out.stderr
+
+
+def configs(tmp_path: Path) -> dict[str, Path]:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[accounting]\ngamma = 2\n[agent]\ntick_s = 0\n")
+    dead = tmp_path / "dead.toml"
+    dead.write_text('[database]\nurl = "postgresql+psycopg://gmd:pw@127.0.0.1:1/gmd"\n')
+    return {"bad": bad, "dead": dead}
+
+
+@pytest.mark.parametrize(
+    ("program", "args", "code"),
+    [
+        ("gmd-admin", ["standings", "--bogus"], ExitCode.USAGE),
+        ("gmd-admin", ["standings", "--sort", "nope"], ExitCode.USAGE),
+        ("gmd-admin", ["nosuch"], ExitCode.USAGE),
+        ("gmd-admin", ["explain"], ExitCode.USAGE),
+        ("gmd-admin", ["gm", "--scenario", "S32", "--gamma", "3"], ExitCode.USAGE),
+        ("gmd-admin", ["--config", "{bad}", "standings"], ExitCode.USAGE),
+        ("gmd-admin", ["--config", "{dead}", "standings"], ExitCode.UNAVAILABLE),
+        ("gmd-admin", ["--config", "{dead}", "db", "current"], ExitCode.UNAVAILABLE),
+        ("gmd-admin", ["--config", "{dead}", "report", "--from", "yesterday"], ExitCode.USAGE),
+        ("gmd-daemon", ["--log-level", "bogus"], ExitCode.USAGE),
+        ("gmd-daemon", ["--nope"], ExitCode.USAGE),
+        ("gmd-daemon", ["--config", "{bad}"], ExitCode.USAGE),
+        ("gmd-daemon", ["--config", "{dead}"], ExitCode.UNAVAILABLE),
+        ("gmd-agent", ["--log-level", "loud"], ExitCode.USAGE),
+        ("gmd-agent", ["--config", "{bad}", "--once"], ExitCode.USAGE),
+    ],
+)
+def test_every_error_is_one_line_with_a_documented_code(
+    tmp_path: Path, program: str, args: list[str], code: ExitCode
+) -> None:
+    """Errors came in three formats (issue 27): "gmd-admin: error: …", "gmd-admin: …", and
+    click's three-line usage message; the services logged theirs as log records. Now one."""
+    where = configs(tmp_path)
+    out = run(*(a.format(**where) for a in args), script=program)
+    one_error_line(out, program, code)
+    assert "pw@" not in out.stderr
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_errors_about_the_ledger_are_one_line_with_a_documented_code(
+    ledger_config: Path,  # noqa: F811
+) -> None:
+    cases = [
+        (["explain", "nobody"], ExitCode.NOT_FOUND),
+        (["report", "--customer", "nobody"], ExitCode.NOT_FOUND),
+        (
+            ["standings", "--customer", "a", "--customer", "zz", "--customer", "yy"],
+            ExitCode.NOT_FOUND,
+        ),
+        (["batches", "drop", "nope", "--reason", "typo"], ExitCode.NOT_FOUND),
+        (["actions", "--customer", "nobody"], ExitCode.NOT_FOUND),
+        (["report", "--from", "yesterday"], ExitCode.USAGE),
+        (["standings", "-c", "nope"], ExitCode.USAGE),
+        (["reset", "a", "--reason", " ", "--yes"], ExitCode.USAGE),
+    ]
+    for args, code in cases:
+        one_error_line(run("--config", str(ledger_config), *args), "gmd-admin", code)
+
+
+def test_the_exit_code_table_is_documented() -> None:
+    """docs/cli.md's table holds exactly the codes of gmd.common.cli.ExitCode."""
+    text = (Path(__file__).parents[1] / "docs" / "cli.md").read_text()
+    documented = {int(m) for m in re.findall(r"^\| (\d+) \|", text, flags=re.MULTILINE)}
+    assert documented == {int(c) for c in ExitCode}

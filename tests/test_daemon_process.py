@@ -278,7 +278,7 @@ def test_sigterm_mid_catch_up_stops_within_seconds_and_exits_0(tmp_path: Path) -
     assert states.get("accounted", 0) >= 5
 
 
-def test_an_address_in_use_exits_3_naming_it(tmp_path: Path) -> None:
+def test_an_address_in_use_exits_4_naming_it(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -287,7 +287,7 @@ def test_an_address_in_use_exits_3_naming_it(tmp_path: Path) -> None:
         done = subprocess.run(
             [str(DAEMON), "--config", str(config)], capture_output=True, text=True, timeout=60
         )
-    assert done.returncode == 3, done.stderr
+    assert done.returncode == 4, done.stderr
     assert f"cannot listen on 127.0.0.1 port {port}: Address already in use" in done.stderr
     assert "Traceback" not in done.stderr
 
@@ -301,10 +301,10 @@ def test_a_bogus_log_level_is_an_option_error(tmp_path: Path) -> None:
         timeout=60,
     )
     assert done.returncode == 2
-    assert (
-        "Error: Invalid value for '--log-level': 'bogus' is not one of debug, info, warning,"
-        " error\n"
-    ) in done.stderr
+    assert done.stderr == (
+        "gmd-daemon: error: invalid value for '--log-level': 'bogus' is not one of debug, info,"
+        " warning, error (see gmd-daemon --help)\n"
+    )
     assert "Value error" not in done.stderr and "Traceback" not in done.stderr
 
 
@@ -343,7 +343,7 @@ def test_configuration_errors_show_numbers_as_written(
     done = run_daemon(config)
     assert done.returncode == 2, done.stderr
     lines = done.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].endswith(f" ERROR gmd.daemon: {config}: {message}")
+    assert lines == [f"gmd-daemon: error: {config}: {message}"]
     assert "Value error" not in done.stderr
 
 
@@ -369,11 +369,11 @@ def test_a_signal_stops_an_idle_daemon_with_0(tmp_path: Path, stop: signal.Signa
     assert "Traceback" not in log.read_text()
 
 
-def test_an_address_not_on_this_host_exits_3_naming_it(tmp_path: Path) -> None:
+def test_an_address_not_on_this_host_exits_4_naming_it(tmp_path: Path) -> None:
     port = free_port()
     config = write_config(tmp_path / "gmd.toml", f"sqlite:///{tmp_path / 'l.db'}", port)
     done = run_daemon(config, "--bind", "192.0.2.1")  # TEST-NET-1: on no host
-    assert done.returncode == 3, done.stderr
+    assert done.returncode == 4, done.stderr
     assert f"cannot listen on 192.0.2.1 port {port}: Cannot assign requested address" in (
         done.stderr
     )

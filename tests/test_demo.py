@@ -198,7 +198,7 @@ def test_the_demo_refuses_more_days_than_its_traces_cover(tmp_path: Path) -> Non
     result = CliRunner().invoke(app, ["demo", "--dir", str(tmp_path / "d"), "--days", "4"])
     assert result.exit_code == 1
     assert result.stderr.count("\n") == 1, result.stderr
-    assert f"gmd-admin demo: --days 4: the traces in {TRACES}" in result.stderr
+    assert f"gmd-admin: error: demo: --days 4: the traces in {TRACES}" in result.stderr
     assert "cover 3.04 days: give --days 3.03 or fewer, or --traces DIR" in result.stderr
     assert not (tmp_path / "d").exists()
 

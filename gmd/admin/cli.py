@@ -26,7 +26,15 @@ from gmd.admin.calculator import (
 )
 from gmd.admin.output import Format, Listing, Output, View, emit, output_options
 from gmd.admin.render import json_text, yaml_text
-from gmd.common.cli import choice, version_option
+from gmd.common.cli import (
+    ExitCode,
+    choice,
+    exit_codes_help,
+    fail,
+    notice,
+    run,
+    version_option,
+)
 from gmd.common.config import DEFAULT_PATH, ConfigError
 from gmd.common.timespec import iso as iso_time, parse_time
 from gmd.daemon.config import Config, load as load_config
@@ -58,9 +66,8 @@ app = typer.Typer(
     "Listing commands take the openstack client's output options (-f table|csv|json|value|yaml,"
     " -c COLUMN, --sort-column, --noheader, --max-width, --noindent) and Slurm's -P (pipe-"
     "separated). Tables fit the terminal and are plain columns when piped.\n\n"
-    "Exit codes, for every command: 0 done (also when there is nothing to show), 1 the"
-    " database (or a file to write) is unavailable, 2 bad configuration or option, 3 what was"
-    " asked about does not exist (a customer, host or batch).",
+    + exit_codes_help()
+    + " Every error is one line on stderr: gmd-admin: error: WHAT.",
     no_args_is_help=True,
     add_completion=False,
     rich_markup_mode=None,
@@ -69,11 +76,6 @@ app = typer.Typer(
 NAMED = "project uuid or project name"
 """How every command that takes a customer says it may be named: the ledger's lookup
 (:mod:`gmd.daemon.ledger.lookup`) takes either, so every help says so in these words."""
-
-EXIT_UNAVAILABLE = 1
-EXIT_BAD_INPUT = 2
-EXIT_NOT_FOUND = 3
-"""What a command asked about does not exist: an unknown customer, host or batch."""
 
 
 @dataclass(frozen=True)
@@ -120,7 +122,7 @@ def _load_config(ctx: typer.Context) -> Config:
     try:
         return load_config(_options(ctx).config)
     except ConfigError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
 
 
 db_app = typer.Typer(
@@ -145,7 +147,7 @@ def _engine(ctx: typer.Context, *, replica: bool = False) -> Engine:
     try:
         return migrate.engine_for(url)
     except (SQLAlchemyError, OSError) as exc:
-        raise _fail(f"database {key} {_shown(url)!r}: {exc}") from None
+        raise fail(f"database {key} {_shown(url)!r}: {exc}") from None
 
 
 def _read_only(engine: Engine) -> Engine:
@@ -168,7 +170,7 @@ def _read_only(engine: Engine) -> Engine:
 
 
 def _db_error(engine: Engine, exc: Exception, hint: str = "") -> typer.Exit:
-    return _fail(f"database {_shown(str(engine.url))}: {exc}{hint}", EXIT_UNAVAILABLE)
+    return fail(f"database {_shown(str(engine.url))}: {exc}{hint}", ExitCode.UNAVAILABLE)
 
 
 @contextmanager
@@ -206,10 +208,10 @@ def _reading(ctx: typer.Context, *, schema: bool = True) -> Iterator[Engine]:
             else f"the default ledger: there is no configuration at {DEFAULT_PATH}; give"
             " --config FILE or set GMD_CONFIG"
         )
-        raise _fail(
+        raise fail(
             f"no ledger at {file} ({where}); gmd-daemon creates it when it starts, or run"
             " `gmd-admin db upgrade`",
-            EXIT_UNAVAILABLE,
+            ExitCode.UNAVAILABLE,
         )
     with _database(ctx, replica=replica) as engine:
         reading = _read_only(engine)
@@ -231,11 +233,11 @@ def _check_schema(engine: Engine) -> None:
         return
     url = _shown(str(engine.url))
     if revision is None:
-        raise _fail(f"no ledger schema in {url}: run `gmd-admin db upgrade`", EXIT_UNAVAILABLE)
-    raise _fail(
+        raise fail(f"no ledger schema in {url}: run `gmd-admin db upgrade`", ExitCode.UNAVAILABLE)
+    raise fail(
         f"the ledger in {url} is at schema {revision}, this gmd reads {migrate.head()}: run"
         " `gmd-admin db upgrade` (or, if the ledger is newer, upgrade gmd)",
-        EXIT_UNAVAILABLE,
+        ExitCode.UNAVAILABLE,
     )
 
 
@@ -329,12 +331,7 @@ def _times(*given: str | None) -> tuple[float | None, ...]:
     try:
         return tuple(None if t is None else parse_time(t, now) for t in given)
     except ValueError as exc:
-        raise _fail(str(exc)) from None
-
-
-def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
-    typer.echo(f"gmd-admin: error: {message}", err=True)
-    return typer.Exit(code)
+        raise fail(str(exc)) from None
 
 
 @app.command("gm")
@@ -407,9 +404,9 @@ def gm_command(
     """
     sources = sum(x is not None for x in (scenario, csv_file)) + bool(use)
     if sources != 1:
-        raise _fail("give exactly one of --scenario, --csv or --use (with --supply)")
+        raise fail("give exactly one of --scenario, --csv or --use (with --supply)")
     if resources is not None and not use:
-        raise _fail(
+        raise fail(
             "--resources names the columns of --supply/--use; CSV files name them in the header"
         )
     try:
@@ -426,7 +423,7 @@ def gm_command(
         w = None if weights is None else parse_amounts(weights, "--weights")
         result = judge(situation, gamma=gamma, weights=w)
     except ValueError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
 
     credit = ", ".join(f"{r} {k:.3g}" for r, k in result.credit.items())
     emit(
@@ -512,9 +509,13 @@ def standings_command(
         out,
     )
     if missing:
-        for c in missing:
-            typer.echo(f"gmd-admin: customer {c!r} has no standing in the ledger", err=True)
-        raise typer.Exit(3)
+        listed = ", ".join(repr(c) for c in missing)
+        raise fail(
+            f"customer {listed} has no standing in the ledger"
+            if len(missing) == 1
+            else f"customers {listed} have no standing in the ledger (the others are shown)",
+            ExitCode.NOT_FOUND,
+        )
 
 
 @app.command("actions")
@@ -555,7 +556,7 @@ def actions_command(
             uuid = None if customer is None else customer_uuid(conn, customer)
             rows = list_actions(conn, from_s=from_s, to_s=to_s, customer=uuid, limit=limit)
     except UnknownCustomer as exc:
-        raise _fail(str(exc), EXIT_NOT_FOUND) from None
+        raise fail(str(exc), ExitCode.NOT_FOUND) from None
     caption = f"{len(rows)} action(s)" + (" — none recorded" if not rows else "")
     if limit is not None and len(rows) == limit:
         caption += f" (the newest {limit})"
@@ -603,7 +604,7 @@ def enforce_command(
             level_rows = enforcement_levels(conn, config.enforcement)
             plan_rows, cap_rows = enforcement_plans(conn, config.enforcement, host)
     except UnknownHost as exc:
-        raise _fail(str(exc), EXIT_NOT_FOUND) from None
+        raise fail(str(exc), ExitCode.NOT_FOUND) from None
     mode = config.enforcement.mode
     note = {"off": "off: nothing is decided", "dry-run": "dry-run: recorded, not applied"}
     emit(
@@ -725,15 +726,15 @@ def report_command(
     from gmd.daemon.reports.usage import GROUPS, report as usage_report
 
     if group_by not in GROUPS:
-        raise _fail(f"cannot group by {group_by!r}; choose one of {', '.join(GROUPS)}")
+        raise fail(f"cannot group by {group_by!r}; choose one of {', '.join(GROUPS)}")
     now = time.time()
     try:
         from_s = parse_time(from_, now)
         to_s = parse_time(to, now)
     except ValueError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     if to_s <= from_s:
-        raise _fail(f"--from {iso_time(from_s)} is not before --to {iso_time(to_s)}")
+        raise fail(f"--from {iso_time(from_s)} is not before --to {iso_time(to_s)}")
     bar = None
     if sys.stderr.isatty():  # a progress bar only for people watching, never into pipes
         from rich.console import Console
@@ -759,13 +760,12 @@ def report_command(
                 progress=None if bar is None else progress,
             )
     except UnknownCustomer as exc:
-        typer.echo(f"gmd-admin: {exc}", err=True)
-        raise typer.Exit(3) from None
+        raise fail(str(exc), ExitCode.NOT_FOUND) from None
     except ValueError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     empty = result.emptiness()
     if empty is not None:
-        typer.echo(f"gmd-admin: nothing to report: {empty}", err=True)
+        notice(f"nothing to report: {empty}")
     # The report's own range (whole seconds), as its notes show it: one "now" per report.
     title = f"Usage by {group_by}, {iso_time(result.from_s)} to {iso_time(result.to_s)}"
     emit(
@@ -812,19 +812,18 @@ def reset_command(
     from gmd.daemon.ledger.resets import reset_balance
 
     if not reason.strip():
-        raise _fail("--reason must say why (it is kept in the enforcement log)")
+        raise fail("--reason must say why (it is kept in the enforcement log)")
     if not yes:
         if not sys.stdin.isatty():
-            raise _fail("not on a terminal: confirm the reset with --yes")
+            raise fail("not on a terminal: confirm the reset with --yes")
         if not typer.confirm(f"Reset the balance of {customer} to zero?"):
-            raise _fail("not reset")
+            raise fail("not reset")
     requester = by or getpass.getuser()
     try:
         with _database(ctx) as engine:
             result = reset_balance(engine, customer, reason, requester)
     except UnknownCustomer as exc:
-        typer.echo(f"gmd-admin: {exc}", err=True)
-        raise typer.Exit(3) from None
+        raise fail(str(exc), ExitCode.NOT_FOUND) from None
     if not result.recorded:
         typer.echo(
             f"{customer}: already reset (balance {result.previous_balance:.6g} dropped; accounting"
@@ -832,7 +831,7 @@ def reset_command(
             if result.previous_balance
             else f"{customer}: the balance is already 0",
         )
-        typer.echo("nothing recorded", err=True)
+        notice("nothing recorded")
         return
     typer.echo(
         f"{customer}: balance {result.previous_balance:.6g} reset to 0 by {requester};"
@@ -901,7 +900,7 @@ def batches_command(
                 conn, states=states or None, host=host, from_s=from_s, to_s=to_s, limit=limit
             )
     except UnknownHost as exc:
-        raise _fail(str(exc), EXIT_NOT_FOUND) from None
+        raise fail(str(exc), ExitCode.NOT_FOUND) from None
     what = "quarantined " if states == (BatchState.quarantined,) else ""
     caption = f"{len(rows)} {what}batch(es)" + (f" (at most {limit})" if len(rows) == limit else "")
     emit(
@@ -916,15 +915,14 @@ def _decide(ctx: typer.Context, key: str, reason: str, by: str | None, release: 
     from gmd.daemon.ledger import quarantine
 
     if not reason.strip():
-        raise _fail("--reason must say why (it is kept in the enforcement log)")
+        raise fail("--reason must say why (it is kept in the enforcement log)")
     requester = by or getpass.getuser()
     decide = quarantine.release if release else quarantine.drop
     try:
         with _database(ctx) as engine, migrate.writer(engine).begin() as conn:
             row = decide(conn, key, reason, requester)
     except quarantine.BatchDecisionError as exc:
-        typer.echo(f"gmd-admin: {exc}", err=True)
-        raise typer.Exit(3) from None
+        raise fail(str(exc), ExitCode.NOT_FOUND) from None
     done = (
         "released: its samples are kept as late ones (reports show them; no accounted interval"
         " changes)"
@@ -1016,20 +1014,18 @@ def explain_command(
     from gmd.daemon.reports.explain import NothingToExplain, explain, render_summary, render_text
 
     if fmt in (Format.csv, Format.value):
-        raise _fail(f"explain writes text, JSON or YAML (-f table|json|yaml), not {fmt.upper()}")
+        raise fail(f"explain writes text, JSON or YAML (-f table|json|yaml), not {fmt.upper()}")
     if at is not None and (from_ is not None or to is not None):
-        raise _fail("give either --at or --from/--to, not both")
+        raise fail("give either --at or --from/--to, not both")
     at_s, from_s, to_s = _times(at, from_, to)
     config = _load_config(ctx)
     try:
         with _reading(ctx) as engine, engine.connect() as conn:
             result = explain(conn, config, customer, at_s=at_s, from_s=from_s, to_s=to_s)
     except UnknownCustomer as exc:
-        typer.echo(f"gmd-admin: {exc}", err=True)
-        raise typer.Exit(3) from None
+        raise fail(str(exc), ExitCode.NOT_FOUND) from None
     except NothingToExplain as exc:
-        typer.echo(f"gmd-admin: nothing to explain for {customer}: {exc}", err=True)
-        raise typer.Exit(3) from None
+        raise fail(f"nothing to explain for {customer}: {exc}", ExitCode.NOT_FOUND) from None
     if fmt in (Format.json, Format.yaml):
         document = result.document()
         if summary:
@@ -1124,7 +1120,7 @@ def simulate_command(
             reference=ref,
         )
     except (ValueError, OSError) as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     table = shown(result)
     emit(
         Listing(
@@ -1206,12 +1202,12 @@ def plot_command(
     try:
         fmt = plotting.output_format(output)
     except ValueError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     if customer and top is not None:
-        raise _fail("--top chooses customers when no --customer is given: give one or the other")
+        raise fail("--top chooses customers when no --customer is given: give one or the other")
     from_s, to_s = _times(from_, to)
     if from_s is not None and to_s is not None and from_s >= to_s:
-        raise _fail(
+        raise fail(
             f"--from {from_} ({iso_time(from_s)}) is not before --to {to} ({iso_time(to_s)})"
         )
     config = _load_config(ctx)
@@ -1225,13 +1221,12 @@ def plot_command(
                 to_s=to_s,
             )
     except (UnknownCustomer, EmptyRange) as exc:
-        typer.echo(f"gmd-admin: {exc}", err=True)
-        raise typer.Exit(3) from None
+        raise fail(str(exc), ExitCode.NOT_FOUND) from None
     figure = plotting.draw(data, config.enforcement.policy, config.enforcement.mode)
     try:
         plotting.save(figure, output, fmt)
     except OSError as exc:
-        raise _fail(f"cannot write {output}: {exc}", EXIT_UNAVAILABLE) from None
+        raise fail(f"cannot write {output}: {exc}", ExitCode.UNAVAILABLE) from None
     line = data.timeline
     # named as the legend names them
     drawn = [data.label(c) for c in data.customers]
@@ -1297,12 +1292,11 @@ def demo_command(
         found = demo.PACKAGED_TRACES if traces is None else traces
         demo.run(directory, found, vms=vms, hosts=hosts, days=days, cores_per_host=cores)
     except demo.DemoError as exc:
-        typer.echo(f"gmd-admin demo: {exc}", err=True)
-        raise typer.Exit(1) from None
+        raise fail(f"demo: {exc}", ExitCode.UNAVAILABLE) from None
 
 
 def main() -> None:
-    app()
+    run(app, "gmd-admin")
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from gmd.admin.render import (
     value_text,
     yaml_text,
 )
-from gmd.common.cli import choice
+from gmd.common.cli import ExitCode, choice, fail
 
 
 class Format(StrEnum):
@@ -289,8 +289,7 @@ def emit(listing: Listing, out: Output) -> None:
     try:
         text = render(listing, out)
     except OutputError as exc:
-        typer.echo(f"gmd-admin: error: {exc}", err=True)
-        raise typer.Exit(2) from None
+        raise fail(str(exc), ExitCode.USAGE) from None
     sys.stdout.write(text)
 
 

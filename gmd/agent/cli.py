@@ -26,7 +26,7 @@ from gmd.agent.loop import Agent, AgentMetrics, dry_run_batch, new_key
 from gmd.agent.sender import Sender
 from gmd.agent.spool import Spool, SpoolError
 from gmd.common import logs
-from gmd.common.cli import LogLevelOption, version_option
+from gmd.common.cli import ExitCode, LogLevelOption, fail, run, version_option
 from gmd.common.config import DEFAULT_PATH, ConfigError
 from gmd.common.timespec import iso
 from gmd.wire import MAX_REPORT_RESULTS, PlanReport, VmApplyResult
@@ -66,8 +66,7 @@ def _applier(config: AgentConfig) -> PlanApplier | None:
             config.libvirt_uri, state_path=config.enforcement_state_path, domains=config.domains
         )
     except (EnforcementStateError, CgroupError) as exc:
-        log.error("enforcement: %s", exc)
-        raise typer.Exit(1) from None
+        raise fail(f"enforcement: {exc}", ExitCode.UNAVAILABLE) from None
 
 
 def _libvirt_collector(config: AgentConfig) -> Collector:
@@ -77,12 +76,11 @@ def _libvirt_collector(config: AgentConfig) -> Collector:
     try:
         from gmd.agent.collect.libvirt import LibvirtCollector
     except ImportError as exc:
-        log.error(
-            "the libvirt Python binding is missing (%s): pip install libvirt-python"
+        raise fail(
+            f"the libvirt Python binding is missing ({exc}): pip install libvirt-python"
             " (it builds a C extension: apt-get install libvirt-dev python3-dev pkg-config gcc)",
-            exc,
-        )
-        raise typer.Exit(1) from None
+            ExitCode.UNAVAILABLE,
+        ) from None
     kind = config.collector
     if kind == "auto":
         from gmd.agent.collect.kernel import kernel_collector_fits
@@ -126,8 +124,7 @@ def _replay_collector(config: AgentConfig) -> tuple[ReplayCollector, ReplayClock
     try:
         return replay_from_config(config)
     except ReplayError as exc:
-        log.error("%s", exc)
-        raise typer.Exit(1) from None
+        raise fail(str(exc), ExitCode.UNAVAILABLE) from None
 
 
 def _replay_key(config: AgentConfig, clock: ReplayClock) -> Callable[[str, int], str]:
@@ -138,8 +135,7 @@ def _replay_key(config: AgentConfig, clock: ReplayClock) -> Callable[[str, int],
     try:
         return replay_key(replay_id(config, clock), clock)
     except ReplayError as exc:
-        log.error("%s", exc)
-        raise typer.Exit(1) from None
+        raise fail(str(exc), ExitCode.UNAVAILABLE) from None
 
 
 @app.command()
@@ -192,14 +188,14 @@ def agent(
     traces replayed over simulated time (agent.replay_*), and the agent exits when the replay
     is done. Exit codes: 0 stopped cleanly (or the replay is done), 1 the host, the traces, the
     spool or the enforcement state cannot be used (or --restore-all left VMs unrestored, or a
-    replay's batches were not all delivered), 2 bad configuration or option.
+    replay's batches were not all delivered), 2 bad configuration or option. Why it stopped is
+    one line on stderr: gmd-agent: error: WHAT.
     """
     logs.setup(log_level.value, quiet=("httpx",))
     try:
         config = load_agent(config_path)
     except ConfigError as exc:
-        log.error("%s", exc)
-        raise typer.Exit(2) from None
+        raise fail(str(exc), ExitCode.USAGE) from None
     if restore_all:
         _restore_all(config)
         return
@@ -231,13 +227,11 @@ def _restore_all(config: AgentConfig) -> None:
         print(json.dumps(r.model_dump()))
     _report_restore(config, results, everything=not left)
     if left:
-        log.error(
-            "%d VM(s) could not be restored (still in %s): %s",
-            len(left),
-            config.enforcement_state_path,
-            ", ".join(sorted(left)),
+        raise fail(
+            f"{len(left)} VM(s) could not be restored (still in"
+            f" {config.enforcement_state_path}): {', '.join(sorted(left))}",
+            ExitCode.UNAVAILABLE,
         )
-        raise typer.Exit(1)
     log.info("every VM gmd had changed is back to its original settings")
 
 
@@ -293,8 +287,7 @@ def _dry_run(
         else:
             doc, span_s = dry_run_batch(config, collector)
     except RuntimeError as exc:
-        log.error("%s", exc)
-        raise typer.Exit(1) from None
+        raise fail(str(exc), ExitCode.UNAVAILABLE) from None
     finally:
         collector.close()
     log.info(
@@ -310,8 +303,7 @@ def _serve(
     replay, or ticks until SIGTERM; everything it opened is closed however it ends."""
     where = str(config.path) if config.path else f"{DEFAULT_PATH} (absent: all defaults)"
     if config.daemon_url is None:
-        log.error("%s: agent.daemon_url is not set: where should batches go?", where)
-        raise typer.Exit(2)
+        raise fail(f"{where}: agent.daemon_url is not set: where should batches go?")
     try:
         spool = Spool(
             config.spool_path,
@@ -319,8 +311,7 @@ def _serve(
             max_batches=config.spool_max_batches,
         )
     except SpoolError as exc:
-        log.error("%s", exc)
-        raise typer.Exit(1) from None
+        raise fail(str(exc), ExitCode.UNAVAILABLE) from None
     key = new_key if clock is None else _replay_key(config, clock)
     client = DaemonClient(config.daemon_url, config.token, timeout_s=config.timeout_s)
     metrics = AgentMetrics()
@@ -350,7 +341,10 @@ def _serve(
         if once:
             report = runner.tick()
             if not report.reading.ok:
-                raise typer.Exit(1)
+                raise fail(
+                    "the tick could not read this host (the log above says why)",
+                    ExitCode.UNAVAILABLE,
+                )
             return
         if config.metrics_port:
             server, _thread = start_http_server(
@@ -366,8 +360,7 @@ def _serve(
         runner.run(stop)
         log.info("stopping: %d batches left in the spool for the next start", spool.size()[0])
     except SpoolError as exc:
-        log.error("%s", exc)
-        raise typer.Exit(1) from None
+        raise fail(str(exc), ExitCode.UNAVAILABLE) from None
     finally:
         if server is not None:
             server.shutdown()
@@ -415,8 +408,7 @@ def _replay(
             save_plan(runner.config, clock)
         report = replay_run(runner, clock, stop=stop, resume=clock.resumed)
     except ReplayError as exc:
-        log.error("%s", exc)
-        raise typer.Exit(1) from None
+        raise fail(str(exc), ExitCode.UNAVAILABLE) from None
     if report.finished_before:
         log.info(
             "the replay had already finished (simulated %s → %s, spool %s): nothing to replay",
@@ -437,17 +429,15 @@ def _replay(
             report.batches,
         )
     if report.waiting:
-        log.error(
-            "%d batches of the replay could not be delivered (the daemon did not take them);"
-            " they are kept in %s",
-            report.waiting,
-            runner.spool.path,
+        raise fail(
+            f"{report.waiting} batches of the replay could not be delivered (the daemon did not"
+            f" take them); they are kept in {runner.spool.path}",
+            ExitCode.UNAVAILABLE,
         )
-        raise typer.Exit(1)
 
 
 def main() -> None:
-    app()
+    run(app, "gmd-agent")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from uvicorn.config import STARTUP_FAILURE
 
 from gmd.common import logs
-from gmd.common.cli import LogLevelOption, version_option
+from gmd.common.cli import ExitCode, LogLevelOption, fail, run, version_option
 from gmd.common.config import ConfigError
 from gmd.daemon.api.app import create_app
 from gmd.daemon.api.body_limit import with_body_limit
@@ -65,7 +65,8 @@ def serve(
 
     Exit codes: 0 stopped cleanly (also on SIGTERM/SIGINT), 1 database unusable (cannot be
     reached, read or written, or at another schema), 2 bad configuration or option (TLS
-    certificate and key included), 3 cannot listen on the address (in use, or not permitted).
+    certificate and key included), 4 cannot listen on the address (in use, or not permitted).
+    Why it stopped is one line on stderr: gmd-daemon: error: WHAT.
     """
     # apscheduler and alembic's routine chatter (every scheduler tick, every schema probe)
     # would drown what matters.
@@ -73,9 +74,11 @@ def serve(
     try:
         config = load_config(config_path)
     except ConfigError as exc:
-        log.error("%s", exc)
-        raise typer.Exit(2) from None
-    engine = migrate.engine_for(config.database_url)
+        raise fail(str(exc), ExitCode.USAGE) from None
+    try:
+        engine = migrate.engine_for(config.database_url)
+    except (SQLAlchemyError, OSError) as exc:
+        raise fail(f"database url: {exc}", ExitCode.USAGE) from None
     api = create_app(config, engine, accountant=accounting)
     try:
         revision = migrate.current(engine)
@@ -83,24 +86,21 @@ def serve(
             log.info("empty ledger database: creating the schema (%s)", migrate.head())
             migrate.upgrade(engine)
         elif revision != migrate.head():
-            log.error(
-                "the ledger database is at schema %s, this gmd needs %s:"
-                " run `gmd-admin db upgrade`",
-                revision,
-                migrate.head(),
+            raise fail(
+                f"the ledger database is at schema {revision}, this gmd needs"
+                f" {migrate.head()}: run `gmd-admin db upgrade`",
+                ExitCode.UNAVAILABLE,
             )
-            raise typer.Exit(1)
         # The first write the app's start makes (the rest follows in its lifespan). A database
         # that can be read but not written (a read-only file, role or standby) then fails here,
         # as one line and exit 1, not as a lifespan traceback and uvicorn's exit 3.
         api.state.services.store.sync_organizations([config.default_owner])
     except SQLAlchemyError as exc:
-        log.error(
-            "cannot use the ledger database %s: %s",
-            engine.url.render_as_string(hide_password=True),
-            getattr(exc, "orig", None) or exc,
-        )
-        raise typer.Exit(1) from None
+        raise fail(
+            f"cannot use the ledger database {engine.url.render_as_string(hide_password=True)}:"
+            f" {getattr(exc, 'orig', None) or exc}",
+            ExitCode.UNAVAILABLE,
+        ) from None
     d = config.daemon
     server = _Server(
         uvicorn.Config(
@@ -117,10 +117,10 @@ def serve(
         # used is a configuration error (one line, exit 2), not a traceback.
         server.config.load()
     except OSError as exc:  # ssl.SSLError included
-        log.error(
-            "cannot use daemon.tls_cert %s with daemon.tls_key %s: %s", d.tls_cert, d.tls_key, exc
-        )
-        raise typer.Exit(2) from None
+        raise fail(
+            f"cannot use daemon.tls_cert {d.tls_cert} with daemon.tls_key {d.tls_key}: {exc}",
+            ExitCode.USAGE,
+        ) from None
     scheme = "https" if d.tls_cert else "http"
     log.info(
         "gmd-daemon on %s://%s:%d, ledger %s, %d s intervals, accounting %s",
@@ -135,27 +135,27 @@ def serve(
     try:
         sock = listen(*where)
     except OSError as exc:
-        log.error("cannot listen on %s port %d: %s", where[0], where[1], exc.strerror or exc)
-        raise typer.Exit(EXIT_CANNOT_LISTEN) from None
+        raise fail(
+            f"cannot listen on {where[0]} port {where[1]}: {exc.strerror or exc}",
+            ExitCode.CANNOT_LISTEN,
+        ) from None
     with sock:
         try:
             server.run(sockets=[sock])
         except SystemExit as exc:
-            # uvicorn exits 3 when the app's start (its lifespan) fails, but 3 says "cannot
-            # listen" here; that start writes to the ledger, which the check above just did,
-            # so what failed is the database (gone since), and that is 1.
+            # uvicorn exits 3 when the app's start (its lifespan) fails; that start writes to
+            # the ledger, which the check above just did, so what failed is the database (gone
+            # since), and that is 1.
             if exc.code != STARTUP_FAILURE:
                 raise
-            log.error("gmd-daemon could not start its services (see above)")
-            raise typer.Exit(1) from None
-
-
-EXIT_CANNOT_LISTEN = 3
+            raise fail(
+                "could not start its services (the log above says why)", ExitCode.UNAVAILABLE
+            ) from None
 
 
 def listen(host: str, port: int) -> socket.socket:
     """A listening socket on ``host``:``port``, bound here rather than by uvicorn so that an
-    address in use is one log line and exit 3, not uvicorn's start-up failure."""
+    address in use is one error line and exit 4, not uvicorn's start-up failure."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
@@ -188,7 +188,7 @@ class _Server(uvicorn.Server):
 
 
 def main() -> None:
-    app()
+    run(app, "gmd-daemon")
 
 
 if __name__ == "__main__":
