@@ -53,8 +53,10 @@ async def post_plan_report(
     host: str, request: Request, caller_host: Caller, services: ServicesDep
 ) -> PlanReportReceipt:
     """Record, in the enforcement log, what the host's agent did with its plan
-    (a ``PlanReport``). Results about VMs that do not run on the host as far as the ledger
-    knows are not recorded: the receipt names them in ``ignored``."""
+    (a ``PlanReport``): at most ``daemon.limits.report_rows_per_interval`` results a host an
+    interval, each error text cut to ``max_error_chars``. Results about VMs that do not run on
+    the host as far as the ledger knows are not recorded: the receipt names them in
+    ``ignored``."""
     services.auth.check_host(caller_host, host)
     check_host_name(host)
     document = json_document(request.headers.get("content-type"), await request.body())
@@ -62,13 +64,15 @@ async def post_plan_report(
         report = PlanReport.model_validate(document)
     except ValidationError as exc:
         raise validation_problem(exc.errors(), "invalid report") from None
+    limits = services.limits
+    limits.admit_rows(host, services.clock(), len(report.results))
     done = await run_in_threadpool(
         partial(
             record_host_report,
             services.engine,
             host,
             report.generated_s,
-            [r.model_dump() for r in report.results],
+            [{**r.model_dump(), "error": limits.clip_error(r.error)} for r in report.results],
             at_s=services.clock(),
             contention_intervals=services.config.enforcement.contention.intervals,
             restore_all=report.restore_all,
