@@ -24,6 +24,7 @@ from tests.daemon_support import (
     Daemon,
     HostSpec,
     aligned_past,
+    as_uuid,
     auth,
     batch,
     cpu_only,
@@ -254,6 +255,8 @@ def test_host_apply_failures_are_counted_by_action(tmp_path: Path) -> None:
             {"uuid": vm, "action": "apply", "ok": False, "error": "libvirt: domain is busy"},
             {"uuid": vm, "action": "would_restore", "ok": False, "error": "no such file"},
             {"uuid": vm, "action": "apply", "ok": True},
+            # Not the host's VM: not recorded, not counted.
+            {"uuid": as_uuid("someone-else"), "action": "apply", "ok": False, "error": "no"},
         ]
         answer = httpx.post(
             f"{d.url}/v1/plan/{H1.name}/report",

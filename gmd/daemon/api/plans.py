@@ -78,8 +78,10 @@ async def post_plan_report(
             restore_all=report.restore_all,
         )
     )
+    ignored = set(done.ignored)
     for result in report.results:
-        if not result.ok:
+        # A failure on a VM that is not the host's is not recorded, nor counted.
+        if not result.ok and result.uuid not in ignored:
             services.metrics.report_host_failure(result.action)
     return PlanReportReceipt(recorded=done.rows, ignored=done.ignored)
 
