@@ -169,3 +169,22 @@ def test_the_limits_are_configured_and_checked(tmp_path: Any) -> None:
         limited(url, batches_per_intervals=2)
     with pytest.raises(ConfigError, match=r"daemon\.limits\.max_error_chars"):
         limited(url, max_error_chars=0)
+
+
+def test_a_report_the_ledger_could_not_write_does_not_use_up_the_bound(database_url: str) -> None:
+    """A report answered 503 (the agent sends it again) gives its rows back: after the outage
+    the same report fits the bound it would otherwise have passed."""
+    from tests.test_ledger_outage import full_ledger
+
+    config = limited(database_url, report_rows_per_interval=5, max_error_chars=2000)
+    with serving(config) as d:
+        assert post(d, batch(HOST, aligned_past(2), vms(["vm-1"]))).is_success
+        with d.engine.connect() as conn:
+            uuid = conn.execute(sa.text("SELECT uuid FROM vms")).scalar_one()
+        # Rows larger than a page, so that SQLite needs room it does not have.
+        failed = {"uuid": uuid, "action": "apply", "ok": False, "error": "x" * 2000}
+        with full_ledger(d, database_url):
+            assert report(d, [failed] * 3).status_code == 503
+        again = report(d, [failed] * 3)
+        assert again.status_code == 200, again.text
+        assert again.json()["recorded"] == 3

@@ -162,6 +162,14 @@ class HostLimits:
                 )
             window.rows += rows
 
+    def release_rows(self, host: str, now_s: float, rows: int) -> None:
+        """Give back ``rows`` that :meth:`admit_rows` counted at ``now_s`` for a report that was
+        not recorded (a database error: the agent sends it again)."""
+        with self._lock:
+            window = self._windows.get(host)
+            if window is not None and window.index == math.floor(now_s / self.interval_s):
+                window.rows = max(window.rows - rows, 0)
+
     def clip_error(self, text: str | None) -> str | None:
         """A host's error text, cut to ``max_error_chars`` with a mark saying how much."""
         bound = self.config.max_error_chars

@@ -64,20 +64,24 @@ async def post_plan_report(
         report = PlanReport.model_validate(document)
     except ValidationError as exc:
         raise validation_problem(exc.errors(), "invalid report") from None
-    limits = services.limits
-    limits.admit_rows(host, services.clock(), len(report.results))
-    done = await run_in_threadpool(
-        partial(
-            record_host_report,
-            services.engine,
-            host,
-            report.generated_s,
-            [{**r.model_dump(), "error": limits.clip_error(r.error)} for r in report.results],
-            at_s=services.clock(),
-            contention_intervals=services.config.enforcement.contention.intervals,
-            restore_all=report.restore_all,
+    limits, now_s = services.limits, services.clock()
+    limits.admit_rows(host, now_s, len(report.results))
+    try:
+        done = await run_in_threadpool(
+            partial(
+                record_host_report,
+                services.engine,
+                host,
+                report.generated_s,
+                [{**r.model_dump(), "error": limits.clip_error(r.error)} for r in report.results],
+                at_s=services.clock(),
+                contention_intervals=services.config.enforcement.contention.intervals,
+                restore_all=report.restore_all,
+            )
         )
-    )
+    except BaseException:
+        limits.release_rows(host, now_s, len(report.results))
+        raise
     ignored = set(done.ignored)
     for result in report.results:
         # A failure on a VM that is not the host's is not recorded, nor counted.
