@@ -196,6 +196,11 @@ class SampleBatch(Strict):
     customer_names: Annotated[dict[Name, Name], Field(max_length=MAX_CUSTOMER_NAMES)] = {}
     """Customer → its project's name as Nova wrote it into the domains (for people; Keystone's
     name, where the daemon reads one, wins). Only customers of this batch's VMs."""
+    host_cpu_s: Amount | None = None
+    """The host's busy CPU core-seconds in the interval, all its work (its VMs, QEMU, the
+    host's own processes; ``/proc/stat`` less idle and iowait): a host saturated by other
+    work is contended though its VMs idle. Absent (an older agent, a remote hypervisor):
+    contention is judged by the VMs' use alone. A host's batches for one interval add up."""
 
     @model_validator(mode="after")
     def _names_of_this_batch(self) -> SampleBatch:

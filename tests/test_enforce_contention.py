@@ -177,6 +177,47 @@ def test_a_host_that_reported_nothing_lately_gets_no_caps(
     assert idle.caps[0].why == "not applied: cpu: no use reported in the last 3 interval(s)"
 
 
+def test_a_host_busy_with_other_work_is_contended_though_its_vms_idle(
+    database_url: str, tmp_path: Path
+) -> None:
+    """cmp-idle's VM uses 6 % of its 16 cores, but the host's agent reports the host busy
+    90 % of the time (other work: ``host_cpu_s``, here in two batches per interval, as from
+    an agent restarted mid-interval, which add up): it is contended for CPU, and a's VM there
+    gets its CPU cap. On cmp-busy the host's figure is below its VMs' use, which still counts:
+    the larger of the two decides (issue 27)."""
+    config = load(write_config(tmp_path / "gmd.toml", database_url))
+    cores_s = IDLE.capacity["cpu_cores"] * INTERVAL_S
+    with serving(config) as d:
+        for k in range(3):
+            start = FIRST + k * INTERVAL_S
+            post_doc(d, BUSY, {**batch(BUSY, start, busy_vms()), "host_cpu_s": 10.0})
+            post_doc(d, IDLE, {**batch(IDLE, start, idle_vms()), "host_cpu_s": 0.45 * cores_s})
+            rest = batch(IDLE, start, [], key=f"{IDLE.name}:{start}:restarted")
+            post_doc(d, IDLE, {**rest, "host_cpu_s": 0.45 * cores_s})
+        account(d, config, FIRST + 3 * INTERVAL_S)
+        busy, idle = fetch(d, BUSY), fetch(d, IDLE)
+        # More than the host's cores can give is refused, naming the field.
+        late = FIRST + 3 * INTERVAL_S
+        r = httpx.post(
+            f"{d.url}/v1/samples",
+            json={**batch(IDLE, late, idle_vms()), "host_cpu_s": 2.5 * cores_s},
+            headers=auth(IDLE.name),
+        )
+    (on_idle,) = idle.vms
+    assert on_idle.cpu_quota_cores == 2.0  # half of its 4 vCPUs
+    cpu = {c.resource: c for c in idle.caps}["cpu"]
+    assert (cpu.applied, cpu.reason, cpu.utilisation) == (True, "contended", pytest.approx(0.9))
+    assert cpu.why == "applied: cpu 90 % ≥ 80 %"
+    assert {c.resource: c for c in busy.caps}["cpu"].utilisation == 1.0
+    assert r.status_code == 422, r.text
+    assert "host_cpu_s = 2400 core-s is more than host cmp-idle can give" in r.json()["detail"]
+
+
+def post_doc(d: Any, host: HostSpec, doc: dict[str, Any]) -> None:
+    r = httpx.post(f"{d.url}/v1/samples", json=doc, headers=auth(host.name))
+    assert r.is_success, r.text
+
+
 def _statements(engine: sa.Engine, run: Callable[[], object]) -> list[tuple[str, Any]]:
     """The SQL ``run`` sends through ``engine``, with its parameters."""
     seen: list[tuple[str, Any]] = []

@@ -66,6 +66,8 @@ def valid_batches(draw: st.DrawFn) -> dict[str, Any]:
     if owners and draw(st.booleans()):
         named = draw(st.lists(st.sampled_from(owners), unique=True))
         batch["customer_names"] = {c: draw(st.sampled_from(NAMES)) for c in named}
+    if draw(st.booleans()):
+        batch["host_cpu_s"] = draw(st.one_of(st.none(), amounts))
     return batch
 
 
@@ -149,6 +151,7 @@ def same_record(fast: BatchRecord, slow: BatchRecord) -> None:
         assert getattr(fast, name) == getattr(slow, name), name
     assert fast.created_s == slow.created_s
     assert fast.customer_names == slow.customer_names
+    assert fast.host_cpu_s == slow.host_cpu_s and type(fast.host_cpu_s) is type(slow.host_cpu_s)
     assert [type(c) for c in fast.capacity] == [float] * 4
     assert fast.capacity == slow.capacity
     assert fast.use.tobytes() == slow.use.tobytes()

@@ -43,6 +43,10 @@ class AgentState:
     """when the host was last read successfully; ``None`` before the first reading"""
     open: dict[int, dict[str, VmTotals]] = field(default_factory=dict)
     """interval start → VM uuid → use so far"""
+    host_cpu: tuple[float, float] | None = None
+    """(when, the host's busy CPU seconds then): the last reading that gave them"""
+    open_host_cpu: dict[int, float] = field(default_factory=dict)
+    """interval start → the host's busy CPU seconds in it so far"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +54,8 @@ class ClosedInterval:
     start_s: int
     interval_s: int
     vms: dict[str, VmTotals]
+    host_cpu_s: float | None = None
+    """the host's busy CPU seconds in the interval; ``None``: not measured"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,9 +98,29 @@ def _spread(usage: Usage, shares: list[tuple[int, float]]) -> list[tuple[int, Us
     return parts
 
 
+def _host_cpu(
+    state: AgentState, reading: HostReading, interval_s: int
+) -> tuple[tuple[float, float] | None, dict[int, float]]:
+    """The host's busy CPU seconds since its last reading that gave them, spread over the
+    intervals in proportion to time as a VM's use is, and the new baseline. A counter that
+    went down (the host rebooted) counts from zero; a reading without the figure keeps the
+    baseline, so the next one measures the whole stretch."""
+    open_host = dict(state.open_host_cpu)
+    busy = reading.host_cpu_s
+    if busy is None:
+        return state.host_cpu, open_host
+    if state.host_cpu is not None:
+        since_s, before = state.host_cpu
+        delta = busy - before if busy >= before else busy
+        for start, share in split(since_s, max(reading.taken_s, since_s), interval_s):
+            open_host[start] = open_host.get(start, 0.0) + delta * share
+    return (reading.taken_s, busy), open_host
+
+
 def advance(state: AgentState, reading: HostReading, interval_s: int) -> TickResult:
     """Fold one host reading into the state; return the new state and the closed intervals."""
     open_ = {start: dict(vms) for start, vms in state.open.items()}
+    open_host = dict(state.open_host_cpu)
     spans: list[Span] = []
     if reading.ok:
         baselines = dict(state.baselines)
@@ -121,13 +147,21 @@ def advance(state: AgentState, reading: HostReading, interval_s: int) -> TickRes
         since = state.last_ok_s if state.last_ok_s is not None else reading.taken_s
         for start, _share in split(since, reading.taken_s, interval_s):
             open_.setdefault(start, {})
+        host_cpu, open_host = _host_cpu(state, reading, interval_s)
+        for start in open_host:
+            open_.setdefault(start, {})
         state = AgentState(
-            baselines, frozenset(reading.listed - reading.gone), reading.taken_s, open_
+            baselines,
+            frozenset(reading.listed - reading.gone),
+            reading.taken_s,
+            open_,
+            host_cpu,
+            open_host,
         )
     else:
-        state = replace(state, open=open_)
+        state = replace(state, open=open_, open_host_cpu=open_host)
     closed = [
-        ClosedInterval(start, interval_s, open_.pop(start))
+        ClosedInterval(start, interval_s, open_.pop(start), open_host.pop(start, None))
         for start in sorted(open_)
         if start + interval_s <= reading.taken_s
     ]
@@ -164,6 +198,7 @@ def batch_document(
         "vms": vms,
         # only when known: a batch without names is the same document as before they existed
         **({"customer_names": names} if names else {}),
+        **({"host_cpu_s": closed.host_cpu_s} if closed.host_cpu_s is not None else {}),
     }
 
 
@@ -205,6 +240,9 @@ def dump_state(state: AgentState) -> bytes:
                 }
                 for start, vms in state.open.items()
             },
+            # Absent from a state written before the host's busy time was measured.
+            "host_cpu": None if state.host_cpu is None else list(state.host_cpu),
+            "open_host_cpu": {str(start): v for start, v in state.open_host_cpu.items()},
         }
     )
 
@@ -232,4 +270,12 @@ def load_state(blob: bytes) -> AgentState:
         }
         for start, vms in doc["open"].items()
     }
-    return AgentState(baselines, frozenset(doc["listed"]), doc["last_ok_s"], open_)
+    host_cpu = doc.get("host_cpu")
+    return AgentState(
+        baselines,
+        frozenset(doc["listed"]),
+        doc["last_ok_s"],
+        open_,
+        None if host_cpu is None else (host_cpu[0], host_cpu[1]),
+        {int(start): v for start, v in doc.get("open_host_cpu", {}).items()},
+    )

@@ -91,6 +91,9 @@ class HostReading:
     busy: frozenset[str] = frozenset()
     """listed VMs not read this tick because another libvirt job held them or they did not
     answer in time: not errors (they are read at a later tick, from their last counters)"""
+    host_cpu_s: float | None = None
+    """the host's busy CPU seconds since boot, all CPUs (:mod:`gmd.agent.collect.host`: its
+    VMs and everything else it runs); ``None`` when not known (a remote or test hypervisor)"""
 
 
 @dataclass(frozen=True, slots=True)

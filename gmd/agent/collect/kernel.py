@@ -75,6 +75,7 @@ from urllib.parse import urlsplit
 import libvirt
 
 from gmd.agent.collect.base import HostReading, HostResources, Ownership, VmReading
+from gmd.agent.collect.host import HostCpu
 from gmd.agent.collect.libvirt import (
     LibvirtCollector,
     bulk_devices,
@@ -582,6 +583,7 @@ class KernelCollector:
         """readings taken at a lifecycle event, not yet superseded or sent (see _on_event)"""
         self._logged: set[str] = set()
         self._net_dev = KeptFile(self.net_dev)
+        self._host_cpu = HostCpu(proc / "stat")
         self._lock = threading.Lock()
         """held while the files are read, by a tick or at an event: the two readings of one
         VM are then in the order of their times"""
@@ -596,6 +598,7 @@ class KernelCollector:
                 if d.files is not None:
                     d.files.close()
             self._net_dev.close()
+            self._host_cpu.close()
         self._libvirt.close()
 
     def collect(self) -> HostReading:
@@ -633,6 +636,7 @@ class KernelCollector:
     def _read(self, conn: Any, listed: dict[str, tuple[Any, int]]) -> HostReading:
         lv = self._libvirt
         taken_s = self._clock()
+        host_cpu_s = self._host_cpu.read()
         describe_before = self._monotonic() - self.describe_every_s
         vms: list[VmReading] = []
         gone: set[str] = set()
@@ -698,6 +702,7 @@ class KernelCollector:
             tuple(errors),
             fallbacks=frozenset(fallback) - gone,
             busy=frozenset(busy),
+            host_cpu_s=host_cpu_s,
         )
 
     def _block_stats(

@@ -35,6 +35,7 @@ from typing import Any
 import libvirt
 
 from gmd.agent.collect.base import HostReading, HostResources, Ownership, VmReading
+from gmd.agent.collect.host import HostCpu, local_hypervisor
 from gmd.agent.collect.ownership import EVERY_DOMAIN, DomainFilter, ownership
 from gmd.agent.libvirt_conn import CONNECTION_LOST, DOMAIN_BUSY, DOMAIN_GONE, open_connection
 
@@ -159,6 +160,8 @@ class LibvirtCollector:
         self.down_reason = ""
         self._descriptions: dict[str, Description] = {}
         self._complete = False
+        self._host_cpu = HostCpu() if local_hypervisor(uri) else None
+        """the host's busy time, where the domains run on this machine"""
 
     # -- the connection ---------------------------------------------------------------------
 
@@ -204,6 +207,8 @@ class LibvirtCollector:
             with contextlib.suppress(libvirt.libvirtError):
                 self._conn.close()
             self._conn = None
+        if self._host_cpu is not None:
+            self._host_cpu.close()
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -230,6 +235,7 @@ class LibvirtCollector:
                 active = conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE)
                 pairs = [(dom, {}) for dom in active]
             taken_s = self._clock()
+            host_cpu_s = None if self._host_cpu is None else self._host_cpu.read()
         except libvirt.libvirtError as exc:
             self.lost(exc, "listing domains")
             return HostReading(self._clock(), False, errors=(self.down_reason,))
@@ -247,6 +253,7 @@ class LibvirtCollector:
             frozenset(gone),
             tuple(errors),
             busy=frozenset(busy),
+            host_cpu_s=host_cpu_s,
         )
 
     def admitted(self, listed: dict[str, tuple[Any, Any]]) -> dict[str, tuple[Any, Any]]:

@@ -655,6 +655,7 @@ class ReplayCollector:
             )
         self._resources = HostResources(float(cores), float(memory_bytes))
         self._previous_trace_s: float | None = None
+        self._final_cpu_ns: dict[tuple[str, int], int] = {}
         runs = {(vm.uuid, run.run_id): run for vm in self.vms for run in vm.trace.runs}
         self.cpu = HostCpu.of(runs, float(cores))
         if self.cpu is not None:
@@ -690,7 +691,28 @@ class ReplayCollector:
             reading = self._read(vm, t, previous, now)
             if reading is not None:
                 vms.append(reading)
-        return HostReading(now, True, tuple(vms), frozenset(v.uuid for v in vms))
+        listed = frozenset(v.uuid for v in vms)
+        return HostReading(now, True, tuple(vms), listed, host_cpu_s=self.host_cpu_s(t))
+
+    def host_cpu_s(self, t: float) -> float:
+        """The simulated host's busy CPU seconds at trace time ``t``: every run's CPU counter
+        (its final one once it ended, 0 before it began) added up. The host runs nothing but
+        its VMs, so its busy time is theirs, counters that stopped included, and it never
+        goes down (a restarted VM's new run adds to it)."""
+        total = 0
+        for vm in self.vms:
+            for run in vm.trace.runs:
+                if t <= run.start_s:
+                    continue
+                key = (vm.uuid, run.run_id)
+                if t >= run.end_s and key in self._final_cpu_ns:
+                    total += self._final_cpu_ns[key]
+                    continue
+                ns = self.cpu.cpu_ns(key, t) if self.cpu is not None else run.counters_at(t)[0]
+                if t >= run.end_s:
+                    self._final_cpu_ns[key] = ns
+                total += ns
+        return total / 1e9
 
     def _read(self, vm: ReplayVm, t: float, previous: float | None, now: float) -> VmReading | None:
         """The VM at trace time ``t``: running, just stopped (its final counters, once), or

@@ -146,6 +146,7 @@ class Plausible:
 # by the disk bandwidth, received and sent bytes each by the link speed: full duplex).
 _FIELD_RESOURCE = np.array([i for i, r in enumerate(RESOURCES) for _ in r.batch_fields])
 _MAX_LISTED = 5
+_CPU = USAGE_FIELDS.index("cpu_s")
 
 
 def implausible(record: BatchRecord, bounds: Plausible) -> list[BatchProblem]:
@@ -189,6 +190,15 @@ def implausible(record: BatchRecord, bounds: Plausible) -> list[BatchProblem]:
     )
     if problems:
         return problems
+    if record.host_cpu_s is not None and record.host_cpu_s > limit[_CPU]:
+        bound = _limit_text(capacity, _CPU, record.interval_s, bounds.margin)
+        problems.append(
+            BatchProblem(
+                ProblemCode.HOST_USE,
+                f"host_cpu_s = {record.host_cpu_s:.6g} core-s is more than host {record.host}"
+                f" can give in {record.interval_s} s ({bound})",
+            )
+        )
     total = use.sum(axis=0)
     for k in np.flatnonzero(total > limit).tolist():
         bound = _limit_text(capacity, k, record.interval_s, bounds.margin)

@@ -78,6 +78,7 @@ class Batch(msgspec.Struct, forbid_unknown_fields=True):
     capacity: Capacity
     vms: list[Vm]
     customer_names: Annotated[dict[Name, Name], Meta(max_length=MAX_CUSTOMER_NAMES)] = {}
+    host_cpu_s: Amount | None = None
 
 
 _DECODER = msgspec.json.Decoder(Batch)

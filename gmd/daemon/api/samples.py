@@ -111,6 +111,7 @@ def parse_record(body: bytes, content_type: str | None = "application/json") -> 
         flavor=fast_batch.flavor(fast),
         created_s=[vm.created_s for vm in vms],
         names=dict(fast.customer_names),
+        host_cpu_s=fast.host_cpu_s,
     )
 
 
@@ -274,6 +275,7 @@ def record_of(batch: SampleBatch) -> BatchRecord:
         flavor=flavor,
         created_s=[v.get("created_s") for v in vms],
         names=dict(batch.customer_names),
+        host_cpu_s=batch.host_cpu_s,
     )
 
 
@@ -287,6 +289,7 @@ def record_from(
     flavor: np.ndarray,
     created_s: list[int | None],
     names: dict[str, str],
+    host_cpu_s: float | None = None,
 ) -> BatchRecord:
     record = BatchRecord(
         key=head.key,
@@ -301,6 +304,7 @@ def record_from(
         flavor=flavor,
         created_s=created_s,
         customer_names=names,
+        host_cpu_s=None if host_cpu_s is None else float(host_cpu_s),
     )
     return dataclasses.replace(record, digest=content_digest(record))
 
@@ -322,6 +326,8 @@ def content_digest(record: BatchRecord) -> str:
             record.capacity,
             record.created_s,
             sorted(record.customer_names.items()),
+            # Only when given: a batch without it keeps the digest it had before the field.
+            *([] if record.host_cpu_s is None else [record.host_cpu_s]),
         ]
     )
     h = hashlib.sha256(head)

@@ -23,8 +23,9 @@ import numpy as np
 from sqlalchemy import Connection, Select, and_, false, func, select
 
 from gmd.daemon.config import EnforcementConfig
-from gmd.daemon.ledger.models import IntervalState
+from gmd.daemon.ledger.models import BatchState, IntervalState
 from gmd.daemon.ledger.tables import (
+    batches as _batches,
     customers as _customers,
     host_intervals as _host_intervals,
     hosts as _hosts,
@@ -129,7 +130,8 @@ def running_vms(window: Window, host_id: int | None = None) -> Select[tuple[int,
 def host_caps(
     conn: Connection, host_id: int | None, window: Window, policy: ContentionPolicy
 ) -> dict[CapResource, CapDecision]:
-    """Whether caps apply on the host, per resource, from its use over ``window``."""
+    """Whether caps apply on the host, per resource, from its use over ``window``: its VMs'
+    use, and for CPU the host's own busy time where its agent reports it, whichever is more."""
     resources = list(CapResource)
     used = np.zeros((0, len(resources)))
     supply = np.zeros((0, len(resources)))
@@ -163,7 +165,33 @@ def host_caps(
         none = (0.0,) * len(resources)
         supply = np.array([row[1:] for row in offered], dtype=np.float64)
         used = np.array([taken.get(int(row[0]), none) for row in offered], dtype=np.float64)
+        busy = _host_busy_cpu_s(conn, host_id, window)
+        if busy:
+            # The host's own busy time holds its VMs' and everything else it ran: a host
+            # saturated by other work is contended though its VMs idle (issue 27).
+            k = resources.index(CapResource.cpu)
+            host = np.array([busy.get(int(row[0]), 0.0) for row in offered], dtype=np.float64)
+            used[:, k] = np.maximum(used[:, k], host)
     return host_contention(used, supply, policy)
+
+
+def _host_busy_cpu_s(conn: Connection, host_id: int, window: Window) -> dict[int, float]:
+    """Interval id → the host's busy CPU seconds its batches reported (summed: an agent
+    restarted mid-interval sends the rest in another batch), for the intervals of ``window``
+    where it reported them. A quarantined or dropped batch counts as its samples do: not."""
+    b = _batches.c
+    rows = conn.execute(
+        select(b.interval_id, func.sum(b.host_cpu_s))
+        .where(
+            b.host_id == host_id,
+            b.interval_id.between(window.first, window.last),
+            b.interval_id.in_(window.ids),
+            b.host_cpu_s.is_not(None),
+            b.state.in_([BatchState.accepted, BatchState.released]),
+        )
+        .group_by(b.interval_id)
+    )
+    return {int(i): float(v) for i, v in rows}
 
 
 def wire_caps(caps: dict[CapResource, CapDecision]) -> list[HostCaps]:

@@ -223,6 +223,9 @@ class Batch(Base):
         server_default=BatchState.accepted.value,
     )
     error: Mapped[str | None] = mapped_column(Text)
+    host_cpu_s: Mapped[float | None] = mapped_column(Double)
+    """the host's busy CPU seconds in the interval as this batch gave them (NULL: not
+    reported); a host's batches for one interval add up, as their samples do"""
 
 
 class HostInterval(Base):

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy import (
     Connection,
+    Double,
     Engine,
     Integer,
     String,
@@ -130,6 +131,8 @@ class BatchRecord:
     created_s: list[int | None]
     customer_names: dict[str, str] = field(default_factory=dict)
     """customer → its project's name from the Nova metadata, where the agent read one"""
+    host_cpu_s: float | None = None
+    """the host's busy CPU seconds in the interval (:attr:`gmd.wire.SampleBatch.host_cpu_s`)"""
 
 
 Admit = Callable[[int, int], None]
@@ -180,6 +183,7 @@ def _statements(dialect_name: str) -> _Statements:
             _intervals.c.id,
             bindparam("samples", type_=Integer()),
             (_intervals.c.state != open_state).label("late"),
+            bindparam("host_cpu_s", type_=Double()),
         )
         .where(
             _intervals.c.id == bindparam("interval_id", type_=ID64),
@@ -189,7 +193,9 @@ def _statements(dialect_name: str) -> _Statements:
     )
     batch = (
         _upsert(dialect_name, _batches)
-        .from_select(["key", "digest", "host_id", "interval_id", "samples", "late"], fresh)
+        .from_select(
+            ["key", "digest", "host_id", "interval_id", "samples", "late", "host_cpu_s"], fresh
+        )
         .on_conflict_do_nothing(index_elements=["key", "interval_id"])
         .returning(_batches.c.id, _batches.c.late)
     )
@@ -573,6 +579,7 @@ class LedgerStore:
             "host_id": host_id,
             "interval_id": record.interval_start_s,
             "samples": len(record.vm_uuids),
+            "host_cpu_s": record.host_cpu_s,
         }
         statement = _statements(conn.dialect.name).batch
         for _ in range(2):

@@ -1,0 +1,90 @@
+"""The host's own busy CPU time, from ``/proc/stat``: what contention is judged by (issue 27).
+
+The VMs' CPU seconds say what the VMs used; a host can be saturated by other work (QEMU's
+emulator threads outside the VMs' cgroups, an OSD, a backup, a tenant of the operator) while
+its VMs idle. The daemon calls a host contended when its VMs' use or its own busy time reaches
+the threshold (:mod:`gmd.daemon.enforce.plans`), so the agent reports the host's busy CPU
+seconds per interval beside its VMs' use.
+
+Busy is every state but idle and iowait: ``user + nice + system + irq + softirq + steal`` of
+the first (``cpu``) line, in ``USER_HZ`` ticks. The time a CPU spends running guests
+(``guest``, ``guest_nice``) is already inside ``user`` and ``nice``: it is not added again.
+Steal is time a hypervisor below this host gave to others: the host wanted it, so it counts
+as busy. Iowait is idle time with I/O outstanding, not work.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from urllib.parse import urlsplit
+
+log = logging.getLogger(__name__)
+
+PROC_STAT = Path("/proc/stat")
+BUSY_FIELDS = ("user", "nice", "system", "irq", "softirq", "steal")
+"""The states of ``/proc/stat``'s ``cpu`` line that count as busy (see the module docstring)."""
+_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+_BUSY_AT = tuple(_FIELDS.index(f) for f in BUSY_FIELDS)
+
+
+def parse_proc_stat_busy(text: str, ticks_per_s: float) -> float:
+    """The busy CPU seconds since boot, summed over every CPU, from ``/proc/stat``'s text.
+
+    A kernel older than the ``steal`` column (2.6.11) lacks it; the fields it has are summed.
+    ``ValueError`` when there is no ``cpu`` line of numbers.
+    """
+    for line in text.splitlines():
+        fields = line.split()
+        if fields and fields[0] == "cpu":
+            values = [int(v) for v in fields[1 : 1 + len(_FIELDS)]]
+            if len(values) < 4:
+                raise ValueError(f"the cpu line has {len(values)} fields, at least 4 expected")
+            return sum(values[i] for i in _BUSY_AT if i < len(values)) / ticks_per_s
+    raise ValueError("no cpu line")
+
+
+def local_hypervisor(uri: str) -> bool:
+    """Whether the VMs of libvirt ``uri`` run on this machine, so that its ``/proc/stat`` is
+    their host's: a URI without a host part, of a driver other than the test driver (whose
+    VMs run nowhere)."""
+    parts = urlsplit(uri)
+    return not parts.netloc and parts.scheme.split("+", 1)[0] != "test"
+
+
+class HostCpu:
+    """Reads the host's busy CPU seconds (``/proc/stat``), kept open between ticks.
+
+    ``read`` gives ``None`` when the file cannot be read or parsed, logged once until it can
+    again: the batch then says nothing about the host's own time, and the daemon judges
+    contention by the VMs' use alone, as for an agent that never reported it.
+    """
+
+    def __init__(self, path: Path = PROC_STAT) -> None:
+        self.path = path
+        self._ticks_per_s = float(os.sysconf("SC_CLK_TCK"))
+        self._fd = -1
+        self._failing = False
+
+    def read(self) -> float | None:
+        try:
+            if self._fd < 0:
+                self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            # The cpu line comes first: one page holds it on any host.
+            busy = parse_proc_stat_busy(os.pread(self._fd, 4096, 0).decode(), self._ticks_per_s)
+        except (OSError, ValueError, UnicodeDecodeError) as exc:
+            self.close()
+            if not self._failing:
+                log.warning("cannot read the host's busy CPU time from %s: %s", self.path, exc)
+                self._failing = True
+            return None
+        if self._failing:
+            log.info("the host's busy CPU time is read from %s again", self.path)
+            self._failing = False
+        return busy
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
