@@ -90,6 +90,10 @@ def test_a_guest_within_its_flavor_is_charged_at_most_its_flavor(
         resident = {v.uuid: v.memory_rss_bytes for v in collector.collect().vms}
     finally:
         collector.close()
+    # The host's own busy time (issue 27): this machine's /proc/stat, at least what the
+    # guests' QEMUs used, and no more than its cores could give.
+    guests_cpu_s = sum(v["cpu_s"] for v in doc["vms"])
+    assert guests_cpu_s * 0.9 <= doc["host_cpu_s"] <= doc["capacity"]["cpu_cores"] * span_s * 1.1
     vms = {v["uuid"]: v for v in doc["vms"]}
     for guest in real_guests.guests:
         vm = vms[guest.uuid]
@@ -99,5 +103,6 @@ def test_a_guest_within_its_flavor_is_charged_at_most_its_flavor(
         print(
             f"{collector_kind}: {guest.role} guest resident {resident[guest.uuid] / 2**20:.1f}"
             f" MiB, charged {vm['memory_byte_s'] / span_s / 2**20:.1f} MiB (flavor"
-            f" {flavor / 2**20:g} MiB)"
+            f" {flavor / 2**20:g} MiB); host busy {doc['host_cpu_s']:.2f} core-s, guests"
+            f" {guests_cpu_s:.2f}, over {span_s:.2f} s"
         )

@@ -576,7 +576,9 @@ def dry_run_batch(config: AgentConfig, collector: Collector) -> tuple[dict[str, 
             before = totals.get(uuid)
             totals[uuid] = t if before is None else VmTotals(before.usage.plus(t.usage), t.owner)
     start = int(reading.taken_s // config.interval_s) * config.interval_s
-    closed = ClosedInterval(start, config.interval_s, totals)
+    host_cpu = [c.host_cpu_s for c in second.closed if c.host_cpu_s is not None]
+    host_cpu += second.state.open_host_cpu.values()
+    closed = ClosedInterval(start, config.interval_s, totals, sum(host_cpu) if host_cpu else None)
     doc = batch_document(
         closed, key=f"dry-run/{start}", host=config.host, capacity=capacity.as_wire()
     )
