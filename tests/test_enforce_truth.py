@@ -21,7 +21,9 @@ from gmd.daemon.config import Config
 from gmd.daemon.enforce.levels import after_interval
 from gmd.daemon.ledger.accounting import account_due
 from gmd.daemon.reports.enforcement import plans as enforcement_plans
+from gmd.daemon.reports.series import collect
 from gmd.daemon.reports.standings import standings
+from gmd.daemon.reports.usage import report as usage_report
 from tests.daemon_support import (
     Daemon,
     HostSpec,
@@ -332,3 +334,29 @@ def test_gmd_admin_enforce_shows_the_plan_without_being_asked(tmp_path: Path) ->
     assert set(shown) == {"mode", "levels", "plans", "caps"} and shown["mode"] == "on"
     assert [r["customer"] for r in shown["levels"]] == ["a"]
     assert {p["uuid"] for p in shown["plans"]} == {as_uuid(v) for v in ("a1", "a2", "a3")}
+
+
+def test_history_says_what_the_hosts_applied_per_interval(database_url: str) -> None:
+    """a's level was decided in dry-run; then the daemon was switched to "on" and cmp-1
+    applied a's plan during the third interval. The report's throttle_mode and the plot's
+    level panel said "dry-run" for all of it (the mode of the decision); per interval they
+    now say what the hosts reported: dry-run before the apply, applied from it on."""
+    greedy: list[Use] = [("cmp-1", "a1", "a", 90.0), ("cmp-1", "b1", "b", 30.0)]
+    starts = [aligned_past(6 - k) for k in range(5)]
+    with cloud(database_url, "dry-run", [greedy] * 5) as d:
+        url = str(d.engine.url.render_as_string(hide_password=False))
+    config = config_for(url, "on")
+    with serving(config, clock=lambda: starts[2] + 30) as d:
+        assert report(d, "cmp-1", [applied("a1")]).json() == {"recorded": 1, "ignored": []}
+        with d.engine.connect() as conn:
+            whole = usage_report(conn, "customer", starts[0], starts[-1] + 60, customer="a")
+            (row,) = whole.rows
+            assert row["throttle_mode"] == "applied+dry-run"
+            before = usage_report(conn, "customer", starts[0], starts[2], customer="a")
+            assert before.rows[0]["throttle_mode"] == "dry-run"
+            after = usage_report(conn, "customer", starts[2], starts[-1] + 60, customer="a")
+            assert after.rows[0]["throttle_mode"] == "applied"
+            (steps,) = collect(conn, customers=["a"], from_s=starts[2]).levels
+            assert steps.applied == {"applied"} and steps.mark == ""
+            (steps,) = collect(conn, customers=["a"], from_s=starts[0]).levels
+            assert steps.mark == " (applied+dry-run)"

@@ -230,10 +230,11 @@ def _fold(
 
 
 def level_runs(
-    conn: Connection, customer_ids: Collection[int], before_s: float | None = None
+    conn: Connection, customer_ids: Collection[int] | None, before_s: float | None = None
 ) -> tuple[dict[int, list[tuple[float, float]]], dict[int, list[tuple[float, int, bool]]]]:
     """Each customer's throttled runs (:func:`episodes`) and its level changes (effect time,
-    level, decided in dry-run), from the level log before ``before_s``."""
+    level, decided in dry-run), from the level log before ``before_s`` (``customer_ids``
+    None: everyone's)."""
     changes: dict[int, list[tuple[float, int, bool]]] = defaultdict(list)
     for r in level_changes(conn, customer_ids=customer_ids, before_s=before_s):
         try:

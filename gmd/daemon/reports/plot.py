@@ -268,7 +268,8 @@ def _levels(ax: Axes, data: CustomerSeries, policy: ThrottlePolicy, mode: str) -
         for rank, i in enumerate(moving):
             steps = data.levels[i]
             t, level = corners[i]
-            label = data.label(steps.customer) + (" (dry-run)" if steps.any_dry_run else "")
+            # what the hosts reported applied, not what the decisions' mode was
+            label = data.label(steps.customer) + steps.mark
             label = as_text(label)
             # wider first, so that a customer hidden under another at the same level shows
             ax.plot(
@@ -282,7 +283,7 @@ def _levels(ax: Axes, data: CustomerSeries, policy: ThrottlePolicy, mode: str) -
     note = {
         "dry-run": "dry-run: decided and recorded, not applied",
         "off": "off: no levels decided",
-        "on": "on: applied",
+        "on": "on: applied where hosts report it",
     }.get(mode, mode)
     ax.set_title(f"Throttle level (enforcement.mode = {note})")
     ax.set_ylabel("level")

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -54,6 +54,7 @@ from gmd.daemon.ledger.tables import (
 )
 from gmd.daemon.reports.actions import level_changes
 from gmd.daemon.reports.coverage import Coverage, coverage
+from gmd.daemon.reports.enforced import Enforced, Throttling, level_runs, throttling
 from gmd.wire import RESOURCES_COMBINED, RESOURCES_SPLIT
 
 # Resources in the order the configuration lists them; any other name follows, A→Z.
@@ -155,6 +156,8 @@ class LevelSteps:
 
     ``initial`` holds from the start of the range until ``change_s[0]``; ``level[k]`` from
     ``change_s[k]`` on. ``dry_run[k]`` says whether change k was only decided (dry-run).
+    ``applied``: what the hosts reported applied in the range's intervals at level ≥ 1
+    (:class:`~gmd.daemon.reports.enforced.Enforced` values), whatever the decisions said.
     """
 
     customer: str
@@ -162,6 +165,7 @@ class LevelSteps:
     change_s: np.ndarray
     level: np.ndarray
     dry_run: np.ndarray
+    applied: frozenset[str] = frozenset()
 
     def at(self, t_s: object) -> np.ndarray:
         """The level in force at each time (a change counts from its own instant on)."""
@@ -180,6 +184,14 @@ class LevelSteps:
     @property
     def any_dry_run(self) -> bool:
         return bool(self.dry_run.any())
+
+    @property
+    def mark(self) -> str:
+        """What a legend adds to the customer's name: nothing when every throttled interval
+        was applied, else what was (" (dry-run)", " (not applied)", " (applied+dry-run)")."""
+        if not self.applied or self.applied == {Enforced.applied.value}:
+            return ""
+        return f" ({'+'.join(sorted(self.applied))})"
 
     @property
     def highest(self) -> int:
@@ -438,11 +450,12 @@ def levels(conn: Connection, ids: dict[str, int], line: Timeline) -> tuple[Level
     changes: dict[int, list[tuple[float, int, bool]]] = {c: [] for c in ids.values()}
     initial: dict[int, int] = dict.fromkeys(ids.values(), 0)
     seen: set[int] = set()
+    dry: dict[int, bool] = dict.fromkeys(ids.values(), False)
     for cid, start_s, length_s, after, dry_run in rows:
         seen.add(cid)
         level = int(json.loads(after)["level"]) if after else 0
         if line.from_s is not None and start_s < line.from_s:
-            initial[cid] = level
+            initial[cid], dry[cid] = level, bool(dry_run)
         else:
             changes[cid].append((float(start_s + length_s), level, bool(dry_run)))
     unlogged = [c for c in ids.values() if c not in seen]
@@ -459,19 +472,40 @@ def levels(conn: Connection, ids: dict[str, int], line: Timeline) -> tuple[Level
                 initial[cid] = int(level)
             elif line.to_s is None or since_s <= last:
                 changes[cid].append((float(since_s), int(level), False))
+    runs, _ = level_runs(conn, list(ids.values()), before_s=line.to_s)
+    reported = throttling(conn, runs)
     out = []
     for name, cid in ids.items():
         ch = changes[cid]
-        out.append(
-            LevelSteps(
-                customer=name,
-                initial=initial[cid],
-                change_s=np.array([c[0] for c in ch], dtype=np.float64),
-                level=np.array([c[1] for c in ch], dtype=np.int64),
-                dry_run=np.array([c[2] for c in ch], dtype=bool),
-            )
+        steps = LevelSteps(
+            customer=name,
+            initial=initial[cid],
+            change_s=np.array([c[0] for c in ch], dtype=np.float64),
+            level=np.array([c[1] for c in ch], dtype=np.int64),
+            dry_run=np.array([c[2] for c in ch], dtype=bool),
         )
+        out.append(replace(steps, applied=_applied(steps, line, reported.get(cid), dry[cid])))
     return tuple(out)
+
+
+def _applied(
+    steps: LevelSteps, line: Timeline, reported: Throttling | None, initial_dry: bool
+) -> frozenset[str]:
+    """What was applied in the timeline's intervals at level ≥ 1 (the level in force at an
+    interval's start, decided in dry-run or not), from the hosts' reports."""
+    if not len(line):
+        return frozenset()
+    starts, ends = line.start_s.astype(np.float64), line.end_s.astype(np.float64)
+    k = np.searchsorted(steps.change_s, starts, side="right") - 1
+    dry = np.where(
+        k >= 0, steps.dry_run[np.maximum(k, 0)] if steps.dry_run.size else False, initial_dry
+    )
+    th = reported or Throttling()
+    return frozenset(
+        th.mode(float(a), float(b), bool(d)).value
+        for a, b, d, lv in zip(starts, ends, dry, steps.at(starts), strict=True)
+        if lv >= 1
+    )
 
 
 def resource_terms(conn: Connection, ids: dict[str, int], line: Timeline) -> ResourceSeries:

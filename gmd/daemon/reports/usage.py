@@ -22,7 +22,10 @@ report can get the same number with one SQL query. The definitions:
   the level in force during an interval is the one decided last at or before its start — by
   a level action in the range or before it. ``throttled_s`` is the total length of the
   accounted intervals that began at level ≥ 1. Dry-run decisions count as throttling;
-  ``throttle_mode`` says whether the time came from dry-run decisions, applied ones, or both.
+  ``throttle_mode`` says what was applied in those intervals, from the hosts' reports
+  (:mod:`gmd.daemon.reports.enforced`): ``applied`` (a host throttled one of the customer's
+  VMs during the interval), ``dry-run``, ``not applied`` (decided with mode "on", but no
+  host applied it), or several joined by ``+``.
 - **Quota changes** are ``quota_lower``/``quota_restore`` actions (applied, or decided in
   dry-run; failed attempts excluded) recorded at a time in the range: quota actions belong to
   no interval.
@@ -61,7 +64,6 @@ customer and resource groupings sum: ~20 s for all customers. The customer group
 
 from __future__ import annotations
 
-import json
 import math
 from bisect import bisect_left
 from collections import defaultdict
@@ -112,9 +114,9 @@ from gmd.daemon.ledger.tables import (
     resource_rollups as _resource_rollups,
     samples as _samples,
 )
-from gmd.daemon.reports.actions import level_changes
 from gmd.daemon.reports.columns import PROJECT, Column, Unit
 from gmd.daemon.reports.coverage import Coverage, coverage
+from gmd.daemon.reports.enforced import Throttling, level_runs, throttling
 
 GROUPS: tuple[str, ...] = ("customer", "organization", "host", "resource", "day", "week")
 QUOTA_KINDS: tuple[str, ...] = (ActionKind.quota_lower.value, ActionKind.quota_restore.value)
@@ -136,7 +138,8 @@ _PERIODS: dict[str, tuple[int, int]] = {"day": (0, DAY_S), "week": (3 * DAY_S, 7
 LATE_NOTE = "* late samples are stored but not counted (accounting reads on-time samples only)"
 THROTTLE_NOTE = (
     "throttled_s: length of the accounted intervals that began at level ≥ 1 (levels change at"
-    " interval ends); dry-run decisions count, throttle_mode says which"
+    " interval ends); dry-run decisions count; throttle_mode: what the hosts reported applied"
+    " in them (applied, dry-run, not applied)"
 )
 
 Progress = Callable[[int, int, str], None]
@@ -295,28 +298,27 @@ def _last_with_rows(conn: Connection, before_s: float) -> tuple[int, int] | None
 
 @dataclass(frozen=True)
 class _Span:
-    """Accounted intervals ``[first, stop)`` (indices into _Range.starts) at level ≥ 1."""
+    """Accounted intervals ``[first, stop)`` (indices into _Range.starts) at level ≥ 1, and
+    what was applied in each (:class:`~gmd.daemon.reports.enforced.Enforced`, from the
+    hosts' reports)."""
 
     first: int
     stop: int
-    dry_run: bool
+    modes: tuple[str, ...]
 
 
 def _throttle_spans(
     conn: Connection, rng: _Range, customer_id: int | None
 ) -> dict[int, list[_Span]]:
     """Customer id → the spans of accounted intervals it spent at level ≥ 1, from the level
-    actions: one decided at the end of interval J is in force from J's end until the next."""
+    actions (one decided at the end of interval J is in force from J's end until the next),
+    with what its hosts applied in each interval (:mod:`gmd.daemon.reports.enforced`)."""
     ids = None if customer_id is None else [customer_id]
-    changes: dict[int, list[tuple[int, int, bool]]] = defaultdict(list)
-    for r in level_changes(conn, customer_ids=ids, before_s=rng.hi):
-        level = _level_of(r.after)
-        if level is not None:
-            changes[int(r.customer_id)].append(
-                (int(r.start_s) + int(r.length_s), level, bool(r.dry_run))
-            )
+    runs, changes = level_runs(conn, ids, before_s=rng.hi)
+    applied = throttling(conn, runs)
     spans: dict[int, list[_Span]] = {}
     for cid, seq in changes.items():
+        th = applied.get(cid, Throttling())
         out = []
         for k, (t, level, dry) in enumerate(seq):
             if level < 1:
@@ -324,28 +326,26 @@ def _throttle_spans(
             first = rng.index(t)
             stop = rng.index(seq[k + 1][0]) if k + 1 < len(seq) else rng.accounted
             if first < stop:
-                out.append(_Span(first, stop, dry))
+                modes = tuple(
+                    th.mode(rng.starts[i], rng.starts[i] + rng.prefix[i + 1] - rng.prefix[i], dry)
+                    for i in range(first, stop)
+                )
+                out.append(_Span(first, stop, modes))
         if out:
             spans[cid] = out
     return spans
 
 
-def _level_of(after: str | None) -> int | None:
-    try:
-        return int(json.loads(after or "")["level"])
-    except (ValueError, KeyError, TypeError):
-        return None
-
-
 def _throttled(spans: Sequence[_Span], rng: _Range, first: int, stop: int) -> tuple[int, str]:
-    """Seconds at level ≥ 1 among accounted intervals ``[first, stop)``, and their mode."""
+    """Seconds at level ≥ 1 among accounted intervals ``[first, stop)``, and what was applied
+    in them ("applied", "dry-run", "not applied", or several joined by "+")."""
     seconds = 0
-    modes = set()
+    modes: set[str] = set()
     for s in spans:
         a, b = max(s.first, first), min(s.stop, stop)
         if a < b:
             seconds += rng.prefix[b] - rng.prefix[a]
-            modes.add("dry-run" if s.dry_run else "on")
+            modes.update(s.modes[a - s.first : b - s.first])
     return seconds, "+".join(sorted(modes))
 
 
