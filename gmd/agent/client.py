@@ -108,9 +108,9 @@ class DaemonClient:
     def post_report(self, host: str, report: PlanReport) -> PostOutcome:
         """``POST /v1/plan/{host}/report``, classified like :meth:`post_batch`."""
         try:
-            response = self._http.post(
-                f"/v1/plan/{quote(host, safe='')}/report", content=report.model_dump_json()
-            )
+            # restore_all only when set: a plan's report reads as it did to an older daemon
+            body = report.model_dump_json(exclude=None if report.restore_all else {"restore_all"})
+            response = self._http.post(f"/v1/plan/{quote(host, safe='')}/report", content=body)
         except httpx.HTTPError as exc:
             return PostOutcome("unavailable", None, f"{type(exc).__name__}: {exc}")
         if response.status_code == 200:
