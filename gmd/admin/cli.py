@@ -472,9 +472,9 @@ def standings_command(
 ) -> None:
     """Where every customer stands, like Slurm's sshare: balance (decayed sum of greediness;
     positive = took more than its share), the last interval's GM, DirectContr utility and
-    priority (contribution − utility), VMs, and the throttle level with what it does
-    (Enforced: applied, dry-run, or off — enforcement.mode), after the latest accounted
-    interval.
+    priority (contribution − utility), VMs, and the throttle level with what it does now as
+    the hosts report it (Enforced: applied while a host reports one of its running VMs
+    throttled, else not applied, dry-run or off), after the latest accounted interval.
 
     Exit codes: 0 shown, 1 database unavailable, 2 bad configuration or option, 3 a customer
     asked for has no standing (the others are shown).
