@@ -614,7 +614,12 @@ def enforce_command(
                     level_rows,
                     LEVEL_COLUMNS,
                     title=f"Throttle levels (enforcement.mode = {mode})",
-                    notes=[note.get(mode, "on: applied by the agents")],
+                    notes=[
+                        note.get(
+                            mode,
+                            "on: applied where the hosts report it (gmd-admin standings: Enforced)",
+                        )
+                    ],
                     keep=("customer",),
                     name="levels",
                 ),
