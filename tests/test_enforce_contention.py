@@ -385,8 +385,10 @@ def test_enforce_plan_and_explain_say_where_caps_apply_and_why(tmp_path: Path) -
     assert len(summary) == 5
     assert summary[0].startswith("Customer a is at throttle level 2 of 3 since ")
     assert "enforcement is on" in summary[0]
-    assert summary[1].startswith("Why: its balance, 0.04167, reaches 0.02, where level 2 begins")
-    assert "it took most beyond its share on cmp-busy" in summary[1]
+    assert summary[1].startswith("Why: its balance is 0.04167 now")
+    assert "at or above 0.02, where level 2 begins" in summary[1]
+    assert "it was 0.02778 when the level was decided" in summary[1]
+    assert summary[1].count("(+0.01389, mostly cpu)") == 3  # the greed that made the balance
     assert summary[2] == (
         "On its hosts: CPU and I/O weights × 0.25 on cmp-busy, cmp-idle (they only take effect"
         " where a host is busy); a CPU cap of 50 % of its vCPUs on cmp-busy (cpu 100 % ≥ 80 %);"

@@ -32,6 +32,7 @@ import typer
 from typer.testing import CliRunner
 
 from gmd.admin import cli
+from gmd.common.cli import ExitCode
 from gmd.daemon.ledger.accounting import account_due
 from tests.conftest import REPO
 from tests.daemon_support import HostSpec, auth, batch, cpu_only, make_config, serving
@@ -299,7 +300,7 @@ def test_the_read_only_engine_refuses_writes(
         )
         with e.begin() as conn:
             conn.execute(sa.text(insert))
-    assert stopped.value.exit_code == cli.EXIT_UNAVAILABLE
+    assert stopped.value.exit_code == ExitCode.UNAVAILABLE
     err = capsys.readouterr().err
     assert "cannot execute INSERT in a read-only transaction" in err
     assert ("read_url" in err) is not primary
@@ -319,7 +320,7 @@ def test_the_read_only_engine_refuses_writes_on_sqlite(
             assert conn.execute(sa.text("SELECT count(*) FROM customers")).scalar() == 0
         with engine.begin() as conn:
             conn.execute(sa.text("INSERT INTO customers (name) VALUES ('x')"))
-    assert stopped.value.exit_code == cli.EXIT_UNAVAILABLE
+    assert stopped.value.exit_code == ExitCode.UNAVAILABLE
     assert "readonly database" in capsys.readouterr().err
 
 
