@@ -192,4 +192,4 @@ def test_host_reports_land_in_the_enforcement_log(database_url: str) -> None:
         ("a", "cmp-1", "host_apply", "ok", False),
     ]
     assert json.loads(rows[0][5]) == {"vm": as_uuid("vm-a"), "cpu_shares": 25}
-    assert rows[0][6] == " (plan of 1800000000, reported by host cmp-1)"
+    assert rows[0][6] == " (plan of 2027-01-15T08:00:00Z, reported by host cmp-1)"

@@ -52,3 +52,13 @@ def _bounded(text: str, t: float) -> float:
 
 def iso(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def iso_as_sent(t: float) -> str:
+    """:func:`iso` of a time someone else sent, or the number as sent where no calendar date
+    has it (a host may post any Unix time the wire takes, up to 2**53 - 1): text written from
+    it must never fail on what it quotes."""
+    try:
+        return iso(t)
+    except (ValueError, OverflowError, OSError):
+        return str(t)

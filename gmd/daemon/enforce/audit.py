@@ -18,6 +18,7 @@ from typing import Any
 
 from sqlalchemy import Engine, insert, or_, select
 
+from gmd.common.timespec import iso_as_sent
 from gmd.daemon.enforce.plans import recent_window, running_vms
 from gmd.daemon.ledger.migrate import writer
 from gmd.daemon.ledger.models import ActionKind, ActionStatus
@@ -80,7 +81,7 @@ def record_host_report(
                 len(ignored),
                 ", ".join(ignored[:10]) + (" …" if len(ignored) > 10 else ""),
             )
-        source = RESTORE_ALL if restore_all else f"plan of {generated_s}"
+        source = RESTORE_ALL if restore_all else f"plan of {iso_as_sent(generated_s)}"
         rows = []
         for r in results:
             if r["uuid"] not in owners:
