@@ -748,7 +748,9 @@ def test_gmd_agent_replays_and_exits(tmp_path: Path, caplog: pytest.LogCaptureFi
         other = toml.read_text().replace('replay_vms = "1-2"', 'replay_vms = "1-3"')
         toml.write_text(other)
         refused = runner.invoke(agent_cli, ["--config", str(toml)])
-        assert refused.exit_code == 1 and "holds another replay (it differs in vms" in refused.output
+        assert (
+            refused.exit_code == 1 and "holds another replay (it differs in vms" in refused.output
+        )
         down = write_replay_config(tmp_path / "down", "http://127.0.0.1:9", start, hours=1)
         lost = runner.invoke(agent_cli, ["--config", str(down)])
         assert lost.exit_code == 1 and "12 batches of the replay could not be" in lost.output
