@@ -167,7 +167,7 @@ class HostLimits:
         not recorded (a database error: the agent sends it again)."""
         with self._lock:
             window = self._windows.get(host)
-            if window is not None and window.index == math.floor(now_s / self.interval_s):
+            if window is not None and window.index == self._index(now_s):
                 window.rows = max(window.rows - rows, 0)
 
     def clip_error(self, text: str | None) -> str | None:
@@ -180,9 +180,13 @@ class HostLimits:
 
     # -- windows -------------------------------------------------------------------------------
 
+    def _index(self, now_s: float) -> int:
+        """The wall-clock interval of ``now_s``: the window every per-interval count is in."""
+        return math.floor(now_s / self.interval_s)
+
     def _window(self, host: str, now_s: float) -> _Window:
         """The host's counts for the wall-clock interval of ``now_s`` (lock held)."""
-        index = math.floor(now_s / self.interval_s)
+        index = self._index(now_s)
         window = self._windows.get(host)
         if window is None or window.index != index:
             if len(self._windows) > _PRUNE_ABOVE:
@@ -202,7 +206,7 @@ class HostLimits:
                 f" ({KEY}.{key})",
                 reason=Rejection.over_limit,
             )
-        retry = math.ceil((math.floor(now_s / self.interval_s) + 1) * self.interval_s - now_s)
+        retry = math.ceil((self._index(now_s) + 1) * self.interval_s - now_s)
         return Refused(
             429,
             f"host {host}: {count} new {what}, after {held} this interval; at most {bound} an"

@@ -15,11 +15,8 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
-
-def _when(at_s: float) -> str:
-    return datetime.fromtimestamp(at_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+from gmd.common.timespec import iso
 
 
 @dataclass
@@ -56,7 +53,7 @@ class WriteHealth:
         with self._lock:
             if self.failing_since_s is None or self.recovered_s is not None:
                 return None
-            return f"ledger cannot write since {_when(self.failing_since_s)}: {self.failure}"
+            return f"ledger cannot write since {iso(self.failing_since_s)}: {self.failure}"
 
     def hold_closing(self, now_s: float) -> str | None:
         """Why no interval may be closed at ``now_s``, or None when intervals may close: writes
@@ -68,8 +65,8 @@ class WriteHealth:
             recovered = self.recovered_s
         if recovered is not None and now_s < recovered + self.grace_s:
             return (
-                f"ledger writes recovered at {_when(recovered)}; agents replay their spools"
-                f" until {_when(recovered + self.grace_s)} (accounting.grace_s)"
+                f"ledger writes recovered at {iso(recovered)}; agents replay their spools"
+                f" until {iso(recovered + self.grace_s)} (accounting.grace_s)"
             )
         return None
 

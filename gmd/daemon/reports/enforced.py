@@ -156,17 +156,16 @@ def throttling(
     for r in conn.execute(query):
         after, before = _json(r.after), _json(r.before)
         uuid = after.get("vm") or before.get("vm")
-        at = r.at if r.at.tzinfo else r.at.replace(tzinfo=UTC)
         if r.customer_id is None:
             if after.get("all") is True and r.status == ActionStatus.ok.value:
                 # gmd-agent --restore-all: everything gmd changed on the host is back
-                events[None].append(_Event(at.timestamp(), None, r.host_id, False, False, True))
+                events[None].append(_Event(r.at.timestamp(), None, r.host_id, False, False, True))
             continue
         if not isinstance(uuid, str):
             continue
         events[int(r.customer_id)].append(
             _Event(
-                at.timestamp(),
+                r.at.timestamp(),
                 uuid,
                 r.host_id,
                 r.kind == ActionKind.host_apply.value,
