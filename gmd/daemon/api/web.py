@@ -19,13 +19,11 @@ from __future__ import annotations
 
 import html
 import math
-import re
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Cookie, Depends, Header, Query
 from fastapi.responses import HTMLResponse, Response
 
-from gmd.common.timespec import iso
 from gmd.daemon.api import read
 from gmd.daemon.api.access import Reader
 from gmd.daemon.api.deps import ServicesDep
@@ -121,8 +119,6 @@ GLOSSARY = (
     ("Dry-run", "gmd decides and records levels and limits, but applies none."),
     ("Credit (priority)", HEADS["priority"] + "."),
 )
-_UNIX_TIME = re.compile(r"(?<![\d.])\d{10}(?![\d.])")
-"""A Unix time in a log reason ("plan of 1795718820"): ten digits, 2001 to 2286"""
 
 
 def web_reader(
@@ -175,11 +171,6 @@ def _word(key: str, value: object, shown: str, css: str = "text") -> str:
         f"<td class='{css}' data-key='{key}' data-value='{html.escape(raw)}'>"
         f"{html.escape(shown)}</td>"
     )
-
-
-def _iso_times(text: str) -> str:
-    """``text`` with each Unix time in it as ISO 8601 UTC."""
-    return _UNIX_TIME.sub(lambda m: iso(int(m.group())), text)
 
 
 def level_does(effect: LevelEffect, policy: ThrottlePolicy) -> str:
@@ -256,7 +247,7 @@ def _action_row(a: dict[str, Any]) -> str:
     status_words = STATUS_WORDS.get(str(status), str(status or ""))
     where = f" on {a['host']}" if a.get("host") else ""
     mark = " <span class='mark'>dry-run: not applied</span>" if dry else ""
-    reason = _iso_times(str(a.get("reason") or ""))
+    reason = str(a.get("reason") or "")
     return (
         f"<tr class='{'dry-run' if dry else 'applied'}'>"
         f"<td class='text time' data-key='at'>{html.escape(str(a.get('at') or ''))}</td>"
