@@ -232,3 +232,47 @@ def test_a_sqlite_file_gets_its_directory_and_a_sqlite_uri_is_left_to_sqlite(
         assert conn.execute(sa.text("SELECT count(*) FROM customers")).scalar() == 0
     engine.dispose()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["new"]
+
+
+def test_0010_counts_every_vm_and_customer_seen_now_and_lets_them_go_without_a_scan(
+    database_url: str,
+) -> None:
+    """Rows written before 0010 count as seen on the upgrade's day (kept one raw retention
+    from it); the foreign keys whose check scanned samples and the per-resource rows are gone;
+    and no id of a deleted VM or customer is given again (SQLite's AUTOINCREMENT)."""
+    engine = migrate.engine_for(database_url)
+    try:
+        migrate.upgrade(engine, "0006")
+        with engine.begin() as conn:
+            for statement in ROWS_0006:
+                conn.execute(sa.text(statement))
+        migrate.upgrade(engine, "0009")
+        before = time.time()
+        migrate.upgrade(engine)
+        today = int(before) // DAY * DAY
+        with engine.begin() as conn:
+            for table in ("vms", "customers"):
+                seen = conn.execute(sa.text(f"SELECT last_seen_s FROM {table}")).scalars().all()
+                assert seen and all(s in (today, today + DAY) for s in seen), (table, seen)
+            # The VM's samples and the customer's per-resource row no longer hold them.
+            conn.execute(sa.text("DELETE FROM vms WHERE id = 3"))
+            conn.execute(sa.text("DELETE FROM customer_resource_ledger"))
+            assert conn.execute(sa.text("SELECT count(*) FROM samples")).scalar_one() == 3
+            for table, insert in (
+                ("customers", "INSERT INTO customers (name) VALUES (:n)"),
+                ("vms", "INSERT INTO vms (uuid, customer_id, host_id) VALUES (:n, 7, 1)"),
+            ):
+                key = "name" if table == "customers" else "uuid"
+                made = []
+                for name in ("q", "r"):
+                    conn.execute(sa.text(insert), {"n": name})
+                    made.append(
+                        conn.execute(
+                            sa.text(f"SELECT id FROM {table} WHERE {key} = :n"), {"n": name}
+                        ).scalar_one()
+                    )
+                    # The newest row goes: SQLite without AUTOINCREMENT gives its id again.
+                    conn.execute(sa.text(f"DELETE FROM {table} WHERE {key} = :n"), {"n": name})
+                assert made[1] > made[0], table
+    finally:
+        engine.dispose()

@@ -154,6 +154,10 @@ def test_db_usage_counts_every_table_and_says_what_goes_next(
     assert tables["batches"]["rows"] == len(starts) + 1
     assert tables["intervals"]["kept_days"] is None  # never purged
     assert tables["customer_ledger"]["kept_days"] == 400
+    # VMs and customers go raw_days after they were last seen, a customer only once unnamed.
+    assert tables["vms"]["kept_days"] == 31 and tables["vms"]["oldest"] is not None
+    assert tables["vms"]["next_purge"] > tables["vms"]["oldest"]
+    assert tables["customers"]["next_purge"].endswith("(once nothing else names it)")
     oldest = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(starts[0]))
     assert tables["samples"]["oldest"] == oldest
     assert tables["samples"]["next_purge"] > oldest  # an ISO time: 31 days on

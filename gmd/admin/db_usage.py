@@ -21,7 +21,14 @@ from gmd.common.timespec import iso
 from gmd.daemon.config import RetentionConfig
 from gmd.daemon.ledger import partitions
 from gmd.daemon.ledger.models import Base
-from gmd.daemon.ledger.retention import LEDGER_TABLES, RAW_TABLES, cutoffs
+from gmd.daemon.ledger.retention import (
+    LEDGER_TABLES,
+    RAW_TABLES,
+    UNSEEN_TABLES,
+    cutoffs,
+    unseen_cutoff_s,
+)
+from gmd.daemon.ledger.tables import customers
 
 COLUMNS = (
     Column("table", "Table", None, "left"),
@@ -46,7 +53,7 @@ class Usage:
 
 def _kept(table: Table, retention: RetentionConfig) -> float | None:
     """Days ``table`` is kept (0: for ever), None for tables retention does not touch."""
-    if table in RAW_TABLES:
+    if table in RAW_TABLES or table in UNSEEN_TABLES:
         return retention.raw_days
     if table in LEDGER_TABLES:
         return retention.ledger_days
@@ -60,6 +67,7 @@ def usage(
     postgres = conn.dialect.name == "postgresql"
     sizes = _postgres_sizes(conn) if postgres else _sqlite_sizes(conn)
     due = cutoffs(conn, retention, now)
+    unseen_s = unseen_cutoff_s(conn, due.raw_s)
     rows = []
     for table in Base.metadata.sorted_tables:
         count, size = sizes.get(table.name, (None, None))
@@ -69,21 +77,28 @@ def usage(
         oldest = None
         next_purge = None
         if kept is not None:
-            first = conn.execute(select(func.min(table.c.interval_id))).scalar()
+            unseen = table in UNSEEN_TABLES
+            # For VMs and customers, the oldest interval in which one was last seen.
+            key = table.c.last_seen_s if unseen else table.c.interval_id
+            first = conn.execute(select(func.min(key))).scalar()
             oldest = None if first is None else int(first)
             if oldest is not None and kept:
-                whole_days = (
+                whole_days = unseen or (
                     postgres and table in RAW_TABLES and table.name != "quarantined_samples"
                 )
                 end = (oldest // partitions.DAY_S + 1) * partitions.DAY_S if whole_days else oldest
-                cutoff = due.raw_s if table in RAW_TABLES else due.ledger_s
+                cutoff = unseen_s if unseen else due.raw_s if table in RAW_TABLES else due.ledger_s
                 when = end + kept * 86400
                 if when > now:
                     next_purge = iso(when)
                 elif cutoff is not None and end <= cutoff:
                     next_purge = "now"
+                elif unseen:
+                    next_purge = "held: raw rows of that day are still kept"
                 else:
                     next_purge = "held: not accounted yet, or the current standings"
+                if table is customers:
+                    next_purge += " (once nothing else names it)"
         rows.append(
             {
                 "table": table.name,
@@ -95,6 +110,10 @@ def usage(
             }
         )
     notes = []
+    notes.append(
+        "vms, customers: 'Oldest interval' is the oldest last seen; a customer goes only once"
+        " no VM, ledger row, rollup or audit row names it"
+    )
     if postgres and not exact:
         notes.append("rows: PostgreSQL's estimates (as of the last ANALYZE); --exact counts")
     if not postgres and all(r["bytes"] is None for r in rows):

@@ -111,7 +111,10 @@ class Services:
             min(retention.every_s, 3600.0), lambda: partitions.make_ahead(self.engine), "partitions"
         )
         self.accountant.every(
-            retention.every_s, lambda: purge(self.engine, retention), "retention", at_start=True
+            retention.every_s,
+            lambda: purge(self.engine, retention, forget=self.store.forget),
+            "retention",
+            at_start=True,
         )
         self.accountant.every(
             3600.0, lambda: rollups.backfill(self.engine), "rollups", at_start=True

@@ -147,6 +147,9 @@ class Customer(Base):
     """Whoever the flat rate is sold to: an OpenStack project, named by its uuid."""
 
     __tablename__ = "customers"
+    # SQLite would reuse the largest id once its row is purged; a cached id must never come
+    # to name another customer (migration 0010).
+    __table_args__ = ({"sqlite_autoincrement": True},)
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(255), unique=True)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), server_default=func.now())
@@ -154,6 +157,9 @@ class Customer(Base):
     """The project's name, for people (Keystone's, else the Nova metadata's); None: unknown"""
     display_source: Mapped[str | None] = mapped_column(String(16))
     """Where display_name was read: a :class:`NameSource`"""
+    last_seen_s: Mapped[int | None] = mapped_column(BigInteger, index=True)
+    """The start of an interval on the last UTC day a sample named it (moved on once a day):
+    retention purges a customer unseen past raw retention that nothing else names"""
 
 
 class Host(Base):
@@ -168,11 +174,15 @@ class Vm(Base):
     """A libvirt domain; its flavor is kept per sample (it can be resized)."""
 
     __tablename__ = "vms"
+    __table_args__ = ({"sqlite_autoincrement": True},)  # as customers'
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     uuid: Mapped[str] = mapped_column(String(64), unique=True)
     customer_id: Mapped[int] = mapped_column(ForeignKey("customers.id"), index=True)
     host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"))
     created_s: Mapped[int | None] = mapped_column(BigInteger)
+    last_seen_s: Mapped[int | None] = mapped_column(BigInteger, index=True)
+    """The start of an interval on the last UTC day it had a sample (moved on once a day):
+    retention purges a VM once no sample of it is left"""
 
 
 class Interval(Base):
@@ -254,15 +264,17 @@ class _SampleColumns:
     re-accounting, read exactly the on-time rows. Flavor amounts are NULL where the flavor sets
     none.
 
-    This is the ledger's one high-volume table, so only ``vm_id`` is a foreign key: the other
-    references are written by the one ingest path in the same transaction that creates or finds
-    what they point to, and nothing deletes those rows. Each per-row foreign-key check cost
-    ~4 ms per 500-VM batch on PostgreSQL, 60 % of the insert with all five.
+    This is the ledger's one high-volume table, so it has no foreign key: the references are
+    written by the one ingest path in the same transaction that creates, finds or (once a day)
+    marks seen what they point to, and retention deletes a VM only once no sample of it is
+    left. Each per-row foreign-key check cost ~4 ms per 500-VM batch on PostgreSQL, 60 % of
+    the insert with all five; and a key on ``vm_id`` made every VM deleted scan every raw
+    partition (migration 0010).
     """
 
     id: Mapped[int] = mapped_column(ID64, primary_key=True)
     interval_id: Mapped[int] = mapped_column(ID64)
-    vm_id: Mapped[int] = mapped_column(ForeignKey("vms.id"))
+    vm_id: Mapped[int] = mapped_column(Integer)
     host_id: Mapped[int] = mapped_column(Integer)
     customer_id: Mapped[int] = mapped_column(Integer)
     batch_id: Mapped[int] = mapped_column(ID64, index=True)
@@ -320,11 +332,15 @@ class CustomerLedger(Base):
 
 
 class CustomerResourceLedger(Base):
-    """One resource's term of a customer's interval greediness (they sum to it)."""
+    """One resource's term of a customer's interval greediness (they sum to it).
+
+    ``customer_id`` has no foreign key: accounting writes these rows beside the customer's
+    ``customer_ledger`` row, whose indexed key vouches for it, and a key here would make every
+    customer retention deletes scan this table, which no index leads with ``customer_id``."""
 
     __tablename__ = "customer_resource_ledger"
     interval_id: Mapped[int] = mapped_column(ForeignKey("intervals.id"), primary_key=True)
-    customer_id: Mapped[int] = mapped_column(ForeignKey("customers.id"), primary_key=True)
+    customer_id: Mapped[int] = mapped_column(Integer, primary_key=True)
     resource: Mapped[str] = mapped_column(String(16), primary_key=True)
     term: Mapped[float] = mapped_column(Double)
 
@@ -451,12 +467,15 @@ class CustomerRollup(Base):
 
 
 class CustomerResourceRollup(Base):
-    """One resource's terms of a customer's greediness over a period."""
+    """One resource's terms of a customer's greediness over a period.
+
+    ``customer_id`` has no foreign key, for the reason ``customer_resource_ledger`` has none:
+    the customer's ``customer_rollups`` row beside it keeps the indexed one."""
 
     __tablename__ = "customer_resource_rollups"
     period_s: Mapped[int] = mapped_column(Integer, primary_key=True)
     start_s: Mapped[int] = mapped_column(ID64, primary_key=True)
-    customer_id: Mapped[int] = mapped_column(ForeignKey("customers.id"), primary_key=True)
+    customer_id: Mapped[int] = mapped_column(Integer, primary_key=True)
     resource: Mapped[str] = mapped_column(String(16), primary_key=True)
     term_sum: Mapped[float] = mapped_column(Double)
     term_over: Mapped[float] = mapped_column(Double)

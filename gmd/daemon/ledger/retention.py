@@ -11,43 +11,80 @@ What is kept (``[retention]``, :class:`~gmd.daemon.config.RetentionConfig`):
 - **rollups** (``rollup_days``, for ever by default): the hourly and daily rollups, by the
   start of their period.
 
+- **VMs and customers unseen past raw retention**, once the rows above are gone: a VM whose
+  last sample (``vms.last_seen_s``, to the UTC day) came before the raw cutoff's day and
+  before the oldest raw row still held, so that no sample of it is left; a customer unseen
+  as long that nothing else names: no VM, no per-interval ledger row, no rollup, no
+  enforcement-log row, quota original or balance reset (the audit trail), no organization,
+  no throttle level above 0. With the default ``rollup_days = 0`` a customer that was ever
+  accounted keeps its rollups, and so its row, for ever; what a host may introduce meanwhile
+  is bounded by ``[daemon.limits]``. A purged VM or customer that comes back is a new row:
+  ingest finds its old id gone when it marks it seen (gmd.daemon.ledger.store).
+
 Two things are never purged, whatever the configuration: raw rows of an interval that is not
 accounted yet (accounting stalled for a month must still find its samples), and the ledger
-rows of the latest interval that has any (the current standings). Intervals, customers,
-hosts, VMs and the enforcement log are small and kept. Because an interval's id is its start
-time, "before the cutoff" is ``interval_id < cutoff`` on every table, answered by the index
-that leads with ``interval_id``.
+rows of the latest interval that has any (the current standings). Intervals, hosts,
+organizations and the enforcement log are small and kept. Because an interval's id is its
+start time, "before the cutoff" is ``interval_id < cutoff`` on every table, answered by the
+index that leads with ``interval_id``.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Column, Connection, Engine, Table, func, select, text
+from sqlalchemy import Column, Connection, Engine, Table, delete, exists, func, select, text
 
 from gmd.daemon.config import RetentionConfig
 from gmd.daemon.ledger import partitions
 from gmd.daemon.ledger.migrate import writer
 from gmd.daemon.ledger.models import IntervalState
+from gmd.daemon.ledger.partitions import DAY_S
 from gmd.daemon.ledger.rollups import ROLLUP_TABLES
 from gmd.daemon.ledger.tables import (
+    actions,
+    balance_resets,
     batches,
     customer_ledger,
+    customer_rollups,
+    customers,
     host_intervals,
     intervals,
+    levels,
     organization_ledger,
+    organizations,
     quarantined_samples,
+    quota_originals,
     resource_ledger,
     samples,
+    vms,
 )
 
 log = logging.getLogger(__name__)
 
 RAW_TABLES: tuple[Table, ...] = (samples, batches, host_intervals, quarantined_samples)
 LEDGER_TABLES: tuple[Table, ...] = (customer_ledger, resource_ledger, organization_ledger)
+# VMs and customers: purged when unseen past raw retention (``last_seen_s``).
+UNSEEN_TABLES: tuple[Table, ...] = (vms, customers)
+# Rows that name a customer by its id and are kept for as long as retention keeps them: while
+# one is left, so is the customer. (customer_resource_ledger and customer_resource_rollups are
+# written beside customer_ledger and customer_rollups rows, so these stand for them.)
+NAMING_CUSTOMERS: tuple[Table, ...] = (
+    vms,
+    customer_ledger,
+    customer_rollups,
+    actions,
+    quota_originals,
+    balance_resets,
+    organizations,
+)
+
+Forget = Callable[[Sequence[str], Sequence[str]], None]
+"""Told the uuids of VMs and names of customers purged, so that ingest's caches let go."""
 
 
 @dataclass
@@ -57,6 +94,7 @@ class PurgeReport:
 
     raw_before_s: int | None = None
     ledger_before_s: int | None = None
+    unseen_before_s: int | None = None
     rows: dict[str, int] = field(default_factory=dict)
     partitions: list[str] = field(default_factory=list)
     unfinished: bool = False
@@ -95,8 +133,28 @@ def cutoffs(conn: Connection, config: RetentionConfig, now_s: float) -> Cutoffs:
     return Cutoffs(raw, ledger, config.cutoff_s(config.rollup_days, now_s))
 
 
-def purge(engine: Engine, config: RetentionConfig, now_s: float | None = None) -> PurgeReport:
-    """Remove what retention says is due, for at most ``config.max_run_s``."""
+def unseen_cutoff_s(conn: Connection, raw_s: int | None) -> int | None:
+    """VMs and customers last seen before this time are unseen past retention: the start of
+    the UTC day of the raw cutoff, or of the oldest raw row still held if that is older (a
+    partition waits for its whole day, a quarantined batch for its release or its day)."""
+    if raw_s is None:
+        return None
+    cut = raw_s
+    for table in (samples, quarantined_samples):
+        oldest = conn.execute(select(func.min(table.c.interval_id))).scalar()
+        if oldest is not None:
+            cut = min(cut, int(oldest))
+    return cut // DAY_S * DAY_S
+
+
+def purge(
+    engine: Engine,
+    config: RetentionConfig,
+    now_s: float | None = None,
+    forget: Forget | None = None,
+) -> PurgeReport:
+    """Remove what retention says is due, for at most ``config.max_run_s``; ``forget`` is
+    told of every VM and customer removed."""
     now = time.time() if now_s is None else now_s
     deadline = time.monotonic() + config.max_run_s
     with engine.connect() as conn:
@@ -125,8 +183,82 @@ def purge(engine: Engine, config: RetentionConfig, now_s: float | None = None) -
             key = table.c.start_s
             if not _chunks(engine, table, due.rollup_s, config.delete_chunk, deadline, report, key):
                 report.unfinished = True
-                break
+                return _logged(report)
+    with engine.connect() as conn:
+        report.unseen_before_s = unseen_cutoff_s(conn, due.raw_s)
+    if report.unseen_before_s is not None:
+        done = _unseen_vms(
+            engine, report.unseen_before_s, config.delete_chunk, deadline, report, forget
+        )
+        if not done or not _unseen_customers(
+            engine, report.unseen_before_s, config.delete_chunk, deadline, report, forget
+        ):
+            report.unfinished = True
     return _logged(report)
+
+
+def _unseen_vms(
+    engine: Engine,
+    before_s: int,
+    chunk: int,
+    deadline: float,
+    report: PurgeReport,
+    forget: Forget | None,
+) -> bool:
+    """Delete VMs last seen before ``before_s``, ``chunk`` a transaction; False when the
+    deadline came first. The outer condition is checked again on each row: a VM that a
+    concurrent batch has just marked seen is left (PostgreSQL re-reads a row it waited for)."""
+    unseen = vms.c.last_seen_s < before_s
+    statement = (
+        delete(vms)
+        .where(unseen, vms.c.id.in_(select(vms.c.id).where(unseen).limit(chunk)))
+        .returning(vms.c.uuid)
+    )
+    while True:
+        with writer(engine).begin() as conn:
+            gone = [str(u) for u in conn.execute(statement).scalars()]
+        report.add(vms.name, len(gone))
+        if gone and forget is not None:
+            forget(gone, ())
+        if len(gone) < chunk:
+            return True
+        if time.monotonic() > deadline:
+            return False
+
+
+def _unseen_customers(
+    engine: Engine,
+    before_s: int,
+    chunk: int,
+    deadline: float,
+    report: PurgeReport,
+    forget: Forget | None,
+) -> bool:
+    """Delete customers last seen before ``before_s`` that nothing kept names (with their
+    level-0 row), ``chunk`` a transaction; False when the deadline came first. The candidates
+    are locked, skipping any a concurrent batch is marking seen, and read again under the lock."""
+    unnamed = [~exists().where(t.c.customer_id == customers.c.id) for t in NAMING_CUSTOMERS]
+    throttled = exists().where(levels.c.customer_id == customers.c.id, levels.c.level != 0)
+    candidates = (
+        select(customers.c.id, customers.c.name)
+        .where(customers.c.last_seen_s < before_s, ~throttled, *unnamed)
+        .limit(chunk)
+        .with_for_update(of=customers, skip_locked=True)
+    )
+    while True:
+        with writer(engine).begin() as conn:
+            found = conn.execute(candidates).all()
+            ids = [int(i) for i, _ in found]
+            if ids:
+                conn.execute(delete(levels).where(levels.c.customer_id.in_(ids)))
+                conn.execute(delete(customers).where(customers.c.id.in_(ids)))
+        report.add(customers.name, len(ids))
+        if found and forget is not None:
+            forget((), [str(n) for _, n in found])
+        if len(ids) < chunk:
+            return True
+        if time.monotonic() > deadline:
+            return False
 
 
 def _chunks(

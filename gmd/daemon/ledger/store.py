@@ -5,7 +5,12 @@ retry from a different batch that reuses the key. Its samples are rows of its ow
 accounting can leave one batch out), and the host's capacity for the interval is the one its
 first batch gave: another batch may not change what an interval is, or was, accounted from.
 Customers, VMs, hosts and organizations are created on first sight; their ids are cached per
-process once committed (ids never change), which saves most round trips on the hot path.
+process once committed, which saves most round trips on the hot path. An id changes only when
+retention has purged a customer or VM unseen past raw retention and it comes back: the
+first batch of each UTC day that names a VM or customer moves its ``last_seen_s`` on and
+finds, in the same transaction, whether its row is still there (:meth:`LedgerStore._mark_seen`);
+if not, it is created again under a new id. Retention deletes only rows not marked seen since
+a day before its cutoff, so a row this process marked seen today cannot be gone.
 
 Concurrency: the batch takes a shared lock on its interval's row, and closing an interval
 takes an exclusive one, so a batch is either in before the interval closes (on time) or sees
@@ -32,8 +37,8 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import Any
 
@@ -46,6 +51,7 @@ from sqlalchemy import (
     String,
     Table,
     bindparam,
+    case,
     exists,
     func,
     or_,
@@ -234,6 +240,18 @@ class _HostVms:
     vm_ids: list[int]
     customer_ids: list[int]
     generation: int
+    day: int
+    """the UTC day (Unix days) on which these VMs and customers were last marked seen"""
+
+
+@dataclass
+class _Seen:
+    """The VMs and customers this process marked seen on ``day`` (committed): a batch of that
+    day marks only the others, so each is written once a day, not once a batch."""
+
+    day: int = -1
+    vms: set[int] = field(default_factory=set)
+    customers: set[int] = field(default_factory=set)
 
 
 @dataclass
@@ -252,7 +270,39 @@ class _Ids:
     vms: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     last: dict[int, _HostVms] = field(default_factory=dict)
     generation: int = 0
+    seen: _Seen = field(default_factory=_Seen)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def forget(self, vm_uuids: Iterable[str], customer_names: Iterable[str]) -> None:
+        """Drop VMs and customers whose rows are gone (purged): their next batch creates them
+        again."""
+        with self.lock:
+            for uuid in vm_uuids:
+                self.vms.pop(uuid, None)
+            for name in customer_names:
+                self.customers.pop(name, None)
+            self.generation += 1
+
+    def unmarked(
+        self, day: int, vm_ids: Iterable[int], customer_ids: Iterable[int]
+    ) -> tuple[list[int], list[int]]:
+        """Of these ids, the ones not yet marked seen on ``day``."""
+        vms, customers = set(vm_ids), set(customer_ids)
+        with self.lock:
+            if self.seen.day == day:
+                vms -= self.seen.vms
+                customers -= self.seen.customers
+        return sorted(vms), sorted(customers)
+
+    def saw(self, day: int, vm_ids: Iterable[int], customer_ids: Iterable[int]) -> None:
+        """Remember, once committed, what a batch of ``day`` marked seen (a later day starts
+        afresh; an earlier one is not remembered)."""
+        with self.lock:
+            if day > self.seen.day:
+                self.seen = _Seen(day)
+            if day == self.seen.day:
+                self.seen.vms.update(vm_ids)
+                self.seen.customers.update(customer_ids)
 
     def same_vms(self, host_id: int, record: BatchRecord) -> _HostVms | None:
         """The host's last VMs if ``record`` lists the same ones, owned alike, and nothing has
@@ -282,6 +332,12 @@ class LedgerStore:
         self.organization_customers = dict(organization_customers or {})
         self._ids = _Ids()
         self._partition_days: set[int] = set()
+
+    def forget(self, vm_uuids: Sequence[str], customer_names: Sequence[str]) -> None:
+        """Let go of VMs and customers retention purged (:func:`~gmd.daemon.ledger.retention.
+        purge`'s ``forget``): a batch that names one again creates it anew, and the cache does
+        not grow with every VM a cloud ever ran."""
+        self._ids.forget(vm_uuids, customer_names)
 
     # -- organizations -------------------------------------------------------------------------
 
@@ -318,11 +374,14 @@ class LedgerStore:
         names: Iterable[str],
         new: dict[str, int],
         shown: Mapping[str, str] | None = None,
+        seen_s: int | None = None,
     ) -> dict[str, int]:
-        """Ids by name, creating the customers not seen yet. ``shown`` (customer → project
-        name from the Nova metadata) names a customer the first time this daemon sees it, if
-        nothing has named it yet: Keystone's names, read by the daemon itself, come first, and
-        a customer is looked up here once per daemon, so names cost no round trip per batch."""
+        """Ids by name, creating the customers not seen yet (seen at ``seen_s``, the interval
+        of the sample that names them; None: named by configuration, never purged). ``shown``
+        (customer → project name from the Nova metadata) names a customer the first time this
+        daemon sees it, if nothing has named it yet: Keystone's names, read by the daemon
+        itself, come first, and a customer is looked up here once per daemon, so names cost no
+        round trip per batch."""
         wanted = set(names)
         with self._ids.lock:
             found = {n: self._ids.customers[n] for n in wanted if n in self._ids.customers}
@@ -330,7 +389,7 @@ class LedgerStore:
         if missing:
             conn.execute(
                 upsert(conn, _customers).on_conflict_do_nothing(),
-                [{"name": n} for n in missing],
+                [{"name": n, "last_seen_s": seen_s} for n in missing],
             )
             named = [(n, shown[n]) for n in missing if shown and n in shown]
             if named:
@@ -398,6 +457,7 @@ class LedgerStore:
                         "customer_id": customer_ids[owner[u]],
                         "host_id": host_id,
                         "created_s": created[u],
+                        "last_seen_s": record.interval_start_s,
                     }
                     for u in missing
                 ],
@@ -424,6 +484,29 @@ class LedgerStore:
                 moved,
             )
         return [known[u][0] for u in record.vm_uuids]
+
+    def _mark_seen(self, conn: Connection, table: Table, ids: list[int], seen_s: int) -> set[int]:
+        """Move ``last_seen_s`` of rows ``ids`` (of ``vms`` or ``customers``) on to ``seen_s``;
+        the ids that have no row any more (retention purged them).
+
+        Only rows not yet marked that day are written, so that of all the hosts whose batches
+        name a customer at the turn of the day one writes its row and the others pass it by.
+        Written before the samples that name them, in the batch's transaction: retention's
+        delete, which also requires the row unseen, either comes first (and the row is found
+        missing here) or finds it seen and leaves it."""
+        if not ids:
+            return set()
+        day_start_s = seen_s // DAY_S * DAY_S
+        last = table.c.last_seen_s
+        conn.execute(
+            update(table)
+            .where(table.c.id.in_(ids), or_(last.is_(None), last < day_start_s))
+            .values(last_seen_s=case((last < seen_s, seen_s), else_=func.coalesce(last, seen_s)))
+        )
+        present = conn.execute(select(func.count()).where(table.c.id.in_(ids))).scalar_one()
+        if present == len(ids):
+            return set()
+        return set(ids) - set(conn.execute(select(table.c.id).where(table.c.id.in_(ids))).scalars())
 
     def _unknown(self, conn: Connection, record: BatchRecord) -> tuple[int, int]:
         """How many of the batch's customers and VMs the ledger does not know: a look-up of
@@ -525,9 +608,11 @@ class LedgerStore:
         new_customers: dict[str, int] = {}
         new_hosts: dict[str, tuple[int, int]] = {}
         new_vms: dict[str, tuple[int, int, int]] = {}
+        day = record.interval_start_s // DAY_S
         with self._ids.lock:
             generation = self._ids.generation
         known: _HostVms | None = None
+        marked = False
         with self.writer.begin() as conn:
             host_id, org_id = self._host_id(conn, record.host, new_hosts)
             stored = self._insert_batch(conn, record, host_id)
@@ -537,19 +622,14 @@ class LedgerStore:
                 batch_id, on_time = stored
                 self._fix_capacity(conn, record, host_id, org_id, now_s)
                 known = self._ids.same_vms(host_id, record)
+                if known is not None and known.day != day:
+                    known = self._still_there(conn, record, known)
+                    marked = known is not None
                 if admit is not None:
                     admit(*(self._unknown(conn, record) if known is None else (0, 0)))
                 if known is None:
-                    customer_ids = self._customer_ids(
-                        conn, record.customers, new_customers, record.customer_names
-                    )
-                    known = _HostVms(
-                        record.vm_uuids,
-                        record.customers,
-                        self._vm_ids(conn, record, host_id, customer_ids, new_vms),
-                        [customer_ids[c] for c in record.customers],
-                        generation,
-                    )
+                    known = self._look_up(conn, record, host_id, generation, new_customers, new_vms)
+                    marked = True
                 if n:
                     self._write_samples(
                         conn, record, host_id, batch_id, known.vm_ids, known.customer_ids, on_time
@@ -565,7 +645,72 @@ class LedgerStore:
                 self._ids.generation += 1
             if known is not None:
                 self._ids.last[host_id] = known
+        if marked and known is not None:
+            self._ids.saw(day, known.vm_ids, known.customer_ids)
         return result
+
+    def _still_there(
+        self, conn: Connection, record: BatchRecord, known: _HostVms
+    ) -> _HostVms | None:
+        """The host's memory, its VMs and customers marked seen on the batch's day; None if
+        retention purged any of them (forgotten: the batch looks them all up again)."""
+        start_s = record.interval_start_s
+        vms, customers = self._ids.unmarked(start_s // DAY_S, known.vm_ids, known.customer_ids)
+        gone_customers = self._mark_seen(conn, _customers, customers, start_s)
+        gone_vms = self._mark_seen(conn, _vms, vms, start_s)
+        if gone_vms or gone_customers:
+            self._ids.forget(
+                [u for u, i in zip(known.uuids, known.vm_ids, strict=True) if i in gone_vms],
+                [
+                    c
+                    for c, i in zip(known.customers, known.customer_ids, strict=True)
+                    if i in gone_customers
+                ],
+            )
+            return None
+        return replace(known, day=start_s // DAY_S)
+
+    def _look_up(
+        self,
+        conn: Connection,
+        record: BatchRecord,
+        host_id: int,
+        generation: int,
+        new_customers: dict[str, int],
+        new_vms: dict[str, tuple[int, int, int]],
+    ) -> _HostVms:
+        """The batch's VMs and customers by id, created where new (or purged: a cached id
+        whose row is gone is forgotten and the row made again), and marked seen."""
+        start_s = record.interval_start_s
+        day = start_s // DAY_S
+
+        def customers() -> dict[str, int]:
+            return self._customer_ids(
+                conn, record.customers, new_customers, record.customer_names, start_s
+            )
+
+        customer_ids = customers()
+        _, unmarked = self._ids.unmarked(day, (), customer_ids.values())
+        gone = self._mark_seen(conn, _customers, unmarked, start_s)
+        if gone:
+            self._ids.forget((), [c for c, i in customer_ids.items() if i in gone])
+            customer_ids = customers()
+        vm_ids = self._vm_ids(conn, record, host_id, customer_ids, new_vms)
+        unmarked, _ = self._ids.unmarked(day, vm_ids, ())
+        gone = self._mark_seen(conn, _vms, unmarked, start_s)
+        if gone:
+            self._ids.forget(
+                [u for u, i in zip(record.vm_uuids, vm_ids, strict=True) if i in gone], ()
+            )
+            vm_ids = self._vm_ids(conn, record, host_id, customer_ids, new_vms)
+        return _HostVms(
+            record.vm_uuids,
+            record.customers,
+            vm_ids,
+            [customer_ids[c] for c in record.customers],
+            generation,
+            day,
+        )
 
     def _insert_batch(
         self, conn: Connection, record: BatchRecord, host_id: int

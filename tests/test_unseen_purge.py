@@ -1,0 +1,190 @@
+"""Retention purges VMs and customers unseen past raw retention, on SQLite and PostgreSQL:
+a VM once no sample of it is left, a customer once nothing kept names it (the audit trail
+keeps it); one that comes back is created again, even by a daemon that still had it cached."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+import pytest
+import sqlalchemy as sa
+
+from gmd.daemon.config import Config, RetentionConfig
+from gmd.daemon.ledger.accounting import account_due
+from gmd.daemon.ledger.retention import purge
+from gmd.daemon.ledger.tables import actions, customers, levels, vms
+from tests.daemon_support import HostSpec, as_uuid, auth, batch, cpu_only, make_config, serving
+
+HOUR = 3600
+DAY = 86400
+H1 = HostSpec("cmp-1", cpu_cores=4, memory_bytes=8e9, disk_bytes_per_s=1e8)
+H2 = HostSpec("cmp-2", cpu_cores=4, memory_bytes=8e9, disk_bytes_per_s=1e8)
+RETENTION = RetentionConfig(raw_days=2, ledger_days=1, rollup_days=1, delete_chunk=1)
+
+
+def hourly(url: str) -> Config:
+    return make_config(
+        url,
+        {H1.name: "operator", H2.name: "operator"},
+        # Balances decay by half an hour: a customer gone for three days has no standing
+        # left, so no ledger row names it.
+        accounting={"interval_s": HOUR, "grace_s": 0, "endowment": "equal", "half_life_s": 1800},
+    )
+
+
+def post(d: Any, host: HostSpec, start: int, owners: dict[str, str]) -> None:
+    vms_ = [cpu_only(uuid, customer, 600.0) for uuid, customer in owners.items()]
+    body = {**batch(host, start, vms_, key=f"{host.name}-{start}"), "interval_s": HOUR}
+    response = httpx.post(f"{d.url}/v1/samples", json=body, headers=auth(host.name))
+    assert response.is_success, response.text
+
+
+def names(engine: sa.Engine, table: sa.Table, column: str) -> dict[str, int]:
+    with engine.connect() as conn:
+        return {str(n): int(i) for n, i in conn.execute(sa.select(table.c[column], table.c.id))}
+
+
+def vm_names(engine: sa.Engine) -> set[str]:
+    """The test's names of the VMs in the ledger."""
+    readable = {as_uuid(n): n for n in ("vm-a", "vm-b", "vm-c", "vm-d", "vm-e")}
+    return {readable[u] for u in names(engine, vms, "uuid")}
+
+
+def dangling(engine: sa.Engine) -> dict[str, int]:
+    """Samples and ledger rows whose VM or customer row is missing (the foreign keys
+    migration 0010 dropped no longer guard them)."""
+    checks = {
+        "samples.vm_id": "SELECT count(*) FROM samples s"
+        " WHERE NOT EXISTS (SELECT 1 FROM vms v WHERE v.id = s.vm_id)",
+        "samples.customer_id": "SELECT count(*) FROM samples s"
+        " WHERE NOT EXISTS (SELECT 1 FROM customers c WHERE c.id = s.customer_id)",
+        "customer_resource_ledger": "SELECT count(*) FROM customer_resource_ledger r"
+        " WHERE NOT EXISTS (SELECT 1 FROM customers c WHERE c.id = r.customer_id)",
+        "customer_resource_rollups": "SELECT count(*) FROM customer_resource_rollups r"
+        " WHERE NOT EXISTS (SELECT 1 FROM customers c WHERE c.id = r.customer_id)",
+    }
+    with engine.connect() as conn:
+        return {k: int(conn.execute(sa.text(q)).scalar_one()) for k, q in checks.items()}
+
+
+@pytest.fixture
+def clock() -> tuple[int, int]:
+    """``old``, three days before ``recent``; ``recent`` ended an hour ago or more."""
+    now = int(time.time())
+    recent = now - now % HOUR - 2 * HOUR
+    return recent - 3 * DAY, recent
+
+
+def test_unseen_vms_and_customers_go_the_audit_trail_keeps_its_customers_and_they_come_back(
+    database_url: str, clock: tuple[int, int]
+) -> None:
+    old, recent = clock
+    config = hourly(database_url)
+    with serving(config) as d:
+        engine = d.engine
+        # Three days ago: a, b, c and e on cmp-1, d on cmp-2. Since: only a.
+        post(d, H1, old, {"vm-a": "a", "vm-b": "b", "vm-c": "c", "vm-e": "e"})
+        post(d, H2, old, {"vm-d": "d"})
+        post(d, H1, recent, {"vm-a": "a"})
+        account_due(engine, config.accounting, now_s=recent + HOUR)
+        ids = names(engine, customers, "name")
+        with engine.begin() as conn:
+            # c was acted upon (the enforcement log names it); e is still throttled.
+            conn.execute(
+                sa.insert(actions).values(
+                    customer_id=ids["c"], kind="level", status="applied", dry_run=False, reason="r"
+                )
+            )
+            conn.execute(
+                sa.insert(levels).values(
+                    customer_id=ids["e"], level=2, since_s=old, score=1.0, interval_id=old
+                )
+            )
+            # b's level 0 is no reason to keep it, and goes with it.
+            conn.execute(
+                sa.insert(levels).values(
+                    customer_id=ids["b"], level=0, since_s=old, score=0.0, interval_id=old
+                )
+            )
+
+        # Not yet: raw retention has not passed since the old day.
+        early = purge(engine, RETENTION, now_s=old + DAY)
+        assert "vms" not in early.rows and "customers" not in early.rows
+
+        # The daemon is not told (no ``forget``): its caches still hold what goes.
+        report = purge(engine, RETENTION, now_s=recent + HOUR)
+        assert report.unseen_before_s is not None
+        assert report.unseen_before_s <= recent - recent % DAY
+        assert report.rows["vms"] == 4 and report.rows["customers"] == 2
+        assert vm_names(engine) == {"vm-a"}
+        assert set(names(engine, customers, "name")) == {"a", "c", "e"}
+        with engine.connect() as conn:
+            assert {int(c) for c in conn.execute(sa.select(levels.c.customer_id)).scalars()} <= {
+                ids["a"],
+                ids["c"],
+                ids["e"],
+            }
+        assert dangling(engine) == dict.fromkeys(dangling(engine), 0)
+
+        # They come back: b and a VM of c on cmp-1 (its VM list changed), d on cmp-2 (the same
+        # list as its memory of three days ago). Each is created anew; nothing dangles.
+        back = recent + HOUR
+        post(d, H1, back, {"vm-a": "a", "vm-b": "b", "vm-c": "c"})
+        post(d, H2, back, {"vm-d": "d"})
+        after = names(engine, customers, "name")
+        assert set(after) == {"a", "b", "c", "d", "e"}
+        assert after["a"] == ids["a"] and after["c"] == ids["c"]
+        assert after["b"] != ids["b"] and after["d"] != ids["d"]
+        assert vm_names(engine) == {"vm-a", "vm-b", "vm-c", "vm-d"}
+        assert dangling(engine) == dict.fromkeys(dangling(engine), 0)
+        # And they are accounted: their ledger rows' keys hold.
+        account_due(engine, config.accounting, now_s=back + HOUR)
+        with engine.connect() as conn:
+            accounted = set(
+                conn.execute(
+                    sa.text(
+                        "SELECT c.name FROM customer_ledger l JOIN customers c"
+                        " ON c.id = l.customer_id WHERE l.interval_id = :i"
+                    ),
+                    {"i": back},
+                ).scalars()
+            )
+        assert {"a", "b", "c", "d"} <= accounted
+
+
+def test_a_vm_is_marked_seen_once_a_day_and_the_purge_tells_ingest_to_let_go(
+    database_url: str, clock: tuple[int, int]
+) -> None:
+    old, recent = clock
+    config = hourly(database_url)
+    with serving(config) as d:
+        engine = d.engine
+        store = d.app.state.store
+        post(d, H1, old, {"vm-a": "a", "vm-b": "b"})
+        post(d, H1, old + HOUR, {"vm-a": "a", "vm-b": "b"})
+        with engine.connect() as conn:
+            seen = dict(conn.execute(sa.select(vms.c.uuid, vms.c.last_seen_s)).all())
+        # Within a day the row is written once: the first batch's interval stays.
+        if old // DAY == (old + HOUR) // DAY:
+            assert seen == {as_uuid("vm-a"): old, as_uuid("vm-b"): old}
+        post(d, H1, recent, {"vm-a": "a"})
+        with engine.connect() as conn:
+            seen = dict(conn.execute(sa.select(vms.c.uuid, vms.c.last_seen_s)).all())
+            seen_customers = dict(
+                conn.execute(sa.select(customers.c.name, customers.c.last_seen_s)).all()
+            )
+        assert seen[as_uuid("vm-a")] == recent and seen[as_uuid("vm-b")] <= old + HOUR
+        assert seen_customers["a"] == recent
+        account_due(engine, config.accounting, now_s=recent + HOUR)
+        forgotten: list[tuple[list[str], list[str]]] = []
+
+        def forget(uuids: Any, customer_names: Any) -> None:
+            forgotten.append((list(uuids), list(customer_names)))
+            store.forget(uuids, customer_names)
+
+        purge(engine, RETENTION, now_s=recent + HOUR, forget=forget)
+        assert forgotten == [([as_uuid("vm-b")], []), ([], ["b"])]
+        assert as_uuid("vm-b") not in store._ids.vms and "b" not in store._ids.customers
+        assert as_uuid("vm-a") in store._ids.vms
