@@ -65,6 +65,24 @@ def test_ledger_accounting_bench_accounts_from_the_database() -> None:
     assert figures["seconds_min"] <= figures["seconds_median"] <= figures["seconds_max"]
 
 
+def test_purge_bench_purges_every_unseen_vm_and_customer() -> None:
+    figures = run_bench(
+        "purge.py",
+        "--database",
+        "sqlite",
+        "--hosts",
+        "4",
+        "--vms-per-host",
+        "20",
+        "--customers",
+        "10",
+        "--chunk",
+        "7",
+    )
+    assert figures["purged_vms"] == 80 and figures["purged_customers"] == 10
+    assert figures["plain_delete_rows"] == 90 and figures["purge_s"] > 0
+
+
 def test_ingest_bench_posts_and_counts_every_sample() -> None:
     figures = run_bench(
         "ingest.py",

@@ -4,6 +4,7 @@ keeps it); one that comes back is created again, even by a daemon that still had
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -14,6 +15,7 @@ import sqlalchemy as sa
 from gmd.daemon.config import Config, RetentionConfig
 from gmd.daemon.ledger.accounting import account_due
 from gmd.daemon.ledger.retention import purge
+from gmd.daemon.ledger.store import mark_period
 from gmd.daemon.ledger.tables import actions, customers, levels, vms
 from tests.daemon_support import HostSpec, as_uuid, auth, batch, cpu_only, make_config, serving
 
@@ -116,7 +118,7 @@ def test_unseen_vms_and_customers_go_the_audit_trail_keeps_its_customers_and_the
         # The daemon is not told (no ``forget``): its caches still hold what goes.
         report = purge(engine, RETENTION, now_s=recent + HOUR)
         assert report.unseen_before_s is not None
-        assert report.unseen_before_s <= recent - recent % DAY
+        assert report.unseen_before_s <= recent - DAY
         assert report.rows["vms"] == 4 and report.rows["customers"] == 2
         assert vm_names(engine) == {"vm-a"}
         assert set(names(engine, customers, "name")) == {"a", "c", "e"}
@@ -154,7 +156,7 @@ def test_unseen_vms_and_customers_go_the_audit_trail_keeps_its_customers_and_the
         assert {"a", "b", "c", "d"} <= accounted
 
 
-def test_a_vm_is_marked_seen_once_a_day_and_the_purge_tells_ingest_to_let_go(
+def test_a_vm_is_marked_seen_once_a_period_and_the_purge_tells_ingest_to_let_go(
     database_url: str, clock: tuple[int, int]
 ) -> None:
     old, recent = clock
@@ -166,8 +168,9 @@ def test_a_vm_is_marked_seen_once_a_day_and_the_purge_tells_ingest_to_let_go(
         post(d, H1, old + HOUR, {"vm-a": "a", "vm-b": "b"})
         with engine.connect() as conn:
             seen = dict(conn.execute(sa.select(vms.c.uuid, vms.c.last_seen_s)).all())
-        # Within a day the row is written once: the first batch's interval stays.
-        if old // DAY == (old + HOUR) // DAY:
+        # Within the host's marking period the row is written once: the first batch's
+        # interval stays.
+        if mark_period(H1.name, old) == mark_period(H1.name, old + HOUR):
             assert seen == {as_uuid("vm-a"): old, as_uuid("vm-b"): old}
         post(d, H1, recent, {"vm-a": "a"})
         with engine.connect() as conn:
@@ -188,3 +191,106 @@ def test_a_vm_is_marked_seen_once_a_day_and_the_purge_tells_ingest_to_let_go(
         assert forgotten == [([as_uuid("vm-b")], []), ([], ["b"])]
         assert as_uuid("vm-b") not in store._ids.vms and "b" not in store._ids.customers
         assert as_uuid("vm-a") in store._ids.vms
+
+
+def test_marking_periods_spread_a_clouds_hosts_over_the_day() -> None:
+    """Each host marks its VMs once a period beginning at a time of day of its own, so that a
+    5,000-host cloud does not mark every VM in the batches of one interval."""
+    t = 1_800_000_000
+    turns = set()
+    for h in range(1000):
+        host = f"compute-{h:04d}"
+        period = mark_period(host, t)
+        assert mark_period(host, t + DAY) == period + 1
+        # The first interval (of 5 minutes) of the day at which this host's period turns.
+        turns.add(next(m for m in range(300, DAY + 1, 300) if mark_period(host, t + m) != period))
+    assert len(turns) > 200  # of 288 five-minute intervals a day
+
+
+def waiting_on_a_lock(engine: sa.Engine) -> bool:
+    with engine.connect() as conn:
+        return bool(
+            conn.execute(
+                sa.text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    " AND datname = current_database()"
+                )
+            ).scalar_one()
+        )
+
+
+def poll(predicate: Any, what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_a_batch_waiting_on_a_purge_that_deletes_its_vm_makes_the_vm_again(
+    database_url: str, clock: tuple[int, int]
+) -> None:
+    """The purge deletes the VM first (uncommitted); the batch that names it, with its id
+    cached, waits on the row and, once the delete commits, finds it gone and creates it."""
+    old, recent = clock
+    config = hourly(database_url)
+    with serving(config) as d:
+        engine = d.engine
+        post(d, H1, old, {"vm-a": "a"})
+        first = names(engine, vms, "uuid")[as_uuid("vm-a")]
+        purger = engine.connect()
+        tx = purger.begin()
+        purger.execute(sa.text("DELETE FROM samples"))
+        purger.execute(sa.delete(vms).where(vms.c.id == first))
+        done: list[Exception | None] = []
+
+        def ingest() -> None:
+            try:
+                post(d, H1, recent, {"vm-a": "a"})
+                done.append(None)
+            except Exception as exc:  # reported below
+                done.append(exc)
+
+        thread = threading.Thread(target=ingest)
+        thread.start()
+        poll(lambda: waiting_on_a_lock(engine), "the batch to wait on the VM's row")
+        tx.commit()
+        purger.close()
+        thread.join(30)
+        assert done == [None]
+        again = names(engine, vms, "uuid")[as_uuid("vm-a")]
+        assert again != first
+        with engine.connect() as conn:
+            used = conn.execute(sa.select(sa.text("vm_id")).select_from(sa.text("samples")))
+            assert set(used.scalars()) == {again}
+        assert dangling(engine) == dict.fromkeys(dangling(engine), 0)
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_a_purge_waiting_on_a_batch_that_marks_its_vm_seen_leaves_the_vm(
+    database_url: str, clock: tuple[int, int]
+) -> None:
+    """The batch marks the VM first (uncommitted); the purge, which had found it unseen, waits
+    on the row and, once the batch commits, reads it again and leaves it."""
+    old, recent = clock
+    config = hourly(database_url)
+    with serving(config) as d:
+        engine = d.engine
+        post(d, H1, old, {"vm-a": "a"})
+        account_due(engine, config.accounting, now_s=old + HOUR)
+        vm = names(engine, vms, "uuid")[as_uuid("vm-a")]
+        batch_tx = engine.connect()
+        tx = batch_tx.begin()
+        batch_tx.execute(sa.update(vms).where(vms.c.id == vm).values(last_seen_s=recent))
+        reports: list[Any] = []
+        thread = threading.Thread(
+            target=lambda: reports.append(purge(engine, RETENTION, now_s=recent + HOUR))
+        )
+        thread.start()
+        poll(lambda: waiting_on_a_lock(engine), "the purge to wait on the VM's row")
+        tx.commit()
+        batch_tx.close()
+        thread.join(60)
+        assert len(reports) == 1 and "vms" not in reports[0].rows
+        assert names(engine, vms, "uuid") == {as_uuid("vm-a"): vm}

@@ -20,7 +20,7 @@ from gmd.admin.render import Column, Unit
 from gmd.common.timespec import iso
 from gmd.daemon.config import RetentionConfig
 from gmd.daemon.ledger import partitions
-from gmd.daemon.ledger.models import Base
+from gmd.daemon.ledger.models import SEEN_PERIOD_S, Base
 from gmd.daemon.ledger.retention import (
     LEDGER_TABLES,
     RAW_TABLES,
@@ -83,10 +83,15 @@ def usage(
             first = conn.execute(select(func.min(key))).scalar()
             oldest = None if first is None else int(first)
             if oldest is not None and kept:
-                whole_days = unseen or (
+                whole_days = (
                     postgres and table in RAW_TABLES and table.name != "quarantined_samples"
                 )
-                end = (oldest // partitions.DAY_S + 1) * partitions.DAY_S if whole_days else oldest
+                if unseen:  # its last sample may have come up to a marking period later
+                    end = oldest + SEEN_PERIOD_S
+                elif whole_days:
+                    end = (oldest // partitions.DAY_S + 1) * partitions.DAY_S
+                else:
+                    end = oldest
                 cutoff = unseen_s if unseen else due.raw_s if table in RAW_TABLES else due.ledger_s
                 when = end + kept * 86400
                 if when > now:

@@ -1,9 +1,10 @@
 """Customers and VMs unseen past retention can be purged: ``last_seen_s``, and the foreign keys
 whose check would scan a high-volume table dropped.
 
-- ``vms.last_seen_s`` and ``customers.last_seen_s``: the start of an interval on the last UTC
-  day a sample named them (ingest moves it on once a day per VM and customer), indexed so
-  that retention finds the unseen ones without reading the others. Rows written before this
+- ``vms.last_seen_s`` and ``customers.last_seen_s``: the start of an interval in which a
+  sample named them, less than a day before their last (ingest marks a host's VMs and
+  customers once a day), indexed so that retention finds the unseen ones without reading the
+  others. Rows written before this
   revision count as seen now: they are kept at least one raw retention from the upgrade.
 - Dropped: ``samples.vm_id`` → ``vms`` and ``quarantined_samples.vm_id`` → ``vms``;
   ``customer_resource_ledger.customer_id`` and ``customer_resource_rollups.customer_id`` →
@@ -35,7 +36,7 @@ branch_labels = None
 depends_on = None
 
 DAY_S = 86400
-# (table, column, referred table) of each dropped foreign key; its name is fk_<table>_<column>_<referred>.
+# (table, column, referred table) of each dropped foreign key, named fk_<table>_<column>_<referred>.
 DROPPED = (
     ("samples", "vm_id", "vms"),
     ("quarantined_samples", "vm_id", "vms"),

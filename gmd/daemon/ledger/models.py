@@ -158,8 +158,9 @@ class Customer(Base):
     display_source: Mapped[str | None] = mapped_column(String(16))
     """Where display_name was read: a :class:`NameSource`"""
     last_seen_s: Mapped[int | None] = mapped_column(BigInteger, index=True)
-    """The start of an interval on the last UTC day a sample named it (moved on once a day):
-    retention purges a customer unseen past raw retention that nothing else names"""
+    """The start of an interval in which a sample named it, less than :data:`SEEN_PERIOD_S`
+    before its last (None: named only by configuration): retention purges a customer unseen
+    past raw retention that nothing else names"""
 
 
 class Host(Base):
@@ -168,6 +169,13 @@ class Host(Base):
     name: Mapped[str] = mapped_column(String(255), unique=True)
     organization_id: Mapped[int] = mapped_column(ForeignKey("organizations.id"))
     last_seen_s: Mapped[int | None] = mapped_column(BigInteger)
+
+
+SEEN_PERIOD_S = 86400
+"""How stale ``vms.last_seen_s`` and ``customers.last_seen_s`` may be: ingest marks a host's VMs
+and customers seen once in each period of this length (gmd.daemon.ledger.store), so a row's
+last sample came less than this after its ``last_seen_s``, and retention waits this much longer
+before it deletes an unseen row (gmd.daemon.ledger.retention)."""
 
 
 class Vm(Base):
@@ -181,8 +189,8 @@ class Vm(Base):
     host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id"))
     created_s: Mapped[int | None] = mapped_column(BigInteger)
     last_seen_s: Mapped[int | None] = mapped_column(BigInteger, index=True)
-    """The start of an interval on the last UTC day it had a sample (moved on once a day):
-    retention purges a VM once no sample of it is left"""
+    """The start of an interval in which it had a sample, less than :data:`SEEN_PERIOD_S`
+    before its last: retention purges a VM once no sample of it can be left"""
 
 
 class Interval(Base):

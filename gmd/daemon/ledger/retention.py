@@ -11,9 +11,9 @@ What is kept (``[retention]``, :class:`~gmd.daemon.config.RetentionConfig`):
 - **rollups** (``rollup_days``, for ever by default): the hourly and daily rollups, by the
   start of their period.
 
-- **VMs and customers unseen past raw retention**, once the rows above are gone: a VM whose
-  last sample (``vms.last_seen_s``, to the UTC day) came before the raw cutoff's day and
-  before the oldest raw row still held, so that no sample of it is left; a customer unseen
+- **VMs and customers unseen past raw retention**, once the rows above are gone: a VM last
+  marked seen (``vms.last_seen_s``, marked once a day) a day before the raw cutoff and before
+  the oldest raw row still held, so that no sample of it is left; a customer unseen
   as long that nothing else names: no VM, no per-interval ledger row, no rollup, no
   enforcement-log row, quota original or balance reset (the audit trail), no organization,
   no throttle level above 0. With the default ``rollup_days = 0`` a customer that was ever
@@ -42,8 +42,7 @@ from sqlalchemy import Column, Connection, Engine, Table, delete, exists, func, 
 from gmd.daemon.config import RetentionConfig
 from gmd.daemon.ledger import partitions
 from gmd.daemon.ledger.migrate import writer
-from gmd.daemon.ledger.models import IntervalState
-from gmd.daemon.ledger.partitions import DAY_S
+from gmd.daemon.ledger.models import SEEN_PERIOD_S, IntervalState
 from gmd.daemon.ledger.rollups import ROLLUP_TABLES
 from gmd.daemon.ledger.tables import (
     actions,
@@ -98,8 +97,12 @@ class PurgeReport:
     rows: dict[str, int] = field(default_factory=dict)
     partitions: list[str] = field(default_factory=list)
     unfinished: bool = False
+    seconds: dict[str, float] = field(default_factory=dict)
+    """time spent deleting per table (a table with nothing due too)"""
 
-    def add(self, table: str, n: int) -> None:
+    def add(self, table: str, n: int, since: float) -> None:
+        """``n`` rows of ``table`` deleted in a transaction begun at ``since`` (monotonic)."""
+        self.seconds[table] = self.seconds.get(table, 0.0) + time.monotonic() - since
         if n:
             self.rows[table] = self.rows.get(table, 0) + n
 
@@ -134,9 +137,10 @@ def cutoffs(conn: Connection, config: RetentionConfig, now_s: float) -> Cutoffs:
 
 
 def unseen_cutoff_s(conn: Connection, raw_s: int | None) -> int | None:
-    """VMs and customers last seen before this time are unseen past retention: the start of
-    the UTC day of the raw cutoff, or of the oldest raw row still held if that is older (a
-    partition waits for its whole day, a quarantined batch for its release or its day)."""
+    """VMs and customers last marked seen before this time are unseen past retention: the raw
+    cutoff, or the oldest raw row still held if that is older (a partition waits for its
+    whole day, a quarantined batch for its release), less the period in which ingest marks
+    them once (:data:`SEEN_PERIOD_S`), so that no sample of them is left."""
     if raw_s is None:
         return None
     cut = raw_s
@@ -144,7 +148,7 @@ def unseen_cutoff_s(conn: Connection, raw_s: int | None) -> int | None:
         oldest = conn.execute(select(func.min(table.c.interval_id))).scalar()
         if oldest is not None:
             cut = min(cut, int(oldest))
-    return cut // DAY_S * DAY_S
+    return cut - SEEN_PERIOD_S
 
 
 def purge(
@@ -215,9 +219,10 @@ def _unseen_vms(
         .returning(vms.c.uuid)
     )
     while True:
+        since = time.monotonic()
         with writer(engine).begin() as conn:
             gone = [str(u) for u in conn.execute(statement).scalars()]
-        report.add(vms.name, len(gone))
+        report.add(vms.name, len(gone), since)
         if gone and forget is not None:
             forget(gone, ())
         if len(gone) < chunk:
@@ -246,13 +251,14 @@ def _unseen_customers(
         .with_for_update(of=customers, skip_locked=True)
     )
     while True:
+        since = time.monotonic()
         with writer(engine).begin() as conn:
             found = conn.execute(candidates).all()
             ids = [int(i) for i, _ in found]
             if ids:
                 conn.execute(delete(levels).where(levels.c.customer_id.in_(ids)))
                 conn.execute(delete(customers).where(customers.c.id.in_(ids)))
-        report.add(customers.name, len(ids))
+        report.add(customers.name, len(ids), since)
         if found and forget is not None:
             forget((), [str(n) for _, n in found])
         if len(ids) < chunk:
@@ -279,9 +285,10 @@ def _chunks(
         f" (SELECT {row} FROM {table.name} WHERE {column} < :before LIMIT :chunk)"
     )
     while True:
+        since = time.monotonic()
         with writer(engine).begin() as conn:
             deleted = conn.execute(statement, {"before": before_s, "chunk": chunk}).rowcount
-        report.add(table.name, deleted)
+        report.add(table.name, deleted, since)
         if deleted < chunk:
             return True
         if time.monotonic() > deadline:
@@ -294,8 +301,9 @@ def _logged(report: PurgeReport) -> PurgeReport:
         if report.partitions:
             parts.append(f"{len(report.partitions)} partition(s)")
         log.info(
-            "retention: removed %s%s",
+            "retention: removed %s in %.1f s%s",
             ", ".join(parts),
+            sum(report.seconds.values()),
             "; more next run" if report.unfinished else "",
         )
     return report

@@ -6,11 +6,13 @@ accounting can leave one batch out), and the host's capacity for the interval is
 first batch gave: another batch may not change what an interval is, or was, accounted from.
 Customers, VMs, hosts and organizations are created on first sight; their ids are cached per
 process once committed, which saves most round trips on the hot path. An id changes only when
-retention has purged a customer or VM unseen past raw retention and it comes back: the
-first batch of each UTC day that names a VM or customer moves its ``last_seen_s`` on and
-finds, in the same transaction, whether its row is still there (:meth:`LedgerStore._mark_seen`);
-if not, it is created again under a new id. Retention deletes only rows not marked seen since
-a day before its cutoff, so a row this process marked seen today cannot be gone.
+retention has purged a customer or VM unseen past raw retention and it comes back. Once a
+day per host (at a time of day its name decides, so that hosts do not all do it at once), a
+batch moves ``last_seen_s`` of its VMs and customers on and finds, in the same transaction,
+whether their rows are still there (:meth:`LedgerStore._mark_seen`); a row gone is created
+again under a new id. Retention deletes only rows unseen for a day longer than its cutoff
+(:data:`~gmd.daemon.ledger.models.SEEN_PERIOD_S`), so no row a batch names without marking it
+can be gone.
 
 Concurrency: the batch takes a shared lock on its interval's row, and closing an interval
 takes an exclusive one, so a batch is either in before the interval closes (on time) or sees
@@ -37,6 +39,7 @@ import logging
 import math
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cache
@@ -44,12 +47,15 @@ from typing import Any
 
 import numpy as np
 from sqlalchemy import (
+    Column,
+    ColumnElement,
     Connection,
     Double,
     Engine,
     Integer,
     String,
     Table,
+    any_,
     bindparam,
     case,
     exists,
@@ -64,7 +70,7 @@ from sqlalchemy.sql.dml import Insert
 
 from gmd.daemon.ledger.binary_copy import CopyLayout
 from gmd.daemon.ledger.migrate import writer
-from gmd.daemon.ledger.models import ID64, IntervalState, NameSource
+from gmd.daemon.ledger.models import ID64, SEEN_PERIOD_S, IntervalState, NameSource
 from gmd.daemon.ledger.partitions import DAY_S, ensure_days
 from gmd.daemon.ledger.tables import (
     batches as _batches,
@@ -151,6 +157,14 @@ class IngestResult:
     status: BatchStatus
     samples: int
     late: int
+
+
+def _id_in(conn: Connection, column: Column[int], ids: list[int]) -> ColumnElement[bool]:
+    """``column`` is one of ``ids``: an array on PostgreSQL (one parameter, planned once),
+    a list elsewhere."""
+    if conn.dialect.name == "postgresql":
+        return column == any_(bindparam("ids", ids, type_=postgresql.ARRAY(Integer)))
+    return column.in_(ids)
 
 
 def upsert(conn: Connection, table: Table) -> Any:
@@ -240,18 +254,26 @@ class _HostVms:
     vm_ids: list[int]
     customer_ids: list[int]
     generation: int
-    day: int
-    """the UTC day (Unix days) on which these VMs and customers were last marked seen"""
+    period: int
+    """the host's marking period (:func:`mark_period`) in which these VMs and customers were
+    all marked seen"""
 
 
-@dataclass
-class _Seen:
-    """The VMs and customers this process marked seen on ``day`` (committed): a batch of that
-    day marks only the others, so each is written once a day, not once a batch."""
+def mark_period(host: str, t_s: int) -> int:
+    """Which of ``host``'s marking periods time ``t_s`` falls in: periods of
+    :data:`SEEN_PERIOD_S` that begin at a time of day fixed by the host's name, so that the
+    marking of a cloud's VMs spreads over the day instead of falling on every host's first
+    batch after midnight (5,000 batches at the burst of one interval's end)."""
+    return (t_s + zlib.crc32(host.encode()) % SEEN_PERIOD_S) // SEEN_PERIOD_S
 
-    day: int = -1
-    vms: set[int] = field(default_factory=set)
-    customers: set[int] = field(default_factory=set)
+
+def marked_in(marked: Mapping[int, int], ids: Iterable[int], host: str, t_s: int) -> list[int]:
+    """Of ``ids``, those ``marked`` (id → the interval it was last marked in) does not show
+    marked in the host's period of ``t_s``."""
+    period = mark_period(host, t_s)
+    return sorted(
+        {i for i in ids if (m := marked.get(i)) is None or mark_period(host, m) != period}
+    )
 
 
 @dataclass
@@ -270,7 +292,9 @@ class _Ids:
     vms: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     last: dict[int, _HostVms] = field(default_factory=dict)
     generation: int = 0
-    seen: _Seen = field(default_factory=_Seen)
+    vm_marked: dict[int, int] = field(default_factory=dict)
+    """VM id → the start of the interval in which this process last marked it seen"""
+    customer_marked: dict[int, int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def forget(self, vm_uuids: Iterable[str], customer_names: Iterable[str]) -> None:
@@ -278,31 +302,32 @@ class _Ids:
         again."""
         with self.lock:
             for uuid in vm_uuids:
-                self.vms.pop(uuid, None)
+                vm = self.vms.pop(uuid, None)
+                if vm is not None:
+                    self.vm_marked.pop(vm[0], None)
             for name in customer_names:
-                self.customers.pop(name, None)
+                cid = self.customers.pop(name, None)
+                if cid is not None:
+                    self.customer_marked.pop(cid, None)
             self.generation += 1
 
     def unmarked(
-        self, day: int, vm_ids: Iterable[int], customer_ids: Iterable[int]
+        self, host: str, t_s: int, vm_ids: Iterable[int], customer_ids: Iterable[int]
     ) -> tuple[list[int], list[int]]:
-        """Of these ids, the ones not yet marked seen on ``day``."""
-        vms, customers = set(vm_ids), set(customer_ids)
+        """Of these ids, the ones not marked seen in the host's period of ``t_s``."""
         with self.lock:
-            if self.seen.day == day:
-                vms -= self.seen.vms
-                customers -= self.seen.customers
-        return sorted(vms), sorted(customers)
+            return (
+                marked_in(self.vm_marked, vm_ids, host, t_s),
+                marked_in(self.customer_marked, customer_ids, host, t_s),
+            )
 
-    def saw(self, day: int, vm_ids: Iterable[int], customer_ids: Iterable[int]) -> None:
-        """Remember, once committed, what a batch of ``day`` marked seen (a later day starts
-        afresh; an earlier one is not remembered)."""
+    def saw(self, t_s: int, vm_ids: Iterable[int], customer_ids: Iterable[int]) -> None:
+        """Remember, once committed, what a batch of interval ``t_s`` marked seen."""
         with self.lock:
-            if day > self.seen.day:
-                self.seen = _Seen(day)
-            if day == self.seen.day:
-                self.seen.vms.update(vm_ids)
-                self.seen.customers.update(customer_ids)
+            for marked, ids in ((self.vm_marked, vm_ids), (self.customer_marked, customer_ids)):
+                for i in ids:
+                    if marked.get(i, t_s) <= t_s:
+                        marked[i] = t_s
 
     def same_vms(self, host_id: int, record: BatchRecord) -> _HostVms | None:
         """The host's last VMs if ``record`` lists the same ones, owned alike, and nothing has
@@ -486,27 +511,24 @@ class LedgerStore:
         return [known[u][0] for u in record.vm_uuids]
 
     def _mark_seen(self, conn: Connection, table: Table, ids: list[int], seen_s: int) -> set[int]:
-        """Move ``last_seen_s`` of rows ``ids`` (of ``vms`` or ``customers``) on to ``seen_s``;
-        the ids that have no row any more (retention purged them).
+        """Move ``last_seen_s`` of rows ``ids`` (of ``vms`` or ``customers``) on to ``seen_s``
+        (never back); the ids that have no row any more (retention purged them).
 
-        Only rows not yet marked that day are written, so that of all the hosts whose batches
-        name a customer at the turn of the day one writes its row and the others pass it by.
-        Written before the samples that name them, in the batch's transaction: retention's
-        delete, which also requires the row unseen, either comes first (and the row is found
-        missing here) or finds it seen and leaves it."""
+        One statement that locks each row it finds, in the batch's transaction, before the
+        samples that name them are written: retention's delete of a row either comes first
+        (the row is not found here, and is made again) or waits for this batch and then finds
+        the row seen and leaves it. An array, not a list of 500 parameters, on PostgreSQL:
+        2 ms instead of 23 for a host's VMs."""
         if not ids:
             return set()
-        day_start_s = seen_s // DAY_S * DAY_S
         last = table.c.last_seen_s
-        conn.execute(
+        found = conn.execute(
             update(table)
-            .where(table.c.id.in_(ids), or_(last.is_(None), last < day_start_s))
-            .values(last_seen_s=case((last < seen_s, seen_s), else_=func.coalesce(last, seen_s)))
-        )
-        present = conn.execute(select(func.count()).where(table.c.id.in_(ids))).scalar_one()
-        if present == len(ids):
-            return set()
-        return set(ids) - set(conn.execute(select(table.c.id).where(table.c.id.in_(ids))).scalars())
+            .where(_id_in(conn, table.c.id, ids))
+            .values(last_seen_s=case((last > seen_s, last), else_=seen_s))
+            .returning(table.c.id)
+        ).scalars()
+        return set(ids).difference(found)
 
     def _unknown(self, conn: Connection, record: BatchRecord) -> tuple[int, int]:
         """How many of the batch's customers and VMs the ledger does not know: a look-up of
@@ -608,11 +630,11 @@ class LedgerStore:
         new_customers: dict[str, int] = {}
         new_hosts: dict[str, tuple[int, int]] = {}
         new_vms: dict[str, tuple[int, int, int]] = {}
-        day = record.interval_start_s // DAY_S
+        period = mark_period(record.host, record.interval_start_s)
         with self._ids.lock:
             generation = self._ids.generation
         known: _HostVms | None = None
-        marked = False
+        marked: tuple[list[int], list[int]] = ([], [])
         with self.writer.begin() as conn:
             host_id, org_id = self._host_id(conn, record.host, new_hosts)
             stored = self._insert_batch(conn, record, host_id)
@@ -622,14 +644,14 @@ class LedgerStore:
                 batch_id, on_time = stored
                 self._fix_capacity(conn, record, host_id, org_id, now_s)
                 known = self._ids.same_vms(host_id, record)
-                if known is not None and known.day != day:
-                    known = self._still_there(conn, record, known)
-                    marked = known is not None
+                if known is not None and known.period != period:
+                    known, marked = self._still_there(conn, record, known)
                 if admit is not None:
                     admit(*(self._unknown(conn, record) if known is None else (0, 0)))
                 if known is None:
-                    known = self._look_up(conn, record, host_id, generation, new_customers, new_vms)
-                    marked = True
+                    known, marked = self._look_up(
+                        conn, record, host_id, generation, new_customers, new_vms
+                    )
                 if n:
                     self._write_samples(
                         conn, record, host_id, batch_id, known.vm_ids, known.customer_ids, on_time
@@ -645,17 +667,17 @@ class LedgerStore:
                 self._ids.generation += 1
             if known is not None:
                 self._ids.last[host_id] = known
-        if marked and known is not None:
-            self._ids.saw(day, known.vm_ids, known.customer_ids)
+        self._ids.saw(record.interval_start_s, *marked)
         return result
 
     def _still_there(
         self, conn: Connection, record: BatchRecord, known: _HostVms
-    ) -> _HostVms | None:
-        """The host's memory, its VMs and customers marked seen on the batch's day; None if
-        retention purged any of them (forgotten: the batch looks them all up again)."""
+    ) -> tuple[_HostVms | None, tuple[list[int], list[int]]]:
+        """The host's memory, its VMs and customers marked seen in the batch's period, and the
+        ids marked; None if retention purged any of them (forgotten: the batch looks them all
+        up again)."""
         start_s = record.interval_start_s
-        vms, customers = self._ids.unmarked(start_s // DAY_S, known.vm_ids, known.customer_ids)
+        vms, customers = self._ids.unmarked(record.host, start_s, known.vm_ids, known.customer_ids)
         gone_customers = self._mark_seen(conn, _customers, customers, start_s)
         gone_vms = self._mark_seen(conn, _vms, vms, start_s)
         if gone_vms or gone_customers:
@@ -667,8 +689,8 @@ class LedgerStore:
                     if i in gone_customers
                 ],
             )
-            return None
-        return replace(known, day=start_s // DAY_S)
+            return None, ([], [])
+        return replace(known, period=mark_period(record.host, start_s)), (vms, customers)
 
     def _look_up(
         self,
@@ -678,11 +700,11 @@ class LedgerStore:
         generation: int,
         new_customers: dict[str, int],
         new_vms: dict[str, tuple[int, int, int]],
-    ) -> _HostVms:
+    ) -> tuple[_HostVms, tuple[list[int], list[int]]]:
         """The batch's VMs and customers by id, created where new (or purged: a cached id
-        whose row is gone is forgotten and the row made again), and marked seen."""
+        whose row is gone is forgotten and the row made again), marked seen in the host's
+        period; and the ids marked."""
         start_s = record.interval_start_s
-        day = start_s // DAY_S
 
         def customers() -> dict[str, int]:
             return self._customer_ids(
@@ -690,27 +712,30 @@ class LedgerStore:
             )
 
         customer_ids = customers()
-        _, unmarked = self._ids.unmarked(day, (), customer_ids.values())
-        gone = self._mark_seen(conn, _customers, unmarked, start_s)
+        _, marked_customers = self._ids.unmarked(record.host, start_s, (), customer_ids.values())
+        gone = self._mark_seen(conn, _customers, marked_customers, start_s)
         if gone:
             self._ids.forget((), [c for c, i in customer_ids.items() if i in gone])
             customer_ids = customers()
+            marked_customers = sorted(set(customer_ids.values()))
         vm_ids = self._vm_ids(conn, record, host_id, customer_ids, new_vms)
-        unmarked, _ = self._ids.unmarked(day, vm_ids, ())
-        gone = self._mark_seen(conn, _vms, unmarked, start_s)
+        marked_vms, _ = self._ids.unmarked(record.host, start_s, vm_ids, ())
+        gone = self._mark_seen(conn, _vms, marked_vms, start_s)
         if gone:
             self._ids.forget(
                 [u for u, i in zip(record.vm_uuids, vm_ids, strict=True) if i in gone], ()
             )
             vm_ids = self._vm_ids(conn, record, host_id, customer_ids, new_vms)
-        return _HostVms(
+            marked_vms = sorted(set(vm_ids))
+        known = _HostVms(
             record.vm_uuids,
             record.customers,
             vm_ids,
             [customer_ids[c] for c in record.customers],
             generation,
-            day,
+            mark_period(record.host, start_s),
         )
+        return known, (marked_vms, marked_customers)
 
     def _insert_batch(
         self, conn: Connection, record: BatchRecord, host_id: int
