@@ -201,6 +201,28 @@ def purge(
     return _logged(report)
 
 
+def _in_chunks(
+    engine: Engine,
+    table: Table,
+    step: Callable[[Connection], int],
+    chunk: int,
+    deadline: float,
+    report: PurgeReport,
+) -> bool:
+    """Run ``step`` (one chunk's delete from ``table``, returning the rows it deleted), each
+    its own short transaction, until a chunk comes back short; False when the deadline came
+    first."""
+    while True:
+        since = time.monotonic()
+        with writer(engine).begin() as conn:
+            deleted = step(conn)
+        report.add(table.name, deleted, since)
+        if deleted < chunk:
+            return True
+        if time.monotonic() > deadline:
+            return False
+
+
 def _unseen_vms(
     engine: Engine,
     before_s: int,
@@ -209,26 +231,23 @@ def _unseen_vms(
     report: PurgeReport,
     forget: Forget | None,
 ) -> bool:
-    """Delete VMs last seen before ``before_s``, ``chunk`` a transaction; False when the
-    deadline came first. The outer condition is checked again on each row: a VM that a
-    concurrent batch has just marked seen is left (PostgreSQL re-reads a row it waited for)."""
+    """Delete VMs last seen before ``before_s``. The outer condition is checked again on each
+    row: a VM that a concurrent batch has just marked seen is left (PostgreSQL re-reads a row
+    it waited for)."""
     unseen = vms.c.last_seen_s < before_s
     statement = (
         delete(vms)
         .where(unseen, vms.c.id.in_(select(vms.c.id).where(unseen).limit(chunk)))
         .returning(vms.c.uuid)
     )
-    while True:
-        since = time.monotonic()
-        with writer(engine).begin() as conn:
-            gone = [str(u) for u in conn.execute(statement).scalars()]
-        report.add(vms.name, len(gone), since)
+
+    def step(conn: Connection) -> int:
+        gone = [str(u) for u in conn.execute(statement).scalars()]
         if gone and forget is not None:
             forget(gone, ())
-        if len(gone) < chunk:
-            return True
-        if time.monotonic() > deadline:
-            return False
+        return len(gone)
+
+    return _in_chunks(engine, vms, step, chunk, deadline, report)
 
 
 def _unseen_customers(
@@ -239,9 +258,9 @@ def _unseen_customers(
     report: PurgeReport,
     forget: Forget | None,
 ) -> bool:
-    """Delete customers last seen before ``before_s`` that nothing kept names (with their
-    level-0 row), ``chunk`` a transaction; False when the deadline came first. The candidates
-    are locked, skipping any a concurrent batch is marking seen, and read again under the lock."""
+    """Delete customers last seen before ``before_s`` that nothing kept names, with their
+    level-0 row. The candidates are locked, skipping any a concurrent batch is marking seen,
+    and read under the lock."""
     unnamed = [~exists().where(t.c.customer_id == customers.c.id) for t in NAMING_CUSTOMERS]
     throttled = exists().where(levels.c.customer_id == customers.c.id, levels.c.level != 0)
     candidates = (
@@ -250,21 +269,19 @@ def _unseen_customers(
         .limit(chunk)
         .with_for_update(of=customers, skip_locked=True)
     )
-    while True:
-        since = time.monotonic()
-        with writer(engine).begin() as conn:
-            found = conn.execute(candidates).all()
-            ids = [int(i) for i, _ in found]
-            if ids:
-                conn.execute(delete(levels).where(levels.c.customer_id.in_(ids)))
-                conn.execute(delete(customers).where(customers.c.id.in_(ids)))
-        report.add(customers.name, len(ids), since)
-        if found and forget is not None:
+
+    def step(conn: Connection) -> int:
+        found = conn.execute(candidates).all()
+        if not found:
+            return 0
+        ids = [int(i) for i, _ in found]
+        conn.execute(delete(levels).where(levels.c.customer_id.in_(ids)))
+        conn.execute(delete(customers).where(customers.c.id.in_(ids)))
+        if forget is not None:
             forget((), [str(n) for _, n in found])
-        if len(ids) < chunk:
-            return True
-        if time.monotonic() > deadline:
-            return False
+        return len(ids)
+
+    return _in_chunks(engine, customers, step, chunk, deadline, report)
 
 
 def _chunks(
@@ -276,23 +293,21 @@ def _chunks(
     report: PurgeReport,
     key: Column[Any] | None = None,
 ) -> bool:
-    """Delete ``table``'s rows of intervals (or periods: ``key``) before ``before_s``,
-    ``chunk`` rows a transaction; False when the deadline came first."""
+    """Delete ``table``'s rows of intervals (or periods: ``key``) before ``before_s``."""
     row = "rowid" if engine.dialect.name == "sqlite" else "ctid"
     column = "interval_id" if key is None else key.name
     statement = text(
         f"DELETE FROM {table.name} WHERE {row} IN"
         f" (SELECT {row} FROM {table.name} WHERE {column} < :before LIMIT :chunk)"
     )
-    while True:
-        since = time.monotonic()
-        with writer(engine).begin() as conn:
-            deleted = conn.execute(statement, {"before": before_s, "chunk": chunk}).rowcount
-        report.add(table.name, deleted, since)
-        if deleted < chunk:
-            return True
-        if time.monotonic() > deadline:
-            return False
+    return _in_chunks(
+        engine,
+        table,
+        lambda conn: conn.execute(statement, {"before": before_s, "chunk": chunk}).rowcount,
+        chunk,
+        deadline,
+        report,
+    )
 
 
 def _logged(report: PurgeReport) -> PurgeReport:
