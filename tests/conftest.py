@@ -3,7 +3,8 @@
 Every test is marked from what it uses, so no test file names its tier:
 ``postgres`` (the PostgreSQL server fixture, or ``database_url`` on PostgreSQL), ``realvm``
 (the real libvirtd/QEMU guests of tests/realvm.py), ``openstack`` (the real Keystone, Nova
-and Placement of tests/openstack_support.py) and ``slow`` (SLOW below: more than about ten
+and Placement of tests/openstack_support.py, and the whole cloud with a compute host of
+tests/nova_support.py) and ``slow`` (SLOW below: more than about ten
 seconds on its own). ``make test-fast`` runs the rest: pytest -m "not postgres and not realvm
 and not openstack and not slow"; ``make test`` runs everything.
 """
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 
 # Test modules import it before they name it in pytest_plugins: rewrite its asserts all the same.
-pytest.register_assert_rewrite("tests.openstack_support")
+pytest.register_assert_rewrite("tests.openstack_support", "tests.nova_support")
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data"
@@ -30,6 +31,8 @@ where and how): the repository holds everything its tests need."""
 POSTGRES_FIXTURE = "postgres_server_url"
 REALVM_PLUGIN = "tests.realvm"
 OPENSTACK_FIXTURE = "openstack_info"
+NOVA_FIXTURE = "nova_cloud"
+"""The whole small cloud of tests/nova_support.py: real Nova booting real QEMU guests."""
 # Tests that take more than about ten seconds alone on a busy 2-core machine (measured with
 # `pytest --durations=30`: 10-45 s loaded, 4-17 s idle), and two that start real processes and
 # wait on them (6-7 s loaded), which keeps `make test-fast` under a minute. By node id; a name
@@ -101,6 +104,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.openstack)
             # One real cloud, whose projects' quotas the tests change: one worker runs them all.
             item.add_marker(pytest.mark.xdist_group("openstack"))
+        if NOVA_FIXTURE in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.openstack)
+            # One cloud and one compute host, whose guests the tests boot and count: one worker.
+            item.add_marker(pytest.mark.xdist_group("nova"))
         if item.nodeid.startswith("tests/test_read_replica.py"):
             # One streaming replica, which these tests stop and start again.
             item.add_marker(pytest.mark.xdist_group("replica"))

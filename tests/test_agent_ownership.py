@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import calendar
+import time
+from pathlib import Path
+
 from gmd.agent.collect.base import Flavor, Ownership
 from gmd.agent.collect.ownership import ownership_from_xml
 
@@ -69,3 +73,18 @@ def test_the_project_name_beside_the_uuid_if_the_daemon_would_accept_it() -> Non
     hidden = owner('<nova:project uuid="p1">acme\u202egnp</nova:project>')
     assert (hidden.customer, hidden.customer_name) == ("p1", None)
     assert owner(f'<nova:project uuid="p1">{"x" * 256}</nova:project>').customer_name is None
+
+
+def test_the_domain_xml_nova_34_really_wrote() -> None:
+    """tests/agent_fixtures/nova34_domain.xml is what a real Nova 34 defined for a server a
+    member of project acme booted (saved by tests/test_nova_cloud.py, GMD_SAVE_NOVA_XML=1): its
+    full metadata (flavor id, extraSpecs, image properties, root, ports) parses as written."""
+    xml = (Path(__file__).parent / "agent_fixtures" / "nova34_domain.xml").read_text()
+    created = calendar.timegm(time.strptime("2026-11-26 22:47:09", "%Y-%m-%d %H:%M:%S"))
+    assert ownership_from_xml(xml) == Ownership(
+        "e492db59c98e4f7cb004ecc37c2fb176",
+        "nova/1.1",
+        Flavor(1.0, 128 * 2**20),
+        created_s=created,
+        customer_name="acme",
+    )
