@@ -140,7 +140,12 @@ def test_every_refused_batch_is_counted_by_its_reason(tmp_path: Path) -> None:
         for (name, labels), value in metrics.items()
         if name == "gmd_ingest_rejected_batches_total"
     }
-    assert counted == {**dict.fromkeys(Rejection, 1.0), Rejection.too_large: 2.0}
+    # Placement's refusals need the real Placement: tests/test_placement_verify.py counts them.
+    assert counted == {
+        **dict.fromkeys(Rejection, 1.0),
+        Rejection.too_large: 2.0,
+        Rejection.placement: 0.0,
+    }
     rejected = metrics[("gmd_ingest_batches_total", frozenset({("outcome", "rejected")}))]
     assert rejected == sum(counted.values())
 

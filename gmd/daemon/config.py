@@ -168,6 +168,38 @@ class RetentionConfig:
         return None if days == 0 else int(now_s - days * 86400)
 
 
+PLACEMENT_VERIFY = ("off", "on")
+
+
+@dataclass(frozen=True)
+class PlacementConfig:
+    """``[placement]``: whether Placement vouches for what hosts claim (see
+    :mod:`gmd.daemon.placement`). ``cloud`` names the clouds.yaml entry (an account that may
+    read providers and allocations); ``refresh_s`` is how old a host's snapshot may grow
+    before the daemon's job reads it again; ``timeout_s`` bounds each request (never
+    retried: a batch that cannot be verified is verified later); ``miss_s`` is how often at
+    most a batch that Placement's snapshot does not vouch for makes the daemon ask again, per
+    host; ``wait_s`` is how long accounting waits, past an interval's grace, for its batches
+    accepted unverified; ``providers`` maps a host to its resource provider's name (default:
+    the host's own name, which is Nova's)."""
+
+    verify: str = "off"
+    cloud: str = ""
+    refresh_s: float = 300.0
+    timeout_s: float = 5.0
+    miss_s: float = 30.0
+    wait_s: float = 900.0
+    providers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def on(self) -> bool:
+        return self.verify == "on"
+
+    def provider_name(self, host: str) -> str:
+        """The name of the host's resource provider in Placement."""
+        return self.providers.get(host, host)
+
+
 @dataclass(frozen=True)
 class HostConfig:
     name: str
@@ -210,6 +242,7 @@ class Config:
     # load the primary that ingests and accounts; None reads from database_url.
     read_url: str | None = None
     read_api: ReadApiConfig = field(default_factory=ReadApiConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
 
     def owner_of(self, host: str) -> str:
         """The organization that contributed ``host``: configured, else the default owner."""
@@ -267,6 +300,7 @@ def parse(document: dict[str, Any], source: str = "<config>", path: Path | None 
     read_api = _read_api(root.sub("read_api"), daemon, path)
     enforcement = _enforcement(root.sub("enforcement"))
     retention = _retention(root.sub("retention"), daemon)
+    placement = _placement(root.sub("placement"))
 
     orgs = root.sub("organizations")
     default_owner = orgs.get("default_owner", str, "operator")
@@ -303,6 +337,7 @@ def parse(document: dict[str, Any], source: str = "<config>", path: Path | None 
         retention,
         read_url=read_url,
         read_api=read_api,
+        placement=placement,
     )
 
 
@@ -392,6 +427,26 @@ def _contention(e: Reader) -> ContentionPolicy:
     if intervals != int(intervals):
         raise e.fail("contention_intervals", f"{intervals!r} is not a whole number of intervals")
     return ContentionPolicy(above[CapResource.cpu], above[CapResource.disk], int(intervals))
+
+
+def _placement(r: Reader) -> PlacementConfig:
+    d = PlacementConfig()
+    names = r.sub("providers")
+    providers = {host: names.get(host, str, host) for host in names.table}
+    names.done()
+    config = PlacementConfig(
+        verify=r.choice("verify", d.verify, PLACEMENT_VERIFY),
+        cloud=r.get("cloud", str, d.cloud),
+        refresh_s=r.number("refresh_s", d.refresh_s, 1, 86400),
+        timeout_s=r.number("timeout_s", d.timeout_s, 0.1, 600),
+        miss_s=r.number("miss_s", d.miss_s, 0, 86400),
+        wait_s=r.number("wait_s", d.wait_s, 0, 7 * 86400),
+        providers=providers,
+    )
+    if config.on and not config.cloud:
+        raise r.fail("cloud", 'is required with verify = "on" (a clouds.yaml entry)')
+    r.done()
+    return config
 
 
 def _retention(r: Reader, daemon: DaemonConfig) -> RetentionConfig:

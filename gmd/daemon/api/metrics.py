@@ -24,6 +24,7 @@ from prometheus_client import (
 )
 
 from gmd.common.version import version
+from gmd.daemon.placement.view import Disagreement
 from gmd.wire import PLAN_MODES, ApplyAction
 
 
@@ -59,6 +60,8 @@ class Rejection(StrEnum):
     over_limit = "over_limit"
     """past a host's bound of [daemon.limits]: batches per interval (422), new customers or
     VMs per interval (429, or 422 for one batch beyond it)"""
+    placement = "placement"
+    """Placement disagrees with the batch (409): gmd_placement_refused_batches_total says how"""
 
 
 class QuotaChange(StrEnum):
@@ -189,6 +192,45 @@ class DaemonMetrics:
         self.ledger_failing = Gauge(
             "gmd_ledger_write_failing",
             "1 while the ledger's latest write failed (no interval is closed meanwhile), else 0.",
+            registry=r,
+        )
+
+        self.placement_refused = Counter(
+            "gmd_placement_refused_batches",
+            "Batches refused at ingest because Placement disagrees with them ([placement]"
+            " verify = on), by what it disagrees with.",
+            ["reason"],
+            registry=r,
+        )
+        self.placement_quarantined = Counter(
+            "gmd_placement_quarantined_batches",
+            "Batches accepted while Placement could not be reached, then quarantined when it"
+            " answered and disagreed, by what it disagreed with.",
+            ["reason"],
+            registry=r,
+        )
+        for disagreement in Disagreement:
+            self.placement_refused.labels(disagreement.value)
+            self.placement_quarantined.labels(disagreement.value)
+        self.placement_unverified = Counter(
+            "gmd_placement_unverified_batches",
+            "Batches accepted unverified because Placement could not be reached (verified"
+            " later by the daemon's job).",
+            registry=r,
+        )
+        self.placement_verified_late = Counter(
+            "gmd_placement_late_verified_batches",
+            "Batches accepted unverified that Placement vouched for once it answered.",
+            registry=r,
+        )
+        self.placement_waiting = Gauge(
+            "gmd_placement_waiting_batches",
+            "Batches stored unverified that Placement has yet to vouch for.",
+            registry=r,
+        )
+        self.placement_requests = Counter(
+            "gmd_placement_requests",
+            "HTTP requests this daemon made to Placement.",
             registry=r,
         )
 

@@ -141,9 +141,10 @@ def store_batch(
     services.auth.check_host(host, batch.host)
     check_batch(services, batch)
     refuse(batch, implausible(batch, services.plausible))
+    unverified = vouched(services, batch)
     now_s = services.clock()
     try:
-        result = ingest_within_limits(services, batch, now_s)
+        result = ingest_within_limits(services, batch, now_s, unverified)
     except KeyReused as exc:
         raise Refused(409, str(exc), reason=Rejection.key_reused) from None
     except CapacityConflict as exc:
@@ -153,6 +154,8 @@ def store_batch(
             422, f"batch {batch.key} from {batch.host}: {exc}", reason=Rejection.before_origin
         ) from None
     _count(services.metrics, batch, result)
+    if unverified and result.status == "accepted":
+        services.metrics.placement_unverified.inc()
     if result.status == "accepted":
         # A duplicate writes nothing: only a stored batch shows that the ledger writes again.
         services.write_health.succeeded(now_s)
@@ -167,7 +170,33 @@ def store_batch(
     )
 
 
-def ingest_within_limits(services: Services, batch: BatchRecord, now_s: float) -> IngestResult:
+def vouched(services: Services, batch: BatchRecord) -> bool:
+    """Check ``batch`` against Placement, when it vouches for hosts' claims: raise
+    :class:`Refused` (409) where it disagrees; True when it could not be asked (the batch is
+    stored unverified and checked later), False when verified or not verifying."""
+    view = services.placement
+    if view is None:
+        return False
+    verdict = view.check(batch.host, batch.capacity, batch.vm_uuids, batch.customers)
+    if verdict.refusal is not None:
+        services.metrics.placement_refused.labels(verdict.refusal.reason.value).inc()
+        log.warning("batch %s from %s refused: %s", batch.key, batch.host, verdict.refusal.message)
+        raise Refused(
+            409,
+            f"batch {batch.key} from {batch.host}: {verdict.refusal.message}",
+            reason=Rejection.placement,
+        )
+    if verdict.unreachable is not None:
+        log.warning(
+            "batch %s from %s stored unverified: %s", batch.key, batch.host, verdict.unreachable
+        )
+        return True
+    return False
+
+
+def ingest_within_limits(
+    services: Services, batch: BatchRecord, now_s: float, unverified: bool = False
+) -> IngestResult:
     """Store ``batch`` if its host's bounds (``[daemon.limits]``) let it in; what the bounds
     counted for a batch that is not stored after all (a database error, a store's retry) is
     given back, so that a full disk does not use up a host's room."""
@@ -182,7 +211,7 @@ def ingest_within_limits(services: Services, batch: BatchRecord, now_s: float) -
         )
 
     try:
-        result = services.store.ingest(batch, now_s, admit)
+        result = services.store.ingest(batch, now_s, admit, unverified)
     except BaseException:
         for claim in claims:
             services.limits.release(claim)

@@ -30,6 +30,9 @@ from gmd.daemon.ledger.schedule import Accountant
 from gmd.daemon.ledger.status import hosts_last_seen, level_counts
 from gmd.daemon.ledger.store import LedgerStore
 from gmd.daemon.ledger.write_health import WriteHealth
+from gmd.daemon.placement.client import PlacementClient
+from gmd.daemon.placement.recheck import Rechecker, RecheckReport
+from gmd.daemon.placement.view import PlacementView
 from gmd.daemon.project_names import NameRefresher, ProjectNames
 
 
@@ -72,7 +75,17 @@ class Services:
             on_error=self._count_error,
             after=after_interval(config.enforcement, on_levels=self._count_levels),
             hold=self.write_health.hold_closing,
+            unverified_wait_s=config.placement.wait_s if config.placement.on else None,
         )
+        self.placement: PlacementView | None = None
+        """Placement's view, when it vouches for batches (``[placement] verify = "on"``)"""
+        if config.placement.on:
+            p = config.placement
+            client = PlacementClient(
+                p.cloud, timeout_s=p.timeout_s, on_call=self.metrics.placement_requests.inc
+            )
+            self.placement = PlacementView(p, client, d.plausibility_margin)
+        self.rechecker = None if self.placement is None else Rechecker(engine, self.placement)
         self.quotas: QuotaReconciler | None = None
         self.names: NameRefresher | None = None
         self._ingest_pool: ThreadPoolExecutor | None = None
@@ -119,6 +132,12 @@ class Services:
         self.accountant.every(
             3600.0, lambda: rollups.backfill(self.engine), "rollups", at_start=True
         )
+        if self.rechecker is not None:
+            # Every miss_s (at least every 5 s, at most every refresh_s): snapshots older than
+            # refresh_s are read again, and unverified batches wait about that long at most
+            # once Placement answers.
+            every = min(max(config.placement.miss_s, 5.0), config.placement.refresh_s)
+            self.accountant.every(every, self.run_placement, "placement", at_start=True)
         if config.enforcement.quota.cloud and config.enforcement.mode != "off":
             self.quotas = QuotaReconciler(self.engine, config.enforcement)
             self.accountant.every(config.enforcement.quota.every_s, self.run_quotas, "quotas")
@@ -140,6 +159,8 @@ class Services:
         if self.names is not None:
             self.names.close()
             self.names = None
+        if self.placement is not None:
+            self.placement.close()
 
     @asynccontextmanager
     async def lifespan(self, _app: FastAPI) -> AsyncIterator[None]:
@@ -162,6 +183,17 @@ class Services:
         self.metrics.quota_writes.labels(QuotaChange.restored.value).inc(run.restored)
         self.metrics.quota_failures.inc(run.failed)
         return run
+
+    def run_placement(self) -> RecheckReport:
+        """One run of the Placement job, counted in the metrics."""
+        assert self.rechecker is not None
+        report = self.rechecker.run()
+        self.metrics.placement_verified_late.inc(len(report.verified))
+        for _key, reason, _message in report.quarantined:
+            self.metrics.placement_quarantined.labels(reason.value).inc()
+        self.metrics.quarantined.inc(len(report.quarantined))
+        self.metrics.placement_waiting.set(report.waiting)
+        return report
 
     def _count_run(self, report: RunReport) -> None:
         for seconds in report.seconds:

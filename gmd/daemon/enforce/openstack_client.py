@@ -41,6 +41,8 @@ NO_SDK_RETRIES: dict[str, Any] = {
     "compute_status_code_retries": 0,
     "identity_connect_retries": 0,
     "identity_status_code_retries": 0,
+    "placement_connect_retries": 0,
+    "placement_status_code_retries": 0,
 }
 
 

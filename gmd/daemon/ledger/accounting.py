@@ -548,11 +548,40 @@ class AccountingStuck(RuntimeError):
     broken standing, not bad input. Accounting stops at that interval until it is fixed."""
 
 
+def unverified_in(conn: Connection, interval_id: int) -> int:
+    """How many on-time batches of the interval Placement has yet to vouch for."""
+    return int(
+        conn.execute(
+            select(func.count())
+            .select_from(_batches)
+            .where(
+                _batches.c.unverified.is_(True),
+                _batches.c.interval_id == interval_id,
+                _batches.c.late.is_(False),
+                _batches.c.state == BatchState.accepted,
+            )
+        ).scalar_one()
+    )
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """Accounting waits for an interval's unverified batches (``[placement] wait_s``)."""
+
+    start_s: int
+    batches: int
+    until_s: float
+
+
 def account_next(
     engine: Engine,
     config: AccountingConfig,
     after: AfterInterval | None = None,
     on_quarantine: Callable[[list[Quarantined]], object] | None = None,
+    *,
+    now_s: float | None = None,
+    unverified_wait_s: float | None = None,
+    on_wait: Callable[[Waiting], object] | None = None,
 ) -> int | None:
     """Account the earliest closed interval, if this process holds the lock and its turn has
     come. Returns its start, or None when there was nothing to do (or another daemon is at it).
@@ -565,6 +594,13 @@ def account_next(
     the interval fails with its data, the batches that make it fail are found, quarantined
     (``on_quarantine`` hears of them) and the interval is accounted without them, all in this
     transaction. :class:`AccountingStuck` when no batch explains the failure.
+
+    With ``unverified_wait_s`` (``[placement] wait_s``, Placement verifies batches), an
+    interval that still has batches accepted while Placement could not be reached is not
+    accounted until they are verified or quarantined, or until ``unverified_wait_s`` after its
+    grace period: ``on_wait`` hears of it and None is returned. Past the wait the interval is
+    accounted with them (as without verification; a batch Placement refuses later is still
+    quarantined, the accounted interval unchanged), and a warning says so.
     """
     with writer(engine).begin() as conn:
         if not take_lock(conn):
@@ -579,6 +615,23 @@ def account_next(
         if row is None:
             return None
         interval_id, start_s = int(row.id), int(row.start_s)
+        if unverified_wait_s is not None:
+            pending = unverified_in(conn, interval_id)
+            if pending:
+                now = time.time() if now_s is None else now_s
+                until = start_s + int(row.length_s) + config.grace_s + unverified_wait_s
+                if now < until:
+                    if on_wait is not None:
+                        on_wait(Waiting(start_s, pending, until))
+                    return None
+                log.warning(
+                    "interval %s: accounted with %d batch(es) Placement has not verified"
+                    " after waiting [placement] wait_s = %g s; any of them it refuses later"
+                    " is quarantined",
+                    _when(start_s),
+                    pending,
+                    unverified_wait_s,
+                )
 
         def account(batch_ids: Sequence[int] | None = None, *, keep: bool = True) -> None:
             with conn.begin_nested() as savepoint:
@@ -663,6 +716,8 @@ class RunReport:
     quarantined: list[Quarantined] = field(default_factory=list)
     stopped: bool = False
     """the run ended early because it was asked to stop (``should_stop``)"""
+    waiting: Waiting | None = None
+    """accounting waits for this interval's unverified batches"""
 
 
 # How many intervals one transaction creates at most while catching up: bounds its memory and
@@ -693,6 +748,7 @@ def account_due(
     after: AfterInterval | None = None,
     should_stop: Callable[[], bool] | None = None,
     close: bool = True,
+    unverified_wait_s: float | None = None,
 ) -> RunReport:
     """One accountant run: close what is due (unless ``close`` is False: the ledger's writes
     are failing, see :mod:`.write_health`) and account closed intervals in order, until
@@ -702,7 +758,8 @@ def account_due(
 
     Intervals are closed (and gaps created) at most :data:`CLOSE_CHUNK` at a time, each chunk
     its own short transaction, so that a catch-up over days neither holds the writer lock nor
-    builds its list of intervals in memory all at once."""
+    builds its list of intervals in memory all at once. ``unverified_wait_s``: see
+    :func:`account_next`."""
     now = time.time() if now_s is None else now_s
     closed = close_chunk(engine, now, config.grace_s) if close else 0
     accounted: list[int] = []
@@ -710,12 +767,23 @@ def account_due(
     quarantined: list[Quarantined] = []
     began = time.monotonic()
     stopped = False
+    waiting: list[Waiting] = []
     while time.monotonic() - began < budget_s:
         if should_stop is not None and should_stop():
             stopped = True
             break
         t0 = time.monotonic()
-        start = account_next(engine, config, after, quarantined.extend)
+        start = account_next(
+            engine,
+            config,
+            after,
+            quarantined.extend,
+            now_s=now,
+            unverified_wait_s=unverified_wait_s,
+            on_wait=waiting.append,
+        )
+        if waiting:
+            break
         if start is None:
             newly = close_chunk(engine, now, config.grace_s) if close else 0
             closed += newly
@@ -725,4 +793,6 @@ def account_due(
         accounted.append(start)
         seconds.append(time.monotonic() - t0)
         log.info("accounted interval %s in %.3f s", _when(start), seconds[-1])
-    return RunReport(closed, accounted, seconds, quarantined, stopped)
+    return RunReport(
+        closed, accounted, seconds, quarantined, stopped, waiting[-1] if waiting else None
+    )

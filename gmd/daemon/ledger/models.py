@@ -226,6 +226,14 @@ class Batch(Base):
         # A key is unique per interval (a partitioned table's unique keys must hold its
         # partition key); ingest looks a key up in every interval before it stores a batch.
         UniqueConstraint("key", "interval_id"),
+        # The batches Placement has yet to vouch for ([placement] verify = "on"): few, found
+        # by the daemon's job and by accounting without reading the rest.
+        Index(
+            "ix_batches_unverified",
+            "unverified",
+            postgresql_where=text("unverified"),
+            sqlite_where=text("unverified"),
+        ),
     )
     id: Mapped[int] = mapped_column(ID64, primary_key=True)
     key: Mapped[str] = mapped_column(String(128))
@@ -244,6 +252,9 @@ class Batch(Base):
     host_cpu_s: Mapped[float | None] = mapped_column(Double)
     """the host's busy CPU seconds in the interval as this batch gave them (NULL: not
     reported); a host's batches for one interval add up, as their samples do"""
+    unverified: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    """stored while Placement could not be reached: not yet vouched for (its VMs' rows were
+    left as they were); the daemon's job verifies it, or quarantines it"""
 
 
 class HostInterval(Base):

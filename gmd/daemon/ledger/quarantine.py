@@ -117,9 +117,14 @@ def isolate(
     return quarantine(conn, errors)
 
 
-def quarantine(conn: Connection, errors: dict[int, str]) -> list[Quarantined]:
+def quarantine(
+    conn: Connection,
+    errors: dict[int, str],
+    cause: str = "accounting failed with this batch",
+    by: str = "accounting",
+) -> list[Quarantined]:
     """Move the samples of the batches in ``errors`` (id → why) out of accounting's way, mark
-    the batches and log each in the enforcement log."""
+    the batches and log each in the enforcement log (``cause: why``, by ``by``)."""
     ids = sorted(errors)
     found = describe(conn, ids)
     conn.execute(
@@ -144,7 +149,8 @@ def quarantine(conn: Connection, errors: dict[int, str]) -> list[Quarantined]:
             ActionKind.batch_quarantine,
             BatchState.accepted,
             BatchState.quarantined,
-            f"accounting failed with this batch: {error}",
+            f"{cause}: {error}",
+            by,
         )
         out.append(Quarantined(batch_id, row.key, row.host, int(row.start_s), error))
     return out

@@ -37,8 +37,12 @@ class Accountant:
         on_error: Callable[[Exception], None] | None = None,
         after: AfterInterval | None = None,
         hold: Callable[[float], str | None] | None = None,
+        unverified_wait_s: float | None = None,
     ) -> None:
         self.engine, self.config, self.every_s = engine, config, every_s
+        self.unverified_wait_s = unverified_wait_s
+        """``[placement] wait_s`` when Placement verifies batches (see ``account_next``)"""
+        self._waiting: int | None = None
         self.on_run, self.on_error, self.after = on_run, on_error, after
         self.hold = hold
         self._held: str | None = None
@@ -62,6 +66,7 @@ class Accountant:
                 after=self.after,
                 should_stop=self._stopping.is_set,
                 close=held is None,
+                unverified_wait_s=self.unverified_wait_s,
             )
         except AccountingStuck as exc:
             log.critical("accounting is stuck, nothing after this interval is accounted: %s", exc)
@@ -73,6 +78,16 @@ class Accountant:
             if self.on_error is not None:
                 self.on_error(exc)
             return None
+        waiting = report.waiting
+        if waiting is not None and waiting.start_s != self._waiting:
+            log.warning(
+                "accountant: interval %s waits for %d batch(es) Placement has not verified"
+                " (Placement could not be reached); at most until %s",
+                datetime.fromtimestamp(waiting.start_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                waiting.batches,
+                datetime.fromtimestamp(waiting.until_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            )
+        self._waiting = None if waiting is None else waiting.start_s
         if self.on_run is not None:
             self.on_run(report)
         return report

@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 from sqlalchemy import (
+    Boolean,
     Column,
     ColumnElement,
     Connection,
@@ -204,6 +205,7 @@ def _statements(dialect_name: str) -> _Statements:
             bindparam("samples", type_=Integer()),
             (_intervals.c.state != open_state).label("late"),
             bindparam("host_cpu_s", type_=Double()),
+            bindparam("unverified", type_=Boolean()),
         )
         .where(
             _intervals.c.id == bindparam("interval_id", type_=ID64),
@@ -214,7 +216,17 @@ def _statements(dialect_name: str) -> _Statements:
     batch = (
         _upsert(dialect_name, _batches)
         .from_select(
-            ["key", "digest", "host_id", "interval_id", "samples", "late", "host_cpu_s"], fresh
+            [
+                "key",
+                "digest",
+                "host_id",
+                "interval_id",
+                "samples",
+                "late",
+                "host_cpu_s",
+                "unverified",
+            ],
+            fresh,
         )
         .on_conflict_do_nothing(index_elements=["key", "interval_id"])
         .returning(_batches.c.id, _batches.c.late)
@@ -257,6 +269,9 @@ class _HostVms:
     period: int
     """the host's marking period (:func:`mark_period`) in which these VMs and customers were
     all marked seen"""
+    held: bool = False
+    """an unverified batch left some of these VMs on another host or owner: not to be
+    remembered, so that the host's next (verified) batch looks them up and moves them"""
 
 
 def mark_period(host: str, t_s: int) -> int:
@@ -467,7 +482,11 @@ class LedgerStore:
         host_id: int,
         customer_ids: dict[str, int],
         new: dict[str, tuple[int, int, int]],
-    ) -> list[int]:
+        unverified: bool = False,
+    ) -> tuple[list[int], bool]:
+        """The batch's VMs' ids, created where new; a VM the ledger has on another host or
+        owner is moved to the batch's, unless the batch is ``unverified`` (then the VM keeps
+        its row, and the second value says some were held)."""
         with self._ids.lock:
             known = {u: self._ids.vms[u] for u in record.vm_uuids if u in self._ids.vms}
         missing = sorted(set(record.vm_uuids) - known.keys())
@@ -495,10 +514,14 @@ class LedgerStore:
             known.update({u: (i, c, h) for u, i, c, h in rows})
             new.update({u: (i, c, h) for u, i, c, h in rows})
         moved = []
+        held = False
         for uuid, customer in zip(record.vm_uuids, record.customers, strict=True):
             vm_id, cid, hid = known[uuid]
             now = (vm_id, customer_ids[customer], host_id)
             if (cid, hid) != now[1:]:
+                if unverified:
+                    held = True
+                    continue
                 moved.append({"vid": vm_id, "cid": now[1], "hid": host_id})
                 known[uuid] = new[uuid] = now
         if moved:
@@ -508,7 +531,7 @@ class LedgerStore:
                 .values(customer_id=bindparam("cid"), host_id=bindparam("hid")),
                 moved,
             )
-        return [known[u][0] for u in record.vm_uuids]
+        return [known[u][0] for u in record.vm_uuids], held
 
     def _mark_seen(self, conn: Connection, table: Table, ids: list[int], seen_s: int) -> set[int]:
         """Move ``last_seen_s`` of rows ``ids`` (of ``vms`` or ``customers``) on to ``seen_s``
@@ -591,16 +614,24 @@ class LedgerStore:
     # -- the batch -----------------------------------------------------------------------------
 
     def ingest(
-        self, record: BatchRecord, now_s: float | None = None, admit: Admit | None = None
+        self,
+        record: BatchRecord,
+        now_s: float | None = None,
+        admit: Admit | None = None,
+        unverified: bool = False,
     ) -> IngestResult:
         """Store one batch, or recognize it as a retry. Raises :class:`KeyReused`.
 
         ``admit(customers, vms)`` is told of every new batch (not of a retry) how many customers
         and VMs new to the ledger it would create, before they are written; what it raises
-        undoes the batch."""
+        undoes the batch. ``unverified``: Placement could not vouch for the batch (it could not
+        be reached); it is stored marked so, and moves no VM to its host or owner: a VM's row
+        keeps the host and project it had until a verified batch names it."""
         for attempt in range(5):
             try:
-                return self._ingest_once(record, time.time() if now_s is None else now_s, admit)
+                return self._ingest_once(
+                    record, time.time() if now_s is None else now_s, admit, unverified
+                )
             except IntegrityError:
                 # A concurrent transaction stored the same key (or created the same name)
                 # first; the next attempt sees its committed result.
@@ -623,7 +654,11 @@ class LedgerStore:
         self._partition_days.add(day)
 
     def _ingest_once(
-        self, record: BatchRecord, now_s: float, admit: Admit | None = None
+        self,
+        record: BatchRecord,
+        now_s: float,
+        admit: Admit | None = None,
+        unverified: bool = False,
     ) -> IngestResult:
         self._partition_for(record.interval_start_s)
         n = len(record.vm_uuids)
@@ -637,7 +672,7 @@ class LedgerStore:
         marked: tuple[list[int], list[int]] = ([], [])
         with self.writer.begin() as conn:
             host_id, org_id = self._host_id(conn, record.host, new_hosts)
-            stored = self._insert_batch(conn, record, host_id)
+            stored = self._insert_batch(conn, record, host_id, unverified)
             if stored is None:
                 result = IngestResult("duplicate", n, 0)
             else:
@@ -650,7 +685,7 @@ class LedgerStore:
                     admit(*(self._unknown(conn, record) if known is None else (0, 0)))
                 if known is None:
                     known, marked = self._look_up(
-                        conn, record, host_id, generation, new_customers, new_vms
+                        conn, record, host_id, generation, new_customers, new_vms, unverified
                     )
                 if n:
                     self._write_samples(
@@ -665,7 +700,7 @@ class LedgerStore:
                 # This batch's memory stays at the old generation: it is not used, and the
                 # host's next batch makes a current one.
                 self._ids.generation += 1
-            if known is not None:
+            if known is not None and not known.held:
                 self._ids.last[host_id] = known
         self._ids.saw(record.interval_start_s, *marked)
         return result
@@ -700,6 +735,7 @@ class LedgerStore:
         generation: int,
         new_customers: dict[str, int],
         new_vms: dict[str, tuple[int, int, int]],
+        unverified: bool = False,
     ) -> tuple[_HostVms, tuple[list[int], list[int]]]:
         """The batch's VMs and customers by id, created where new (or purged: a cached id
         whose row is gone is forgotten and the row made again), marked seen in the host's
@@ -718,14 +754,14 @@ class LedgerStore:
             self._ids.forget((), [c for c, i in customer_ids.items() if i in gone])
             customer_ids = customers()
             marked_customers = sorted(set(customer_ids.values()))
-        vm_ids = self._vm_ids(conn, record, host_id, customer_ids, new_vms)
+        vm_ids, held = self._vm_ids(conn, record, host_id, customer_ids, new_vms, unverified)
         marked_vms, _ = self._ids.unmarked(record.host, start_s, vm_ids, ())
         gone = self._mark_seen(conn, _vms, marked_vms, start_s)
         if gone:
             self._ids.forget(
                 [u for u, i in zip(record.vm_uuids, vm_ids, strict=True) if i in gone], ()
             )
-            vm_ids = self._vm_ids(conn, record, host_id, customer_ids, new_vms)
+            vm_ids, held = self._vm_ids(conn, record, host_id, customer_ids, new_vms, unverified)
             marked_vms = sorted(set(vm_ids))
         known = _HostVms(
             record.vm_uuids,
@@ -734,11 +770,12 @@ class LedgerStore:
             [customer_ids[c] for c in record.customers],
             generation,
             mark_period(record.host, start_s),
+            held,
         )
         return known, (marked_vms, marked_customers)
 
     def _insert_batch(
-        self, conn: Connection, record: BatchRecord, host_id: int
+        self, conn: Connection, record: BatchRecord, host_id: int, unverified: bool = False
     ) -> tuple[int, bool] | None:
         """The new batch's id and whether it is on time; ``None`` for a retry of a stored
         batch. Raises :class:`KeyReused` for a key used by another batch, and
@@ -750,6 +787,7 @@ class LedgerStore:
             "interval_id": record.interval_start_s,
             "samples": len(record.vm_uuids),
             "host_cpu_s": record.host_cpu_s,
+            "unverified": unverified,
         }
         statement = _statements(conn.dialect.name).batch
         for _ in range(2):

@@ -1,0 +1,9 @@
+"""Placement vouches for what hosts claim (``[placement] verify = "on"``).
+
+A host's token lets it post batches; it does not make what they say true. The cloud knows
+the truth: Placement holds each compute host's resource provider with its inventory, and every
+instance (consumer: the server id, which is the libvirt domain uuid an agent reports) with its
+allocations on one provider and its owning project. :mod:`.client` reads it, :mod:`.view`
+caches it and checks batches against it, :mod:`.recheck` checks later the batches accepted
+while Placement could not be reached.
+"""

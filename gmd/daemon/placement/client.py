@@ -1,0 +1,120 @@
+"""Placement's answers the daemon needs, read over raw HTTP on openstacksdk's adapter.
+
+The connection, its timeout and the translation of every failure into one error kind are
+those of the quota clients (:class:`~gmd.daemon.enforce.openstack_client.OpenStackClient`):
+one way of reaching the cloud. Calls are never retried here: a batch must not wait for
+Placement longer than one call's ``timeout_s``; what fails is verified later instead.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+from urllib.parse import quote
+
+from gmd.daemon.enforce.openstack_client import MalformedAnswer, OpenStackClient, checked
+
+if TYPE_CHECKING:
+    from openstack.connection import Connection
+
+MICROVERSION = "1.12"
+"""The first that gives a consumer's project and user with its allocations
+(``GET /allocations/{consumer}``)."""
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """One resource class of a provider, as Placement holds it."""
+
+    total: float
+    reserved: float
+    allocation_ratio: float
+
+
+@dataclass(frozen=True)
+class Consumer:
+    """One consumer's allocations: the providers it has them on, and its project (None when
+    it has no allocations, which is how Placement answers for a consumer it does not know)."""
+
+    providers: frozenset[str]
+    project_id: str | None
+
+
+class PlacementClient(OpenStackClient):
+    """The few reads the Placement view makes; each is one HTTP request."""
+
+    subject = "Placement view"
+    hints: ClassVar[dict[str, str]] = {
+        "forbidden": "not allowed by Placement's policy: reading providers and allocations "
+        "needs an admin (or service) role",
+    }
+
+    def __init__(
+        self,
+        cloud: str,
+        *,
+        timeout_s: float,
+        on_call: Callable[[], object] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(cloud, timeout_s=timeout_s, retries=0, **kwargs)
+        self.calls = 0
+        """HTTP requests made (tests and benchmarks count them)"""
+        self._on_call = on_call
+        self._calls_lock = threading.Lock()
+
+    def _get(self, what: str, path: str) -> Any:
+        def read(conn: Connection) -> Any:
+            with self._calls_lock:
+                self.calls += 1
+            if self._on_call is not None:
+                self._on_call()
+            return checked(conn.placement.get(path, microversion=MICROVERSION))
+
+        return self.call("read", what, read)
+
+    def provider(self, name: str) -> str | None:
+        """The uuid of the resource provider named ``name``; None if Placement has none."""
+        body = self._get(f"provider {name}", f"/resource_providers?name={quote(name)}")
+        items = body.get("resource_providers") if isinstance(body, dict) else None
+        if not isinstance(items, list):
+            raise MalformedAnswer("Placement's answer has no list 'resource_providers'")
+        for item in items:
+            if isinstance(item, dict) and item.get("name") == name and item.get("uuid"):
+                return str(item["uuid"])
+        return None
+
+    def inventories(self, provider: str) -> dict[str, Inventory]:
+        """The provider's inventory, by resource class."""
+        body = self._get(f"provider {provider}", f"/resource_providers/{provider}/inventories")
+        items = body.get("inventories") if isinstance(body, dict) else None
+        if not isinstance(items, dict):
+            raise MalformedAnswer("Placement's answer has no object 'inventories'")
+        out = {}
+        for rc, inv in items.items():
+            if isinstance(inv, dict):
+                out[str(rc)] = Inventory(
+                    float(inv.get("total", 0)),
+                    float(inv.get("reserved", 0)),
+                    float(inv.get("allocation_ratio", 1.0)),
+                )
+        return out
+
+    def consumers_on(self, provider: str) -> frozenset[str]:
+        """Every consumer with allocations on the provider: one request for the whole host."""
+        body = self._get(f"provider {provider}", f"/resource_providers/{provider}/allocations")
+        items = body.get("allocations") if isinstance(body, dict) else None
+        if not isinstance(items, dict):
+            raise MalformedAnswer("Placement's answer has no object 'allocations'")
+        return frozenset(str(c).lower() for c in items)
+
+    def consumer(self, uuid: str) -> Consumer:
+        """Where the consumer has allocations, and its project."""
+        body = self._get(f"consumer {uuid}", f"/allocations/{quote(uuid)}")
+        items = body.get("allocations") if isinstance(body, dict) else None
+        if not isinstance(items, dict):
+            raise MalformedAnswer("Placement's answer has no object 'allocations'")
+        project = body.get("project_id") if items else None
+        return Consumer(frozenset(str(p) for p in items), None if project is None else str(project))
