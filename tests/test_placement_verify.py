@@ -38,6 +38,9 @@ from gmd.daemon.ledger.tables import (
     samples,
     vms,
 )
+from gmd.daemon.placement.client import PlacementClient
+from gmd.daemon.placement.view import INVENTORY_EVERY, PlacementView
+from gmd.wire import CAPACITY_FIELDS
 from tests.daemon_support import (
     INTERVAL_S,
     HostSpec,
@@ -504,3 +507,50 @@ def interval_state(daemon: Any, start: int) -> str:
         return str(
             conn.execute(select(intervals.c.state).where(intervals.c.start_s == start)).scalar_one()
         )
+
+
+def test_placement_calls_per_interval_follow_the_refresh_policy(placement: Placement) -> None:
+    """One request per host per ``refresh_s`` (and its inventory every
+    :data:`INVENTORY_EVERY` of those), none per batch: over an hour of 60 s intervals, with
+    the daemon's job every ``miss_s``, each of these hosts costs 12 + 1 requests. For 5,000
+    hosts that is 65,000 an hour, 1,083 per interval (docs/api.md)."""
+    count, vms_each, refresh_s, miss_s = 6, 4, 300.0, 30.0
+    names = [host_name(f"n{i}") for i in range(count)]
+    owner = project()
+    servers = {}
+    for name in names:
+        provider = placement.host(name)
+        servers[name] = [placement.server(provider, owner) for _ in range(vms_each)]
+    now = [0.0]
+    config = make_config(
+        "sqlite://",
+        placement={"verify": "on", "cloud": LEGACY, "refresh_s": refresh_s, "miss_s": miss_s},
+    ).placement
+    view = PlacementView(config, PlacementClient(LEGACY, timeout_s=10), 0.1, lambda: now[0])
+    capacity = HostSpec("any").capacity
+    cap = tuple(capacity[f] for f in CAPACITY_FIELDS)
+
+    def interval() -> None:
+        for name in names:
+            verdict = view.check(name, cap, servers[name], [owner] * vms_each)
+            assert verdict.verified, verdict
+
+    try:
+        interval()  # first sight: provider, inventory, consumers, and each server's project
+        assert view.client.calls == count * (3 + vms_each)
+
+        def hour(first_minute: int) -> int:
+            before = view.client.calls
+            for minute in range(first_minute, first_minute + 60):
+                for half in (0.0, miss_s):
+                    now[0] = minute * INTERVAL_S + half + 1
+                    view.refresh()
+                interval()
+            return view.client.calls - before
+
+        hour(0)  # the first hour holds the first sight's reads
+        asked = hour(60)
+        per_host_hour = 3600 / refresh_s + 3600 / refresh_s / INVENTORY_EVERY
+        assert asked == count * per_host_hour
+    finally:
+        view.close()

@@ -11,13 +11,15 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from urllib.parse import quote
 
 from gmd.daemon.enforce.openstack_client import MalformedAnswer, OpenStackClient, checked
 
 if TYPE_CHECKING:
     from openstack.connection import Connection
+
+_T = TypeVar("_T")
 
 MICROVERSION = "1.12"
 """The first that gives a consumer's project and user with its allocations
@@ -65,19 +67,42 @@ class PlacementClient(OpenStackClient):
         self._on_call = on_call
         self._calls_lock = threading.Lock()
 
-    def _get(self, what: str, path: str) -> Any:
-        def read(conn: Connection) -> Any:
+    def _get(self, what: str, path: str, parse: Callable[[Any], _T]) -> _T:
+        """``parse`` of the answer's body, within the call: whatever a malformed answer makes
+        it raise becomes the client's one error kind, as a failed request does."""
+
+        def read(conn: Connection) -> _T:
             with self._calls_lock:
                 self.calls += 1
             if self._on_call is not None:
                 self._on_call()
-            return checked(conn.placement.get(path, microversion=MICROVERSION))
+            return parse(checked(conn.placement.get(path, microversion=MICROVERSION)))
 
         return self.call("read", what, read)
 
     def provider(self, name: str) -> str | None:
         """The uuid of the resource provider named ``name``; None if Placement has none."""
-        body = self._get(f"provider {name}", f"/resource_providers?name={quote(name)}")
+        return self._get(
+            f"provider {name}", f"/resource_providers?name={quote(name)}", _provider(name)
+        )
+
+    def inventories(self, provider: str) -> dict[str, Inventory]:
+        """The provider's inventory, by resource class."""
+        path = f"/resource_providers/{provider}/inventories"
+        return self._get(f"provider {provider}", path, _inventories)
+
+    def consumers_on(self, provider: str) -> frozenset[str]:
+        """Every consumer with allocations on the provider: one request for the whole host."""
+        path = f"/resource_providers/{provider}/allocations"
+        return self._get(f"provider {provider}", path, _consumers)
+
+    def consumer(self, uuid: str) -> Consumer:
+        """Where the consumer has allocations, and its project."""
+        return self._get(f"consumer {uuid}", f"/allocations/{quote(uuid)}", _consumer)
+
+
+def _provider(name: str) -> Callable[[Any], str | None]:
+    def parse(body: Any) -> str | None:
         items = body.get("resource_providers") if isinstance(body, dict) else None
         if not isinstance(items, list):
             raise MalformedAnswer("Placement's answer has no list 'resource_providers'")
@@ -86,35 +111,34 @@ class PlacementClient(OpenStackClient):
                 return str(item["uuid"])
         return None
 
-    def inventories(self, provider: str) -> dict[str, Inventory]:
-        """The provider's inventory, by resource class."""
-        body = self._get(f"provider {provider}", f"/resource_providers/{provider}/inventories")
-        items = body.get("inventories") if isinstance(body, dict) else None
-        if not isinstance(items, dict):
-            raise MalformedAnswer("Placement's answer has no object 'inventories'")
-        out = {}
-        for rc, inv in items.items():
-            if isinstance(inv, dict):
-                out[str(rc)] = Inventory(
-                    float(inv.get("total", 0)),
-                    float(inv.get("reserved", 0)),
-                    float(inv.get("allocation_ratio", 1.0)),
-                )
-        return out
+    return parse
 
-    def consumers_on(self, provider: str) -> frozenset[str]:
-        """Every consumer with allocations on the provider: one request for the whole host."""
-        body = self._get(f"provider {provider}", f"/resource_providers/{provider}/allocations")
-        items = body.get("allocations") if isinstance(body, dict) else None
-        if not isinstance(items, dict):
-            raise MalformedAnswer("Placement's answer has no object 'allocations'")
-        return frozenset(str(c).lower() for c in items)
 
-    def consumer(self, uuid: str) -> Consumer:
-        """Where the consumer has allocations, and its project."""
-        body = self._get(f"consumer {uuid}", f"/allocations/{quote(uuid)}")
-        items = body.get("allocations") if isinstance(body, dict) else None
-        if not isinstance(items, dict):
-            raise MalformedAnswer("Placement's answer has no object 'allocations'")
-        project = body.get("project_id") if items else None
-        return Consumer(frozenset(str(p) for p in items), None if project is None else str(project))
+def _inventories(body: Any) -> dict[str, Inventory]:
+    items = body.get("inventories") if isinstance(body, dict) else None
+    if not isinstance(items, dict):
+        raise MalformedAnswer("Placement's answer has no object 'inventories'")
+    out = {}
+    for rc, inv in items.items():
+        if isinstance(inv, dict):
+            out[str(rc)] = Inventory(
+                float(inv.get("total", 0)),
+                float(inv.get("reserved", 0)),
+                float(inv.get("allocation_ratio", 1.0)),
+            )
+    return out
+
+
+def _consumers(body: Any) -> frozenset[str]:
+    items = body.get("allocations") if isinstance(body, dict) else None
+    if not isinstance(items, dict):
+        raise MalformedAnswer("Placement's answer has no object 'allocations'")
+    return frozenset(str(c).lower() for c in items)
+
+
+def _consumer(body: Any) -> Consumer:
+    items = body.get("allocations") if isinstance(body, dict) else None
+    if not isinstance(items, dict):
+        raise MalformedAnswer("Placement's answer has no object 'allocations'")
+    project = body.get("project_id") if items else None
+    return Consumer(frozenset(str(p) for p in items), None if project is None else str(project))

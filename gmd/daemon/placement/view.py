@@ -159,7 +159,10 @@ class PlacementView:
                 for gone in previous.consumers - consumers:
                     where = self._where.get(gone)
                     if where is not None and where[0] == provider:
+                        # Deleted (or moved to a host not read since): forgotten, so the
+                        # cache holds the cloud's servers, not every server it ever ran.
                         del self._where[gone]
+                        self._projects.pop(gone, None)
             for c in consumers:
                 where = self._where.get(c)
                 if where is None or where[1] <= now:
@@ -197,8 +200,16 @@ class PlacementView:
         for _, host, entry in stale:
             if budget_s is not None and self.clock() - began > budget_s:
                 break
-            self._fetch_host(host, entry, inventory=(entry.refreshes + 1) % INVENTORY_EVERY == 0)
+            fresh = self._fetch_host(
+                host, entry, inventory=(entry.refreshes + 1) % INVENTORY_EVERY == 0
+            )
             done += 1
+            # The projects of servers booted since, asked here rather than by their first
+            # batch.
+            with self._lock:
+                unknown = sorted(fresh.consumers - self._projects.keys())
+            for uuid in unknown:
+                self._project(uuid)
         return done
 
     # -- checking a batch ------------------------------------------------------------------
