@@ -26,7 +26,9 @@ import httpx
 import pytest
 from sqlalchemy import select
 
+from gmd.common.config import ConfigError
 from gmd.daemon.api.services import Services
+from gmd.daemon.config import PlacementConfig
 from gmd.daemon.ledger.models import BatchState, IntervalState
 from gmd.daemon.ledger.tables import (
     actions,
@@ -554,3 +556,17 @@ def test_placement_calls_per_interval_follow_the_refresh_policy(placement: Place
         assert asked == count * per_host_hour
     finally:
         view.close()
+
+
+def test_placement_settings_are_checked_where_they_are_read() -> None:
+    assert make_config("sqlite://").placement == PlacementConfig()
+    assert not PlacementConfig().on, "clouds without OpenStack keep trusting hosts' tokens"
+    with pytest.raises(ConfigError, match=r"placement\.cloud: is required"):
+        make_config("sqlite://", placement={"verify": "on"})
+    with pytest.raises(ConfigError, match=r"placement\.verify: 'yes' is not one of off, on"):
+        make_config("sqlite://", placement={"verify": "yes"})
+    with pytest.raises(ConfigError, match=r"placement\.refresh_s"):
+        make_config("sqlite://", placement={"refresh_s": 0})
+    mapped = make_config("sqlite://", placement={"providers": {"cmp-1": "cmp-1.example"}})
+    assert mapped.placement.provider_name("cmp-1") == "cmp-1.example"
+    assert mapped.placement.provider_name("cmp-2") == "cmp-2"

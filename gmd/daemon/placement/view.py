@@ -81,6 +81,7 @@ class Verdict:
 
 
 VERIFIED = Verdict()
+_NOWHERE = ("", 0.0)
 
 
 @dataclass
@@ -114,6 +115,7 @@ class PlacementView:
         self._where: dict[str, tuple[str, float]] = {}
         """consumer → (provider, when the snapshot that listed it was read)"""
         self._projects: dict[str, str] = {}
+        """consumer → its project, as Keystone writes ids (:func:`project_key`)"""
         self._host_of: dict[str, str] = {}
         """provider uuid → host name, for messages"""
         self._lock = threading.Lock()
@@ -175,10 +177,12 @@ class PlacementView:
         if known is not None:
             return known
         consumer = self.client.consumer(uuid)
-        if consumer.project_id is not None:
-            with self._lock:
-                self._projects[uuid] = consumer.project_id
-        return consumer.project_id
+        if consumer.project_id is None:
+            return None
+        project = project_key(consumer.project_id)
+        with self._lock:
+            self._projects[uuid] = project
+        return project
 
     def refresh(self, budget_s: float | None = None) -> int:
         """Read again the snapshots older than ``refresh_s``, stalest first, within
@@ -279,14 +283,19 @@ class PlacementView:
                 f"VM {uuid} {self._elsewhere(uuid)} in Placement, not on {host}"
                 f" (provider {entry.provider}){more}",
             )
-        for uuid, customer in zip(uuids, customers, strict=True):
-            project = self._project(uuid.lower())
+        # Projects as Keystone writes ids (project_key), compared once per batch's customer.
+        claimed = {c: project_key(c) for c in set(customers)}
+        with self._lock:
+            projects = [self._projects.get(u.lower()) for u in uuids]
+        for uuid, customer, project in zip(uuids, customers, projects, strict=True):
+            if project is None:
+                project = self._project(uuid.lower())
             if project is None:
                 return _refused(
                     Disagreement.not_on_host,
                     f"VM {uuid} has no allocations in Placement, not on {host}",
                 )
-            if project_key(project) != project_key(customer):
+            if project != claimed[customer]:
                 return _refused(
                     Disagreement.other_project,
                     f"VM {uuid} on {host} belongs to project {project} in Placement, not to"
@@ -295,9 +304,11 @@ class PlacementView:
         return VERIFIED
 
     def _misplaced(self, entry: _Host, uuids: Sequence[str]) -> list[str]:
+        """The VMs the cache does not place on the host's provider."""
+        provider = entry.provider
         with self._lock:
             where = self._where
-            return [u for u in uuids if where.get(u.lower(), ("",))[0] != entry.provider]
+            return [u for u in uuids if where.get(u.lower(), _NOWHERE)[0] != provider]
 
     def _elsewhere(self, uuid: str) -> str:
         """Where Placement puts ``uuid``, for a refusal: from the cache, else by one request."""
@@ -311,7 +322,7 @@ class PlacementView:
             providers = consumer.providers
             if consumer.project_id is not None:
                 with self._lock:
-                    self._projects[uuid.lower()] = consumer.project_id
+                    self._projects[uuid.lower()] = project_key(consumer.project_id)
         if not providers:
             return "has no allocations"
         with self._lock:

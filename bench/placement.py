@@ -1,0 +1,149 @@
+"""What Placement's verification costs a batch, and how many requests a cloud makes.
+
+    python bench/placement.py --vms 500 --rounds 2000
+
+Against the real Placement of tests/openstack.sh (started if ``GMD_TEST_OPENSTACK`` does not
+name its cloud.json): one compute host's provider with ``--vms`` servers allocated on it (as
+Nova would: a project and user each), then the daemon's Placement view reads it once and
+checks a batch of those VMs ``--rounds`` times against the fresh snapshot, in process (what
+the ingest thread spends per batch; no HTTP). Then the requests per interval of a cloud of
+``--hosts`` hosts under the refresh policy, computed, beside the request latency measured
+here. Removes what it created. Prints a JSON line last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gmd.daemon.config import PlacementConfig
+from gmd.daemon.placement.client import PlacementClient
+from gmd.daemon.placement.view import INVENTORY_EVERY, PlacementView
+from tests.openstack_support import LEGACY, start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--vms", type=int, default=500)
+    parser.add_argument("--rounds", type=int, default=2000)
+    parser.add_argument("--hosts", type=int, default=5000)
+    parser.add_argument("--interval-s", type=float, default=60.0)
+    parser.add_argument("--refresh-s", type=float, default=PlacementConfig.refresh_s)
+    args = parser.parse_args()
+
+    info = start()
+    os.environ["OS_CLIENT_CONFIG_FILE"] = info["clouds_yaml"]
+    import openstack
+
+    conn = openstack.connect(cloud=LEGACY, api_timeout=30)
+    name = f"bench-{uuid.uuid4().hex[:8]}"
+
+    def call(method: str, path: str, body: object, version: str = "1.12") -> dict:
+        response = conn.placement.request(
+            path, method, json=body, microversion=version, raise_exc=False
+        )
+        if response.status_code >= 300:
+            raise SystemExit(f"{method} {path}: {response.status_code} {response.text}")
+        return response.json() if response.content else {}
+
+    rp = call("POST", "/resource_providers", {"name": name}, "1.20")
+    call(
+        "PUT",
+        f"/resource_providers/{rp['uuid']}/inventories",
+        {
+            "resource_provider_generation": rp["generation"],
+            "inventories": {
+                "VCPU": {"total": 128, "allocation_ratio": 16.0},
+                "MEMORY_MB": {"total": 1024 * 1024},
+            },
+        },
+    )
+    project = uuid.uuid4().hex
+    servers = [str(uuid.uuid4()) for _ in range(args.vms)]
+
+    def allocate(vm: str) -> None:
+        call(
+            "PUT",
+            f"/allocations/{vm}",
+            {
+                "allocations": {rp["uuid"]: {"resources": {"VCPU": 1, "MEMORY_MB": 512}}},
+                "project_id": project,
+                "user_id": uuid.uuid4().hex,
+            },
+        )
+
+    try:
+        # One at a time: this Placement's database is SQLite, which takes one writer.
+        for vm in servers:
+            allocate(vm)
+        config = PlacementConfig(verify="on", cloud=LEGACY, refresh_s=args.refresh_s)
+        client = PlacementClient(LEGACY, timeout_s=30)
+        view = PlacementView(config, client, 0.1)
+        capacity = (64.0, 512 * 2.0**30, 1e9, 1e9)
+        owners = [project] * len(servers)
+        t0 = time.perf_counter()
+        first = view.check(name, capacity, servers, owners)
+        first_s = time.perf_counter() - t0
+        assert first.verified, first
+        first_calls = client.calls
+        latency = []
+        for _ in range(20):
+            t = time.perf_counter()
+            client.consumers_on(rp["uuid"])
+            latency.append(time.perf_counter() - t)
+        calls = client.calls
+        times = []
+        for _ in range(args.rounds):
+            t = time.perf_counter()
+            verdict = view.check(name, capacity, servers, owners)
+            times.append(time.perf_counter() - t)
+        assert verdict.verified and client.calls == calls, "a fresh snapshot asks nothing"
+        view.close()
+    finally:
+        for vm in servers:
+            conn.placement.request(f"/allocations/{vm}", "DELETE", raise_exc=False)
+        conn.placement.request(f"/resource_providers/{rp['uuid']}", "DELETE", raise_exc=False)
+        conn.close()
+
+    per_interval_refresh = args.hosts * args.interval_s / args.refresh_s
+    per_interval_inventory = per_interval_refresh / INVENTORY_EVERY
+    result = {
+        "vms": args.vms,
+        "check_ms_median": round(statistics.median(times) * 1e3, 4),
+        "check_ms_p99": round(sorted(times)[int(0.99 * len(times))] * 1e3, 4),
+        "check_us_per_vm": round(statistics.median(times) / args.vms * 1e6, 4),
+        "first_sight_s": round(first_s, 3),
+        "first_sight_requests": first_calls,
+        "request_ms_median": round(statistics.median(latency) * 1e3, 2),
+        "hosts": args.hosts,
+        "requests_per_interval": round(per_interval_refresh + per_interval_inventory, 1),
+        "requests_per_interval_refresh": round(per_interval_refresh, 1),
+        "requests_per_interval_inventory": round(per_interval_inventory, 1),
+        "request_rate_per_s": round(
+            (per_interval_refresh + per_interval_inventory) / args.interval_s, 1
+        ),
+    }
+    print(
+        f"check of a {args.vms}-VM batch against a fresh snapshot: median"
+        f" {result['check_ms_median']} ms (p99 {result['check_ms_p99']} ms), no request;"
+        f" first sight of the host: {first_calls} requests in {first_s:.2f} s"
+    )
+    print(
+        f"{args.hosts} hosts, {args.interval_s:g} s intervals, refresh_s = {args.refresh_s:g}:"
+        f" {result['requests_per_interval']} requests per interval"
+        f" ({result['request_rate_per_s']}/s) plus one per server booted;"
+        f" one request here takes {result['request_ms_median']} ms"
+    )
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
