@@ -482,17 +482,27 @@ def test_accounting_waits_for_unverified_batches_no_longer_than_wait_s(
     cmp = HostSpec(host_name("alone"))
     owner = project()
     vm = placement.server(placement.host(cmp.name), owner)
-    start = aligned_past(2)
-    config = verifying(sqlite(tmp_path), [cmp.name], cloud="flaky", wait_s=120)
+    start = aligned_past(3)
+    config = verifying(sqlite(tmp_path), [cmp.name], cloud="flaky", wait_s=120, miss_s=60)
     with serving(config) as daemon:
         services = services_of(daemon)
+        client = services.placement.client  # type: ignore[union-attr]
         assert post(daemon, cmp, start, [cpu_only(vm, owner, 6.0)]).status_code == 200
+        asked = client.calls
+        assert asked == 1
+        # Placement just failed: the next batch is stored unverified without asking it (a
+        # Placement that swallows requests would hold every batch for timeout_s).
+        second = post(daemon, cmp, start + INTERVAL_S, [cpu_only(vm, owner, 6.0)])
+        assert second.status_code == 200, second.text
+        assert client.calls == asked
         end = start + INTERVAL_S
         report = services.accountant.run_once(end + 119)
         assert report is not None and report.waiting is not None and not report.accounted
         report = services.accountant.run_once(end + 121)
         assert report is not None and start in report.accounted
-        assert samples_of(daemon, owner) == 1
+        assert samples_of(daemon, owner) == 2
+        with daemon.engine.connect() as conn:
+            assert len(conn.execute(select(batches.c.id).where(batches.c.unverified)).all()) == 2
 
 
 @contextlib.contextmanager

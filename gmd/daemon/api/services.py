@@ -82,7 +82,10 @@ class Services:
         if config.placement.on:
             p = config.placement
             client = PlacementClient(
-                p.cloud, timeout_s=p.timeout_s, on_call=self.metrics.placement_requests.inc
+                p.cloud,
+                timeout_s=p.timeout_s,
+                on_call=self.metrics.placement_requests.inc,
+                pause_s=p.miss_s,
             )
             self.placement = PlacementView(p, client, d.plausibility_margin)
         self.rechecker = None if self.placement is None else Rechecker(engine, self.placement)

@@ -9,12 +9,14 @@ Placement longer than one call's ``timeout_s``; what fails is verified later ins
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from urllib.parse import quote
 
 from gmd.daemon.enforce.openstack_client import MalformedAnswer, OpenStackClient, checked
+from gmd.daemon.enforce.quotas import QuotaError
 
 if TYPE_CHECKING:
     from openstack.connection import Connection
@@ -59,13 +61,21 @@ class PlacementClient(OpenStackClient):
         *,
         timeout_s: float,
         on_call: Callable[[], object] | None = None,
+        pause_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
         **kwargs: Any,
     ) -> None:
         super().__init__(cloud, timeout_s=timeout_s, retries=0, **kwargs)
         self.calls = 0
         """HTTP requests made (tests and benchmarks count them)"""
+        self.pause_s = pause_s
+        """after Placement could not be reached, how long nothing asks it again: a Placement
+        that swallows requests would otherwise hold every batch for ``timeout_s``"""
         self._on_call = on_call
+        self._clock = clock
         self._calls_lock = threading.Lock()
+        self._paused_until = float("-inf")
+        self._pause_reason = ""
 
     def _get(self, what: str, path: str, parse: Callable[[Any], _T]) -> _T:
         """``parse`` of the answer's body, within the call: whatever a malformed answer makes
@@ -78,7 +88,24 @@ class PlacementClient(OpenStackClient):
                 self._on_call()
             return parse(checked(conn.placement.get(path, microversion=MICROVERSION)))
 
-        return self.call("read", what, read)
+        now = self._clock()
+        with self._calls_lock:
+            paused, reason = now < self._paused_until, self._pause_reason
+        if paused:
+            raise self.error(
+                "unavailable",
+                "read",
+                what,
+                f"not asked again for [placement] miss_s after it failed: {reason}",
+            )
+        try:
+            return self.call("read", what, read)
+        except QuotaError as exc:
+            if exc.retryable:
+                with self._calls_lock:
+                    self._paused_until = self._clock() + self.pause_s
+                    self._pause_reason = str(exc)
+            raise
 
     def provider(self, name: str) -> str | None:
         """The uuid of the resource provider named ``name``; None if Placement has none."""
