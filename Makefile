@@ -38,7 +38,8 @@ test: lint
 		export GMD_TEST_OPENSTACK=$$cloud GMD_TEST_POSTGRES_URL=$$url \
 		GMD_TEST_POSTGRES_REPLICA_URL=$$replica; \
 		$(BIN)/pytest -n auto --dist loadgroup -m "not realvm" && $(BIN)/pytest -m realvm; \
-		status=$$?; bash tests/openstack.sh stop; exit $$status
+		status=$$?; bash tests/openstack.sh stop; bash tests/nova_cloud.sh stop; \
+		exit $$status
 
 # The quick loop while editing (about a minute on 2 cores): no PostgreSQL, no real VMs, none of
 # the slow tests (tests/conftest.py marks them), on every core. `make test` runs everything.

@@ -2,7 +2,7 @@
 
 Runs under the cloud's own venv (var/nova/venv), not gmd's: it imports only the standard
 library, that venv's openstacksdk, psycopg2 and libvirt-python. What runs, all on 127.0.0.1
-(the recipe, its traps and their fixes: ../shared/docs/openstack-boot-path.md):
+(the recipe, its traps and their fixes: the project's notes on Nova's boot path):
 
 - a private PostgreSQL cluster (run as the postgres user) with every service's database, reached
   through psycopg2 (psycopg 3 breaks Nova's ``inet`` columns and Placement's allocation writes);
@@ -29,6 +29,7 @@ import argparse
 import contextlib
 import datetime
 import grp
+import hashlib
 import http.server
 import json
 import os
@@ -97,7 +98,7 @@ def main() -> int:
         return 0
     started = time.monotonic()
     seed = state / "seed"
-    cold = not (seed / "cloud.json").exists()
+    cold = seed_recipe(seed) != recipe()
     run = state / "run"
     try:
         if cold:
@@ -117,6 +118,18 @@ def main() -> int:
     (run / "cloud.json").write_text(json.dumps(info, indent=2))
     print(run / "cloud.json")
     return 0
+
+
+def recipe() -> str:
+    """What the seed is built by (this file): a seed another version built is built anew."""
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+
+
+def seed_recipe(seed: Path) -> str | None:
+    try:
+        return str(json.loads((seed / "cloud.json").read_text()).get("recipe"))
+    except (OSError, ValueError):
+        return None
 
 
 # --- processes ----------------------------------------------------------------------------
@@ -372,10 +385,10 @@ def rabbit_env(run: Path) -> dict[str, str]:
 
 def start_rabbitmq(run: Path) -> None:
     """RabbitMQ as root without systemd: /usr/lib/rabbitmq/bin/rabbitmq-server (the one in
-    /usr/sbin switches to the rabbitmq user). Its queues are not kept: each run starts empty."""
+    /usr/sbin switches to the rabbitmq user). Its node's database comes with the seed: a node
+    that finds one starts faster than one that creates it."""
     directory = run / "rabbitmq"
-    shutil.rmtree(directory, ignore_errors=True)
-    directory.mkdir(parents=True)
+    directory.mkdir(parents=True, exist_ok=True)
     (directory / "rabbitmq.conf").write_text(
         f"listeners.tcp.1 = 127.0.0.1:{PORTS['rabbitmq']}\n"
         "loopback_users = none\nlog.file.level = warning\n"
@@ -423,19 +436,24 @@ def processes_with_env(entry: str) -> list[int]:
 def start_all(state: Path) -> None:
     """Starts every service on ``run`` and waits until the compute host is ready."""
     run = state / "run"
+    t0 = time.monotonic()
     remove_domains(run)
     begun = datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
     start_rabbitmq(run)
     start_postgres(run)
     for name in HTTP:
         serve(run, name)
-    wait_for("RabbitMQ", lambda: not port_free(PORTS["rabbitmq"]), run, watch=("rabbitmq",))
+    # Not waiting for RabbitMQ: Nova's services load for seconds, then connect (retrying).
     for name in NOVA:
         start_nova_service(run, name)
+    wait_for("RabbitMQ", lambda: not port_free(PORTS["rabbitmq"]), run, watch=("rabbitmq",))
+    say(f"RabbitMQ answers after {time.monotonic() - t0:.1f} s")
     for name in HTTP:
         wait_for(name, lambda name=name: http_answers(PORTS[name]), run, watch=(name,))
+    say(f"HTTP services answer after {time.monotonic() - t0:.1f} s")
     info = json.loads((run / "cloud.json").read_text())
     wait_compute_ready(run, info, begun)
+    say(f"compute ready after {time.monotonic() - t0:.1f} s")
 
 
 def wait_compute_ready(run: Path, info: dict[str, Any], begun: datetime.datetime) -> None:
@@ -481,7 +499,9 @@ def wait_compute_ready(run: Path, info: dict[str, Any], begun: datetime.datetime
             return False
 
         watch = ("nova-compute", "nova-conductor", "nova-scheduler")
+        t0 = time.monotonic()
         wait_for("nova-compute's heartbeat", heartbeat, run, watch=watch)
+        say(f"nova-compute's heartbeat after {time.monotonic() - t0:.1f} s more")
         wait_for("the compute host's cell mapping", mapped, run, watch=watch)
         wait_for("the compute node's inventory in Placement", inventory, run, watch=watch)
     finally:
@@ -594,9 +614,13 @@ def remove_domains(run: Path) -> list[str]:
     of the seed, so a domain left by a killed run would collide with the first new server."""
     import libvirt
 
-    removed = []
+    removed: list[str] = []
     pattern = re.compile(re.escape(PREFIX) + "[0-9a-f]{8}")
-    conn = libvirt.open("qemu:///system")
+    try:
+        conn = libvirt.open("qemu:///system")
+    except libvirt.libvirtError as e:
+        say(f"libvirtd does not answer ({e}): no domain of {PREFIX}* to remove")
+        return removed
     try:
         for dom in conn.listAllDomains():
             if not pattern.fullmatch(dom.name()):
@@ -705,6 +729,7 @@ def build_seed(state: Path) -> None:
     wait_for("keystone", lambda: http_answers(PORTS["keystone"]), run, watch=("keystone",))
     info = seed_keystone(keystone_url)
     info["run"] = str(run)
+    info["recipe"] = recipe()
     (run / "cloud.json").write_text(json.dumps(info, indent=2))
     write_clouds_yaml(run, keystone_url, info)
 
@@ -724,7 +749,7 @@ def build_seed(state: Path) -> None:
     stop(run)
     for log in run.glob("*.log"):
         log.unlink()
-    shutil.rmtree(run / "rabbitmq", ignore_errors=True)
+    shutil.rmtree(run / "rabbitmq" / "log", ignore_errors=True)
     sh(["cp", "-a", str(run), str(seed)])
 
 
@@ -975,6 +1000,8 @@ def write_configs(run: Path, keystone_url: str) -> None:
             # privsep runs "sudo privsep-helper" (the shim in run/bin), not nova-rootwrap.
             "workarounds": {"disable_rootwrap": "true"},
             "oslo_policy": POLICY,
+            # Retry RabbitMQ every second (not 1, 3, 5 … s): the services start before it answers.
+            "oslo_messaging_rabbit": {"rabbit_retry_backoff": 0},
             "oslo_concurrency": {"lock_path": nova / "locks"},
             "quota": {"driver": "nova.quota.DbQuotaDriver"},
             # The default forks one worker per CPU: ~160 MiB more for nothing here.

@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 
 STATE="$(pwd)/var/nova"
 VENV="$STATE/venv"
-# Pinned: what ../shared/docs/openstack-boot-path.md measured. Nova 34 is the last release that
+# Pinned: what the project's notes on Nova's boot path measured. Nova 34 is the last release that
 # runs on Debian 12's libvirt 9.0 / QEMU 7.2. psycopg2, not psycopg 3: psycopg 3 breaks Nova's
 # inet columns and Placement's allocation writes. A change rebuilds the venv and the seed.
 PACKAGES=(nova==34.0.0 keystone==30.0.0 openstack-placement==16.0.0 glance==33.0.0

@@ -77,8 +77,9 @@ def test_the_project_name_beside_the_uuid_if_the_daemon_would_accept_it() -> Non
 
 def test_the_domain_xml_nova_34_really_wrote() -> None:
     """tests/agent_fixtures/nova34_domain.xml is what a real Nova 34 defined for a server a
-    member of project acme booted (saved by tests/test_nova_cloud.py, GMD_SAVE_NOVA_XML=1): its
-    full metadata (flavor id, extraSpecs, image properties, root, ports) parses as written."""
+    member of project acme booted (saved by tests/test_nova_cloud.py with GMD_SAVE_NOVA_XML=1,
+    the instances directory rewritten to Nova's default /var/lib/nova/instances): its full
+    metadata (flavor id, extraSpecs, image properties, root, ports) parses as written."""
     xml = (Path(__file__).parent / "agent_fixtures" / "nova34_domain.xml").read_text()
     created = calendar.timegm(time.strptime("2026-11-26 22:47:09", "%Y-%m-%d %H:%M:%S"))
     assert ownership_from_xml(xml) == Ownership(
