@@ -26,6 +26,10 @@ die() {
 }
 
 mkdir -p "$STATE"
+# One start or stop at a time (the first install included). The cloud's processes do not keep
+# the descriptor: Python's subprocess closes it in every child.
+exec 9>"$STATE/script.lock"
+flock -w 900 9 || die "another tests/nova_cloud.sh holds $STATE/script.lock for over 15 min"
 if [ "${1:-start}" = stop ]; then
     [ -x "$VENV/bin/python" ] || exit 0
     exec "$VENV/bin/python" tests/nova_cloud.py --state "$STATE" stop
@@ -44,7 +48,7 @@ if [ ${#missing[@]} -gt 0 ]; then
         apt-get update -qq &&
             DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
                 "${missing[@]}"
-    } >>"$STATE/apt.log" 2>&1
+    } >>"$STATE/apt.log" 2>&1 9>&-
     # The package's maintainer scripts try to start rabbitmq-server; without an init system
     # that fails harmlessly (the cloud runs its own, privately). A mirror hiccup: once more.
     install_debs || install_debs || die "could not install ${missing[*]}; see $STATE/apt.log"
@@ -58,5 +62,5 @@ if [ "$(cat "$VENV/.gmd-stamp" 2>/dev/null)" != "$STAMP" ]; then
         >"$STATE/pip.log" 2>&1 || die "pip install failed; see $STATE/pip.log"
     echo "$STAMP" >"$VENV/.gmd-stamp"
 fi
-bash tests/libvirt.sh >/dev/null || die "libvirtd is not available (tests/libvirt.sh)"
+bash tests/libvirt.sh >/dev/null 9>&- || die "libvirtd is not available (tests/libvirt.sh)"
 exec "$VENV/bin/python" tests/nova_cloud.py --state "$STATE" "${@:-start}"

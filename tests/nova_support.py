@@ -10,6 +10,7 @@ through it, as a tenant would; the domain Nova defines for a server is found by 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -26,6 +27,8 @@ from tests.openstack_support import ServiceLogs
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tests" / "nova_cloud.sh"
 ENV = "GMD_TEST_NOVA"
+LOCK = REPO / "var" / "nova" / "session.lock"
+"""Held by the test session that started the cloud, until it has stopped it."""
 BOOT_TIMEOUT_S = 180.0
 """Create → ACTIVE took 3.5-12.5 s measured on a loaded 2-core host; this is the give-up."""
 DELETE_TIMEOUT_S = 120.0
@@ -156,7 +159,8 @@ class NovaCloud:
 
 
 def start() -> tuple[dict[str, Any], bool]:
-    """The cloud's cloud.json, and whether this call started it."""
+    """The cloud's cloud.json (``GMD_TEST_NOVA``'s, or that of one started now), and whether
+    this call started it."""
     path = os.environ.get(ENV)
     started = False
     if not path:
@@ -170,10 +174,20 @@ def start() -> tuple[dict[str, Any], bool]:
 
 @pytest.fixture(scope="session")
 def nova_cloud() -> Iterator[NovaCloud]:
-    info, started = start()
-    yield NovaCloud(info, Path(info["clouds_yaml"]))
-    if started:
-        done = subprocess.run(["bash", str(SCRIPT), "stop"], capture_output=True, text=True)
+    if os.environ.get(ENV):
+        info, _ = start()
+        yield NovaCloud(info, Path(info["clouds_yaml"]))
+        return
+    # One cloud per machine: a second test session (another checkout's pytest, a developer's
+    # run beside make test) waits for the first to finish rather than restart its cloud.
+    LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with LOCK.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        info, _ = start()
+        try:
+            yield NovaCloud(info, Path(info["clouds_yaml"]))
+        finally:
+            done = subprocess.run(["bash", str(SCRIPT), "stop"], capture_output=True, text=True)
         if done.returncode != 0:
             pytest.fail(f"tests/nova_cloud.sh stop failed:\n{done.stderr[-3000:]}")
 
