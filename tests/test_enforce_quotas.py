@@ -270,5 +270,7 @@ def test_anything_the_sdk_raises_becomes_a_quota_error(fake: FakeOpenStack) -> N
             "compute_status_code_retries": 0,
             "identity_connect_retries": 0,
             "identity_status_code_retries": 0,
+            "placement_connect_retries": 0,
+            "placement_status_code_retries": 0,
         }
     ]
