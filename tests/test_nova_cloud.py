@@ -38,40 +38,69 @@ def test_members_boot_real_guests_nova_names_their_projects_and_delete_removes_t
     nova: NovaCloud,
 ) -> None:
     spin = nova.boot("acme", "spin")
-    idle = nova.boot("initech", "idle")
-    servers: list[Server] = [spin, idle]
-    conn = nova.libvirt()
+    servers: list[Server] = [spin]
     try:
+        servers.append(nova.boot("initech", "idle"))
+        placed_on_the_compute_host(nova, servers)
         for server in servers:
-            assert server.domain.startswith(nova.domain_prefix)
-            dom = conn.lookupByUUIDString(server.id)
-            assert dom.name() == server.domain
-            assert dom.isActive()
-            xml = dom.XMLDesc(0)
-            owner = ET.fromstring(xml).find(f"metadata/{{{NOVA_NS}}}instance/{{{NOVA_NS}}}owner")
-            assert owner is not None, xml
-            project = owner.find(f"{{{NOVA_NS}}}project")
-            assert project is not None
-            assert project.get("uuid") == nova.projects[server.project]
-            assert project.text == server.project
-        # The real XML Nova wrote, kept for the ownership parser's test (test_agent_ownership):
-        # written only when asked, so a run leaves the committed file alone.
-        # Only the instances directory is rewritten, to Nova's default: this checkout's path
-        # would tie the file to one machine.
+            owned_as_nova_wrote(nova, server)
         if os.environ.get("GMD_SAVE_NOVA_XML"):
-            xml = conn.lookupByUUIDString(spin.id).XMLDesc(0)
-            FIXTURE_XML.write_text(
-                xml.replace(f"{nova.run}/instances/", "/var/lib/nova/instances/")
-            )
-
-        spinning = conn.lookupByUUIDString(spin.id)
-        first = spinning.info()[4]  # cpu time, ns
-        poll("the spin guest's CPU time grows", lambda: spinning.info()[4] > first + 10**9)
+            save_domain_xml(nova, spin)
+        conn = nova.libvirt()
+        try:
+            spinning = conn.lookupByUUIDString(spin.id)
+            first = spinning.info()[4]  # cpu time, ns
+            poll("the spin guest's CPU time grows", lambda: spinning.info()[4] > first + 10**9)
+        finally:
+            conn.close()
     finally:
-        conn.close()
         for server in servers:
             nova.delete(server)
     poll(
         "the deleted servers' domains are gone",
         lambda: not {s.domain for s in servers} & domain_names(nova),
     )
+
+
+def placed_on_the_compute_host(nova: NovaCloud, servers: list[Server]) -> None:
+    """Nova placed each on the one compute host, by the names cloud.json gives for it."""
+    admin = nova.connect("admin")
+    try:
+        for server in servers:
+            shown = admin.compute.get(f"/servers/{server.id}").json()["server"]
+            assert shown["OS-EXT-SRV-ATTR:host"] == nova.info["compute_host"]
+            assert shown["OS-EXT-SRV-ATTR:hypervisor_hostname"] == nova.info["hypervisor_hostname"]
+    finally:
+        admin.close()
+
+
+def owned_as_nova_wrote(nova: NovaCloud, server: Server) -> None:
+    """Its domain runs, named by the prefix, and Nova's metadata names its Keystone project."""
+    conn = nova.libvirt()
+    try:
+        assert server.domain.startswith(nova.domain_prefix)
+        dom = conn.lookupByUUIDString(server.id)
+        assert dom.name() == server.domain
+        assert dom.isActive()
+        xml = dom.XMLDesc(0)
+    finally:
+        conn.close()
+    owner = ET.fromstring(xml).find(f"metadata/{{{NOVA_NS}}}instance/{{{NOVA_NS}}}owner")
+    assert owner is not None, xml
+    project = owner.find(f"{{{NOVA_NS}}}project")
+    assert project is not None
+    assert project.get("uuid") == nova.projects[server.project]
+    assert project.text == server.project
+
+
+def save_domain_xml(nova: NovaCloud, server: Server) -> None:
+    """Keeps the real XML Nova wrote for the ownership parser's test (test_agent_ownership);
+    only when asked (GMD_SAVE_NOVA_XML), so a run leaves the committed file alone. Only the
+    instances directory is rewritten, to Nova's default: this checkout's path would tie the
+    file to one machine."""
+    conn = nova.libvirt()
+    try:
+        xml = conn.lookupByUUIDString(server.id).XMLDesc(0)
+    finally:
+        conn.close()
+    FIXTURE_XML.write_text(xml.replace(f"{nova.run}/instances/", "/var/lib/nova/instances/"))
