@@ -380,6 +380,9 @@ def rabbit_env(run: Path) -> dict[str, str]:
         RABBITMQ_DIST_PORT=str(PORTS["rabbitmq-dist"]),
         ERL_EPMD_PORT=str(PORTS["epmd"]),
         ERL_EPMD_ADDRESS="127.0.0.1",
+        # Erlang's schedulers busy-wait for work by default: on two shared cores that is CPU
+        # taken from everything else, at start and while idle.
+        RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="+sbwt none +sbwtdcpu none +sbwtdio none",
     )
 
 
