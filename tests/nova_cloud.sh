@@ -30,6 +30,13 @@ mkdir -p "$STATE"
 # the descriptor: Python's subprocess closes it in every child.
 exec 9>"$STATE/script.lock"
 flock -w 900 9 || die "another tests/nova_cloud.sh holds $STATE/script.lock for over 15 min"
+# A test session (tests/nova_support.py) holds session.lock while it uses the cloud: a start or
+# stop from elsewhere (make test's last stop, a developer's) waits for it to end, unless it comes
+# from that session (GMD_NOVA_SESSION=1).
+if [ -z "${GMD_NOVA_SESSION:-}" ]; then
+    exec 8>"$STATE/session.lock"
+    flock -w 900 8 || die "a test session has held $STATE/session.lock for over 15 min"
+fi
 if [ "${1:-start}" = stop ]; then
     [ -x "$VENV/bin/python" ] || exit 0
     exec "$VENV/bin/python" tests/nova_cloud.py --state "$STATE" stop
@@ -48,7 +55,7 @@ if [ ${#missing[@]} -gt 0 ]; then
         apt-get update -qq &&
             DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
                 "${missing[@]}"
-    } >>"$STATE/apt.log" 2>&1 9>&-
+    } >>"$STATE/apt.log" 2>&1 8>&- 9>&-
     # The package's maintainer scripts try to start rabbitmq-server; without an init system
     # that fails harmlessly (the cloud runs its own, privately). A mirror hiccup: once more.
     install_debs || install_debs || die "could not install ${missing[*]}; see $STATE/apt.log"
@@ -62,5 +69,5 @@ if [ "$(cat "$VENV/.gmd-stamp" 2>/dev/null)" != "$STAMP" ]; then
         >"$STATE/pip.log" 2>&1 || die "pip install failed; see $STATE/pip.log"
     echo "$STAMP" >"$VENV/.gmd-stamp"
 fi
-bash tests/libvirt.sh >/dev/null 9>&- || die "libvirtd is not available (tests/libvirt.sh)"
+bash tests/libvirt.sh >/dev/null 8>&- 9>&- || die "libvirtd is not available (tests/libvirt.sh)"
 exec "$VENV/bin/python" tests/nova_cloud.py --state "$STATE" "${@:-start}"

@@ -28,7 +28,8 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tests" / "nova_cloud.sh"
 ENV = "GMD_TEST_NOVA"
 LOCK = REPO / "var" / "nova" / "session.lock"
-"""Held by the test session that started the cloud, until it has stopped it."""
+"""Held by the test session that started the cloud, until it has stopped it (tests/nova_cloud.sh
+waits for it too, except when called by that session: :func:`session_env`)."""
 BOOT_TIMEOUT_S = 180.0
 """Create → ACTIVE took 3.5-12.5 s measured on a loaded 2-core host; this is the give-up."""
 DELETE_TIMEOUT_S = 120.0
@@ -158,13 +159,20 @@ class NovaCloud:
         return libvirt.open(self.info["libvirt_uri"])
 
 
+def session_env() -> dict[str, str]:
+    """The environment of tests/nova_cloud.sh run by the session that holds ``LOCK``."""
+    return {**os.environ, "GMD_NOVA_SESSION": "1"}
+
+
 def start() -> tuple[dict[str, Any], bool]:
     """The cloud's cloud.json (``GMD_TEST_NOVA``'s, or that of one started now), and whether
     this call started it."""
     path = os.environ.get(ENV)
     started = False
     if not path:
-        done = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True)
+        done = subprocess.run(
+            ["bash", str(SCRIPT)], capture_output=True, text=True, env=session_env()
+        )
         if done.returncode != 0:
             pytest.fail(f"tests/nova_cloud.sh could not start the cloud:\n{done.stderr[-3000:]}")
         path = done.stdout.strip().splitlines()[-1]
@@ -187,7 +195,9 @@ def nova_cloud() -> Iterator[NovaCloud]:
         try:
             yield NovaCloud(info, Path(info["clouds_yaml"]))
         finally:
-            done = subprocess.run(["bash", str(SCRIPT), "stop"], capture_output=True, text=True)
+            done = subprocess.run(
+                ["bash", str(SCRIPT), "stop"], capture_output=True, text=True, env=session_env()
+            )
         if done.returncode != 0:
             pytest.fail(f"tests/nova_cloud.sh stop failed:\n{done.stderr[-3000:]}")
 
