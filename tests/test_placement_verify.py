@@ -564,6 +564,13 @@ def test_placement_calls_per_interval_follow_the_refresh_policy(placement: Place
         asked = hour(60)
         per_host_hour = 3600 / refresh_s + 3600 / refresh_s / INVENTORY_EVERY
         assert asked == count * per_host_hour
+        # A daemon that runs no jobs (daemon.accounting = false) reads a host again from its
+        # batch once its snapshot is 2 × refresh_s old: 6 reads an hour (and an inventory).
+        before = view.client.calls
+        for minute in range(120, 180):
+            now[0] = minute * INTERVAL_S + 1
+            interval()
+        assert count * 6 <= view.client.calls - before <= count * 7
     finally:
         view.close()
 
