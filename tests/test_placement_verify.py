@@ -505,6 +505,37 @@ def test_accounting_waits_for_unverified_batches_no_longer_than_wait_s(
             assert len(conn.execute(select(batches.c.id).where(batches.c.unverified)).all()) == 2
 
 
+def test_a_vm_migrated_while_placement_was_away_moves_with_the_first_verified_batch(
+    placement: Placement, flaky_cloud: Forwarder, tmp_path: Path
+) -> None:
+    source, target = HostSpec(host_name("from")), HostSpec(host_name("to"))
+    owner = project()
+    vm = placement.server(placement.host(source.name), owner)
+    moved_to = placement.host(target.name)
+    resident = placement.server(moved_to, owner)
+    config = verifying(sqlite(tmp_path), [source.name, target.name], cloud="flaky")
+    both = [cpu_only(resident, owner, 5.0), cpu_only(vm, owner, 5.0)]
+    with serving(config) as daemon:
+        with flaky_cloud_up(flaky_cloud):
+            # Both hosts, the VM and its owner known to the ledger before the outage.
+            first = aligned_past(5)
+            assert post(daemon, source, first, both[1:]).status_code == 200
+            assert post(daemon, target, first, both[:1]).status_code == 200
+        placement.server(moved_to, owner, vm)
+        # Placement away: the new host's batch is stored, the VM stays where it was.
+        unverified = post(daemon, target, aligned_past(3), both)
+        assert unverified.status_code == 200, unverified.text
+        assert vm_row(daemon, vm) == (source.name, owner)
+        with flaky_cloud_up(flaky_cloud):
+            # The same VMs from the same host, verified now: the VM moves (the unverified
+            # batch's lookup was not remembered as the host's).
+            verified = post(daemon, target, aligned_past(2), both)
+            assert verified.status_code == 200, verified.text
+            assert vm_row(daemon, vm) == (target.name, owner)
+            done = services_of(daemon).run_placement()
+        assert done.verified == [unverified.json()["key"]] and not done.quarantined
+
+
 @contextlib.contextmanager
 def flaky_cloud_up(forwarder: Forwarder) -> Iterator[None]:
     forwarder.start()
