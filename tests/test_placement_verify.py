@@ -300,10 +300,50 @@ def test_a_migrated_vm_is_accepted_from_its_new_host_and_refused_from_the_old(
         moved = post(daemon, new, aligned_past(2), [cpu_only(vm, owner, 5.0)])
         assert moved.status_code == 200, moved.text
         assert vm_row(daemon, vm) == (new.name, owner)
+        # The old host's batch that carries the VM's last seconds there is taken (it left
+        # that host lately), and does not move the VM back: its row stays on the new host.
+        tail = post(daemon, old, aligned_past(1), [cpu_only(vm, owner, 5.0)])
+        assert tail.status_code == 200, tail.text
+        assert vm_row(daemon, vm) == (new.name, owner)
+    # A host that never had the VM is refused, and so is the old host once the VM left it
+    # longer ago than remember_s.
+    with serving(verifying(database_url, [old.name, new.name])) as daemon:
+        view = services_of(daemon).placement
+        assert view is not None
+        view.remember_s = 0.0
+        assert post(daemon, new, aligned_past(2), [cpu_only(vm, owner, 5.0)]).status_code == 200
         stale = post(daemon, old, aligned_past(1), [cpu_only(vm, owner, 5.0)])
         assert stale.status_code == 409, stale.text
         assert new.name in stale.json()["detail"]
         assert vm_row(daemon, vm) == (new.name, owner)
+
+
+def test_a_deleted_servers_last_seconds_are_taken_from_its_host(
+    placement: Placement, database_url: str
+) -> None:
+    """Nova drops a server's allocations when it deletes it; its host's next batch still
+    carries its last seconds, beside every other VM's: the batch is taken whole."""
+    cmp = HostSpec(host_name("del"))
+    provider = placement.host(cmp.name)
+    owner = project()
+    kept, doomed = placement.server(provider, owner), placement.server(provider, owner)
+    with serving(verifying(database_url, [cmp.name])) as daemon:
+        both = [cpu_only(kept, owner, 5.0), cpu_only(doomed, owner, 5.0)]
+        assert post(daemon, cmp, aligned_past(3), both).status_code == 200
+        placement.conn.placement.request(f"/allocations/{doomed}", "DELETE", raise_exc=False)
+        view = services_of(daemon).placement
+        assert view is not None
+        view.config = PlacementConfig(**{**vars(view.config), "refresh_s": 1.0})
+        with view._lock:
+            for entry in view._hosts.values():
+                entry.fetched = float("-inf")
+        assert view.refresh() == 1  # the host read again: the server is gone from it
+        last = post(daemon, cmp, aligned_past(2), both)
+        assert last.status_code == 200, last.text
+        assert vm_row(daemon, doomed) == (cmp.name, owner)
+        # A VM the host never had, in no allocation, is still refused.
+        ghost = post(daemon, cmp, aligned_past(1), [cpu_only(str(uuid.uuid4()), owner, 5.0)])
+        assert ghost.status_code == 409, ghost.text
 
 
 def test_a_provider_named_otherwise_is_found_through_the_map(

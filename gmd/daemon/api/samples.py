@@ -141,10 +141,10 @@ def store_batch(
     services.auth.check_host(host, batch.host)
     check_batch(services, batch)
     refuse(batch, implausible(batch, services.plausible))
-    unverified = vouched(services, batch)
+    unverified, hold = vouched(services, batch)
     now_s = services.clock()
     try:
-        result = ingest_within_limits(services, batch, now_s, unverified)
+        result = ingest_within_limits(services, batch, now_s, unverified, hold)
     except KeyReused as exc:
         raise Refused(409, str(exc), reason=Rejection.key_reused) from None
     except CapacityConflict as exc:
@@ -170,13 +170,14 @@ def store_batch(
     )
 
 
-def vouched(services: Services, batch: BatchRecord) -> bool:
+def vouched(services: Services, batch: BatchRecord) -> tuple[bool, frozenset[str]]:
     """Check ``batch`` against Placement, when it vouches for hosts' claims: raise
-    :class:`Refused` (409) where it disagrees; True when it could not be asked (the batch is
-    stored unverified and checked later), False when verified or not verifying."""
+    :class:`Refused` (409) where it disagrees. Returns whether it could not be asked (the batch
+    is stored unverified and checked later), and the VMs taken because they left the host
+    lately, whose rows the batch must not move."""
     view = services.placement
     if view is None:
-        return False
+        return False, frozenset()
     verdict = view.check(batch.host, batch.capacity, batch.vm_uuids, batch.customers)
     if verdict.refusal is not None:
         services.metrics.placement_refused.labels(verdict.refusal.reason.value).inc()
@@ -190,12 +191,16 @@ def vouched(services: Services, batch: BatchRecord) -> bool:
         log.warning(
             "batch %s from %s stored unverified: %s", batch.key, batch.host, verdict.unreachable
         )
-        return True
-    return False
+        return True, frozenset()
+    return False, verdict.departed
 
 
 def ingest_within_limits(
-    services: Services, batch: BatchRecord, now_s: float, unverified: bool = False
+    services: Services,
+    batch: BatchRecord,
+    now_s: float,
+    unverified: bool = False,
+    hold: frozenset[str] = frozenset(),
 ) -> IngestResult:
     """Store ``batch`` if its host's bounds (``[daemon.limits]``) let it in; what the bounds
     counted for a batch that is not stored after all (a database error, a store's retry) is
@@ -211,7 +216,7 @@ def ingest_within_limits(
         )
 
     try:
-        result = services.store.ingest(batch, now_s, admit, unverified)
+        result = services.store.ingest(batch, now_s, admit, unverified, hold)
     except BaseException:
         for claim in claims:
             services.limits.release(claim)

@@ -87,7 +87,14 @@ class Services:
                 on_call=self.metrics.placement_requests.inc,
                 pause_s=p.miss_s,
             )
-            self.placement = PlacementView(p, client, d.plausibility_margin)
+            # A deleted server's last seconds come in a batch up to max_late_s after its
+            # interval: that long, its host may still name it.
+            self.placement = PlacementView(
+                p,
+                client,
+                d.plausibility_margin,
+                remember_s=config.daemon.max_late_s + config.accounting.interval_s,
+            )
         self.rechecker = None if self.placement is None else Rechecker(engine, self.placement)
         self.quotas: QuotaReconciler | None = None
         self.names: NameRefresher | None = None

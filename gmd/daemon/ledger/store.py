@@ -483,10 +483,11 @@ class LedgerStore:
         customer_ids: dict[str, int],
         new: dict[str, tuple[int, int, int]],
         unverified: bool = False,
+        hold: frozenset[str] = frozenset(),
     ) -> tuple[list[int], bool]:
         """The batch's VMs' ids, created where new; a VM the ledger has on another host or
-        owner is moved to the batch's, unless the batch is ``unverified`` (then the VM keeps
-        its row, and the second value says some were held)."""
+        owner is moved to the batch's, unless the batch is ``unverified`` or the VM is in
+        ``hold`` (then the VM keeps its row, and the second value says some were held)."""
         with self._ids.lock:
             known = {u: self._ids.vms[u] for u in record.vm_uuids if u in self._ids.vms}
         missing = sorted(set(record.vm_uuids) - known.keys())
@@ -519,7 +520,7 @@ class LedgerStore:
             vm_id, cid, hid = known[uuid]
             now = (vm_id, customer_ids[customer], host_id)
             if (cid, hid) != now[1:]:
-                if unverified:
+                if unverified or uuid in hold:
                     held = True
                     continue
                 moved.append({"vid": vm_id, "cid": now[1], "hid": host_id})
@@ -619,6 +620,7 @@ class LedgerStore:
         now_s: float | None = None,
         admit: Admit | None = None,
         unverified: bool = False,
+        hold: frozenset[str] = frozenset(),
     ) -> IngestResult:
         """Store one batch, or recognize it as a retry. Raises :class:`KeyReused`.
 
@@ -626,11 +628,13 @@ class LedgerStore:
         and VMs new to the ledger it would create, before they are written; what it raises
         undoes the batch. ``unverified``: Placement could not vouch for the batch (it could not
         be reached); it is stored marked so, and moves no VM to its host or owner: a VM's row
-        keeps the host and project it had until a verified batch names it."""
+        keeps the host and project it had until a verified batch names it. ``hold``: VMs whose
+        rows this batch must not move either (Placement took them because they left the host
+        lately: deleted, or migrated away)."""
         for attempt in range(5):
             try:
                 return self._ingest_once(
-                    record, time.time() if now_s is None else now_s, admit, unverified
+                    record, time.time() if now_s is None else now_s, admit, unverified, hold
                 )
             except IntegrityError:
                 # A concurrent transaction stored the same key (or created the same name)
@@ -659,6 +663,7 @@ class LedgerStore:
         now_s: float,
         admit: Admit | None = None,
         unverified: bool = False,
+        hold: frozenset[str] = frozenset(),
     ) -> IngestResult:
         self._partition_for(record.interval_start_s)
         n = len(record.vm_uuids)
@@ -685,7 +690,7 @@ class LedgerStore:
                     admit(*(self._unknown(conn, record) if known is None else (0, 0)))
                 if known is None:
                     known, marked = self._look_up(
-                        conn, record, host_id, generation, new_customers, new_vms, unverified
+                        conn, record, host_id, generation, new_customers, new_vms, unverified, hold
                     )
                 if n:
                     self._write_samples(
@@ -736,6 +741,7 @@ class LedgerStore:
         new_customers: dict[str, int],
         new_vms: dict[str, tuple[int, int, int]],
         unverified: bool = False,
+        hold: frozenset[str] = frozenset(),
     ) -> tuple[_HostVms, tuple[list[int], list[int]]]:
         """The batch's VMs and customers by id, created where new (or purged: a cached id
         whose row is gone is forgotten and the row made again), marked seen in the host's
@@ -754,14 +760,16 @@ class LedgerStore:
             self._ids.forget((), [c for c, i in customer_ids.items() if i in gone])
             customer_ids = customers()
             marked_customers = sorted(set(customer_ids.values()))
-        vm_ids, held = self._vm_ids(conn, record, host_id, customer_ids, new_vms, unverified)
+        vm_ids, held = self._vm_ids(conn, record, host_id, customer_ids, new_vms, unverified, hold)
         marked_vms, _ = self._ids.unmarked(record.host, start_s, vm_ids, ())
         gone = self._mark_seen(conn, _vms, marked_vms, start_s)
         if gone:
             self._ids.forget(
                 [u for u, i in zip(record.vm_uuids, vm_ids, strict=True) if i in gone], ()
             )
-            vm_ids, held = self._vm_ids(conn, record, host_id, customer_ids, new_vms, unverified)
+            vm_ids, held = self._vm_ids(
+                conn, record, host_id, customer_ids, new_vms, unverified, hold
+            )
             marked_vms = sorted(set(vm_ids))
         known = _HostVms(
             record.vm_uuids,

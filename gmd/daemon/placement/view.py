@@ -4,7 +4,12 @@ Per host: its provider's uuid, its inventory and the set of consumers with alloc
 (one ``GET /resource_providers/{uuid}/allocations`` per refresh). Per consumer: the provider
 whose snapshot listed it last (a consumer has allocations on one compute provider; after a
 live migration the destination's snapshot takes it) and its project, asked once per consumer
-ever (a server never changes project). A batch is checked against this in memory; Placement
+ever (a server never changes project). A consumer that leaves a host's snapshot (deleted, or
+migrated away) is still taken from that host for ``remember_s`` (the longest a batch may come
+late, and an interval): the host's batch that carries its last seconds comes after Nova has
+already dropped its allocations, and refusing it would lose every VM's usage of that batch.
+Such a VM's row is not moved by that batch (:attr:`Verdict.departed`): it stays where Placement
+puts it now. A batch is checked against this in memory; Placement
 is asked during a batch only when the host was never seen, or when the batch names a VM the
 cache does not place on the host, or claims more than the cached inventory, and then at most
 once per host per ``miss_s``. The rest is refreshed by the daemon's job (:meth:`refresh`),
@@ -74,6 +79,9 @@ class Verdict:
 
     refusal: Refusal | None = None
     unreachable: str | None = None
+    departed: frozenset[str] = frozenset()
+    """VMs taken because they left the host within ``remember_s`` (deleted, or migrated away):
+    their samples count, their rows stay where they are"""
 
     @property
     def verified(self) -> bool:
@@ -116,11 +124,15 @@ class PlacementView:
         client: PlacementClient,
         margin: float,
         clock: Callable[[], float] = time.monotonic,
+        remember_s: float = 0.0,
     ) -> None:
         self.config, self.client, self.margin, self.clock = config, client, margin, clock
+        self.remember_s = remember_s
         self._hosts: dict[str, _Host] = {}
         self._where: dict[str, tuple[str, float]] = {}
         """consumer → (provider, when the snapshot that listed it was read)"""
+        self._left: dict[str, tuple[str, float]] = {}
+        """consumer → (the provider it left, when that was seen), for ``remember_s``"""
         self._projects: dict[str, str] = {}
         """consumer → its project, as Keystone writes ids (:func:`project_key`)"""
         self._host_of: dict[str, str] = {}
@@ -174,23 +186,33 @@ class PlacementView:
             self._host_of[provider] = host
             if previous is not None:
                 for gone in previous.consumers - consumers:
+                    self._left[gone] = (provider, now)
                     where = self._where.get(gone)
                     if where is not None and where[0] == provider:
-                        # Deleted (or moved to a host not read since): forgotten, so the
-                        # cache holds the cloud's servers, not every server it ever ran.
+                        # Deleted (or moved to a host not read since); its project is kept
+                        # while it is remembered as having left (_forget_departed).
                         del self._where[gone]
-                        self._projects.pop(gone, None)
             for c in consumers:
                 where = self._where.get(c)
                 if where is None or where[1] <= now:
                     if where is not None and where[0] != provider:
                         # Taken from another host (a migration): its batches are checked anew.
+                        self._left[c] = (where[0], now)
                         other = self._hosts.get(self._host_of.get(where[0], ""))
                         if other is not None:
                             other.generation += 1
                             other.vouched = None
                     self._where[c] = (provider, now)
         return entry
+
+    def _forget_departed(self, now: float) -> None:
+        """Let go of consumers that left their host more than ``remember_s`` ago (and of the
+        projects of those placed nowhere now), so that the cache holds the cloud's servers,
+        not every server it ever ran. Called with the lock held."""
+        for uuid in [u for u, (_, at) in self._left.items() if now - at > self.remember_s]:
+            del self._left[uuid]
+            if uuid not in self._where:
+                self._projects.pop(uuid, None)
 
     def _project(self, uuid: str) -> str | None:
         with self._lock:
@@ -215,6 +237,7 @@ class PlacementView:
                 h for h, e in self._hosts.items() if now - e.used > 3 * self.config.refresh_s
             ]:
                 del self._hosts[host]
+            self._forget_departed(now)
             stale = sorted(
                 (e.fetched, h, e)
                 for h, e in self._hosts.items()
@@ -312,6 +335,8 @@ class PlacementView:
         if misplaced and now - entry.fetched >= miss_s and may_ask():
             entry = self._fetch_host(host, entry, inventory=False)
             misplaced = self._misplaced(entry, uuids)
+        departed = self._departed(entry, misplaced, now)
+        misplaced = [u for u in misplaced if u not in departed]
         if misplaced:
             uuid = misplaced[0]
             more = f" (and {len(misplaced) - 1} more)" if len(misplaced) > 1 else ""
@@ -338,6 +363,10 @@ class PlacementView:
                     f"VM {uuid} on {host} belongs to project {project} in Placement, not to"
                     f" {customer} as the batch says",
                 )
+        if departed:
+            # Not remembered as vouched: once the VM is gone from the host's batches, or
+            # remember_s is over, the host's batch is checked again.
+            return Verdict(departed=frozenset(departed))
         entry.vouched = (generation, tuple(capacity), list(uuids), list(customers))
         return VERIFIED
 
@@ -347,6 +376,19 @@ class PlacementView:
         with self._lock:
             where = self._where
             return [u for u in uuids if where.get(u.lower(), _NOWHERE)[0] != provider]
+
+    def _departed(self, entry: _Host, misplaced: Sequence[str], now: float) -> set[str]:
+        """Of the VMs not placed on the host, those that left it within ``remember_s``."""
+        provider = entry.provider
+        with self._lock:
+            left = self._left
+            return {
+                u
+                for u in misplaced
+                if (gone := left.get(u.lower())) is not None
+                and gone[0] == provider
+                and now - gone[1] <= self.remember_s
+            }
 
     def _elsewhere(self, uuid: str) -> str:
         """Where Placement puts ``uuid``, for a refusal: from the cache, else by one request."""
