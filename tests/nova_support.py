@@ -65,8 +65,9 @@ class NovaCloud:
         return str(self.info["domain_prefix"])
 
     def member_cloud(self, project: str) -> str:
-        """The clouds.yaml entry of ``project``'s member (role ``member`` in that project)."""
-        return str(self.info["member_clouds"][project])
+        """The clouds.yaml entry of ``project``'s member (role ``member`` in that project);
+        ``admin`` is the operator's own project, whose entry has that name."""
+        return str(self.info["member_clouds"].get(project, project))
 
     def connect(self, cloud: str = "admin") -> Any:
         """An openstacksdk connection for a clouds.yaml entry of this cloud (not the user's)."""

@@ -43,8 +43,8 @@ CAP = 0.3  # level 1 caps a guest's vCPU at 30 %
 # spinning guest's reads and writes until the disk cap holds them) are outside it.
 CAP_MARGIN = 0.15
 DISK_CAP = 4_000_000
-# Two spinning guests take ~1.8 of the host's 2 cores against acme's equal share of 1: ~0.1 a
-# interval, which a 30 s half-life adds up to a balance of ~0.5.
+# Two spinning guests take 1.1-1.8 of the host's 2 cores against acme's equal share of 2/3
+# (three projects run servers), which a 30 s half-life adds up past the threshold.
 ACCOUNTING = {"interval_s": INTERVAL_S, "grace_s": 4, "endowment": "equal", "half_life_s": 30}
 ENFORCEMENT: dict[str, Any] = {
     "mode": "on",
@@ -260,7 +260,11 @@ def test_nova_boots_gmd_measures_throttles_explains_and_restores(
     try:
         servers += [nova.boot("acme", "spin"), nova.boot("acme", "spin")]
         servers.append(nova.boot("initech", "idle"))
-        spin, doomed, idle = servers
+        # A third project (the operator's own) idles too: acme's equal share is then a third
+        # of the host, which its two spinning guests exceed however loaded the machine is
+        # (on a busy CI host they got 1.1 of the 2 cores: not more than a half).
+        servers.append(nova.boot("admin", "idle"))
+        spin, doomed, idle, _ = servers
         virt = nova.libvirt()
         spin_dom = virt.lookupByUUIDString(spin.id)
         before = live_settings(spin_dom)
@@ -291,7 +295,8 @@ def test_nova_boots_gmd_measures_throttles_explains_and_restores(
             owners = dict(
                 ledger("SELECT v.uuid, c.name FROM vms v JOIN customers c ON c.id = v.customer_id")
             )
-            assert owners == {spin.id: acme, doomed.id: acme, idle.id: initech}, log.read_text()
+            expected = {spin.id: acme, doomed.id: acme, idle.id: initech}
+            assert expected.items() <= owners.items(), log.read_text()[-3000:]
 
             def standings() -> list[Any]:
                 """Each customer's latest ledger row and level, and its terms; the last

@@ -139,6 +139,9 @@ def test_sighup_stops_the_agent_as_running_without_systemd_says(tmp_path: Path) 
         agent = subprocess.Popen(
             [str(Path(sys.executable).with_name("gmd-agent")), "--config", str(toml)],
             stderr=err,
+            # As a shell or systemd starts it, whatever this test runs under (nohup ignores
+            # SIGHUP, and a child inherits that).
+            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
         )
         try:
             deadline = time.monotonic() + 60

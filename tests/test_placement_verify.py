@@ -17,6 +17,7 @@ import contextlib
 import json
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -70,9 +71,15 @@ class Placement:
         self.consumers: list[str] = []
 
     def _call(self, method: str, path: str, body: Any = None, version: str = VERSION) -> Any:
-        response = self.conn.placement.request(
-            path, method, json=body, microversion=version, raise_exc=False
-        )
+        for _ in range(20):
+            response = self.conn.placement.request(
+                path, method, json=body, microversion=version, raise_exc=False
+            )
+            # This Placement keeps its data in SQLite (tests/openstack.sh), which answers a
+            # write beside the daemon's reads with 500 "database is locked": asked again.
+            if response.status_code != 500 or "database is locked" not in response.text:
+                break
+            time.sleep(0.2)
         assert response.status_code < 300, f"{method} {path}: {response.text}"
         return response.json() if response.content else None
 
