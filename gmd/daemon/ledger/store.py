@@ -274,20 +274,26 @@ class _HostVms:
     remembered, so that the host's next (verified) batch looks them up and moves them"""
 
 
+def _phase_s(host: str) -> int:
+    """When in the day ``host``'s marking periods begin, fixed by its name."""
+    return zlib.crc32(host.encode()) % SEEN_PERIOD_S
+
+
 def mark_period(host: str, t_s: int) -> int:
     """Which of ``host``'s marking periods time ``t_s`` falls in: periods of
     :data:`SEEN_PERIOD_S` that begin at a time of day fixed by the host's name, so that the
     marking of a cloud's VMs spreads over the day instead of falling on every host's first
     batch after midnight (5,000 batches at the burst of one interval's end)."""
-    return (t_s + zlib.crc32(host.encode()) % SEEN_PERIOD_S) // SEEN_PERIOD_S
+    return (t_s + _phase_s(host)) // SEEN_PERIOD_S
 
 
 def marked_in(marked: Mapping[int, int], ids: Iterable[int], host: str, t_s: int) -> list[int]:
     """Of ``ids``, those ``marked`` (id → the interval it was last marked in) does not show
     marked in the host's period of ``t_s``."""
-    period = mark_period(host, t_s)
+    phase = _phase_s(host)
+    period = (t_s + phase) // SEEN_PERIOD_S
     return sorted(
-        {i for i in ids if (m := marked.get(i)) is None or mark_period(host, m) != period}
+        {i for i in ids if (m := marked.get(i)) is None or (m + phase) // SEEN_PERIOD_S != period}
     )
 
 
