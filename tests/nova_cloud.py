@@ -8,6 +8,10 @@ library, that venv's openstacksdk, psycopg2 and libvirt-python. What runs, all o
   through psycopg2 (psycopg 3 breaks Nova's ``inet`` columns and Placement's allocation writes);
 - a private RabbitMQ (root, no systemd; its own epmd port, so it meets no other Erlang here);
 - Keystone, Placement, Glance (file store) and the Nova API under gunicorn, one worker each;
+- a second Nova API, ``RegionTwo`` of the catalog, with ``UnifiedLimitsDriver``: its quotas are
+  Keystone's limits (registered for that region) and its usage is counted in Placement (at
+  microversion 1.9, below the 1.38 whose ``/usages`` fails on PostgreSQL). It boots into the
+  same cell, scheduler and compute host, so a member's server is the same guest either way;
 - a stub of Neutron's API that lists nothing: Nova's server show/list/delete ask Neutron for the
   server's ports even when it was booted with ``networks: "none"``;
 - nova-conductor, nova-scheduler and nova-compute with the libvirt driver (``virt_type = qemu``,
@@ -60,15 +64,34 @@ PORTS = {
     "placement": 26378,
     "glance": 26292,
     "nova-api": 26774,
+    "nova-api-unified": 26775,
     "neutron-stub": 26696,
 }
-HTTP = ("keystone", "placement", "glance", "nova-api", "neutron-stub")
+HTTP = ("keystone", "placement", "glance", "nova-api", "nova-api-unified", "neutron-stub")
 """The services that answer HTTP, in their start order."""
 NOVA = ("nova-conductor", "nova-scheduler", "nova-compute")
 """Nova's RPC services (console scripts), in their start order."""
 PASSWORD = "gmd-test-secret"
 """Every account's password: a throwaway cloud on loopback."""
 CUSTOMERS = ("acme", "initech")
+UNIFIED_REGION = "RegionTwo"
+"""The region of the Nova API on unified limits (``nova-api-unified``)."""
+REGISTERED = {
+    "servers": 10,
+    "class:VCPU": 20,
+    "class:MEMORY_MB": 51200,
+    "class:DISK_GB": 1000,
+    "server_metadata_items": 128,
+    "server_injected_files": 5,
+    "server_injected_file_content_bytes": 10240,
+    "server_injected_file_path_bytes": 255,
+    "server_key_pairs": 100,
+    "server_groups": 10,
+    "server_group_members": 10,
+}
+"""``RegionTwo``'s registered limits: Nova's own legacy defaults (20 cores, 50 GiB, 10 servers),
+so that a project starts from the same quota in either region; every resource Nova 34 asks
+about has one (a resource without one would allow nothing)."""
 PREFIX = "gmdnova-"
 """The domains' names: Nova's ``instance_name_template`` is PREFIX + ``%08x``."""
 COMPUTE_HOST = "gmdnova-compute"
@@ -160,7 +183,10 @@ WSGI = {
     "placement": "from placement.wsgi.api import application\n",
     "glance": "from glance.wsgi.api import application\n",
     "nova-api": "from nova.wsgi.osapi_compute import application\n",
+    "nova-api-unified": "from nova.wsgi.osapi_compute import application\n",
 }
+NOVA_CONFIG = {"nova-api": "nova", "nova-api-unified": "nova-unified"}
+"""Each Nova API's configuration directory (``OS_NOVA_CONFIG_DIR``) under ``run``."""
 
 
 def spawn(run: Path, name: str, command: list[str], env: dict[str, str] | None = None) -> None:
@@ -198,6 +224,9 @@ def serve(run: Path, name: str) -> None:
         return
     module = run / f"wsgi_{name.replace('-', '_')}.py"
     module.write_text("import sys\n\nsys.argv = sys.argv[:1]\n" + WSGI[name])
+    env = environment(run)
+    if name in NOVA_CONFIG:
+        env["OS_NOVA_CONFIG_DIR"] = str(run / NOVA_CONFIG[name])
     spawn(
         run,
         name,
@@ -216,6 +245,7 @@ def serve(run: Path, name: str) -> None:
             "--no-control-socket",
             f"{module.stem}:application",
         ],
+        env,
     )
 
 
@@ -731,6 +761,7 @@ def build_seed(state: Path) -> None:
 
     wait_for("keystone", lambda: http_answers(PORTS["keystone"]), run, watch=("keystone",))
     info = seed_keystone(keystone_url)
+    write_unified_nova(run, keystone_url, info["unified"]["limits_endpoint_id"])
     info["run"] = str(run)
     info["recipe"] = recipe()
     (run / "cloud.json").write_text(json.dumps(info, indent=2))
@@ -803,6 +834,34 @@ def seed_keystone(keystone_url: str) -> dict[str, Any]:
             ident.create_endpoint(
                 service_id=service.id, interface=interface, url=url, region_id="RegionOne"
             )
+    # RegionTwo has its compute endpoint (the unified-limits Nova API) and Keystone's, as each
+    # region of a real cloud has (a client of RegionTwo finds Keystone's API in its own
+    # region); its Nova finds Placement, Glance and Neutron in RegionOne (its [placement] …
+    # region_name). Its limits are registered for that service and region.
+    ident.create_region(id=UNIFIED_REGION, description="Nova with unified limits")
+    identity = next(iter(ident.services(type="identity")))
+    for interface in ("public", "internal"):
+        ident.create_endpoint(
+            service_id=identity.id, interface=interface, url=keystone_url, region_id=UNIFIED_REGION
+        )
+    unified_url = f"http://127.0.0.1:{PORTS['nova-api-unified']}/v2.1"
+    limits_endpoint = ""
+    for interface in ("public", "internal"):
+        endpoint = ident.create_endpoint(
+            service_id=services["compute"],
+            interface=interface,
+            url=unified_url,
+            region_id=UNIFIED_REGION,
+        )
+        if interface == "public":
+            limits_endpoint = endpoint.id
+    for resource, limit in REGISTERED.items():
+        ident.create_registered_limit(
+            service_id=services["compute"],
+            region_id=UNIFIED_REGION,
+            resource_name=resource,
+            default_limit=limit,
+        )
     admin_project = ident.find_project("admin", domain_id="default")
     operator = ident.create_user(name="gmd", password=PASSWORD, domain_id="default")
     # Project-scoped admin for Nova's and Glance's APIs, system-scoped for Keystone's.
@@ -831,6 +890,17 @@ def seed_keystone(keystone_url: str) -> dict[str, Any]:
         "compute_host": COMPUTE_HOST,
         "libvirt_uri": "qemu:///system",
         "member_clouds": {name: name for name in CUSTOMERS},
+        "unified": {
+            "region": UNIFIED_REGION,
+            "nova_url": unified_url,
+            "limits_endpoint_id": limits_endpoint,
+            "registered_limits": REGISTERED,
+            # gmd's entries for that region: the project-scoped admin that reads Nova's quota
+            # sets, the system-scoped one that writes Keystone's limits; and each member's.
+            "cloud": "unified",
+            "limits_cloud": "unified-system",
+            "member_clouds": {name: f"{name}-unified" for name in CUSTOMERS},
+        },
     }
 
 
@@ -855,8 +925,15 @@ def write_clouds_yaml(run: Path, keystone_url: str, info: dict[str, Any]) -> Non
             "auth": auth(f"{name}-member", project_name=name, project_domain_name="Default")
         }
     for cloud in clouds.values():
-        cloud["identity_api_version"] = 3
         cloud["region_name"] = "RegionOne"
+    unified = info["unified"]
+    clouds[unified["cloud"]] = {"auth": auth("gmd", **project)}
+    clouds[unified["limits_cloud"]] = {"auth": auth("gmd", system_scope="all")}
+    for name, entry in unified["member_clouds"].items():
+        clouds[entry] = {"auth": clouds[name]["auth"]}
+    for cloud in clouds.values():
+        cloud["identity_api_version"] = 3
+        cloud.setdefault("region_name", UNIFIED_REGION)
     (run / "clouds.yaml").write_text(json.dumps({"clouds": clouds}, indent=2))
     info["clouds_yaml"] = str(run / "clouds.yaml")
     info["clouds"] = sorted(clouds)
@@ -975,46 +1052,69 @@ def write_configs(run: Path, keystone_url: str) -> None:
     for sub in ("images", "staging", "tasks"):
         (glance / sub).mkdir()
     nova = run / "nova"
-    ini(
-        nova / "nova.conf",
-        {
-            "DEFAULT": {
-                "transport_url": f"rabbit://guest:guest@127.0.0.1:{PORTS['rabbitmq']}/",
-                "host": COMPUTE_HOST,
-                "my_ip": "127.0.0.1",
-                "state_path": nova / "state",  # holds compute_id: the node's identity
-                "instances_path": run / "instances",
-                "instance_name_template": PREFIX + "%08x",
-                "compute_driver": "libvirt.LibvirtDriver",
-                # SIGTERM stops nova-compute in ~5 s instead of ~16 s.
-                "graceful_shutdown_timeout": 5,
-                "use_stderr": "true",
-            },
-            "api": {"auth_strategy": "keystone"},
-            "api_database": {"connection": db_url("nova_api")},
-            "database": {"connection": db_url("nova_cell1")},
-            "keystone_authtoken": authtoken(keystone_url, "nova"),
-            "keystone": {"region_name": "RegionOne"},
-            "placement": {**authtoken_service(keystone_url, "nova"), "region_name": "RegionOne"},
-            "glance": {"region_name": "RegionOne"},
-            "neutron": {**authtoken_service(keystone_url, "nova"), "region_name": "RegionOne"},
-            "libvirt": {"virt_type": "qemu", "connection_uri": "qemu:///system"},
-            "vnc": {"enabled": "false"},
-            # privsep runs "sudo privsep-helper" (the shim in run/bin), not nova-rootwrap.
-            "workarounds": {"disable_rootwrap": "true"},
-            "oslo_policy": POLICY,
-            # Retry RabbitMQ every second (not 1, 3, 5 … s): the services start before it answers.
-            "oslo_messaging_rabbit": {"rabbit_retry_backoff": 0},
-            "oslo_concurrency": {"lock_path": nova / "locks"},
-            "quota": {"driver": "nova.quota.DbQuotaDriver"},
-            # The default forks one worker per CPU: ~160 MiB more for nothing here.
-            "conductor": {"workers": 1},
-            "scheduler": {"workers": 1, "discover_hosts_in_cells_interval": 5},
-        },
-    )
+    ini(nova / "nova.conf", nova_sections(run, keystone_url, nova))
     shutil.copy(venv_etc / "nova" / "api-paste.ini", nova / "api-paste.ini")
     (nova / "state").mkdir()
     (run / "instances").mkdir()
+
+
+def write_unified_nova(run: Path, keystone_url: str, limits_endpoint: str) -> None:
+    """The unified-limits Nova API's configuration: the cloud's nova.conf with
+    ``UnifiedLimitsDriver`` and the ``[oslo_limit]`` section that names its own compute endpoint
+    (whose service and region Keystone's limits are read for). Nova's user reads them with its
+    system-scoped reader role."""
+    directory = run / NOVA_CONFIG["nova-api-unified"]
+    sections = nova_sections(run, keystone_url, directory)
+    sections["quota"] = {"driver": "nova.quota.UnifiedLimitsDriver"}
+    sections["oslo_limit"] = {
+        "auth_url": keystone_url,
+        "auth_type": "password",
+        "username": "nova",
+        "password": PASSWORD,
+        "user_domain_name": "Default",
+        "system_scope": "all",
+        "endpoint_id": limits_endpoint,
+    }
+    ini(directory / "nova.conf", sections)
+    shutil.copy(run / "nova" / "api-paste.ini", directory / "api-paste.ini")
+
+
+def nova_sections(run: Path, keystone_url: str, nova: Path) -> dict[str, dict[str, Any]]:
+    """nova.conf of every Nova service (its lock directory under ``nova``)."""
+    return {
+        "DEFAULT": {
+            "transport_url": f"rabbit://guest:guest@127.0.0.1:{PORTS['rabbitmq']}/",
+            "host": COMPUTE_HOST,
+            "my_ip": "127.0.0.1",
+            "state_path": run / "nova" / "state",  # holds compute_id: the node's identity
+            "instances_path": run / "instances",
+            "instance_name_template": PREFIX + "%08x",
+            "compute_driver": "libvirt.LibvirtDriver",
+            # SIGTERM stops nova-compute in ~5 s instead of ~16 s.
+            "graceful_shutdown_timeout": 5,
+            "use_stderr": "true",
+        },
+        "api": {"auth_strategy": "keystone"},
+        "api_database": {"connection": db_url("nova_api")},
+        "database": {"connection": db_url("nova_cell1")},
+        "keystone_authtoken": authtoken(keystone_url, "nova"),
+        "keystone": {"region_name": "RegionOne"},
+        "placement": {**authtoken_service(keystone_url, "nova"), "region_name": "RegionOne"},
+        "glance": {"region_name": "RegionOne"},
+        "neutron": {**authtoken_service(keystone_url, "nova"), "region_name": "RegionOne"},
+        "libvirt": {"virt_type": "qemu", "connection_uri": "qemu:///system"},
+        "vnc": {"enabled": "false"},
+        # privsep runs "sudo privsep-helper" (the shim in run/bin), not nova-rootwrap.
+        "workarounds": {"disable_rootwrap": "true"},
+        "oslo_policy": POLICY,
+        # Retry RabbitMQ every second (not 1, 3, 5 … s): the services start before it answers.
+        "oslo_messaging_rabbit": {"rabbit_retry_backoff": 0},
+        "oslo_concurrency": {"lock_path": nova / "locks"},
+        "quota": {"driver": "nova.quota.DbQuotaDriver"},
+        # The default forks one worker per CPU: ~160 MiB more for nothing here.
+        "conductor": {"workers": 1},
+        "scheduler": {"workers": 1, "discover_hosts_in_cells_interval": 5},
+    }
 
 
 def ini(path: Path, sections: dict[str, dict[str, Any]]) -> Path:

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.openstack_support import ServiceLogs
+from tests.openstack_support import ServiceLogs, limits_of
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tests" / "nova_cloud.sh"
@@ -79,24 +79,20 @@ class NovaCloud:
         )
         return openstack.connection.Connection(config=config.get_one(cloud=cloud), api_timeout=60)
 
-    def boot(self, project: str, role: str, name: str | None = None) -> Server:
-        """Boots a server of the tiny guest in ``role`` (spin or idle) as ``project``'s member,
-        without a network, and waits until it is ACTIVE."""
+    def unified_member_cloud(self, project: str) -> str:
+        """``project``'s member's entry for ``RegionTwo``, the Nova API on unified limits."""
+        return str(self.info["unified"]["member_clouds"][project])
+
+    def boot(
+        self, project: str, role: str, name: str | None = None, *, cloud: str | None = None
+    ) -> Server:
+        """Boots a server of the tiny guest in ``role`` (spin or idle) as ``project``'s member
+        (through ``cloud``'s Nova API: the member's RegionOne entry by default), without a
+        network, and waits until it is ACTIVE."""
         name = name or f"{project}-{role}-{os.getpid()}-{time.monotonic_ns() % 10**6}"
-        conn = self.connect(self.member_cloud(project))
+        conn = self.connect(cloud or self.member_cloud(project))
         try:
-            response = conn.compute.post(
-                "/servers",
-                json={
-                    "server": {
-                        "name": name,
-                        "imageRef": self.info["images"][role],
-                        "flavorRef": self.info["flavor"]["id"],
-                        "networks": "none",
-                    }
-                },
-                microversion=COMPUTE_MICROVERSION,
-            )
+            response = self._create(conn, name, role)
             if response.status_code != 202:
                 raise AssertionError(
                     f"boot of {name} refused: {response.status_code} {response.text}"
@@ -116,6 +112,37 @@ class NovaCloud:
         finally:
             conn.close()
         return Server(server_id, name, project, self.domain_name(server_id))
+
+    def ask_to_boot(self, project: str, role: str, *, cloud: str | None = None) -> Any:
+        """What Nova answers ``project``'s member who asks for one more server (not waited
+        for: a test of a refusal). A server it accepted is deleted at the cloud's stop."""
+        conn = self.connect(cloud or self.member_cloud(project))
+        try:
+            return self._create(conn, f"{project}-one-more-{os.getpid()}", role)
+        finally:
+            conn.close()
+
+    def _create(self, conn: Any, name: str, role: str) -> Any:
+        return conn.compute.post(
+            "/servers",
+            json={
+                "server": {
+                    "name": name,
+                    "imageRef": self.info["images"][role],
+                    "flavorRef": self.info["flavor"]["id"],
+                    "networks": "none",
+                }
+            },
+            microversion=COMPUTE_MICROVERSION,
+        )
+
+    def project_limits(self, project_id: str) -> dict[str, int]:
+        """The project's own limits in Keystone (``RegionTwo``'s), by resource name."""
+        conn = self.connect("keystone-admin")
+        try:
+            return limits_of(conn, project_id)
+        finally:
+            conn.close()
 
     def domain_name(self, server_id: str) -> str:
         """The libvirt domain Nova made for the server (an admin-only attribute)."""

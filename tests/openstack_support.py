@@ -32,6 +32,15 @@ MEMBER = "member"
 """acme's member: may read its own project's quota, not write it"""
 
 
+def limits_of(conn: Any, project_id: str) -> dict[str, int]:
+    """A project's own limits in Keystone, by resource name (``conn``: a system-scoped
+    admin's openstacksdk connection)."""
+    return {
+        limit.resource_name: limit.resource_limit
+        for limit in conn.identity.limits(project_id=project_id)
+    }
+
+
 @dataclass(frozen=True)
 class RealCloud:
     info: dict[str, Any]
@@ -78,10 +87,7 @@ class RealCloud:
         """The project's own limits in Keystone, by resource name."""
         conn = self.connect()
         try:
-            return {
-                limit.resource_name: limit.resource_limit
-                for limit in conn.identity.limits(project_id=project_id)
-            }
+            return limits_of(conn, project_id)
         finally:
             conn.close()
 

@@ -30,6 +30,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
+from gmd.daemon.ledger.migrate import upgrade
 from tests.daemon_support import make_config, serving, token_of
 from tests.nova_support import NovaCloud, Server
 
@@ -75,6 +76,7 @@ ENFORCEMENT: dict[str, Any] = {
     },
 }
 PHASE_TIMEOUT_S = 240.0
+QUOTA_KEYS = ("cores", "ram", "instances")
 
 
 def poll(
@@ -115,35 +117,21 @@ def cpu_rate(dom: Any, window_s: float = 3.0) -> float:
     return (second - first) / 1e9 / (t1 - t0)
 
 
-def quota(nova: NovaCloud, project: str) -> dict[str, int]:
-    conn = nova.connect("admin")
+def quota_of(nova: NovaCloud, cloud: str, project: str) -> dict[str, int]:
+    """The project's quota set as ``cloud``'s Nova reports it."""
+    conn = nova.connect(cloud)
     try:
         answer = conn.compute.get(f"/os-quota-sets/{project}")
         assert answer.status_code == 200, answer.text
         got = answer.json()["quota_set"]
-        return {k: int(got[k]) for k in ("cores", "ram", "instances")}
+        return {k: int(got[k]) for k in QUOTA_KEYS}
     finally:
         conn.close()
 
 
-def boot_answer(nova: NovaCloud, project: str) -> httpx.Response:
-    """What Nova answers a member who asks for one more server (not waited for)."""
-    conn = nova.connect(nova.member_cloud(project))
-    try:
-        return conn.compute.post(
-            "/servers",
-            json={
-                "server": {
-                    "name": f"{project}-one-more",
-                    "imageRef": nova.info["images"]["idle"],
-                    "flavorRef": nova.info["flavor"]["id"],
-                    "networks": "none",
-                }
-            },
-            microversion="2.96",
-        )
-    finally:
-        conn.close()
+def quota(nova: NovaCloud, project: str) -> dict[str, int]:
+    """The project's legacy quota (RegionOne's Nova)."""
+    return quota_of(nova, "admin", project)
 
 
 def server_action(nova: NovaCloud, server: Server, action: str) -> None:
@@ -338,7 +326,7 @@ def test_nova_boots_gmd_measures_throttles_explains_and_restores(
             # next boot is refused by Nova itself.
             lowered = poll("acme's quota lowered", lambda: quota(nova, acme)["cores"] == 1)
             assert lowered
-            refused = boot_answer(nova, "acme")
+            refused = nova.ask_to_boot("acme", "idle")
             assert refused.status_code == 403, refused.text
             assert "Quota exceeded" in refused.text
 
@@ -414,3 +402,131 @@ def test_nova_boots_gmd_measures_throttles_explains_and_restores(
         for server in servers:
             with suppress(AssertionError):
                 nova.delete(server)
+
+
+# --- the same quota path on unified limits ------------------------------------------------
+
+
+def at_level(engine: sa.Engine, project: str, level: int) -> None:
+    """``project`` at ``level`` in the ledger, as the accountant records it (the loop above
+    shows the accountant getting there from what the agent measured)."""
+    with engine.begin() as conn:
+        cid = conn.execute(
+            sa.text("SELECT id FROM customers WHERE name = :n"), {"n": project}
+        ).scalar()
+        if cid is None:
+            cid = conn.execute(
+                sa.text("INSERT INTO customers (name) VALUES (:n) RETURNING id"), {"n": project}
+            ).scalar_one()
+        iid = conn.execute(
+            sa.text(
+                "INSERT INTO intervals (start_s, length_s, state) VALUES (:s, 60, 'accounted')"
+                " RETURNING id"
+            ),
+            {"s": 60 * (level + 1)},
+        ).scalar_one()
+        conn.execute(sa.text("DELETE FROM customer_levels WHERE customer_id = :c"), {"c": cid})
+        conn.execute(
+            sa.text(
+                "INSERT INTO customer_levels (customer_id, level, since_s, score, interval_id)"
+                " VALUES (:c, :l, 0, 1.0, :i)"
+            ),
+            {"c": cid, "l": level, "i": iid},
+        )
+
+
+def nova_detail(nova: NovaCloud, cloud: str, project: str) -> dict[str, dict[str, int]]:
+    """``/os-quota-sets/{project}/detail`` as ``cloud``'s Nova counts it (limit, in_use)."""
+    conn = nova.connect(cloud)
+    try:
+        answer = conn.compute.get(f"/os-quota-sets/{project}/detail", microversion="2.57")
+        assert answer.status_code == 200, answer.text
+        got = answer.json()["quota_set"]
+        return {k: {"limit": got[k]["limit"], "in_use": got[k]["in_use"]} for k in QUOTA_KEYS}
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_unified_limits_lowered_until_nova_refuses_a_boot_and_restored_exactly(
+    nova: NovaCloud, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The quota path of the loop with Nova on unified limits (``RegionTwo``): gmd's quota job
+    lowers the greedy project's limits in Keystone, the unified-limits Nova (counting usage in
+    the cloud's PostgreSQL Placement) refuses its member's next boot, and once its level is
+    back to 0 the project has no limit of its own again, as before, and boots."""
+    from gmd.daemon.enforce.quota_job import QuotaReconciler
+    from gmd.daemon.enforce.quotas import QuotaBackendKind
+
+    unified = nova.info["unified"]
+    project = nova.projects["initech"]
+    member = nova.unified_member_cloud("initech")
+    monkeypatch.setenv("OS_CLIENT_CONFIG_FILE", str(nova.clouds_yaml))
+    assert nova.project_limits(project) == {}
+    registered = unified["registered_limits"]
+    servers = [nova.boot("initech", "idle", cloud=member)]
+    try:
+        # Nova counts the running server through Placement, against Keystone's defaults.
+        assert nova_detail(nova, unified["cloud"], project) == {
+            "cores": {"limit": registered["class:VCPU"], "in_use": 1},
+            "ram": {"limit": registered["class:MEMORY_MB"], "in_use": 128},
+            "instances": {"limit": registered["servers"], "in_use": 1},
+        }
+        quota = {
+            **ENFORCEMENT["quota"],
+            "cloud": unified["cloud"],
+            "limits_cloud": unified["limits_cloud"],
+            # auto: the job finds out itself that this Nova reads Keystone's limits.
+            "backend": "auto",
+        }
+        config = make_config(
+            database_url,
+            {nova.info["compute_host"]: "operator"},
+            enforcement={**ENFORCEMENT, "quota": quota},
+        )
+        engine = sa.create_engine(database_url)
+        upgrade(engine)
+        at_level(engine, project, 1)
+        job = QuotaReconciler(engine, config.enforcement)
+        try:
+            assert job.run().lowered == 1
+            floor = {"class:VCPU": 1, "class:MEMORY_MB": 128, "servers": 1}
+            assert nova.project_limits(project) == floor
+            refused = nova.ask_to_boot("initech", "idle", cloud=member)
+            # oslo.limit's words, through Nova: each resource over its new limit.
+            assert refused.status_code == 403, refused.text
+            assert f"Project {project} is over a limit" in refused.text, refused.text
+            assert "Resource servers is over limit of 1" in refused.text, refused.text
+            # Nothing of the legacy quota changed: the other region's Nova still allows it.
+            assert quota_of(nova, "admin", project) == {"cores": 20, "ram": 51200, "instances": 10}
+
+            at_level(engine, project, 0)
+            assert job.run().restored == 1
+        finally:
+            job.close()
+        assert nova.project_limits(project) == {}
+        servers.append(nova.boot("initech", "idle", cloud=member))
+        with engine.connect() as conn:
+            audit = conn.execute(
+                sa.text(
+                    "SELECT kind, status, reason FROM enforcement_actions"
+                    " WHERE kind LIKE 'quota%' ORDER BY id"
+                )
+            ).all()
+        engine.dispose()
+        assert [(kind, status) for kind, status, _ in audit] == [
+            ("quota_lower", "ok"),
+            ("quota_restore", "ok"),
+        ]
+        assert all(QuotaBackendKind.keystone_limits.value in reason for *_, reason in audit)
+    finally:
+        for server in servers:
+            with suppress(AssertionError):
+                nova.delete(server)
+        # A failed run leaves no limit of its own to the project (the next run starts clean).
+        conn = nova.connect("keystone-admin")
+        try:
+            for limit in conn.identity.limits(project_id=project):
+                conn.identity.delete_limit(limit)
+        finally:
+            conn.close()

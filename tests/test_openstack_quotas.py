@@ -8,6 +8,7 @@ projects, so their quotas and limits start from the cloud's defaults.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -355,8 +356,12 @@ def test_a_member_only_account_cannot_write_keystone_limits(real_cloud: RealClou
     [(LEGACY, QuotaBackendKind.nova), (UNIFIED, QuotaBackendKind.keystone_limits)],
 )
 def test_auto_finds_the_backend_each_nova_uses(
-    real_cloud: RealCloud, cloud: str, expected: QuotaBackendKind
+    real_cloud: RealCloud,
+    cloud: str,
+    expected: QuotaBackendKind,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.INFO, logger="gmd.daemon.enforce")
     project = real_cloud.new_project()
     limits_cloud = f"{cloud}-system"
     backend = build_backend("auto", cloud, limits_cloud=limits_cloud, timeout_s=30, retries=0)
@@ -372,6 +377,11 @@ def test_auto_finds_the_backend_each_nova_uses(
         assert reader.get(project) == DEFAULTS
     backend.close()
     assert real_cloud.project_limits(project) == {}
+    # Finding out is not a failure: one line says what was found, nothing at WARNING or above.
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    found = [r.getMessage() for r in caplog.records if "compute quotas are written to" in r.msg]
+    assert len(found) == 1
+    assert found[0].startswith(f"cloud {cloud!r}: compute quotas are written to {expected.value} (")
 
 
 def test_the_quota_job_on_unified_limits_audits_every_write(

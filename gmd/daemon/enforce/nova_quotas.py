@@ -75,6 +75,9 @@ class NovaQuotas(OpenStackClient):
     def __init__(self, cloud: str, **kw: Any) -> None:
         super().__init__(cloud, **kw)
         self._disabled_by: QuotaError | None = None
+        self.probing = False
+        """Set by :class:`.AutoQuotas` while a write finds out whether Nova reads unified
+        limits: a write that changes nothing is then the expected answer, logged as such."""
         self._microversion: str | None = None
         self._negotiated_for: object = None
 
@@ -198,7 +201,10 @@ class NovaQuotas(OpenStackClient):
         )
         with self._lock:
             self._disabled_by = error
-        log.error("%s — quota writes to cloud %r are now disabled", error, self.cloud)
+        if self.probing and after == before:
+            log.debug("%s (found out by backend = auto)", error)
+        else:
+            log.error("%s — quota writes to cloud %r are now disabled", error, self.cloud)
         raise error
 
     def _check_enabled(self, operation: str, project_id: str) -> None:

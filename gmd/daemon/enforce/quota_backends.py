@@ -134,6 +134,7 @@ class AutoQuotas:
         backend = self._backend()
         if backend is not None:
             return write(backend)
+        self.nova.probing = True
         try:
             done = write(self.nova)
         except QuotaNotApplied as exc:
@@ -144,6 +145,8 @@ class AutoQuotas:
                 "Nova accepted a quota write and changed nothing: it reads unified limits",
             )
             return write(self.keystone)
+        finally:
+            self.nova.probing = False
         self._resolve(QuotaBackendKind.nova, "a Nova quota write took effect")
         return done
 
