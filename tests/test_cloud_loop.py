@@ -31,6 +31,25 @@ import pytest
 import sqlalchemy as sa
 
 from gmd.daemon.ledger.migrate import upgrade
+from tests.cloud_story import (
+    CAP,
+    CAP_MARGIN,
+    CAPPED_VCPU_QUOTA,
+    ENFORCEMENT,
+    INTERVAL_S,
+    QUOTA_KEYS,
+    agent_settings,
+    cpu_rate,
+    daemon_sections,
+    live_settings,
+    member_token,
+    quota,
+    quota_of,
+    register_fairness,
+    server_action,
+    toml_document,
+    unregister_fairness,
+)
 from tests.daemon_support import make_config, serving, token_of
 from tests.nova_support import NovaCloud, Server
 
@@ -38,45 +57,7 @@ pytest_plugins = ("tests.nova_support",)
 
 AGENT = Path(sys.executable).with_name("gmd-agent")
 OPENSTACK = Path(sys.executable).with_name("openstack")
-INTERVAL_S = 10
-CAP = 0.3  # level 1 caps a guest's vCPU at 30 %
-# vcpu_quota caps the guest's vCPU thread; QEMU's own threads (its disk emulation, busy with the
-# spinning guest's reads and writes until the disk cap holds them) are outside it.
-CAP_MARGIN = 0.15
-DISK_CAP = 4_000_000
-# Two spinning guests take 1.1-1.8 of the host's 2 cores against acme's equal share of 2/3
-# (three projects run servers), which a 30 s half-life adds up past the threshold.
-ACCOUNTING = {"interval_s": INTERVAL_S, "grace_s": 4, "endowment": "equal", "half_life_s": 30}
-ENFORCEMENT: dict[str, Any] = {
-    "mode": "on",
-    "enter": [0.3],
-    "leave": [0.1],
-    # A level is held at least this long: once capped, acme stops taking more than its share
-    # and its balance decays; the test looks at the cap, the quota and the explanation first.
-    "dwell_s": 90,
-    "max_step": 1,
-    "weight_factors": [0.5],
-    "cap_level": 1,
-    "quota_level": 1,
-    "cpu_cap_fractions": [CAP],
-    "disk_caps_bytes_per_s": [DISK_CAP],
-    # Caps on every host: this one compute host is not busy enough to count as contended.
-    "contended_above": {"cpu": 0.0, "disk": 0.0},
-    "quota": {
-        "cloud": "admin",
-        "backend": "nova",
-        # One step takes the quota to its floor: below what acme runs, so its next boot fails.
-        "step_cores": 1.0,
-        "step_ram": 1.0,
-        "step_instances": 1.0,
-        "floor_cores": 1,
-        "floor_ram_mb": 128,
-        "floor_instances": 1,
-        "every_s": 2,
-    },
-}
 PHASE_TIMEOUT_S = 240.0
-QUOTA_KEYS = ("cores", "ram", "instances")
 
 
 def poll(
@@ -98,81 +79,14 @@ def poll(
         time.sleep(0.5)
 
 
-def live_settings(dom: Any) -> dict[str, Any]:
-    import libvirt
-
-    live = libvirt.VIR_DOMAIN_AFFECT_LIVE
-    return {
-        "sched": dom.schedulerParametersFlags(live),
-        "blkio": dom.blkioParameters(live),
-        "iotune": dom.blockIoTune("vda", live),
-    }
-
-
-def cpu_rate(dom: Any, window_s: float = 3.0) -> float:
-    """The cores a domain's vCPUs used over ``window_s`` (its CPU time, from libvirt)."""
-    first, t0 = dom.info()[4], time.monotonic()
-    time.sleep(window_s)
-    second, t1 = dom.info()[4], time.monotonic()
-    return (second - first) / 1e9 / (t1 - t0)
-
-
-def quota_of(nova: NovaCloud, cloud: str, project: str) -> dict[str, int]:
-    """The project's quota set as ``cloud``'s Nova reports it."""
-    conn = nova.connect(cloud)
-    try:
-        answer = conn.compute.get(f"/os-quota-sets/{project}")
-        assert answer.status_code == 200, answer.text
-        got = answer.json()["quota_set"]
-        return {k: int(got[k]) for k in QUOTA_KEYS}
-    finally:
-        conn.close()
-
-
-def quota(nova: NovaCloud, project: str) -> dict[str, int]:
-    """The project's legacy quota (RegionOne's Nova)."""
-    return quota_of(nova, "admin", project)
-
-
-def server_action(nova: NovaCloud, server: Server, action: str) -> None:
-    conn = nova.connect(nova.member_cloud(server.project))
-    try:
-        answer = conn.compute.post(f"/servers/{server.id}/action", json={action: None})
-        assert answer.status_code == 202, answer.text
-    finally:
-        conn.close()
-
-
-def member_token(nova: NovaCloud, project: str) -> str:
-    conn = nova.connect(nova.member_cloud(project))
-    try:
-        return str(conn.session.get_token())
-    finally:
-        conn.close()
-
-
 @contextmanager
 def agent_process(tmp_path: Path, daemon_url: str, nova: NovaCloud) -> Iterator[Path]:
     """``gmd-agent`` as an operator runs it on the compute host: the default collector and
     applier, only the cloud's domains."""
+    settings = agent_settings(nova, daemon_url, tmp_path)
+    settings["token"] = token_of(nova.info["compute_host"])
     config = tmp_path / "agent.toml"
-    config.write_text(
-        "[agent]\n"
-        f'daemon_url = "{daemon_url}"\n'
-        f'token = "{token_of(nova.info["compute_host"])}"\n'
-        f'host = "{nova.info["compute_host"]}"\n'
-        f'libvirt_uri = "{nova.info["libvirt_uri"]}"\n'
-        f"domain_prefixes = [{json.dumps(nova.domain_prefix)}]\n"
-        "tick_s = 1\n"
-        f"interval_s = {INTERVAL_S}\n"
-        "post_jitter_s = 0\n"
-        "plan_every_s = 0\n"
-        "describe_every_s = 5\n"
-        f'spool_path = "{tmp_path / "spool.db"}"\n'
-        f'enforcement_state_path = "{tmp_path / "enforcement.json"}"\n'
-        "network_bytes_per_s = 1250000000\n"
-        "metrics_port = 0\n"
-    )
+    config.write_text(toml_document({"agent": settings}))
     log = tmp_path / "agent.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -194,35 +108,7 @@ def agent_process(tmp_path: Path, daemon_url: str, nova: NovaCloud) -> Iterator[
 
 
 def daemon_config(url: str, nova: NovaCloud) -> Any:
-    info = nova.info
-    keystone = {
-        "www_authenticate_uri": info["keystone_url"],
-        "auth_url": info["keystone_url"],
-        "auth_type": "password",
-        "username": "gmd",
-        "password": "gmd-test-secret",
-        "user_domain_name": "Default",
-        "project_name": "admin",
-        "project_domain_name": "Default",
-    }
-    return make_config(
-        url,
-        {info["compute_host"]: "operator"},
-        accounting=ACCOUNTING,
-        enforcement=ENFORCEMENT,
-        daemon={"bind": "127.0.0.1", "account_every_s": 0.5},
-        read_api={
-            "auth": "keystone",
-            "keystone": keystone,
-            "admin_project_id": info["admin_project"],
-        },
-        placement={
-            "verify": "on",
-            "cloud": "admin",
-            "refresh_s": 5,
-            "providers": {info["compute_host"]: info["hypervisor_hostname"]},
-        },
-    )
+    return make_config(url, {nova.info["compute_host"]: "operator"}, **daemon_sections(nova))
 
 
 def plan_vms(daemon_url: str, host: str) -> dict[str, dict[str, Any]]:
@@ -313,7 +199,7 @@ def test_nova_boots_gmd_measures_throttles_explains_and_restores(
             assert planned[spin.id]["cpu_quota_cores"] == CAP
             capped = poll(
                 "the cap applied to acme's guest",
-                lambda: live_settings(spin_dom)["sched"].get("vcpu_quota") == 30000,
+                lambda: live_settings(spin_dom)["sched"].get("vcpu_quota") == CAPPED_VCPU_QUOTA,
             )
             assert capped
             assert spin_dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE) == definition
@@ -332,12 +218,8 @@ def test_nova_boots_gmd_measures_throttles_explains_and_restores(
 
             # The member asks why, with the openstack command line through the catalog, and
             # on the web page.
-            admin = nova.connect("keystone-admin")
-            service = admin.identity.create_service(name="gmd", type="fairness")
+            service = register_fairness(nova, d.url)
             try:
-                admin.identity.create_endpoint(
-                    service_id=service.id, interface="public", url=d.url, region_id="RegionOne"
-                )
                 done = subprocess.run(
                     [
                         str(OPENSTACK),
@@ -354,10 +236,7 @@ def test_nova_boots_gmd_measures_throttles_explains_and_restores(
                     env={**os.environ, "OS_CLIENT_CONFIG_FILE": str(nova.clouds_yaml)},
                 )
             finally:
-                for endpoint in admin.identity.endpoints(service_id=service.id):
-                    admin.identity.delete_endpoint(endpoint)
-                admin.identity.delete_service(service)
-                admin.close()
+                unregister_fairness(nova, service)
             assert done.returncode == 0, done.stderr
             explained = json.loads(done.stdout)
             assert explained["customer"] == acme and explained["summary"], explained
@@ -389,7 +268,7 @@ def test_nova_boots_gmd_measures_throttles_explains_and_restores(
 
             # acme stops: its guest paused, its balance decays, the cap is lifted and the
             # quota put back exactly.
-            server_action(nova, spin, "pause")
+            server_action(nova, spin.id, "acme", "pause")
             poll("acme out of the plan", lambda: not plan_vms(d.url, host))
             poll("the guest's settings restored", lambda: live_settings(spin_dom) == before)
             poll("acme's quota restored", lambda: quota(nova, acme) == original_quota)

@@ -255,3 +255,21 @@ def test_the_why_cites_the_greed_that_made_the_level_not_the_latest_crumb(
     text = admin(tmp_path / "gmd.toml", "a").stdout
     assert f"decided after the interval of {iso(FIRST)}: score 0.2083 ≥ enter 0.15" in text
     assert "its score now, after this interval, is 0.216667" in text
+
+
+@pytest.mark.parametrize(
+    ("seconds", "said"),
+    [
+        (30, "30 s"),
+        (90, "90 s"),
+        (600, "10 min"),
+        (5400, "90 min"),
+        (3 * 3600, "3.0 h"),
+        (3 * 86400, "3.0 days"),
+    ],
+)
+def test_durations_read_as_people_say_them(seconds: float, said: str) -> None:
+    """A 30 s half-life was said as "halves every 0 min" (seen in make cloud-demo)."""
+    from gmd.daemon.reports.explain import _duration
+
+    assert _duration(seconds) == said

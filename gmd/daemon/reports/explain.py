@@ -887,6 +887,10 @@ _MODE_WORDS = {
 
 
 def _duration(seconds: float) -> str:
+    """A duration as a person reads it: 30 s, 90 s, 15 min, 1.5 h, 2.0 days (never "0 min":
+    short half-lives and dwells are real settings, a test cloud's or a demo's)."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
     if seconds < 2 * 3600:
         return f"{seconds / 60:.0f} min"
     if seconds < 2 * 86400:
