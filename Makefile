@@ -37,7 +37,7 @@ test: lint
 		{ replica=$$(bash tests/postgres.sh replica) || replica=; } && \
 		export GMD_TEST_OPENSTACK=$$cloud GMD_TEST_POSTGRES_URL=$$url \
 		GMD_TEST_POSTGRES_REPLICA_URL=$$replica; \
-		$(BIN)/pytest -n auto --dist loadgroup -m "not realvm" && $(BIN)/pytest -m realvm; \
+		$(BIN)/pytest -n auto --dist loadgroup -m "not realvm" --durations=15 && $(BIN)/pytest -m realvm; \
 		status=$$?; bash tests/openstack.sh stop; bash tests/nova_cloud.sh stop; \
 		exit $$status
 

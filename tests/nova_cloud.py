@@ -90,8 +90,8 @@ REGISTERED = {
     "server_group_members": 10,
 }
 """``RegionTwo``'s registered limits: Nova's own legacy defaults (20 cores, 50 GiB, 10 servers),
-so that a project starts from the same quota in either region; every resource Nova 34 asks
-about has one (a resource without one would allow nothing)."""
+so that a project starts from the same quota in either region; the same set as the quota
+cloud's (tests/openstack_cloud.py), one for each resource Nova 34's unified limits name."""
 PREFIX = "gmdnova-"
 """The domains' names: Nova's ``instance_name_template`` is PREFIX + ``%08x``."""
 COMPUTE_HOST = "gmdnova-compute"
