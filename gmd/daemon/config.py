@@ -23,6 +23,7 @@ from gmd.daemon.enforce.quotas import QuotaBackendKind
 from gmd.fairness.cloud import CONSUMER_MODES, ENDOWMENT_MODES, ConsumerMode, EndowmentMode
 from gmd.fairness.decay import DEFAULT_HALF_LIFE_S
 from gmd.fairness.directcontr import UTILITIES
+from gmd.fairness.interval import IntervalSettings
 from gmd.fairness.policy import CapResource, ContentionPolicy, ThrottlePolicy
 from gmd.wire import PLAN_MODES, PlanMode, resource_names
 
@@ -52,6 +53,18 @@ class AccountingConfig:
 
     def weight_vector(self) -> list[float]:
         return [self.weights.get(r, 1.0) for r in self.resources]
+
+    def interval_settings(self) -> IntervalSettings:
+        """What the pure interval step (:mod:`gmd.fairness.interval`) takes of these."""
+        return IntervalSettings(
+            resources=self.resources,
+            gamma=self.gamma,
+            endowment=self.endowment,
+            consumer=self.consumer,
+            weights=tuple(self.weight_vector()),
+            half_life_s=self.half_life_s,
+            utility=self.utility,
+        )
 
 
 @dataclass(frozen=True)

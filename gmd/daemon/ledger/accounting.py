@@ -58,9 +58,13 @@ from gmd.daemon.ledger.tables import (
     samples as _samples,
     vms as _vms,
 )
-from gmd.fairness.cloud import CloudInterval, cloud_greediness
-from gmd.fairness.decay import decay_factor
-from gmd.fairness.directcontr import DirectContrBalances, directcontr_update, normalized_work
+from gmd.fairness.interval import (
+    Accounts,
+    IntervalResult,
+    IntervalUse,
+    Standing,
+    account_interval,
+)
 from gmd.wire import RESOURCES
 
 log = logging.getLogger(__name__)
@@ -69,9 +73,6 @@ log = logging.getLogger(__name__)
 ACCOUNTING_LOCK = int.from_bytes(b"gmd-acct", "big", signed=True)
 # A standing this small is forgotten (after ~45 half-lives of silence) to bound the ledger.
 NEGLIGIBLE = 1e-12
-# The origin of ψ and ψ′ times: the Unix epoch. Moments are then ~1e9 × work, which float64
-# holds to ~1e-7 of a work unit, far below what one interval adds.
-ORIGIN_S = 0.0
 
 
 @dataclass(frozen=True)
@@ -153,38 +154,46 @@ def _when(start_s: int) -> str:
     return datetime.fromtimestamp(start_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def compute_rows(
+@dataclass(frozen=True)
+class IntervalData:
+    """One interval as the ledger holds it, ready for the pure step
+    (:func:`gmd.fairness.interval.account_interval`): the arrays, the accounts, the standing
+    it starts from, and the ledger ids behind each row (for explain's names)."""
+
+    start_s: int
+    length_s: int
+    accounts: Accounts
+    use: IntervalUse
+    standing: Standing
+    reset: np.ndarray
+    vm_ids: np.ndarray
+    """per VM row: ``vms.id``"""
+    host_ids: np.ndarray
+    """per host row: ``hosts.id``"""
+
+
+def read_interval(
     conn: Connection,
     interval_id: int,
     config: AccountingConfig,
     batch_ids: Sequence[int] | None = None,
-) -> LedgerRows:
-    """The rows accounting writes for an interval, from its on-time samples and the standing
-    after the previous interval with rows. Reads only; :func:`account_next` writes.
+) -> IntervalData | None:
+    """The interval's on-time samples, its hosts and the standing after the previous interval
+    with rows, as :class:`IntervalData`; None when it has no samples. Reads only.
 
     ``batch_ids`` restricts the interval to those batches (and their hosts): how accounting
     finds which batches it cannot account."""
     start_s, length_s = conn.execute(
         select(_intervals.c.start_s, _intervals.c.length_s).where(_intervals.c.id == interval_id)
     ).one()
-    prev = conn.execute(
-        select(_intervals.c.id, _intervals.c.start_s)
-        .where(
-            _intervals.c.start_s < start_s,
-            _intervals.c.state == IntervalState.accounted,
-            _intervals.c.ledger_rows > 0,
-        )
-        .order_by(_intervals.c.start_s.desc())
-        .limit(1)
-    ).first()
     # Only ψ′ needs when each VM was created (a join to vms); the other utilities do not.
     created = (_vms.c.created_s,) if config.utility == "psi_prime" else ()
     data = read_samples(conn, interval_id, batch_ids, created)
     if not len(data):
-        return LedgerRows([], [], [])
-
-    prev_customers = {}
-    prev_orgs = {}
+        return None
+    prev = previous_standing(conn, start_s)
+    prev_customers: dict[int, Any] = {}
+    prev_orgs: dict[int, Any] = {}
     if prev is not None:
         prev_customers = {
             r.customer_id: r
@@ -216,33 +225,119 @@ def compute_rows(
             )
         ).all()
     )
-    reset = set()
+    reset: set[int] = set()
     if prev is not None:
-        # Resets made after the standing we start from was accounted (gmd-admin reset).
-        reset = set(
-            conn.execute(
-                select(_resets.c.customer_id).where(
-                    _resets.c.effective_start_s > prev.start_s,
-                    _resets.c.effective_start_s <= start_s,
-                )
-            ).scalars()
+        reset = reset_between(conn, prev.start_s, start_s)
+    host_table = np.array([tuple(h) for h in hosts], dtype=np.float64).reshape(
+        len(hosts), 2 + len(CAPACITY_COLUMNS)
+    )
+    host_ids = data[:, SAMPLE_HOST].astype(np.int64)
+    customer_ids = data[:, SAMPLE_CUSTOMER].astype(np.int64)
+    host_index = {int(h): i for i, h in enumerate(host_table[:, 0])}
+    missing = set(np.unique(host_ids).tolist()) - host_index.keys()
+    if missing:
+        raise LookupError(
+            f"interval {_when(start_s)}: samples from hosts {sorted(missing)} "
+            "without a capacity row"
         )
+    host_org = host_table[:, 1].astype(np.int64)
+    accounts = Accounts.layout(
+        np.unique(customer_ids).tolist(),
+        np.unique(host_org).tolist(),
+        prev_customers,
+        prev_orgs,
+        org_customer,
+    )
+    settings = config.interval_settings()
+    standing = Standing.empty(accounts, settings)
+    if prev is not None:
+        standing = Standing(prev.start_s, standing.balance, standing.directcontr)
+    before = standing.directcontr
+    for c, i in accounts.account_of_customer.items():
+        row = prev_customers.get(c)
+        if row is not None:
+            standing.balance[i] = row.balance
+            before.utility_work[i] = row.utility_work
+            before.utility_moment[i] = row.utility_moment
+    for o, a in accounts.account_of_org.items():
+        row = prev_orgs.get(o)
+        if row is not None:
+            before.contribution_work[a] = row.contribution_work
+            before.contribution_moment[a] = row.contribution_moment
+    supply, configured = supply_and_flavor(
+        config, host_table[:, 2:], data[:, SAMPLE_FLAVOR], length_s
+    )
+    use = IntervalUse(
+        start_s=start_s,
+        length_s=length_s,
+        use=use_amounts(config, data[:, SAMPLE_USE]),
+        supply=supply,
+        configured=configured,
+        host_of_vm=np.array([host_index[h] for h in host_ids.tolist()], dtype=np.intp),
+        customer_of_vm=accounts.of_customers(customer_ids.tolist()),
+        organization_of_host=accounts.of_organizations(host_org.tolist()),
+        release_s=data[:, SAMPLE_EXTRA] if data.shape[1] > SAMPLE_EXTRA else None,
+    )
+    was_reset = np.array([c in reset for c in accounts.customers], dtype=bool)
+    return IntervalData(
+        start_s,
+        length_s,
+        accounts,
+        use,
+        standing,
+        was_reset,
+        data[:, SAMPLE_VM].astype(np.int64),
+        host_table[:, 0].astype(np.int64),
+    )
+
+
+def previous_standing(conn: Connection, start_s: int) -> Any:
+    """The last accounted interval with rows before ``start_s`` (id, start_s), or None: the
+    standing an interval starts from."""
+    return conn.execute(
+        select(_intervals.c.id, _intervals.c.start_s)
+        .where(
+            _intervals.c.start_s < start_s,
+            _intervals.c.state == IntervalState.accounted,
+            _intervals.c.ledger_rows > 0,
+        )
+        .order_by(_intervals.c.start_s.desc())
+        .limit(1)
+    ).first()
+
+
+def reset_between(conn: Connection, after_s: int, upto_s: int) -> set[int]:
+    """Customers whose balance was reset (``gmd-admin reset``) for an interval accounted from
+    the standing after ``after_s`` up to the interval starting at ``upto_s``: the reset window,
+    in one place."""
+    return set(
+        conn.execute(
+            select(_resets.c.customer_id).where(
+                _resets.c.effective_start_s > after_s,
+                _resets.c.effective_start_s <= upto_s,
+            )
+        ).scalars()
+    )
+
+
+def compute_rows(
+    conn: Connection,
+    interval_id: int,
+    config: AccountingConfig,
+    batch_ids: Sequence[int] | None = None,
+) -> LedgerRows:
+    """The rows accounting writes for an interval (:func:`read_interval`, then the pure step).
+    Reads only; :func:`account_next` writes."""
     # A batch holding numbers beyond float range overflows here; the engine then refuses the
     # non-finite result by name, which is what isolates the batch (numpy need not warn too).
     with np.errstate(over="ignore", invalid="ignore"):
-        return _rows(
-            config,
-            interval_id,
-            start_s,
-            length_s,
-            None if prev is None else prev.start_s,
-            data,
-            hosts,
-            prev_customers,
-            prev_orgs,
-            org_customer,
-            reset,
+        data = read_interval(conn, interval_id, config, batch_ids)
+        if data is None:
+            return LedgerRows([], [], [])
+        result = account_interval(
+            data.use, data.standing, config.interval_settings(), data.accounts, data.reset
         )
+    return ledger_rows(interval_id, data.accounts, result, config.resources)
 
 
 # The columns of read_samples' array: host, VM, customer, the usage fields, the flavor fields,
@@ -390,129 +485,32 @@ _SPLIT_SOURCE = [i for i, r in enumerate(RESOURCES) for _ in r.batch_fields]
 _COMBINED_STARTS = np.cumsum([0] + [len(r.batch_fields) for r in RESOURCES[:-1]])
 
 
-def _rows(
-    config: AccountingConfig,
-    interval_id: int,
-    start_s: int,
-    length_s: int,
-    prev_start_s: int | None,
-    data: np.ndarray,
-    hosts: Sequence[Sequence[Any]],
-    prev_customers: dict[int, Any],
-    prev_orgs: dict[int, Any],
-    org_customer: dict[int, int],
-    reset: set[int],
+def ledger_rows(
+    interval_id: int, accounts: Accounts, result: IntervalResult, resources: Sequence[str]
 ) -> LedgerRows:
-    """The ledger rows of one interval; customers in ``reset`` start from a zero balance.
-    ``data`` is :func:`read_samples`' array, with ``vms.created_s`` as its one extra column
-    when the utility is ψ′ (which alone needs it)."""
-    host_ids = data[:, SAMPLE_HOST].astype(np.int64)
-    customer_ids = data[:, SAMPLE_CUSTOMER].astype(np.int64)
-    raw_use = data[:, SAMPLE_USE]
-    flavor = data[:, SAMPLE_FLAVOR]
-    created = data[:, SAMPLE_EXTRA] if data.shape[1] > SAMPLE_EXTRA else np.full(len(data), np.nan)
-
-    host_table = np.array([tuple(h) for h in hosts], dtype=np.float64)
-    host_index = {int(h): i for i, h in enumerate(host_table[:, 0])}
-    missing = set(np.unique(host_ids).tolist()) - host_index.keys()
-    if missing:
-        raise LookupError(
-            f"interval {_when(start_s)}: samples from hosts {sorted(missing)} "
-            "without a capacity row"
-        )
-    host_org = host_table[:, 1].astype(np.int64)
-    supply, configured = supply_and_flavor(config, host_table[:, 2:], flavor, length_s)
-
-    # Accounts: every customer with a standing or a sample, then organizations that are not
-    # customers themselves (an organization that is a customer shares its customer's account).
-    customers = sorted(set(prev_customers) | set(np.unique(customer_ids).tolist()))
-    orgs = sorted(set(prev_orgs) | set(np.unique(host_org).tolist()))
-    known = set(customers)
-    customers += sorted({org_customer[o] for o in orgs if o in org_customer} - known)
-    account_of_customer = {c: i for i, c in enumerate(customers)}
-    account_of_org: dict[int, int] = {}
-    n_accounts = len(customers)
-    for o in orgs:
-        if o in org_customer:
-            account_of_org[o] = account_of_customer[org_customer[o]]
-        else:
-            account_of_org[o] = n_accounts
-            n_accounts += 1
-
-    host_of = np.array([host_index[h] for h in host_ids.tolist()], dtype=np.intp)
-    cust_of = np.array([account_of_customer[c] for c in customer_ids.tolist()], dtype=np.intp)
-    use = use_amounts(config, raw_use)
-    result = cloud_greediness(
-        CloudInterval(
-            use=use,
-            supply=supply,
-            host_of_vm=host_of,
-            customer_of_vm=cust_of,
-            n_customers=len(customers),
-            configured=configured,
-            resources=config.resources,
-        ),
-        gamma=config.gamma,
-        endowment=config.endowment,
-        consumer=config.consumer,
-        weights=config.weight_vector(),
-    )
-
-    elapsed = 0.0 if prev_start_s is None else float(start_s - prev_start_s)
-    decay = decay_factor(elapsed, config.half_life_s)
-    prev_balance = np.zeros(len(customers))
-    before = DirectContrBalances.zeros(n_accounts, config.utility, ORIGIN_S)
-    for c, i in account_of_customer.items():
-        row = prev_customers.get(c)
-        if row is not None:
-            if c not in reset:
-                prev_balance[i] = row.balance
-            before.utility_work[i] = row.utility_work
-            before.utility_moment[i] = row.utility_moment
-    for o, a in account_of_org.items():
-        row = prev_orgs.get(o)
-        if row is not None:
-            before.contribution_work[a] = row.contribution_work
-            before.contribution_moment[a] = row.contribution_moment
-    balance = prev_balance * decay + result.customer_greediness
-
-    work = normalized_work(use, result.share, config.weight_vector())
-    release = np.where(np.isnan(created), float(start_s), created)
-    org_account = np.array([account_of_org[o] for o in host_org.tolist()], dtype=np.intp)
-    after = directcontr_update(
-        before,
-        work,
-        cust_of,
-        org_account[host_of],
-        interval_start_s=start_s,
-        interval_s=elapsed,  # the decay since the standing we start from
-        half_life_s=config.half_life_s,
-        release_s=release if config.utility == "psi_prime" else None,
-    )
-    end_s = float(start_s + length_s)
-    utility = after.utility(end_s)
-    contribution = after.contribution(end_s)
-    priority = contribution - utility
-    vms = np.bincount(cust_of, minlength=n_accounts)
-
+    """The ledger rows of one interval's result: a row per customer with VMs or a standing not
+    yet negligible, its terms per resource when it had VMs, a row per organization."""
+    g = result.greediness
+    after = result.directcontr
+    priority = result.priority
     customer_rows: list[dict[str, object]] = []
     resource_rows: list[dict[str, object]] = []
-    for c, i in account_of_customer.items():
-        active = vms[i] > 0
-        standing = (balance[i], after.utility_work[i], after.utility_moment[i], priority[i])
+    for i, c in enumerate(accounts.customers):
+        active = result.vms[i] > 0
+        standing = (result.balance[i], after.utility_work[i], after.utility_moment[i], priority[i])
         if not active and all(abs(v) < NEGLIGIBLE for v in standing):
             continue
         customer_rows.append(
             {
                 "interval_id": interval_id,
                 "customer_id": c,
-                "greediness": float(result.customer_greediness[i]),
-                "balance": float(balance[i]),
+                "greediness": float(g.customer_greediness[i]),
+                "balance": float(result.balance[i]),
                 "utility_work": float(after.utility_work[i]),
                 "utility_moment": float(after.utility_moment[i]),
-                "utility": float(utility[i]),
+                "utility": float(result.utility[i]),
                 "priority": float(priority[i]),
-                "vms": int(vms[i]),
+                "vms": int(result.vms[i]),
             }
         )
         if active:
@@ -521,9 +519,9 @@ def _rows(
                     "interval_id": interval_id,
                     "customer_id": c,
                     "resource": r,
-                    "term": float(result.customer_terms[i, k]),
+                    "term": float(g.customer_terms[i, k]),
                 }
-                for k, r in enumerate(config.resources)
+                for k, r in enumerate(resources)
             )
     org_rows = [
         {
@@ -531,11 +529,11 @@ def _rows(
             "organization_id": o,
             "contribution_work": float(after.contribution_work[a]),
             "contribution_moment": float(after.contribution_moment[a]),
-            "contribution": float(contribution[a]),
-            "utility": float(utility[a]),
+            "contribution": float(result.contribution[a]),
+            "utility": float(result.utility[a]),
             "priority": float(priority[a]),
         }
-        for o, a in account_of_org.items()
+        for o, a in accounts.account_of_org.items()
     ]
     return LedgerRows(customer_rows, resource_rows, org_rows)
 

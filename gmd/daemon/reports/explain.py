@@ -29,24 +29,13 @@ from gmd.common.timespec import iso
 from gmd.daemon.config import Config
 from gmd.daemon.enforce.plans import host_caps, recent_window
 from gmd.daemon.ledger import lookup
-from gmd.daemon.ledger.accounting import (
-    SAMPLE_CUSTOMER,
-    SAMPLE_FLAVOR,
-    SAMPLE_HOST,
-    SAMPLE_USE,
-    SAMPLE_VM,
-    accounted_hosts,
-    read_samples,
-    supply_and_flavor,
-    use_amounts,
-)
+from gmd.daemon.ledger.accounting import previous_standing, read_interval, reset_between
 from gmd.daemon.ledger.models import (
     ActionKind,
     BatchState,
     IntervalState,
 )
 from gmd.daemon.ledger.rollups import DAY_S, HOUR_S
-from gmd.daemon.ledger.store import CAPACITY_COLUMNS
 from gmd.daemon.ledger.tables import (
     actions as _actions,
     balance_resets as _resets,
@@ -64,8 +53,8 @@ from gmd.daemon.ledger.tables import (
 )
 from gmd.daemon.reports.actions import actions as list_actions
 from gmd.daemon.reports.enforcement import caps_words
-from gmd.fairness.cloud import CloudInterval, cloud_greediness
 from gmd.fairness.decay import decay_factor
+from gmd.fairness.interval import account_interval
 from gmd.fairness.policy import CapDecision, CapResource, ThrottlePolicy, caps_wanted
 
 # Amounts per interval → the rates people read: cores, GiB, MB/s.
@@ -403,56 +392,39 @@ def _past_retention(
 def _recompute(
     conn: Connection, config: Config, interval_id: int, length_s: int, customer_id: int
 ) -> tuple[list[HostExplained], float, dict[str, float], int]:
-    """The customer's hosts and VMs in the interval, its recomputed G, the share s_i and N."""
+    """The customer's hosts and VMs in the interval, its recomputed G, the share s_i and N:
+    the interval read and stepped exactly as accounting does (:func:`read_interval`,
+    :func:`account_interval`), with the current configuration."""
     acc = config.accounting
-    data = read_samples(conn, interval_id)
+    with np.errstate(over="ignore", invalid="ignore"):
+        data = read_interval(conn, interval_id, acc)
+        if data is None:
+            return [], 0.0, {}, 0
+        step = account_interval(
+            data.use, data.standing, acc.interval_settings(), data.accounts, data.reset
+        )
+    result = step.greediness
     uuids = dict(
         conn.execute(
-            select(_vms.c.id, _vms.c.uuid).where(
-                _vms.c.id.in_(np.unique(data[:, SAMPLE_VM]).astype(int).tolist())
-            )
+            select(_vms.c.id, _vms.c.uuid).where(_vms.c.id.in_(np.unique(data.vm_ids).tolist()))
         ).all()
     )
-    hosts = conn.execute(
-        select(
-            _host_intervals.c.host_id,
-            _hosts.c.name,
-            _orgs.c.name.label("organization"),
-            *(_host_intervals.c[c] for c in CAPACITY_COLUMNS),
+    named = {
+        int(h.id): h
+        for h in conn.execute(
+            select(_hosts.c.id, _hosts.c.name, _orgs.c.name.label("organization"))
+            .join(_host_intervals, _host_intervals.c.host_id == _hosts.c.id)
+            .join(_orgs, _orgs.c.id == _host_intervals.c.organization_id)
+            .where(
+                _host_intervals.c.interval_id == interval_id,
+                _hosts.c.id.in_(data.host_ids.tolist()),
+            )
         )
-        .join(_hosts, _hosts.c.id == _host_intervals.c.host_id)
-        .join(_orgs, _orgs.c.id == _host_intervals.c.organization_id)
-        .where(_host_intervals.c.interval_id == interval_id, accounted_hosts(interval_id))
-        .order_by(_host_intervals.c.host_id)
-    ).all()
-    host_index = {int(h.host_id): i for i, h in enumerate(hosts)}
-    raw = data[:, SAMPLE_USE]
-    flavor = data[:, SAMPLE_FLAVOR]
-    capacity = np.array([tuple(h[3:]) for h in hosts], dtype=np.float64)
-    supply, configured = supply_and_flavor(acc, capacity, flavor, length_s)
-    vm_uuid = [str(uuids[int(v)]) for v in data[:, SAMPLE_VM]]
-    sample_customers = data[:, SAMPLE_CUSTOMER].astype(np.int64).tolist()
-    sample_hosts = data[:, SAMPLE_HOST].astype(np.int64).tolist()
-    customer_ids = sorted(set(sample_customers))
-    index_of = {c: i for i, c in enumerate(customer_ids)}
-    host_of = np.array([host_index[h] for h in sample_hosts], dtype=np.intp)
-    cust_of = np.array([index_of[c] for c in sample_customers], dtype=np.intp)
-    result = cloud_greediness(
-        CloudInterval(
-            use=use_amounts(acc, raw),
-            supply=supply,
-            host_of_vm=host_of,
-            customer_of_vm=cust_of,
-            n_customers=len(customer_ids),
-            configured=configured,
-            resources=acc.resources,
-        ),
-        gamma=acc.gamma,
-        endowment=acc.endowment,
-        consumer=acc.consumer,
-        weights=acc.weight_vector(),
-    )
-    mine = index_of.get(customer_id)
+    }
+    hosts = [named[int(h)] for h in data.host_ids]
+    supply = data.use.supply
+    vm_uuid = [str(uuids[int(v)]) for v in data.vm_ids]
+    mine = data.accounts.account_of_customer.get(customer_id)
     resources = acc.resources
     share = {r: float(result.share[k]) for k, r in enumerate(resources)}
     if mine is None:
@@ -509,16 +481,7 @@ def _recompute(
 
 def _previous(conn: Connection, customer_id: int, start_s: int) -> tuple[float, int | None, bool]:
     """The balance accounting started this interval from: the previous interval with rows."""
-    prev = conn.execute(
-        select(_intervals.c.id, _intervals.c.start_s)
-        .where(
-            _intervals.c.start_s < start_s,
-            _intervals.c.state == IntervalState.accounted,
-            _intervals.c.ledger_rows > 0,
-        )
-        .order_by(_intervals.c.start_s.desc())
-        .limit(1)
-    ).first()
+    prev = previous_standing(conn, start_s)
     if prev is None:
         return 0.0, None, False
     balance = conn.execute(
@@ -526,16 +489,7 @@ def _previous(conn: Connection, customer_id: int, start_s: int) -> tuple[float, 
             _ledger.c.interval_id == prev.id, _ledger.c.customer_id == customer_id
         )
     ).scalar()
-    reset = (
-        conn.execute(
-            select(_resets.c.id).where(
-                _resets.c.customer_id == customer_id,
-                _resets.c.effective_start_s > prev.start_s,
-                _resets.c.effective_start_s <= start_s,
-            )
-        ).first()
-        is not None
-    )
+    reset = customer_id in reset_between(conn, prev.start_s, start_s)
     return (0.0 if balance is None else float(balance)), int(prev.start_s), reset
 
 
