@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -172,14 +172,26 @@ class IntervalData:
     """per host row: ``hosts.id``"""
 
 
-def read_interval(
+@dataclass(frozen=True)
+class RawInterval:
+    """An interval's on-time samples and hosts as the ledger holds them (no standing)."""
+
+    start_s: int
+    length_s: int
+    samples: np.ndarray
+    """:func:`read_samples`' array"""
+    hosts: np.ndarray
+    """per accounted host: id, owner organization id, then ``CAPACITY_COLUMNS``"""
+    customer_of_organization: dict[int, int]
+
+
+def read_raw_interval(
     conn: Connection,
     interval_id: int,
     config: AccountingConfig,
     batch_ids: Sequence[int] | None = None,
-) -> IntervalData | None:
-    """The interval's on-time samples, its hosts and the standing after the previous interval
-    with rows, as :class:`IntervalData`; None when it has no samples. Reads only.
+) -> RawInterval | None:
+    """The interval's on-time samples and accounted hosts; None when it has no samples.
 
     ``batch_ids`` restricts the interval to those batches (and their hosts): how accounting
     finds which batches it cannot account."""
@@ -191,22 +203,6 @@ def read_interval(
     data = read_samples(conn, interval_id, batch_ids, created)
     if not len(data):
         return None
-    prev = previous_standing(conn, start_s)
-    prev_customers: dict[int, Any] = {}
-    prev_orgs: dict[int, Any] = {}
-    if prev is not None:
-        prev_customers = {
-            r.customer_id: r
-            for r in conn.execute(
-                select(_customer_ledger).where(_customer_ledger.c.interval_id == prev.id)
-            )
-        }
-        prev_orgs = {
-            r.organization_id: r
-            for r in conn.execute(
-                select(_organization_ledger).where(_organization_ledger.c.interval_id == prev.id)
-            )
-        }
     hosts = conn.execute(
         select(
             _host_intervals.c.host_id,
@@ -225,19 +221,62 @@ def read_interval(
             )
         ).all()
     )
-    reset: set[int] = set()
-    if prev is not None:
-        reset = reset_between(conn, prev.start_s, start_s)
     host_table = np.array([tuple(h) for h in hosts], dtype=np.float64).reshape(
         len(hosts), 2 + len(CAPACITY_COLUMNS)
     )
+    return RawInterval(start_s, length_s, data, host_table, org_customer)
+
+
+def read_interval(
+    conn: Connection,
+    interval_id: int,
+    config: AccountingConfig,
+    batch_ids: Sequence[int] | None = None,
+) -> IntervalData | None:
+    """The interval (:func:`read_raw_interval`) with the standing after the previous interval
+    with rows, as the ledger holds it; None when it has no samples. Reads only."""
+    raw = read_raw_interval(conn, interval_id, config, batch_ids)
+    if raw is None:
+        return None
+    prev = previous_standing(conn, raw.start_s)
+    if prev is None:
+        return assemble(raw, config, None, {}, {}, set())
+    prev_customers = {
+        r.customer_id: r
+        for r in conn.execute(
+            select(_customer_ledger).where(_customer_ledger.c.interval_id == prev.id)
+        )
+    }
+    prev_orgs = {
+        r.organization_id: r
+        for r in conn.execute(
+            select(_organization_ledger).where(_organization_ledger.c.interval_id == prev.id)
+        )
+    }
+    reset = reset_between(conn, prev.start_s, raw.start_s)
+    return assemble(raw, config, prev.start_s, prev_customers, prev_orgs, reset)
+
+
+def assemble(
+    raw: RawInterval,
+    config: AccountingConfig,
+    prev_start_s: int | None,
+    prev_customers: Mapping[int, Any],
+    prev_orgs: Mapping[int, Any],
+    reset: set[int],
+) -> IntervalData:
+    """The interval's arrays and accounts, starting from a standing: ``prev_customers`` (id →
+    anything with ``balance``, ``utility_work``, ``utility_moment``, as a ledger row) and
+    ``prev_orgs`` (id → ``contribution_work``, ``contribution_moment``) after the interval that
+    started at ``prev_start_s``; the balances of ``reset`` customers start from 0."""
+    data, host_table = raw.samples, raw.hosts
     host_ids = data[:, SAMPLE_HOST].astype(np.int64)
     customer_ids = data[:, SAMPLE_CUSTOMER].astype(np.int64)
     host_index = {int(h): i for i, h in enumerate(host_table[:, 0])}
     missing = set(np.unique(host_ids).tolist()) - host_index.keys()
     if missing:
         raise LookupError(
-            f"interval {_when(start_s)}: samples from hosts {sorted(missing)} "
+            f"interval {_when(raw.start_s)}: samples from hosts {sorted(missing)} "
             "without a capacity row"
         )
     host_org = host_table[:, 1].astype(np.int64)
@@ -246,12 +285,11 @@ def read_interval(
         np.unique(host_org).tolist(),
         prev_customers,
         prev_orgs,
-        org_customer,
+        raw.customer_of_organization,
     )
     settings = config.interval_settings()
-    standing = Standing.empty(accounts, settings)
-    if prev is not None:
-        standing = Standing(prev.start_s, standing.balance, standing.directcontr)
+    empty = Standing.empty(accounts, settings)
+    standing = Standing(prev_start_s, empty.balance, empty.directcontr)
     before = standing.directcontr
     for c, i in accounts.account_of_customer.items():
         row = prev_customers.get(c)
@@ -265,11 +303,11 @@ def read_interval(
             before.contribution_work[a] = row.contribution_work
             before.contribution_moment[a] = row.contribution_moment
     supply, configured = supply_and_flavor(
-        config, host_table[:, 2:], data[:, SAMPLE_FLAVOR], length_s
+        config, host_table[:, 2:], data[:, SAMPLE_FLAVOR], raw.length_s
     )
     use = IntervalUse(
-        start_s=start_s,
-        length_s=length_s,
+        start_s=raw.start_s,
+        length_s=raw.length_s,
         use=use_amounts(config, data[:, SAMPLE_USE]),
         supply=supply,
         configured=configured,
@@ -280,8 +318,8 @@ def read_interval(
     )
     was_reset = np.array([c in reset for c in accounts.customers], dtype=bool)
     return IntervalData(
-        start_s,
-        length_s,
+        raw.start_s,
+        raw.length_s,
         accounts,
         use,
         standing,

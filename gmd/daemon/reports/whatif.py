@@ -1,0 +1,453 @@
+"""What-if: the ledger's own recorded intervals replayed under other settings, in memory.
+
+"Who would have been throttled, when, had γ, the thresholds, the half-life or the endowment
+been otherwise?" gmd keeps every interval's raw samples for ``retention.raw_days`` and every
+level it decided: a what-if replays those intervals through the same pure step accounting
+uses (:func:`gmd.fairness.interval.account_interval`, fed by :func:`read_raw_interval` and
+:func:`assemble` exactly as accounting is), decides levels with the same pure
+:func:`gmd.fairness.policy.decide_levels`, and compares with what was recorded. It never
+writes the ledger, so it can run beside the daemon and again with the same answer.
+
+The replay starts from the standing the ledger recorded before ``--from`` (balances, DirectContr
+sums and the levels then in force): "had these settings applied from then on". With no
+override it reproduces the recorded balances, greediness and levels interval by interval.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from sqlalchemy import Connection, func, select
+
+from gmd.common.config import ConfigError
+from gmd.common.timespec import iso
+from gmd.daemon.config import Config, parse
+from gmd.daemon.ledger.accounting import (
+    assemble,
+    ledger_rows,
+    previous_standing,
+    read_raw_interval,
+    reset_between,
+)
+from gmd.daemon.ledger.models import ActionKind, IntervalState
+from gmd.daemon.ledger.tables import (
+    actions as _actions,
+    customer_ledger as _ledger,
+    customers as _customers,
+    intervals as _intervals,
+    organization_ledger as _org_ledger,
+    samples as _samples,
+)
+from gmd.daemon.reports.columns import PROJECT, Column
+from gmd.fairness.interval import account_interval
+from gmd.fairness.policy import decide_levels, scores
+
+CHANGEABLE: Mapping[str, tuple[str, ...]] = {
+    "accounting": ("gamma", "endowment", "consumer", "half_life_s", "utility", "weights"),
+    "enforcement": ("enter", "leave", "dwell_s", "max_step", "priority_weight"),
+}
+"""What a what-if may change: the settings an interval's accounting and level decision depend
+on. The interval length, retention, hosts and the rest shape what was recorded, not how it is
+judged."""
+
+COLUMNS = (
+    Column("customer", "Customer", None, "left"),
+    PROJECT,
+    Column("throttle_hours", "Throttled h", 2),
+    Column("recorded_throttle_hours", "Recorded h", 2),
+    Column("max_level", "Max level", None),
+    Column("recorded_max_level", "Recorded max", None),
+    Column("first_action", "First change", None, "left"),
+    Column("last_action", "Last change", None, "left"),
+    Column("balance", "Balance", 4),
+    Column("recorded_balance", "Recorded balance", 4),
+    Column("added", "Added", None, "left"),
+    Column("removed", "Removed", None, "left"),
+    Column("earlier", "Earlier", None, "left"),
+    Column("later", "Later", None, "left"),
+)
+"""Per customer: replayed beside recorded; level changes as before→after and the interval
+after which they were decided."""
+
+MAX_INTERVALS = 100_000
+"""A replay's bound: about 70 days of 60 s intervals, two years of 15-minute ones."""
+
+
+class WhatIfRefused(ValueError):
+    """A what-if that cannot be run as asked; the message says what and where (exit 2, 400)."""
+
+
+def with_overrides(
+    document: Mapping[str, Any], source: str, path: Path | None, sets: Sequence[str]
+) -> Config:
+    """The configuration with each ``KEY=VALUE`` of ``sets`` applied (``accounting.gamma=0.3``,
+    ``enforcement.enter=[1, 3, 6]``, ``accounting.endowment=equal``), validated by the same
+    parser as the file itself."""
+    doc = copy.deepcopy(dict(document))
+    for item in sets:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise WhatIfRefused(f"--set {item!r}: give KEY=VALUE, e.g. accounting.gamma=0.3")
+        parts = key.split(".")
+        allowed = CHANGEABLE.get(parts[0], ())
+        if len(parts) < 2 or parts[1] not in allowed or (len(parts) > 2 and parts[1] != "weights"):
+            choices = ", ".join(f"{s}.{k}" for s, keys in CHANGEABLE.items() for k in keys)
+            raise WhatIfRefused(f"--set {key}: a what-if can change {choices}")
+        table: dict[str, Any] = doc
+        for part in parts[:-1]:
+            inner = table.setdefault(part, {})
+            if not isinstance(inner, dict):
+                raise WhatIfRefused(f"--set {key}: {part} is not a table in {source}")
+            table = inner
+        table[parts[-1]] = _value(value.strip())
+    named = " ".join(f"--set {s}" for s in sets)
+    try:
+        return parse(doc, f"{source} with {named}" if sets else source, path)
+    except ConfigError as exc:
+        raise WhatIfRefused(str(exc)) from None
+
+
+def _value(text: str) -> Any:
+    """A TOML value (0.3, [1, 3, 6], "equal", none), or the text itself as a string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+@dataclass
+class _CustomerStanding:
+    balance: float
+    utility_work: float
+    utility_moment: float
+
+
+@dataclass
+class _OrgStanding:
+    contribution_work: float
+    contribution_moment: float
+
+
+@dataclass(frozen=True)
+class LevelChange:
+    """A level decided after the interval starting at ``start_s`` (in force from its end)."""
+
+    start_s: int
+    end_s: int
+    before: int
+    after: int
+
+
+@dataclass
+class CustomerWhatIf:
+    """One customer's replay beside its record."""
+
+    customer: str
+    name: str | None
+    replayed: list[LevelChange] = field(default_factory=list)
+    recorded: list[LevelChange] = field(default_factory=list)
+    throttled_s: float = 0.0
+    recorded_throttled_s: float = 0.0
+    balance: float = 0.0
+    recorded_balance: float = 0.0
+    max_level: int = 0
+    recorded_max_level: int = 0
+
+
+@dataclass
+class WhatIf:
+    """A replay: per customer, per interval, and what differs from the record."""
+
+    from_s: int
+    to_s: int
+    intervals: int
+    sets: tuple[str, ...]
+    customers: dict[int, CustomerWhatIf]
+    balances: dict[int, dict[int, float]]
+    """interval start → customer id → balance after it, replayed"""
+    greediness: dict[int, dict[int, float]]
+    levels: dict[int, dict[int, int]]
+    """interval start → customer id → level in force during it, replayed"""
+
+
+def replay(
+    conn: Connection, config: Config, from_s: float, to_s: float, sets: Sequence[str] = ()
+) -> WhatIf:
+    """The accounted intervals starting in [``from_s``, ``to_s``) replayed under ``config``."""
+    acc = config.accounting
+    policy = config.enforcement.policy
+    rows = conn.execute(
+        select(_intervals.c.id, _intervals.c.start_s, _intervals.c.length_s)
+        .where(
+            _intervals.c.start_s >= from_s,
+            _intervals.c.start_s < to_s,
+            _intervals.c.state == IntervalState.accounted,
+        )
+        .order_by(_intervals.c.start_s)
+    ).all()
+    if not rows:
+        raise WhatIfRefused(f"no accounted interval starts in [{iso(from_s)}, {iso(to_s)})")
+    if len(rows) > MAX_INTERVALS:
+        raise WhatIfRefused(
+            f"[{iso(from_s)}, {iso(to_s)}) holds {len(rows)} intervals; a what-if replays at"
+            f" most {MAX_INTERVALS}: give a shorter range"
+        )
+    _check_raw(conn, config, rows[0].id, rows[0].start_s)
+    first_s = int(rows[0].start_s)
+    prev = previous_standing(conn, first_s)
+    prev_start: int | None = None if prev is None else int(prev.start_s)
+    customers: dict[int, _CustomerStanding] = {}
+    orgs: dict[int, _OrgStanding] = {}
+    if prev is not None:
+        for r in conn.execute(select(_ledger).where(_ledger.c.interval_id == prev.id)):
+            customers[r.customer_id] = _CustomerStanding(
+                r.balance, r.utility_work, r.utility_moment
+            )
+        for r in conn.execute(select(_org_ledger).where(_org_ledger.c.interval_id == prev.id)):
+            orgs[r.organization_id] = _OrgStanding(r.contribution_work, r.contribution_moment)
+    recorded = _recorded_levels(conn)
+    # The levels in force before the range: each customer's last recorded change before it
+    # (a customer once above 0 keeps its row, as customer_levels does).
+    state: dict[int, tuple[int, float]] = {}
+    for c, changes in recorded.items():
+        earlier = [x for x in changes if x[0] < first_s]
+        if earlier:
+            state[c] = (earlier[-1][3], float(earlier[-1][1]))
+    out = WhatIf(int(from_s), int(to_s), len(rows), tuple(sets), {}, {}, {}, {})
+    for interval in rows:
+        start_s, length_s = int(interval.start_s), int(interval.length_s)
+        out.levels[start_s] = {c: level for c, (level, _) in state.items() if level > 0}
+        raw = read_raw_interval(conn, interval.id, acc)
+        if raw is None:
+            continue
+        reset = set() if prev_start is None else reset_between(conn, prev_start, start_s)
+        with np.errstate(over="ignore", invalid="ignore"):
+            data = assemble(raw, acc, prev_start, customers, orgs, reset)
+            step = account_interval(
+                data.use, data.standing, acc.interval_settings(), data.accounts, data.reset
+            )
+        written = ledger_rows(interval.id, data.accounts, step, acc.resources)
+        if not written.customers:
+            continue
+        customers = {
+            int(r["customer_id"]): _CustomerStanding(
+                float(r["balance"]),
+                float(r["utility_work"]),
+                float(r["utility_moment"]),
+            )
+            for r in written.customers
+        }
+        orgs = {
+            int(r["organization_id"]): _OrgStanding(
+                float(r["contribution_work"]),
+                float(r["contribution_moment"]),
+            )
+            for r in written.organizations
+        }
+        prev_start = start_s
+        out.balances[start_s] = {c: s.balance for c, s in customers.items()}
+        out.greediness[start_s] = {
+            int(r["customer_id"]): float(r["greediness"]) for r in written.customers
+        }
+        if config.enforcement.mode == "off":
+            continue
+        priority = {int(r["customer_id"]): float(r["priority"]) for r in written.customers}
+        ids = sorted(customers.keys() | state.keys())
+        balance = np.array([customers[c].balance if c in customers else 0.0 for c in ids])
+        prio = np.array([priority.get(c, 0.0) for c in ids])
+        level = np.array([state.get(c, (0, -np.inf))[0] for c in ids])
+        since = np.array([state.get(c, (0, -np.inf))[1] for c in ids])
+        end_s = start_s + length_s
+        decision = decide_levels(
+            scores(balance, prio, policy.priority_weight), level, since, end_s, policy
+        )
+        for i, c in enumerate(ids):
+            if c in state or decision.level[i] > 0:
+                state[c] = (int(decision.level[i]), float(decision.since_s[i]))
+            if decision.changed[i]:
+                _customer(out, conn, c).replayed.append(
+                    LevelChange(start_s, end_s, int(level[i]), int(decision.level[i]))
+                )
+    _compare(conn, out, rows, recorded)
+    return out
+
+
+def _check_raw(conn: Connection, config: Config, first_id: int, first_s: int) -> None:
+    """Refuse a range that starts before the oldest interval whose raw samples are kept."""
+    oldest = conn.execute(
+        select(func.min(_intervals.c.start_s))
+        .select_from(_samples)
+        .join(_intervals, _intervals.c.id == _samples.c.interval_id)
+    ).scalar()
+    if oldest is None or first_s < oldest:
+        kept = "none" if oldest is None else f"from the interval of {iso(oldest)}"
+        raise WhatIfRefused(
+            f"the interval of {iso(first_s)} is past raw retention (retention.raw_days ="
+            f" {config.retention.raw_days:g}): raw samples are kept {kept}; give --from at or"
+            " after it"
+        )
+
+
+def _recorded_levels(conn: Connection) -> dict[int, list[tuple[int, int, int, int]]]:
+    """Customer id → its recorded level changes: (interval start, in force from, before, after),
+    oldest first."""
+    out: dict[int, list[tuple[int, int, int, int]]] = {}
+    query = (
+        select(
+            _actions.c.customer_id,
+            _intervals.c.start_s,
+            _intervals.c.length_s,
+            _actions.c.before,
+            _actions.c.after,
+        )
+        .join(_intervals, _intervals.c.id == _actions.c.interval_id)
+        .where(_actions.c.kind == ActionKind.level.value)
+        .order_by(_intervals.c.start_s, _actions.c.id)
+    )
+    for cid, start, length, before, after in conn.execute(query):
+        out.setdefault(int(cid), []).append(
+            (int(start), int(start + length), _level(before), _level(after))
+        )
+    return out
+
+
+def _level(document: str | None) -> int:
+    try:
+        return int(json.loads(document or "{}").get("level", 0))
+    except (ValueError, TypeError, AttributeError):
+        return 0
+
+
+def _customer(out: WhatIf, conn: Connection, customer_id: int) -> CustomerWhatIf:
+    found = out.customers.get(customer_id)
+    if found is None:
+        name, display = conn.execute(
+            select(_customers.c.name, _customers.c.display_name).where(
+                _customers.c.id == customer_id
+            )
+        ).one()
+        found = out.customers[customer_id] = CustomerWhatIf(str(name), display)
+    return found
+
+
+def _compare(
+    conn: Connection,
+    out: WhatIf,
+    rows: Sequence[Any],
+    recorded: dict[int, list[tuple[int, int, int, int]]],
+) -> None:
+    """Each customer's throttle time and level changes, replayed and recorded."""
+    starts = [int(r.start_s) for r in rows]
+    lengths = {int(r.start_s): int(r.length_s) for r in rows}
+    last = starts[-1]
+    final = out.balances.get(max(out.balances)) if out.balances else {}
+    recorded_final = dict(
+        conn.execute(
+            select(_ledger.c.customer_id, _ledger.c.balance)
+            .join(_intervals, _intervals.c.id == _ledger.c.interval_id)
+            .where(
+                _intervals.c.start_s
+                == select(func.max(_intervals.c.start_s))
+                .join(_ledger, _ledger.c.interval_id == _intervals.c.id)
+                .where(_intervals.c.start_s <= last)
+                .scalar_subquery()
+            )
+        ).all()
+    )
+    for c in set(recorded) | set(final or {}) | {c for lv in out.levels.values() for c in lv}:
+        changes = [x for x in recorded.get(c, []) if starts[0] <= x[0] <= last]
+        level_before = [x for x in recorded.get(c, []) if x[0] < starts[0]]
+        entry = _customer(out, conn, c)
+        entry.recorded = [LevelChange(s, e, b, a) for s, e, b, a in changes]
+        level = level_before[-1][3] if level_before else 0
+        pending = list(changes)
+        for s in starts:
+            if level > 0:
+                entry.recorded_throttled_s += lengths[s]
+            entry.recorded_max_level = max(entry.recorded_max_level, level)
+            while pending and pending[0][0] <= s:
+                level = pending.pop(0)[3]
+            if out.levels[s].get(c, 0) > 0:
+                entry.throttled_s += lengths[s]
+            entry.max_level = max(entry.max_level, out.levels[s].get(c, 0))
+        entry.balance = float((final or {}).get(c, 0.0))
+        entry.recorded_balance = float(recorded_final.get(c, 0.0))
+    # Customers with neither levels nor a balance in the range are not worth a row.
+    for c in [
+        c
+        for c, e in out.customers.items()
+        if not (e.replayed or e.recorded or e.balance or e.recorded_balance)
+    ]:
+        del out.customers[c]
+
+
+def differences(entry: CustomerWhatIf) -> dict[str, list[str]]:
+    """The level changes added, removed, earlier or later than recorded (same transition)."""
+    left = list(entry.recorded)
+    out: dict[str, list[str]] = {"added": [], "removed": [], "earlier": [], "later": []}
+    for change in entry.replayed:
+        match = next(
+            (r for r in left if (r.before, r.after) == (change.before, change.after)), None
+        )
+        words = f"{change.before}→{change.after} after {iso(change.start_s)}"
+        if match is None:
+            out["added"].append(words)
+            continue
+        left.remove(match)
+        if change.start_s < match.start_s:
+            out["earlier"].append(f"{words} (recorded after {iso(match.start_s)})")
+        elif change.start_s > match.start_s:
+            out["later"].append(f"{words} (recorded after {iso(match.start_s)})")
+    out["removed"] = [f"{r.before}→{r.after} after {iso(r.start_s)}" for r in left]
+    return out
+
+
+def rows_of(result: WhatIf) -> list[dict[str, object]]:
+    """One row per customer, as the report shows it (table, CSV, JSON)."""
+    out: list[dict[str, object]] = []
+    for entry in sorted(result.customers.values(), key=lambda e: (-e.throttled_s, e.customer)):
+        diff = differences(entry)
+        first = entry.replayed[0].end_s if entry.replayed else None
+        last = entry.replayed[-1].end_s if entry.replayed else None
+        out.append(
+            {
+                "customer": entry.customer,
+                "name": entry.name,
+                "throttle_hours": round(entry.throttled_s / 3600, 4),
+                "recorded_throttle_hours": round(entry.recorded_throttled_s / 3600, 4),
+                "max_level": entry.max_level,
+                "recorded_max_level": entry.recorded_max_level,
+                "changes": len(entry.replayed),
+                "recorded_changes": len(entry.recorded),
+                "first_action": None if first is None else iso(first),
+                "last_action": None if last is None else iso(last),
+                "balance": round(entry.balance, 6),
+                "recorded_balance": round(entry.recorded_balance, 6),
+                **{k: "; ".join(v) for k, v in diff.items()},
+            }
+        )
+    return out
+
+
+def indicators(result: WhatIf) -> dict[str, object]:
+    """Cloud-wide: customers throttled, throttle-hours, the spread of final balances."""
+    entries = list(result.customers.values())
+    final = [e.balance for e in entries]
+    recorded = [e.recorded_balance for e in entries]
+    return {
+        "intervals": result.intervals,
+        "customers_throttled": sum(1 for e in entries if e.throttled_s > 0),
+        "recorded_customers_throttled": sum(1 for e in entries if e.recorded_throttled_s > 0),
+        "throttle_hours": round(sum(e.throttled_s for e in entries) / 3600, 4),
+        "recorded_throttle_hours": round(sum(e.recorded_throttled_s for e in entries) / 3600, 4),
+        "balance_spread": round(float(np.std(final)), 6) if final else 0.0,
+        "recorded_balance_spread": round(float(np.std(recorded)), 6) if recorded else 0.0,
+    }

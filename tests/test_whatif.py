@@ -1,0 +1,268 @@
+"""What-if (gmd.daemon.reports.whatif): the ledger's intervals replayed under other settings.
+
+A ledger grown through the daemon's real API and accountant (a greedy customer climbs two
+levels, then idles and comes back down; a moderate one never moves), on SQLite and PostgreSQL.
+With no override the replay reproduces the recorded balances, greediness and levels interval by
+interval; an override changes what it should; what cannot be replayed is refused in one line.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import sqlalchemy as sa
+
+from gmd.common.config import read_document
+from gmd.common.timespec import iso
+from gmd.daemon.config import Config
+from gmd.daemon.enforce.levels import after_interval
+from gmd.daemon.ledger.accounting import account_due
+from gmd.daemon.reports.whatif import (
+    WhatIfRefused,
+    differences,
+    indicators,
+    replay,
+    rows_of,
+    with_overrides,
+)
+from tests.cloud_story import toml_document
+from tests.daemon_support import (
+    INTERVAL_S,
+    HostSpec,
+    aligned_past,
+    auth,
+    batch,
+    cpu_only,
+    make_config,
+    serving,
+)
+
+CMP1 = HostSpec("cmp-1", cpu_cores=2, memory_bytes=8e9, disk_bytes_per_s=1e8)
+ENFORCEMENT = {
+    "mode": "dry-run",
+    # Three levels (the default's count); the third is out of reach.
+    "enter": [0.05, 0.15, 100.0],
+    "leave": [0.02, 0.1, 50.0],
+    "dwell_s": 0,
+    "max_step": 1,
+}
+ACCOUNTING = {"endowment": "equal", "half_life_s": 120}
+# a's VM takes the whole of the host's 2 cores for six intervals while b's idles, then both idle.
+BUSY, IDLE = 6, 10
+
+
+def config_for(url: str) -> Config:
+    return make_config(url, {CMP1.name: "operator"}, accounting=ACCOUNTING, enforcement=ENFORCEMENT)
+
+
+@contextmanager
+def grown(database_url: str) -> Iterator[tuple[Config, sa.Engine, int, int]]:
+    """The ledger after BUSY + IDLE intervals, and the range [from, to) they span."""
+    config = config_for(database_url)
+    n = BUSY + IDLE
+    with serving(config) as d:
+        for k in range(n):
+            start = aligned_past(n + 1 - k)
+            cpu = 2 * INTERVAL_S * 0.95 if k < BUSY else 0.0
+            vms = [cpu_only("a1", "a", cpu, vcpus=2), cpu_only("b1", "b", 1.0, vcpus=2)]
+            r = httpx.post(
+                f"{d.url}/v1/samples", json=batch(CMP1, start, vms), headers=auth(CMP1.name)
+            )
+            assert r.is_success, r.text
+        account_due(d.engine, config.accounting, after=after_interval(config.enforcement))
+        yield config, d.engine, aligned_past(n + 1), aligned_past(1)
+
+
+def recorded(engine: sa.Engine) -> dict[tuple[int, str], tuple[float, float]]:
+    with engine.connect() as conn:
+        return {
+            (int(s), str(c)): (float(b), float(g))
+            for s, c, b, g in conn.execute(
+                sa.text(
+                    "SELECT i.start_s, c.name, l.balance, l.greediness FROM customer_ledger l"
+                    " JOIN intervals i ON i.id = l.interval_id"
+                    " JOIN customers c ON c.id = l.customer_id"
+                )
+            )
+        }
+
+
+def names(engine: sa.Engine) -> dict[int, str]:
+    with engine.connect() as conn:
+        return dict(conn.execute(sa.text("SELECT id, name FROM customers")).all())
+
+
+def test_no_override_reproduces_the_ledger_interval_by_interval(database_url: str) -> None:
+    with grown(database_url) as (config, engine, from_s, to_s):
+        with engine.connect() as conn:
+            result = replay(conn, config, from_s, to_s)
+        ledger = recorded(engine)
+        who = names(engine)
+    replayed = {
+        (start, who[c]): (balance, result.greediness[start][c])
+        for start, balances in result.balances.items()
+        for c, balance in balances.items()
+    }
+    assert replayed.keys() == ledger.keys()
+    for key, (balance, greediness) in ledger.items():
+        assert replayed[key] == pytest.approx((balance, greediness), rel=1e-12, abs=1e-15), key
+    rows = {r["customer"]: r for r in rows_of(result)}
+    a = rows["a"]
+    # a climbed to level 2 and came back down, as recorded: same changes, same times.
+    assert (a["max_level"], a["recorded_max_level"]) == (2, 2)
+    assert a["changes"] == a["recorded_changes"] >= 3, a
+    assert a["throttle_hours"] == a["recorded_throttle_hours"] > 0
+    assert (a["added"], a["removed"], a["earlier"], a["later"]) == ("", "", "", "")
+    assert rows["b"]["max_level"] == rows["b"]["recorded_max_level"] == 0
+    summary = indicators(result)
+    assert summary["customers_throttled"] == summary["recorded_customers_throttled"] == 1
+    assert summary["throttle_hours"] == summary["recorded_throttle_hours"]
+
+
+def test_higher_thresholds_mean_fewer_and_later_actions_and_change_nothing_else(
+    tmp_path: Path,
+) -> None:
+    with grown(f"sqlite:///{tmp_path / 'ledger.db'}") as (config, engine, from_s, to_s):
+        file = tmp_path / "gmd.toml"
+        file.write_text('[enforcement]\nmode = "dry-run"\n')
+        document, source, path = read_document(file)
+        document = {
+            "database": {"url": config.database_url},
+            "accounting": {"interval_s": INTERVAL_S, **ACCOUNTING},
+            "enforcement": ENFORCEMENT,
+        }
+        higher = with_overrides(
+            document,
+            source,
+            path,
+            ["enforcement.enter=[0.15, 10, 100]", "enforcement.leave=[0.1, 5, 50]"],
+        )
+        with engine.connect() as conn:
+            base = replay(conn, config, from_s, to_s)
+            result = replay(conn, higher, from_s, to_s, ["enforcement.enter=[0.15, 10, 100]"])
+    # Accounting is untouched by thresholds: the same balances.
+    assert result.balances == base.balances
+    a = next(e for e in result.customers.values() if e.customer == "a")
+    assert a.max_level == 1 and a.throttled_s < a.recorded_throttled_s
+    diff = differences(a)
+    # It never reaches level 2 and, leaving below 0.1 rather than 0.02, is back at 0 within
+    # the range (recorded: still at 1 at its end); it enters level 1 no earlier.
+    assert [d.split(" after")[0] for d in diff["removed"]] == ["1→2", "2→1"]
+    assert [d.split(" after")[0] for d in diff["added"]] == ["1→0"]
+    assert not diff["earlier"]
+
+
+def test_gamma_changes_the_balances_and_nothing_is_written(tmp_path: Path) -> None:
+    with grown(f"sqlite:///{tmp_path / 'ledger.db'}") as (config, engine, from_s, to_s):
+        document = {
+            "database": {"url": config.database_url},
+            "accounting": {"interval_s": INTERVAL_S, **ACCOUNTING},
+            "enforcement": ENFORCEMENT,
+        }
+        before = recorded(engine)
+        with engine.connect() as conn:
+            zero = replay(
+                conn, with_overrides(document, "t", None, ["accounting.gamma=0"]), from_s, to_s
+            )
+            one = replay(
+                conn, with_overrides(document, "t", None, ["accounting.gamma=1"]), from_s, to_s
+            )
+        assert recorded(engine) == before
+    # γ = 0 credits nobody for what it left: b (who left the host to a) is not below 0.
+    b_zero = [min(bal.values()) for bal in zero.balances.values()]
+    b_one = [min(bal.values()) for bal in one.balances.values()]
+    assert min(b_one) < min(b_zero)
+
+
+@pytest.mark.parametrize(
+    ("item", "words"),
+    [
+        ("accounting.interval_s=30", "a what-if can change accounting.gamma"),
+        ("accounting.gamma", "give KEY=VALUE"),
+        ("accounting.gamma=2", "gamma"),
+        ("accounting.endowment=fair", "endowment"),
+        ("enforcement.enter=[0.1]", "enter"),
+        ("database.url=x", "a what-if can change"),
+    ],
+)
+def test_what_cannot_be_replayed_is_refused_in_one_line(item: str, words: str) -> None:
+    document: dict[str, Any] = {"enforcement": dict(ENFORCEMENT)}
+    with pytest.raises(WhatIfRefused) as refused:
+        with_overrides(document, "gmd.toml", None, [item])
+    message = str(refused.value)
+    assert words in message and "\n" not in message, message
+
+
+ADMIN = Path(sys.executable).with_name("gmd-admin")
+
+
+def admin(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(ADMIN), "--config", str(config), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_gmd_admin_whatif_shows_the_replay_and_refuses_in_one_line(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    with grown(url) as (_, engine, from_s, to_s):
+        file = tmp_path / "gmd.toml"
+        file.write_text(
+            toml_document(
+                {
+                    "database": {"url": url},
+                    "accounting": {"interval_s": INTERVAL_S, **ACCOUNTING},
+                    "enforcement": ENFORCEMENT,
+                }
+            )
+        )
+        span = ("--from", str(from_s), "--to", str(to_s))
+        same = admin(file, "whatif", *span, "-f", "json")
+        assert same.returncode == 0, same.stderr
+        shown = json.loads(same.stdout)
+        assert (
+            shown["indicators"]["throttle_hours"] == shown["indicators"]["recorded_throttle_hours"]
+        )
+        assert shown["indicators"]["customers_throttled"] == 1
+        higher = admin(
+            file,
+            "whatif",
+            *span,
+            "--set",
+            "enforcement.enter=[0.15, 10, 100]",
+            "--set",
+            "enforcement.leave=[0.1, 5, 50]",
+        )
+        assert higher.returncode == 0, higher.stderr
+        assert "What-if" in higher.stdout and "1→2 after" in higher.stdout
+        for args, words in (
+            (("--set", "accounting.interval_s=30"), "a what-if can change accounting.gamma"),
+            (("--set", "accounting.gamma=2"), "gamma"),
+        ):
+            refused = admin(file, "whatif", *span, *args)
+            assert refused.returncode == 2, refused.stderr
+            assert words in refused.stderr and refused.stderr.count("\n") == 1, refused.stderr
+        # Raw samples of the first intervals purged: the range is refused, naming retention
+        # and the oldest interval still kept; from there on it replays.
+        with engine.begin() as conn:
+            kept = conn.execute(
+                sa.text("SELECT id, start_s FROM intervals ORDER BY start_s LIMIT 1 OFFSET 2")
+            ).one()
+            conn.execute(sa.text("DELETE FROM samples WHERE interval_id < :i"), {"i": kept.id})
+        past = admin(file, "whatif", *span)
+        assert past.returncode == 2
+        assert "past raw retention (retention.raw_days =" in past.stderr, past.stderr
+        assert f"kept from the interval of {iso(kept.start_s)}" in past.stderr, past.stderr
+        later = admin(file, "whatif", "--from", str(kept.start_s), "--to", str(to_s), "-f", "json")
+        assert later.returncode == 0, later.stderr
