@@ -169,6 +169,16 @@ def test_the_demo_replays_accounts_and_reports_what_the_traces_say(tmp_path: Pat
         shown = next(s for s in standings if s["customer"] == r["customer"])
         assert r["balance"] == pytest.approx(shown["balance"], abs=1e-12)
 
+    # A what-if with no override over the demo's whole ledger reproduces it: every customer's
+    # throttled hours, highest level and final balance as recorded, no level change moved.
+    whatif = json.loads(admin(config, "whatif", "--from", "2000-01-01", "-f", "json").stdout)
+    assert whatif["indicators"]["throttle_hours"] > 0
+    for row in whatif["customers"]:
+        assert row["throttle_hours"] == row["recorded_throttle_hours"], row
+        assert row["max_level"] == row["recorded_max_level"], row
+        assert row["balance"] == pytest.approx(row["recorded_balance"], abs=1e-9), row
+        assert (row["added"], row["removed"], row["earlier"], row["later"]) == ("", "", "", "")
+
 
 def test_the_demo_refuses_a_directory_that_is_not_its_own(tmp_path: Path) -> None:
     (tmp_path / "precious.txt").write_text("keep me")
