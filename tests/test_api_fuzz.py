@@ -130,6 +130,7 @@ READ_PATHS = (
     "/v1/customers/{customer}/explain",
     "/v1/customers/{customer}/report",
     "/v1/customers/{customer}/plot.svg",
+    "/v1/whatif",
 )
 READ_CHECKS = [c for c in CHECKS if c is not positive_data_acceptance]
 

@@ -325,6 +325,11 @@ def test_an_operator_token_reads_every_customer(keystone_daemon: Any) -> None:
         for project in ("acme", "initech"):
             url = f"{d.url}/v1/customers/{info['projects'][project]}/explain"
             assert get(url, headers={"X-Auth-Token": token}).status_code == 200
+        whatif = get(
+            f"{d.url}/v1/whatif", params={"from": "2000-01-01"}, headers={"X-Auth-Token": token}
+        )
+        assert whatif.status_code == 200, whatif.text
+        assert whatif.json()["indicators"]["intervals"] > 0
 
 
 def test_a_member_reads_its_own_project_and_nothing_of_another(keystone_daemon: Any) -> None:
@@ -354,6 +359,10 @@ def test_a_member_reads_its_own_project_and_nothing_of_another(keystone_daemon: 
     # Whether a project exists is none of a member's business either.
     missing = get(f"{d.url}/v1/customers/{'0' * 32}/explain", headers=headers)
     assert missing.status_code == 403
+    # A what-if replays every customer's record: operators only.
+    whatif = get(f"{d.url}/v1/whatif", params={"from": "now-1d"}, headers=headers)
+    assert whatif.status_code == 403, whatif.text
+    assert "operators only" in json.dumps(whatif.json()["errors"])
 
 
 def expiring_token(info: dict[str, Any], project: str, seconds: int) -> tuple[str, float]:

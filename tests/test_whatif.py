@@ -14,13 +14,11 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 import sqlalchemy as sa
 
-from gmd.common.config import read_document
 from gmd.common.timespec import iso
 from gmd.daemon.config import Config
 from gmd.daemon.enforce.levels import after_interval
@@ -131,19 +129,8 @@ def test_higher_thresholds_mean_fewer_and_later_actions_and_change_nothing_else(
     tmp_path: Path,
 ) -> None:
     with grown(f"sqlite:///{tmp_path / 'ledger.db'}") as (config, engine, from_s, to_s):
-        file = tmp_path / "gmd.toml"
-        file.write_text('[enforcement]\nmode = "dry-run"\n')
-        document, source, path = read_document(file)
-        document = {
-            "database": {"url": config.database_url},
-            "accounting": {"interval_s": INTERVAL_S, **ACCOUNTING},
-            "enforcement": ENFORCEMENT,
-        }
         higher = with_overrides(
-            document,
-            source,
-            path,
-            ["enforcement.enter=[0.15, 10, 100]", "enforcement.leave=[0.1, 5, 50]"],
+            config, ["enforcement.enter=[0.15, 10, 100]", "enforcement.leave=[0.1, 5, 50]"]
         )
         with engine.connect() as conn:
             base = replay(conn, config, from_s, to_s)
@@ -162,19 +149,10 @@ def test_higher_thresholds_mean_fewer_and_later_actions_and_change_nothing_else(
 
 def test_gamma_changes_the_balances_and_nothing_is_written(tmp_path: Path) -> None:
     with grown(f"sqlite:///{tmp_path / 'ledger.db'}") as (config, engine, from_s, to_s):
-        document = {
-            "database": {"url": config.database_url},
-            "accounting": {"interval_s": INTERVAL_S, **ACCOUNTING},
-            "enforcement": ENFORCEMENT,
-        }
         before = recorded(engine)
         with engine.connect() as conn:
-            zero = replay(
-                conn, with_overrides(document, "t", None, ["accounting.gamma=0"]), from_s, to_s
-            )
-            one = replay(
-                conn, with_overrides(document, "t", None, ["accounting.gamma=1"]), from_s, to_s
-            )
+            zero = replay(conn, with_overrides(config, ["accounting.gamma=0"]), from_s, to_s)
+            one = replay(conn, with_overrides(config, ["accounting.gamma=1"]), from_s, to_s)
         assert recorded(engine) == before
     # γ = 0 credits nobody for what it left: b (who left the host to a) is not below 0.
     b_zero = [min(bal.values()) for bal in zero.balances.values()]
@@ -194,9 +172,8 @@ def test_gamma_changes_the_balances_and_nothing_is_written(tmp_path: Path) -> No
     ],
 )
 def test_what_cannot_be_replayed_is_refused_in_one_line(item: str, words: str) -> None:
-    document: dict[str, Any] = {"enforcement": dict(ENFORCEMENT)}
     with pytest.raises(WhatIfRefused) as refused:
-        with_overrides(document, "gmd.toml", None, [item])
+        with_overrides(config_for("sqlite://"), [item])
     message = str(refused.value)
     assert words in message and "\n" not in message, message
 
@@ -266,3 +243,44 @@ def test_gmd_admin_whatif_shows_the_replay_and_refuses_in_one_line(tmp_path: Pat
         assert f"kept from the interval of {iso(kept.start_s)}" in past.stderr, past.stderr
         later = admin(file, "whatif", "--from", str(kept.start_s), "--to", str(to_s), "-f", "json")
         assert later.returncode == 0, later.stderr
+
+
+def test_the_read_api_answers_what_gmd_admin_whatif_prints(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    with grown(url) as (_, _, from_s, to_s):
+        local = make_config(
+            url,
+            {CMP1.name: "operator"},
+            accounting=ACCOUNTING,
+            enforcement=ENFORCEMENT,
+            daemon={"bind": "127.0.0.1"},
+            read_api={"auth": "local"},
+        )
+        with serving(local) as d:
+            span = {"from": str(from_s), "to": str(to_s)}
+            same = httpx.get(f"{d.url}/v1/whatif", params=span)
+            assert same.status_code == 200, same.text
+            changed = httpx.get(
+                f"{d.url}/v1/whatif",
+                params={
+                    **span,
+                    "set": ["enforcement.enter=[0.15, 10, 100]", "enforcement.leave=[0.1, 5, 50]"],
+                },
+            )
+            refused = httpx.get(f"{d.url}/v1/whatif", params={**span, "set": "accounting.gamma=2"})
+            bad_time = httpx.get(f"{d.url}/v1/whatif", params={"from": "yesterday-ish"})
+        file = tmp_path / "gmd.toml"
+        file.write_text(toml_document(local.document))
+        printed = json.loads(
+            admin(file, "whatif", "--from", str(from_s), "--to", str(to_s), "-f", "json").stdout
+        )
+    for served, shown in zip(same.json()["customers"], printed["customers"], strict=True):
+        assert served == shown
+    assert same.json() == printed
+    assert changed.json()["indicators"]["throttle_hours"] < printed["indicators"]["throttle_hours"]
+    assert refused.status_code == 400
+    cli = admin(file, "whatif", "--from", str(from_s), "--set", "accounting.gamma=2")
+    # The same words, but for the file each names ("… with --set …: what is wrong").
+    words = cli.stderr.strip().split(" with ", 1)[1]
+    assert refused.json()["detail"].endswith(words), (refused.json(), words)
+    assert bad_time.status_code == 400 and "from:" in bad_time.text

@@ -555,10 +555,10 @@ def whatif_command(
     Exit codes: 0 shown, 1 database unavailable, 2 bad option, a setting a what-if cannot
     change or a range beyond raw retention.
     """
-    from gmd.common.config import read_document
     from gmd.daemon.reports.whatif import (
         COLUMNS as WHATIF_COLUMNS,
         WhatIfRefused,
+        document as whatif_document,
         indicators,
         replay,
         rows_of,
@@ -569,9 +569,8 @@ def whatif_command(
     assert from_s is not None and to_s is not None
     sets = list(set_ or [])
     try:
-        document, source, path = read_document(_options(ctx).config)
-        config = with_overrides(document, source, path, sets)
-    except (ConfigError, WhatIfRefused) as exc:
+        config = with_overrides(_load_config(ctx), sets)
+    except WhatIfRefused as exc:
         raise fail(str(exc)) from None
     try:
         with _reading(ctx) as engine, engine.connect() as conn:
@@ -596,13 +595,7 @@ def whatif_command(
     emit(
         Listing(
             [View(rows, WHATIF_COLUMNS, title="What-if", notes=notes, name="whatif")],
-            document=lambda views: {
-                "from": iso_time(result.from_s),
-                "to": iso_time(result.to_s),
-                "sets": sets,
-                "indicators": summary,
-                "customers": views[0],
-            },
+            document=lambda views: whatif_document(result, views[0]),
         ),
         out,
     )

@@ -7,6 +7,7 @@ errors that name the file and the key.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import os
 from dataclasses import dataclass, field
@@ -256,6 +257,9 @@ class Config:
     read_url: str | None = None
     read_api: ReadApiConfig = field(default_factory=ReadApiConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
+    document: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    """The TOML document this was parsed from: a what-if re-parses it with its changes."""
+    source: str = "<config>"
 
     def owner_of(self, host: str) -> str:
         """The organization that contributed ``host``: configured, else the default owner."""
@@ -351,6 +355,8 @@ def parse(document: dict[str, Any], source: str = "<config>", path: Path | None 
         read_url=read_url,
         read_api=read_api,
         placement=placement,
+        document=copy.deepcopy(document),
+        source=source,
     )
 
 

@@ -206,6 +206,41 @@ def get_enforcement(
     return {"actions": rows}
 
 
+@router.get("/whatif", summary="The record replayed under other settings (gmd-admin whatif)")
+def get_whatif(
+    who: ReaderDep,
+    services: ServicesDep,
+    from_: Annotated[str, Query(alias="from", description=TIME_HELP)],
+    to: Annotated[str, Query(description=TIME_HELP)] = "now",
+    changes: Annotated[
+        list[str] | None,
+        Query(
+            alias="set",
+            description="KEY=VALUE, as gmd-admin whatif --set (accounting.gamma=0.3,"
+            " enforcement.enter=[1, 3, 6]); repeat for several",
+        ),
+    ] = None,
+) -> dict[str, Any]:
+    """The accounted intervals in [from, to) replayed from their raw samples under the
+    daemon's configuration with ``set``'s changes, beside what was recorded. It replays every
+    customer's record, so only an operator may ask; it is bounded (the intervals within raw
+    retention, at most 100,000, at most 20 changes) and writes nothing."""
+    from gmd.daemon.reports.whatif import WhatIfRefused, document, replay, with_overrides
+
+    if not who.everyone:
+        raise Refused(403, f"{who.name}: a what-if replays every customer's record: operators only")
+    from_s, to_s = _times(services, ("from", from_), ("to", to))
+    assert from_s is not None and to_s is not None  # both are given
+    sets = changes or []
+    try:
+        config = with_overrides(services.config, sets)
+        with services.engine.connect() as conn:
+            result = replay(conn, config, from_s, to_s, sets)
+    except WhatIfRefused as exc:
+        raise Refused(400, str(exc)) from None
+    return document(result)
+
+
 @router.get(
     "/customers/{customer:path}/plot.svg",
     summary="A customer's balance, level and use over time, as SVG",

@@ -20,7 +20,6 @@ import json
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -64,6 +63,8 @@ COLUMNS = (
     Column("recorded_throttle_hours", "Recorded h", 2),
     Column("max_level", "Max level", None),
     Column("recorded_max_level", "Recorded max", None),
+    Column("changes", "Changes", None),
+    Column("recorded_changes", "Recorded changes", None),
     Column("first_action", "First change", None, "left"),
     Column("last_action", "Last change", None, "left"),
     Column("balance", "Balance", 4),
@@ -76,6 +77,9 @@ COLUMNS = (
 """Per customer: replayed beside recorded; level changes as before→after and the interval
 after which they were decided."""
 
+MAX_SETS = 20
+"""At most this many ``--set`` (the read API's bound on one request)."""
+
 MAX_INTERVALS = 100_000
 """A replay's bound: about 70 days of 60 s intervals, two years of 15-minute ones."""
 
@@ -84,13 +88,14 @@ class WhatIfRefused(ValueError):
     """A what-if that cannot be run as asked; the message says what and where (exit 2, 400)."""
 
 
-def with_overrides(
-    document: Mapping[str, Any], source: str, path: Path | None, sets: Sequence[str]
-) -> Config:
-    """The configuration with each ``KEY=VALUE`` of ``sets`` applied (``accounting.gamma=0.3``,
-    ``enforcement.enter=[1, 3, 6]``, ``accounting.endowment=equal``), validated by the same
-    parser as the file itself."""
-    doc = copy.deepcopy(dict(document))
+def with_overrides(config: Config, sets: Sequence[str]) -> Config:
+    """``config`` with each ``KEY=VALUE`` of ``sets`` applied (``accounting.gamma=0.3``,
+    ``enforcement.enter=[1, 3, 6]``, ``accounting.endowment=equal``): its document changed
+    and parsed again, so that the same parser checks the changes as the file itself."""
+    if len(sets) > MAX_SETS:
+        raise WhatIfRefused(f"{len(sets)} changes; a what-if takes at most {MAX_SETS}")
+    source, path = config.source, config.path
+    doc = copy.deepcopy(config.document)
     for item in sets:
         key, sep, value = item.partition("=")
         key = key.strip()
@@ -450,4 +455,16 @@ def indicators(result: WhatIf) -> dict[str, object]:
         "recorded_throttle_hours": round(sum(e.recorded_throttled_s for e in entries) / 3600, 4),
         "balance_spread": round(float(np.std(final)), 6) if final else 0.0,
         "recorded_balance_spread": round(float(np.std(recorded)), 6) if recorded else 0.0,
+    }
+
+
+def document(result: WhatIf, customers: list[dict[str, object]] | None = None) -> dict[str, object]:
+    """The what-if as JSON: its range and changes, the indicators, a row per customer (the
+    read API's answer and ``gmd-admin whatif -f json``)."""
+    return {
+        "from": iso(result.from_s),
+        "to": iso(result.to_s),
+        "sets": list(result.sets),
+        "indicators": indicators(result),
+        "customers": rows_of(result) if customers is None else customers,
     }
