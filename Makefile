@@ -74,6 +74,7 @@ bench: setup
 	$(BIN)/python bench/purge.py
 	$(BIN)/python bench/purge.py --database sqlite
 	$(BIN)/python bench/placement.py
+	$(BIN)/python bench/whatif.py
 	$(BIN)/python bench/simulate.py
 	$(BIN)/python bench/agent.py
 	$(BIN)/python bench/replay.py --vms 1-100 --days 3 --tick 300 --interval 900

@@ -57,6 +57,8 @@ def main() -> None:
     args = parser.parse_args()
     if DAY_S % args.interval:
         parser.error("--interval must divide a day (86400 s)")
+    if not 1 <= args.orgs <= args.hosts or args.customers < 2 or args.days < 1:
+        parser.error("need 1 ≤ --orgs ≤ --hosts, --customers ≥ 2 and --days ≥ 1")
     sets = args.sets or ["accounting.gamma=0.3"]
 
     per_day = DAY_S // args.interval
@@ -83,7 +85,9 @@ def main() -> None:
         next_batch = 1
         for day in range(args.days):
             day_start = first_s + day * DAY_S
-            partitions.ensure_days(engine, [day_start // DAY_S])
+            partitions.ensure_days(
+                engine, range(day_start // DAY_S, (day_start + DAY_S - 1) // DAY_S + 1)
+            )
             store_day(engine, day_rows(cloud, day_start, per_day, args.interval, next_batch))
             next_batch += per_day * args.hosts
             account_due(

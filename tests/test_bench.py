@@ -203,3 +203,34 @@ def test_burst_bench_posts_every_host_at_once_and_copies_the_same_rows(
     assert (figures["batches"], figures["accepted"], figures["refused"]) == (20, 20, 0)
     assert figures["copy_rows"] == 100  # the burst's samples, copied again
     assert figures["drain_s"] > 0 and figures["latency_ms_p50"] <= figures["latency_ms_p99"]
+
+
+def test_whatif_bench_replays_the_week_it_built_and_reproduces_it() -> None:
+    figures = run_bench(
+        "whatif.py",
+        "--database",
+        "sqlite",
+        "--vms",
+        "40",
+        "--hosts",
+        "2",
+        "--customers",
+        "6",
+        "--orgs",
+        "2",
+        "--days",
+        "1",
+        "--interval",
+        "3600",
+        "--set",
+        "enforcement.enter=[0.01, 0.02, 0.03]",
+        "--set",
+        "enforcement.leave=[0.005, 0.015, 0.025]",
+    )
+    assert (figures["intervals"], figures["samples"]) == (24, 40 * 24)
+    same = figures["no_override_indicators"]
+    assert same["throttle_hours"] == same["recorded_throttle_hours"]
+    assert same["balance_spread"] == same["recorded_balance_spread"] > 0
+    # Lower thresholds than the default throttle more.
+    assert figures["indicators"]["throttle_hours"] > same["throttle_hours"]
+    assert figures["read_samples_s"] > 0 and figures["whatif_s"] > 0

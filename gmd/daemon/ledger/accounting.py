@@ -190,14 +190,23 @@ def read_raw_interval(
     interval_id: int,
     config: AccountingConfig,
     batch_ids: Sequence[int] | None = None,
+    *,
+    span: tuple[int, int] | None = None,
+    customer_of_organization: dict[int, int] | None = None,
 ) -> RawInterval | None:
     """The interval's on-time samples and accounted hosts; None when it has no samples.
 
     ``batch_ids`` restricts the interval to those batches (and their hosts): how accounting
-    finds which batches it cannot account."""
-    start_s, length_s = conn.execute(
-        select(_intervals.c.start_s, _intervals.c.length_s).where(_intervals.c.id == interval_id)
-    ).one()
+    finds which batches it cannot account. A reader of many intervals (a what-if) gives what
+    it knows already: the interval's ``span`` (start, length) and the organizations that are
+    customers (:func:`organization_customers`)."""
+    if span is None:
+        span = conn.execute(
+            select(_intervals.c.start_s, _intervals.c.length_s).where(
+                _intervals.c.id == interval_id
+            )
+        ).one()
+    start_s, length_s = span
     # Only ψ′ needs when each VM was created (a join to vms); the other utilities do not.
     created = (_vms.c.created_s,) if config.utility == "psi_prime" else ()
     data = read_samples(conn, interval_id, batch_ids, created)
@@ -214,13 +223,9 @@ def read_raw_interval(
         )
         .order_by(_host_intervals.c.host_id)
     ).all()
-    org_customer = dict(
-        conn.execute(
-            select(_organizations.c.id, _organizations.c.customer_id).where(
-                _organizations.c.customer_id.is_not(None)
-            )
-        ).all()
-    )
+    org_customer = customer_of_organization
+    if org_customer is None:
+        org_customer = organization_customers(conn)
     host_table = np.array([tuple(h) for h in hosts], dtype=np.float64).reshape(
         len(hosts), 2 + len(CAPACITY_COLUMNS)
     )
@@ -342,6 +347,23 @@ def previous_standing(conn: Connection, start_s: int) -> Any:
         .order_by(_intervals.c.start_s.desc())
         .limit(1)
     ).first()
+
+
+def organization_customers(conn: Connection) -> dict[int, int]:
+    """Organization id → the customer it is, for the organizations that are customers."""
+    return dict(
+        conn.execute(
+            select(_organizations.c.id, _organizations.c.customer_id).where(
+                _organizations.c.customer_id.is_not(None)
+            )
+        ).all()
+    )
+
+
+def resets_within(resets: Sequence[tuple[int, int]], after_s: int, upto_s: int) -> set[int]:
+    """:func:`reset_between`'s window over resets read beforehand: (customer id, the start of
+    the interval it takes effect from) pairs, as a what-if reads them once for its range."""
+    return {c for c, effective in resets if after_s < effective <= upto_s}
 
 
 def reset_between(conn: Connection, after_s: int, upto_s: int) -> set[int]:

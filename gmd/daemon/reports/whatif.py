@@ -31,13 +31,15 @@ from gmd.daemon.config import Config, parse
 from gmd.daemon.ledger.accounting import (
     assemble,
     ledger_rows,
+    organization_customers,
     previous_standing,
     read_raw_interval,
-    reset_between,
+    resets_within,
 )
 from gmd.daemon.ledger.models import ActionKind, IntervalState
 from gmd.daemon.ledger.tables import (
     actions as _actions,
+    balance_resets as _resets,
     customer_ledger as _ledger,
     customers as _customers,
     intervals as _intervals,
@@ -219,6 +221,17 @@ def replay(
         for r in conn.execute(select(_org_ledger).where(_org_ledger.c.interval_id == prev.id)):
             orgs[r.organization_id] = _OrgStanding(r.contribution_work, r.contribution_moment)
     recorded = _recorded_levels(conn)
+    # Read once for the whole range: which organizations are customers, and the resets.
+    org_customer = organization_customers(conn)
+    resets = [
+        (int(c), int(e))
+        for c, e in conn.execute(
+            select(_resets.c.customer_id, _resets.c.effective_start_s).where(
+                _resets.c.effective_start_s > (first_s if prev_start is None else prev_start),
+                _resets.c.effective_start_s <= int(rows[-1].start_s),
+            )
+        )
+    ]
     # The levels in force before the range: each customer's last recorded change before it
     # (a customer once above 0 keeps its row, as customer_levels does).
     state: dict[int, tuple[int, float]] = {}
@@ -230,10 +243,16 @@ def replay(
     for interval in rows:
         start_s, length_s = int(interval.start_s), int(interval.length_s)
         out.levels[start_s] = {c: level for c, (level, _) in state.items() if level > 0}
-        raw = read_raw_interval(conn, interval.id, acc)
+        raw = read_raw_interval(
+            conn,
+            interval.id,
+            acc,
+            span=(start_s, length_s),
+            customer_of_organization=org_customer,
+        )
         if raw is None:
             continue
-        reset = set() if prev_start is None else reset_between(conn, prev_start, start_s)
+        reset = set() if prev_start is None else resets_within(resets, prev_start, start_s)
         with np.errstate(over="ignore", invalid="ignore"):
             data = assemble(raw, acc, prev_start, customers, orgs, reset)
             step = account_interval(
