@@ -223,6 +223,13 @@ def test_gmd_admin_whatif_shows_the_replay_and_refuses_in_one_line(tmp_path: Pat
         )
         assert higher.returncode == 0, higher.stderr
         assert "What-if" in higher.stdout and "1→2 after" in higher.stdout
+        drawn = admin(
+            file, "whatif", *span, "--set", "accounting.gamma=1", "--plot", str(tmp_path / "w.png")
+        )
+        assert drawn.returncode == 0, drawn.stderr
+        assert (tmp_path / "w.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        unknown = admin(file, "whatif", *span, "--plot", str(tmp_path / "w.txt"))
+        assert unknown.returncode == 2 and "name the file FILE.png or FILE.svg" in unknown.stderr
         for args, words in (
             (("--set", "accounting.interval_s=30"), "a what-if can change accounting.gamma"),
             (("--set", "accounting.gamma=2"), "gamma"),

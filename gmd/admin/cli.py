@@ -542,6 +542,15 @@ def whatif_command(
             " gmd.toml: 0.3, [1, 3, 6], equal). Repeat for several.",
         ),
     ] = None,
+    plot_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--plot",
+            metavar="FILE",
+            help="Also draw the balances and levels, recorded beside replayed, for the"
+            " customers the change matters to most: FILE.png or FILE.svg.",
+        ),
+    ] = None,
     *,
     out: Output,
 ) -> None:
@@ -568,15 +577,28 @@ def whatif_command(
     from_s, to_s = _times(from_, to)
     assert from_s is not None and to_s is not None
     sets = list(set_ or [])
+    from gmd.daemon.reports.plot import output_format, save
+
+    base = _load_config(ctx)
     try:
-        config = with_overrides(_load_config(ctx), sets)
-    except WhatIfRefused as exc:
+        config = with_overrides(base, sets)
+        picture = None if plot_file is None else output_format(plot_file)
+    except (WhatIfRefused, ValueError) as exc:
         raise fail(str(exc)) from None
     try:
         with _reading(ctx) as engine, engine.connect() as conn:
             result = replay(conn, config, from_s, to_s, sets)
     except WhatIfRefused as exc:
         raise fail(str(exc)) from None
+    if plot_file is not None:
+        from gmd.daemon.reports.whatif_plot import draw
+
+        try:
+            save(
+                draw(result, base.enforcement.policy, config.enforcement.policy), plot_file, picture
+            )
+        except OSError as exc:
+            raise fail(f"{plot_file}: cannot write: {exc.strerror}", ExitCode.UNAVAILABLE) from None
     rows = rows_of(result)
     summary = indicators(result)
     notes = [

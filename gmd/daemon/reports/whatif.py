@@ -183,6 +183,10 @@ class WhatIf:
     greediness: dict[int, dict[int, float]]
     levels: dict[int, dict[int, int]]
     """interval start → customer id → level in force during it, replayed"""
+    recorded_balances: dict[int, dict[int, float]] = field(default_factory=dict)
+    """interval start → customer id → balance after it, as the ledger holds it"""
+    recorded_levels: dict[int, dict[int, int]] = field(default_factory=dict)
+    """interval start → customer id → level in force during it, as recorded"""
 
 
 def replay(
@@ -386,6 +390,12 @@ def _compare(
             )
         ).all()
     )
+    for cid, start, balance in conn.execute(
+        select(_ledger.c.customer_id, _intervals.c.start_s, _ledger.c.balance)
+        .join(_intervals, _intervals.c.id == _ledger.c.interval_id)
+        .where(_intervals.c.start_s >= starts[0], _intervals.c.start_s <= last)
+    ):
+        out.recorded_balances.setdefault(int(start), {})[int(cid)] = float(balance)
     for c in set(recorded) | set(final or {}) | {c for lv in out.levels.values() for c in lv}:
         changes = [x for x in recorded.get(c, []) if starts[0] <= x[0] <= last]
         level_before = [x for x in recorded.get(c, []) if x[0] < starts[0]]
@@ -396,6 +406,7 @@ def _compare(
         for s in starts:
             if level > 0:
                 entry.recorded_throttled_s += lengths[s]
+                out.recorded_levels.setdefault(s, {})[c] = level
             entry.recorded_max_level = max(entry.recorded_max_level, level)
             while pending and pending[0][0] <= s:
                 level = pending.pop(0)[3]
