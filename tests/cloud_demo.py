@@ -84,7 +84,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"cannot read {args.cloud_json}: {exc}")
     try:
         run(NovaCloud(info, Path(info["clouds_yaml"])), args.dir, sys.stdout)
-    except DemoFailed as exc:
+    except (DemoFailed, AssertionError, OSError, KeyError) as exc:
+        # A step that did not happen (the cloud refused a boot, a file could not be written):
+        # one line that says which, never a traceback.
         print(f"\ncloud demo: {exc}", file=sys.stderr)
         return 1
     return 0
