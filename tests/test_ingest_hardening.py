@@ -23,7 +23,6 @@ import pytest
 import sqlalchemy as sa
 
 from gmd.daemon.api.samples import record_of
-from gmd.daemon.ledger import accounting
 from gmd.daemon.ledger.accounting import (
     CLOSE_CHUNK,
     AccountingStuck,
@@ -33,6 +32,7 @@ from gmd.daemon.ledger.accounting import (
 )
 from gmd.daemon.ledger.store import LedgerStore
 from gmd.daemon.reports.explain import explain
+from gmd.fairness import interval as interval_step
 from gmd.wire import SampleBatch
 from tests.daemon_support import (
     INTERVAL_S,
@@ -443,7 +443,8 @@ def test_a_failure_no_batch_explains_stops_accounting_loudly(
         def broken(*_args: Any, **_kwargs: Any) -> Any:
             raise ValueError("an engine bug")
 
-        monkeypatch.setattr(accounting, "cloud_greediness", broken)
+        # The engine inside the interval step accounting calls.
+        monkeypatch.setattr(interval_step, "cloud_greediness", broken)
         with pytest.raises(AccountingStuck, match="no batch of it explains why: an engine bug"):
             account_due(d.engine, config.accounting)
         with d.engine.connect() as conn:

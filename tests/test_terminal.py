@@ -42,8 +42,11 @@ class Tmux:
         while time.monotonic() < deadline:
             lines = self("capture-pane", "-t", "t", "-p", "-J", "-S", "-200").splitlines()
             if any(line.strip() == marker for line in lines):
-                start = next(k for k, line in enumerate(lines) if marker in line) + 1
                 end = next(k for k, line in enumerate(lines) if line.strip() == marker)
+                # The output starts after the last echo of the command: typed before bash
+                # showed its prompt (a loaded machine), the command is echoed twice, once by
+                # the terminal and once by bash's prompt line.
+                start = max(k for k, line in enumerate(lines[:end]) if marker in line) + 1
                 return lines[start:end]
             time.sleep(0.1)
         raise AssertionError(f"{command!r} did not finish in {timeout_s} s")
