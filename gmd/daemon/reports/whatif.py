@@ -211,7 +211,7 @@ def replay(
             f"[{iso(from_s)}, {iso(to_s)}) holds {len(rows)} intervals; a what-if replays at"
             f" most {MAX_INTERVALS}: give a shorter range"
         )
-    _check_raw(conn, config, rows[0].id, rows[0].start_s)
+    _check_raw(conn, config, rows[0].start_s)
     first_s = int(rows[0].start_s)
     prev = previous_standing(conn, first_s)
     prev_start: int | None = None if prev is None else int(prev.start_s)
@@ -308,7 +308,7 @@ def replay(
     return out
 
 
-def _check_raw(conn: Connection, config: Config, first_id: int, first_s: int) -> None:
+def _check_raw(conn: Connection, config: Config, first_s: int) -> None:
     """Refuse a range that starts before the oldest interval whose raw samples are kept (an
     interval's id is its start: the oldest is the samples' index's first entry, no scan)."""
     oldest = conn.execute(select(func.min(_samples.c.interval_id))).scalar()
