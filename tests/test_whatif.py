@@ -66,9 +66,12 @@ def grown(database_url: str) -> Iterator[tuple[Config, sa.Engine, int, int]]:
     """The ledger after BUSY + IDLE intervals, and the range [from, to) they span."""
     config = config_for(database_url)
     n = BUSY + IDLE
+    # Read the clock once: a minute that ticks while the batches are posted must not move the
+    # range off the intervals they fill.
+    first = aligned_past(n + 1)
     with serving(config) as d:
         for k in range(n):
-            start = aligned_past(n + 1 - k)
+            start = first + k * INTERVAL_S
             cpu = 2 * INTERVAL_S * 0.95 if k < BUSY else 0.0
             vms = [cpu_only("a1", "a", cpu, vcpus=2), cpu_only("b1", "b", 1.0, vcpus=2)]
             r = httpx.post(
@@ -76,7 +79,7 @@ def grown(database_url: str) -> Iterator[tuple[Config, sa.Engine, int, int]]:
             )
             assert r.is_success, r.text
         account_due(d.engine, config.accounting, after=after_interval(config.enforcement))
-        yield config, d.engine, aligned_past(n + 1), aligned_past(1)
+        yield config, d.engine, first, first + n * INTERVAL_S
 
 
 def recorded(engine: sa.Engine) -> dict[tuple[int, str], tuple[float, float]]:
@@ -160,6 +163,45 @@ def test_gamma_changes_the_balances_and_nothing_is_written(tmp_path: Path) -> No
     assert min(b_one) < min(b_zero)
 
 
+def test_caps_hand_the_contended_host_back_to_the_moderate_customer(tmp_path: Path) -> None:
+    """While a's VM takes 95 % of the host's 2 cores, the host is contended (≥ 80 %) and b, the
+    moderate customer, gets 1 core-second an interval: 1/(1 + a's use) as recorded (dry-run:
+    nothing capped). In the replay a's VM is bounded by its level's cap, a fraction of its 2
+    vCPUs × the interval; with caps of a whole VM nothing is handed back. (The indicators are
+    rounded to 6 digits.)"""
+    caps = {1: 0.5, 2: 0.25}
+    with grown(f"sqlite:///{tmp_path / 'ledger.db'}") as (config, engine, from_s, to_s):
+        capped = with_overrides(
+            config, ["enforcement.cap_level=1", "enforcement.cpu_cap_fractions=[0.5, 0.25, 0.25]"]
+        )
+        whole = with_overrides(
+            config, ["enforcement.cap_level=1", "enforcement.cpu_cap_fractions=[1, 1, 1]"]
+        )
+        with engine.connect() as conn:
+            result = replay(conn, capped, from_s, to_s)
+            uncapped = replay(conn, whole, from_s, to_s)
+        a = {v: k for k, v in names(engine).items()}["a"]
+    busy = sorted(result.levels)[:BUSY]
+    a_use = 2 * INTERVAL_S * 0.95
+    bounded = [
+        min(a_use, caps[result.levels[s][a]] * 2 * INTERVAL_S) if a in result.levels[s] else a_use
+        for s in busy
+    ]
+    assert any(b < a_use for b in bounded), result.levels  # a is capped in some busy interval
+    summary = indicators(result)
+    recorded_share = 1.0 / (1.0 + a_use)
+    assert summary["recorded_moderate_share_of_contended_cpu"] == pytest.approx(
+        recorded_share, abs=1e-6
+    )
+    assert summary["moderate_share_of_contended_cpu"] == pytest.approx(
+        BUSY * 1.0 / (BUSY * 1.0 + sum(bounded)), abs=1e-6
+    )
+    same = indicators(uncapped)
+    assert same["moderate_share_of_contended_cpu"] == pytest.approx(recorded_share, abs=1e-6)
+    # The moderate customer's share never falls below what was recorded.
+    assert summary["moderate_share_of_contended_cpu"] > same["moderate_share_of_contended_cpu"]
+
+
 @pytest.mark.parametrize(
     ("item", "words"),
     [
@@ -169,6 +211,8 @@ def test_gamma_changes_the_balances_and_nothing_is_written(tmp_path: Path) -> No
         ("accounting.endowment=fair", "endowment"),
         ("enforcement.enter=[0.1]", "enter"),
         ("database.url=x", "a what-if can change"),
+        ("enforcement.contended_above.cpu=2", "contended_above"),
+        ("enforcement.mode=on", "a what-if can change"),
     ],
 )
 def test_what_cannot_be_replayed_is_refused_in_one_line(item: str, words: str) -> None:

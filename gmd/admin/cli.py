@@ -568,9 +568,9 @@ def whatif_command(
         COLUMNS as WHATIF_COLUMNS,
         WhatIfRefused,
         document as whatif_document,
-        indicators,
         replay,
         rows_of,
+        summary_lines,
         with_overrides,
     )
 
@@ -600,20 +600,7 @@ def whatif_command(
         except OSError as exc:
             raise fail(f"{plot_file}: cannot write: {exc.strerror}", ExitCode.UNAVAILABLE) from None
     rows = rows_of(result)
-    summary = indicators(result)
-    notes = [
-        f"{result.intervals} interval(s) replayed"
-        + (
-            f" with {' '.join('--set ' + s for s in sets)}"
-            if sets
-            else " with the configuration as it is"
-        ),
-        f"customers throttled {summary['customers_throttled']} (recorded"
-        f" {summary['recorded_customers_throttled']}), throttle-hours"
-        f" {summary['throttle_hours']:g} (recorded {summary['recorded_throttle_hours']:g}),"
-        f" spread of balances {summary['balance_spread']:.4g} (recorded"
-        f" {summary['recorded_balance_spread']:.4g})",
-    ]
+    notes = summary_lines(result)
     emit(
         Listing(
             [View(rows, WHATIF_COLUMNS, title="What-if", notes=notes, name="whatif")],

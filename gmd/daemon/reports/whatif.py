@@ -29,6 +29,7 @@ from gmd.common.config import ConfigError
 from gmd.common.timespec import iso
 from gmd.daemon.config import Config, parse
 from gmd.daemon.ledger.accounting import (
+    IntervalData,
     assemble,
     ledger_rows,
     organization_customers,
@@ -47,16 +48,31 @@ from gmd.daemon.ledger.tables import (
     samples as _samples,
 )
 from gmd.daemon.reports.columns import PROJECT, Column
+from gmd.fairness.contended import contended_use
 from gmd.fairness.interval import account_interval
 from gmd.fairness.policy import decide_levels, scores
 
 CHANGEABLE: Mapping[str, tuple[str, ...]] = {
     "accounting": ("gamma", "endowment", "consumer", "half_life_s", "utility", "weights"),
-    "enforcement": ("enter", "leave", "dwell_s", "max_step", "priority_weight"),
+    "enforcement": (
+        "enter",
+        "leave",
+        "dwell_s",
+        "max_step",
+        "priority_weight",
+        "cap_level",
+        "cpu_cap_fractions",
+        "contended_above",
+    ),
 }
 """What a what-if may change: the settings an interval's accounting and level decision depend
-on. The interval length, retention, hosts and the rest shape what was recorded, not how it is
+on, and the CPU caps and contention that the moderate customers' share is estimated with. The
+interval length, retention, hosts and the rest shape what was recorded, not how it is
 judged."""
+
+TABLES = ("weights", "contended_above")
+"""Changeable keys that are tables too: ``accounting.weights.cpu=2``,
+``enforcement.contended_above.cpu=0.5``."""
 
 COLUMNS = (
     Column("customer", "Customer", None, "left"),
@@ -105,7 +121,11 @@ def with_overrides(config: Config, sets: Sequence[str]) -> Config:
             raise WhatIfRefused(f"--set {item!r}: give KEY=VALUE, e.g. accounting.gamma=0.3")
         parts = key.split(".")
         allowed = CHANGEABLE.get(parts[0], ())
-        if len(parts) < 2 or parts[1] not in allowed or (len(parts) > 2 and parts[1] != "weights"):
+        if (
+            len(parts) < 2
+            or parts[1] not in allowed
+            or (len(parts) > 2 and (parts[1] not in TABLES or len(parts) > 3))
+        ):
             choices = ", ".join(f"{s}.{k}" for s, keys in CHANGEABLE.items() for k in keys)
             raise WhatIfRefused(f"--set {key}: a what-if can change {choices}")
         table: dict[str, Any] = doc
@@ -187,6 +207,10 @@ class WhatIf:
     """interval start → customer id → balance after it, as the ledger holds it"""
     recorded_levels: dict[int, dict[int, int]] = field(default_factory=dict)
     """interval start → customer id → level in force during it, as recorded"""
+    contended_cpu: dict[int, float] = field(default_factory=dict)
+    """customer id → its CPU use on contended hosts over the range, measured (core-seconds)"""
+    contended_cpu_capped: dict[int, float] = field(default_factory=dict)
+    """the same bounded by the replay's CPU caps (:mod:`gmd.fairness.contended`)"""
 
 
 def replay(
@@ -262,6 +286,7 @@ def replay(
             step = account_interval(
                 data.use, data.standing, acc.interval_settings(), data.accounts, data.reset
             )
+        _add_contended(out, data, acc.resources, config, out.levels[start_s])
         written = ledger_rows(interval.id, data.accounts, step, acc.resources)
         if not written.customers:
             continue
@@ -306,6 +331,36 @@ def replay(
                 )
     _compare(conn, out, rows, recorded)
     return out
+
+
+def _add_contended(
+    out: WhatIf,
+    data: IntervalData,
+    resources: Sequence[str],
+    config: Config,
+    levels: Mapping[int, int],
+) -> None:
+    """Add the interval's CPU use on contended hosts to each customer's sums: as measured, and
+    bounded by the cap of the level the replay has in force (``levels``)."""
+    if "cpu" not in resources:
+        return
+    policy = config.enforcement.policy
+    customers = data.accounts.customers
+    # A level recorded under settings with more levels counts as the replay's highest.
+    caps = [
+        policy.effect(min(levels[c], policy.levels)).cpu_cap_fraction if c in levels else None
+        for c in customers
+    ]
+    found = contended_use(
+        data.use,
+        list(resources).index("cpu"),
+        config.enforcement.contention.cpu_above,
+        np.array([np.nan if f is None else f for f in caps]),
+    )
+    for i in np.flatnonzero(found.measured):
+        c = customers[i]
+        out.contended_cpu[c] = out.contended_cpu.get(c, 0.0) + float(found.measured[i])
+        out.contended_cpu_capped[c] = out.contended_cpu_capped.get(c, 0.0) + float(found.capped[i])
 
 
 def _check_raw(conn: Connection, config: Config, first_s: int) -> None:
@@ -469,11 +524,32 @@ def rows_of(result: WhatIf) -> list[dict[str, object]]:
     return out
 
 
+def moderate_share(result: WhatIf) -> tuple[float | None, float | None]:
+    """The moderate customers' share of the CPU used on contended hosts: replayed (a throttled
+    customer's use bounded by the replay's caps) and recorded (as measured, whatever caps were
+    then in force). Moderate: at level 0 throughout, in the replay and in the record, so that
+    both shares are of the same customers. None where no host was contended."""
+    throttled = {
+        c
+        for c, e in result.customers.items()
+        if e.throttled_s > 0 or e.recorded_throttled_s > 0 or e.max_level or e.recorded_max_level
+    }
+    moderate = sum(v for c, v in result.contended_cpu.items() if c not in throttled)
+    replayed = sum(result.contended_cpu_capped.values())
+    recorded = sum(result.contended_cpu.values())
+    return (
+        moderate / replayed if replayed > 0 else None,
+        moderate / recorded if recorded > 0 else None,
+    )
+
+
 def indicators(result: WhatIf) -> dict[str, object]:
-    """Cloud-wide: customers throttled, throttle-hours, the spread of final balances."""
+    """Cloud-wide: customers throttled, throttle-hours, the spread of final balances, the
+    moderate customers' share of contended CPU (:func:`moderate_share`)."""
     entries = list(result.customers.values())
     final = [e.balance for e in entries]
     recorded = [e.recorded_balance for e in entries]
+    share, recorded_share = moderate_share(result)
     return {
         "intervals": result.intervals,
         "customers_throttled": sum(1 for e in entries if e.throttled_s > 0),
@@ -482,7 +558,34 @@ def indicators(result: WhatIf) -> dict[str, object]:
         "recorded_throttle_hours": round(sum(e.recorded_throttled_s for e in entries) / 3600, 4),
         "balance_spread": round(float(np.std(final)), 6) if final else 0.0,
         "recorded_balance_spread": round(float(np.std(recorded)), 6) if recorded else 0.0,
+        "moderate_share_of_contended_cpu": None if share is None else round(share, 6),
+        "recorded_moderate_share_of_contended_cpu": (
+            None if recorded_share is None else round(recorded_share, 6)
+        ),
     }
+
+
+def _share(x: object) -> str:
+    return f"{100 * x:.1f} %" if isinstance(x, float) else "-"
+
+
+def summary_lines(result: WhatIf) -> list[str]:
+    """The replay in sentences, replayed beside recorded: what gmd-admin whatif prints above
+    its table and the web page above its own."""
+    s = indicators(result)
+    sets = " ".join(f"--set {x}" for x in result.sets)
+    return [
+        f"{result.intervals} interval(s) from {iso(result.from_s)} replayed with "
+        + (sets if sets else "the configuration as it is"),
+        f"customers throttled {s['customers_throttled']} (recorded"
+        f" {s['recorded_customers_throttled']}), throttle-hours {s['throttle_hours']:g}"
+        f" (recorded {s['recorded_throttle_hours']:g}), spread of balances"
+        f" {s['balance_spread']:.4g} (recorded {s['recorded_balance_spread']:.4g})",
+        "moderate customers' share of the CPU used on contended hosts"
+        f" {_share(s['moderate_share_of_contended_cpu'])} (recorded"
+        f" {_share(s['recorded_moderate_share_of_contended_cpu'])}; capped VMs held to their"
+        " caps, nobody's use raised)",
+    ]
 
 
 def document(result: WhatIf, customers: list[dict[str, object]] | None = None) -> dict[str, object]:
