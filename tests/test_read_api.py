@@ -175,7 +175,9 @@ def test_any_customer_name_opens_its_routes_and_pages(tmp_path: Path) -> None:
         log = get(f"{d.url}/v1/enforcement", params={"customer": names[0]})
         assert log.status_code == 200 and log.json()["actions"]
         standings = get(f"{d.url}/ui")
-        links = [html.unescape(h) for h in re.findall(r"href='([^']*)'", standings.text)]
+        links = [
+            html.unescape(h) for h in re.findall(r"href='(/ui/customers/[^']*)'", standings.text)
+        ]
         assert len(links) == 2
         for link in links:
             page = get(urljoin(f"{d.url}/ui", link))
@@ -423,6 +425,10 @@ def test_the_web_page_takes_a_members_token_from_its_cookie(keystone_daemon: Any
     assert own.status_code == 200 and "Recent enforcement actions" in own.text
     assert get(f"{d.url}/ui/customers/{initech}", cookies=cookies).status_code == 403
     assert get(f"{d.url}/ui").status_code == 401
+    # A what-if replays every customer: its page is the operators' (no link for a member).
+    assert "/ui/whatif" not in standings.text
+    whatif = get(f"{d.url}/ui/whatif", params={"from": "now-1h"}, cookies=cookies)
+    assert whatif.status_code == 403 and "operators only" in whatif.text
     # the page's plot comes with the page's access: the cookie (it needed the header: 401)
     match = re.search(r"<img[^>]* src='([^']*)'", own.text)
     assert match is not None

@@ -8,7 +8,9 @@ interval; an override changes what it should; what cannot be replayed is refused
 
 from __future__ import annotations
 
+import html
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -320,6 +322,19 @@ def test_the_read_api_answers_what_gmd_admin_whatif_prints(tmp_path: Path) -> No
             )
             refused = httpx.get(f"{d.url}/v1/whatif", params={**span, "set": "accounting.gamma=2"})
             bad_time = httpx.get(f"{d.url}/v1/whatif", params={"from": "yesterday-ish"})
+            # The operator's web page: a form, then the same replay (the changes a line each).
+            standings = httpx.get(f"{d.url}/ui")
+            form = httpx.get(f"{d.url}/ui/whatif")
+            page = httpx.get(
+                f"{d.url}/ui/whatif",
+                params={
+                    **span,
+                    "set": "enforcement.enter=[0.15, 10, 100]\r\nenforcement.leave=[0.1, 5, 50]",
+                },
+            )
+            page_refused = httpx.get(
+                f"{d.url}/ui/whatif", params={**span, "set": "accounting.gamma=2"}
+            )
         file = tmp_path / "gmd.toml"
         file.write_text(toml_document(local.document))
         printed = json.loads(
@@ -335,3 +350,23 @@ def test_the_read_api_answers_what_gmd_admin_whatif_prints(tmp_path: Path) -> No
     words = cli.stderr.strip().split(" with ", 1)[1]
     assert refused.json()["detail"].endswith(words), (refused.json(), words)
     assert bad_time.status_code == 400 and "from:" in bad_time.text
+    assert "href='/ui/whatif'" in standings.text
+    assert form.status_code == 200 and "<form id='whatif-form'" in form.text
+    assert "<table id='whatif'" not in form.text
+    assert page.status_code == 200, page.text
+    shown = dict(
+        re.findall(
+            r"<tr data-customer='([^']*)'>.*?data-key='throttle_hours' data-value='([^']*)'",
+            page.text,
+        )
+    )
+    served = {r["customer"]: r["throttle_hours"] for r in changed.json()["customers"]}
+    assert shown and {c: float(v) for c, v in shown.items()} == served
+    for line in changed.json()["summary"]:
+        assert html.escape(line) in page.text, line
+    # The changes stay in the form, a line each, for the next question.
+    assert (
+        "enforcement.enter=[0.15, 10, 100]\nenforcement.leave=[0.1, 5, 50]</textarea>" in page.text
+    )
+    assert page_refused.status_code == 400
+    assert html.escape(refused.json()["detail"]) in page_refused.text

@@ -27,6 +27,7 @@ from fastapi.responses import HTMLResponse, Response
 from gmd.daemon.api import read
 from gmd.daemon.api.access import Reader
 from gmd.daemon.api.deps import ServicesDep
+from gmd.daemon.api.errors import Refused
 from gmd.daemon.reports.standings import SortKey
 from gmd.fairness.policy import LevelEffect, ThrottlePolicy
 
@@ -56,6 +57,9 @@ figure.plot img { display: block; width: 100%; height: auto; }
 ul.summary { padding-left: 1.2rem; }
 dl.glossary dt { font-weight: 600; margin-top: 0.4rem; }
 dl.glossary dd { margin-left: 1rem; }
+.refused { color: #a11; font-weight: 600; }
+.keys { font-size: 0.9em; color: #555; }
+textarea, input { font: inherit; max-width: 100%; }
 """
 
 # What a reader sees for the log's words (the log's own word stays in data-value).
@@ -118,6 +122,11 @@ GLOSSARY = (
     ("Cap", "A hard limit on a VM's CPU (a share of its vCPUs) or disk throughput."),
     ("Dry-run", "gmd decides and records levels and limits, but applies none."),
     ("Credit (priority)", HEADS["priority"] + "."),
+    (
+        "What-if (operators)",
+        "The recorded usage replayed under other settings, beside what was recorded; nothing"
+        " is changed by asking.",
+    ),
 )
 
 
@@ -133,12 +142,13 @@ def web_reader(
 WebReader = Annotated[Reader, Depends(web_reader)]
 
 
-def _page(title: str, body: str) -> HTMLResponse:
+def _page(title: str, body: str, status: int = 200) -> HTMLResponse:
     return HTMLResponse(
-        "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+        status_code=status,
+        content="<!doctype html><html lang='en'><head><meta charset='utf-8'>"
         "<meta name='viewport' content='width=device-width, initial-scale=1'>"
         f"<title>{html.escape(title)} · gmd</title><style>{STYLE}</style></head>"
-        f"<body>{body}{_glossary()}</body></html>"
+        f"<body>{body}{_glossary()}</body></html>",
     )
 
 
@@ -214,11 +224,17 @@ def standings_page(who: WebReader, services: ServicesDep) -> HTMLResponse:
             + "</tr>"
         )
     caption = "After the interval starting " + html.escape(str(document.get("as_of") or "-"))
+    whatif = (
+        "<p><a href='/ui/whatif'>What if the settings were otherwise?</a> Replay the record"
+        " under other thresholds, γ, half-life or endowment.</p>"
+        if who.everyone
+        else ""
+    )
     mode = services.config.enforcement.mode
     return _page(
         "Standings",
         f"<h1>Standings</h1><p>{caption} (UTC). Enforcement is"
-        f" {html.escape(MODE_WORDS.get(mode, mode))}.</p>"
+        f" {html.escape(MODE_WORDS.get(mode, mode))}.</p>{whatif}"
         "<div class='scroll'><table id='standings'><tr>"
         + _head("customer", "Customer", "text")
         + _head("balance", "Balance")
@@ -228,6 +244,116 @@ def standings_page(who: WebReader, services: ServicesDep) -> HTMLResponse:
         + _head("enforced", "Enforced", "text")
         + f"</tr>{''.join(rows)}</table></div>",
     )
+
+
+WHATIF_HEADS = {
+    "throttle_hours": "Hours at a level above 0, replayed (recorded in brackets)",
+    "max_level": "The highest level reached, replayed (recorded in brackets)",
+    "first_action": "The first replayed level change, in force from (UTC)",
+    "last_action": "The last replayed level change, in force from (UTC)",
+    "differences": "Level changes the replay adds, removes, or makes earlier or later than"
+    " recorded (before→after, after the interval starting then)",
+}
+WHATIF_EXAMPLES = "accounting.gamma=0.3\nenforcement.enter=[1, 3, 6]\nenforcement.leave=[0.5, 2, 5]"
+
+
+def _whatif_form(from_: str, to: str, changes: list[str]) -> str:
+    """The what-if's question: its range and changes, one KEY=VALUE a line."""
+    from gmd.daemon.reports.whatif import CHANGEABLE, TABLES
+
+    keys = ", ".join(
+        f"{section}.{key}" + (".RESOURCE" if key in TABLES else "")
+        for section, names in CHANGEABLE.items()
+        for key in names
+    )
+    return (
+        "<form id='whatif-form' method='get' action='/ui/whatif'>"
+        "<p><label>From <input name='from' required size='22'"
+        f" value='{html.escape(from_)}'></label> "
+        f"<label>to <input name='to' size='22' value='{html.escape(to)}'></label></p>"
+        "<p><label>Changes, one KEY=VALUE a line, values as in gmd.toml<br>"
+        "<textarea name='set' rows='4' cols='48'"
+        f" placeholder='{html.escape(WHATIF_EXAMPLES)}'>{html.escape(chr(10).join(changes))}"
+        "</textarea></label></p>"
+        f"<p class='keys'>What can change: {html.escape(keys)}. Times: ISO 8601 (UTC), now,"
+        " now-3d, now-12h, or Unix seconds; only intervals whose raw samples are kept.</p>"
+        "<p><button type='submit'>Replay</button></p></form>"
+    )
+
+
+def _whatif_row(r: dict[str, Any]) -> str:
+    customer = str(r["customer"])
+    name = f" ({html.escape(str(r['name']))})" if r.get("name") else ""
+    # One line per kind of difference; the cell's data-value holds them all, "; "-joined.
+    lines = [f"{key}: {r[key]}" for key in ("added", "removed", "earlier", "later") if r.get(key)]
+    differences = "; ".join(lines)
+    level = int(r["max_level"])
+    return (
+        f"<tr data-customer='{html.escape(customer)}'>"
+        f"<td class='text name'>{html.escape(customer)}{name}</td>"
+        f"<td data-key='throttle_hours' data-value='{r['throttle_hours']!r}'>"
+        f"{r['throttle_hours']:.2f} ({r['recorded_throttle_hours']:.2f})</td>"
+        f"<td data-key='max_level' data-value='{level}' class='level-{level}'>"
+        f"{level} ({r['recorded_max_level']})</td>"
+        + _word("first_action", r["first_action"], str(r["first_action"] or "-"), "text time")
+        + _word("last_action", r["last_action"], str(r["last_action"] or "-"), "text time")
+        + f"<td class='text why' data-key='differences' data-value='{html.escape(differences)}'>"
+        + ("<br>".join(html.escape(line) for line in lines) or "as recorded")
+        + "</td>"
+        + "</tr>"
+    )
+
+
+@router.get("/whatif", response_class=HTMLResponse)
+def whatif_page(
+    who: WebReader,
+    services: ServicesDep,
+    from_: Annotated[str | None, Query(alias="from")] = None,
+    to: Annotated[str, Query()] = "now",
+    changes: Annotated[list[str] | None, Query(alias="set")] = None,
+) -> HTMLResponse:
+    """The what-if for operators: a form (the range, the changes a line each) and, once asked,
+    the replay beside the record, as ``GET /v1/whatif`` answers it. A refusal is shown above
+    the form, with the request's own status, in the API's words."""
+    sets = [line.strip() for given in changes or [] for line in given.splitlines() if line.strip()]
+    head = "<h1>What if the settings were otherwise?</h1>"
+    if not who.everyone:
+        return _page(
+            "What-if",
+            head + "<p class='refused'>A what-if replays every customer's record: operators"
+            " only.</p>",
+            403,
+        )
+    form = _whatif_form(from_ or "now-1d", to, sets)
+    if from_ is None:
+        return _page("What-if", head + form)
+    try:
+        document = read.get_whatif(who, services, from_, to, sets)
+    except Refused as exc:
+        return _page(
+            "What-if",
+            f"{head}<p class='refused' role='alert'>{html.escape(exc.detail)}</p>{form}",
+            exc.status,
+        )
+    summary = "".join(f"<li>{html.escape(line)}</li>" for line in document["summary"])
+    rows = "".join(_whatif_row(r) for r in document["customers"])
+    return _page(
+        "What-if",
+        f"{head}{form}<h2>Replayed beside recorded</h2><ul class='summary'>{summary}</ul>"
+        "<div class='scroll'><table id='whatif'><tr>"
+        + _head("customer", "Customer", "text")
+        + _whatif_head("throttle_hours", "Throttled h")
+        + _whatif_head("max_level", "Max level")
+        + _whatif_head("first_action", "First change", "text")
+        + _whatif_head("last_action", "Last change", "text")
+        + _whatif_head("differences", "Against the record", "text")
+        + f"</tr>{rows}</table></div>",
+    )
+
+
+def _whatif_head(key: str, label: str, css: str = "") -> str:
+    cls = f" class='{css}'" if css else ""
+    return f"<th{cls} title='{html.escape(WHATIF_HEADS[key])}'>{html.escape(label)}</th>"
 
 
 @router.get("/plot.svg", response_class=Response)

@@ -596,5 +596,6 @@ def document(result: WhatIf, customers: list[dict[str, object]] | None = None) -
         "to": iso(result.to_s),
         "sets": list(result.sets),
         "indicators": indicators(result),
+        "summary": summary_lines(result),
         "customers": rows_of(result) if customers is None else customers,
     }
