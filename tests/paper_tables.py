@@ -4,6 +4,8 @@ Kept apart from gmd.fairness.scenarios on purpose: a test compares the two."""
 
 from __future__ import annotations
 
+from fractions import Fraction as F
+
 import numpy as np
 
 # Table 2 (Q1): six units of r1, twelve of r2.
@@ -29,3 +31,14 @@ def q3(name: str) -> tuple[list[list[int]], list[int]]:
     use, remainder = Q3[name]
     totals = np.sum(use, axis=0)
     return use, [int(t) + rest for t, rest in zip(totals, remainder, strict=True)]
+
+
+def table6_formula(column: str, x: F) -> list[F]:
+    """Table 6's first block: the GM as a function of γ = x."""
+    if column == "A12":
+        return [F(1, 4) - x / 2, F(1, 4) - x / 2, F(1, 2)]
+    if column == "A13":
+        return [F(1, 2) - x / 2, F(1, 2) - x / 2, F(0)]
+    if column == "S31":
+        return [F(0), F(2, 9), -F(2, 9) * x]
+    return [F(1, 9) - F(1, 6) * x, F(0), F(1, 6) - F(1, 9) * x]  # S32 and S33

@@ -11,19 +11,7 @@ import pytest
 
 from gmd.fairness import greediness, ranks, spread
 from gmd.fairness.scenarios import SCENARIOS
-from tests.paper_tables import Q1, Q1_SUPPLY, Q3, T5, T5_SUPPLY, q3
-
-
-def table6_formula(column: str, x: F) -> list[F]:
-    """Table 6's first block: the GM as a function of γ = x."""
-    if column == "A12":
-        return [F(1, 4) - x / 2, F(1, 4) - x / 2, F(1, 2)]
-    if column == "A13":
-        return [F(1, 2) - x / 2, F(1, 2) - x / 2, F(0)]
-    if column == "S31":
-        return [F(0), F(2, 9), -F(2, 9) * x]
-    return [F(1, 9) - F(1, 6) * x, F(0), F(1, 6) - F(1, 9) * x]  # S32 and S33
-
+from tests.paper_tables import Q1, Q1_SUPPLY, Q3, T5, T5_SUPPLY, q3, table6_formula
 
 # Table 6's printed rows for γ = 1 and γ = 0.5 (0.0\bar{5} = 1/18, 0.02\bar{7} = 1/36).
 TABLE6_PRINTED = {

@@ -15,9 +15,11 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from fractions import Fraction as F
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 import sqlalchemy as sa
 
@@ -33,6 +35,7 @@ from gmd.daemon.reports.whatif import (
     rows_of,
     with_overrides,
 )
+from gmd.wire import RESOURCES_COMBINED as RESOURCES
 from tests.cloud_story import toml_document
 from tests.daemon_support import (
     INTERVAL_S,
@@ -44,6 +47,7 @@ from tests.daemon_support import (
     make_config,
     serving,
 )
+from tests.paper_tables import Q1, Q1_SUPPLY, q3, table6_formula
 
 CMP1 = HostSpec("cmp-1", cpu_cores=2, memory_bytes=8e9, disk_bytes_per_s=1e8)
 ENFORCEMENT = {
@@ -202,6 +206,85 @@ def test_caps_hand_the_contended_host_back_to_the_moderate_customer(tmp_path: Pa
     assert same["moderate_share_of_contended_cpu"] == pytest.approx(recorded_share, abs=1e-6)
     # The moderate customer's share never falls below what was recorded.
     assert summary["moderate_share_of_contended_cpu"] > same["moderate_share_of_contended_cpu"]
+
+
+# The GM paper's Table 6 (tests/test_gm_paper.py has it typed in): Q1's options A12 and A13
+# (two resources) and Q3's scenarios S31-S33 (three), one interval each, in this order; the
+# paper's resources are the ledger's cpu, disk and network.
+TABLE6_COLUMNS = ("A12", "A13", "S31", "S32", "S33")
+PAPER_RESOURCES = ("cpu", "disk", "network")
+
+
+def paper_batch(column: str, start_s: int) -> dict[str, object]:
+    """One interval of three customers (a VM each) on one host, as the paper's column: a unit
+    of resource r is a core-second (cpu) or a megabyte (disk, network) a second of it."""
+    if column in Q1:
+        use, supply = Q1[column], Q1_SUPPLY
+    else:
+        use, supply = q3(column)
+    units = {"cpu": 1.0, "disk": 1e6, "network": 1e6}
+    host = HostSpec(
+        "paper",
+        cpu_cores=supply[0],
+        disk_bytes_per_s=supply[1] * 1e6,
+        network_bytes_per_s=(supply[2] if len(supply) > 2 else 1) * 1e6,
+    )
+    fields = {"cpu": "cpu_s", "disk": "disk_read_bytes", "network": "network_rx_bytes"}
+    vms = []
+    for k, row in enumerate(use):
+        vm = cpu_only(f"paper-vm-{k}", f"paper-{k}", 0.0, vcpus=float(supply[0]))
+        for r, amount in zip(PAPER_RESOURCES, row, strict=False):
+            vm[fields[r]] = amount * units[r] * INTERVAL_S
+        vms.append(vm)
+    return batch(host, start_s, vms)
+
+
+def test_gamma_one_and_zero_give_table6_of_the_paper_through_the_ledger(
+    database_url: str,
+) -> None:
+    """The ledger records the paper's five columns at γ = 0.5; replayed at γ = 1 and γ = 0,
+    each interval's GM is Table 6's formula row at that γ, to the digit. The ledger divides by
+    its four resources (m = 4): weights of 4/m on the paper's m resources (0 on the others)
+    make it the paper's m, a change a what-if makes too."""
+    config = make_config(
+        database_url,
+        {"paper": "operator"},
+        accounting={"endowment": "equal", "half_life_s": "none"},
+    )
+    first = aligned_past(len(TABLE6_COLUMNS) + 1)
+    starts = [first + k * INTERVAL_S for k in range(len(TABLE6_COLUMNS))]
+    with serving(config) as d:
+        for column, start in zip(TABLE6_COLUMNS, starts, strict=True):
+            r = httpx.post(
+                f"{d.url}/v1/samples", json=paper_batch(column, start), headers=auth("paper")
+            )
+            assert r.is_success, r.text
+        account_due(d.engine, config.accounting)
+        who = {name: c for c, name in names(d.engine).items()}
+        before = recorded(d.engine)
+        got: dict[tuple[str, F], list[float]] = {}
+        for gamma in (F(1), F(0)):
+            for m, columns in ((2, TABLE6_COLUMNS[:2]), (3, TABLE6_COLUMNS[2:])):
+                weights = {r: (4 / m if r in PAPER_RESOURCES[:m] else 0) for r in RESOURCES}
+                sets = [f"accounting.gamma={gamma}"] + [
+                    f"accounting.weights.{r}={w!r}" for r, w in weights.items()
+                ]
+                span = (
+                    starts[TABLE6_COLUMNS.index(columns[0])],
+                    starts[TABLE6_COLUMNS.index(columns[-1])] + INTERVAL_S,
+                )
+                with d.engine.connect() as conn:
+                    result = replay(conn, with_overrides(config, sets), *span, sets)
+                for column in columns:
+                    g = result.greediness[starts[TABLE6_COLUMNS.index(column)]]
+                    got[column, gamma] = [g[who[f"paper-{k}"]] for k in range(3)]
+        assert recorded(d.engine) == before
+    for (column, gamma), gm in got.items():
+        expected = [float(v) for v in table6_formula(column, gamma)]
+        np.testing.assert_allclose(gm, expected, rtol=0, atol=1e-12, err_msg=f"{column} γ={gamma}")
+    # γ moves only what a customer left to others: at γ = 1 A13 is fair to all (0, 0, 0).
+    assert got["A13", F(1)] == pytest.approx([0, 0, 0], abs=1e-12)
+    assert got["A12", F(0)] != got["A12", F(1)]
 
 
 @pytest.mark.parametrize(
