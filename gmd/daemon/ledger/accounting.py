@@ -38,7 +38,7 @@ from sqlalchemy import (
 )
 
 from gmd.daemon.config import AccountingConfig
-from gmd.daemon.ledger import rollups
+from gmd.daemon.ledger import reset_window, rollups
 from gmd.daemon.ledger.migrate import writer
 from gmd.daemon.ledger.models import (
     BatchState,
@@ -47,7 +47,6 @@ from gmd.daemon.ledger.models import (
 from gmd.daemon.ledger.quarantine import Quarantined, bad_data, isolate
 from gmd.daemon.ledger.store import CAPACITY_COLUMNS, FLAVOR_COLUMNS, USE_COLUMNS
 from gmd.daemon.ledger.tables import (
-    balance_resets as _resets,
     batches as _batches,
     customer_ledger as _customer_ledger,
     host_intervals as _host_intervals,
@@ -258,7 +257,7 @@ def read_interval(
             select(_organization_ledger).where(_organization_ledger.c.interval_id == prev.id)
         )
     }
-    reset = reset_between(conn, prev.start_s, raw.start_s)
+    reset = reset_window.reset_customers(conn, prev.start_s, raw.start_s)
     return assemble(raw, config, prev.start_s, prev_customers, prev_orgs, reset)
 
 
@@ -357,26 +356,6 @@ def organization_customers(conn: Connection) -> dict[int, int]:
                 _organizations.c.customer_id.is_not(None)
             )
         ).all()
-    )
-
-
-def resets_within(resets: Sequence[tuple[int, int]], after_s: int, upto_s: int) -> set[int]:
-    """:func:`reset_between`'s window over resets read beforehand: (customer id, the start of
-    the interval it takes effect from) pairs, as a what-if reads them once for its range."""
-    return {c for c, effective in resets if after_s < effective <= upto_s}
-
-
-def reset_between(conn: Connection, after_s: int, upto_s: int) -> set[int]:
-    """Customers whose balance was reset (``gmd-admin reset``) for an interval accounted from
-    the standing after ``after_s`` up to the interval starting at ``upto_s``: the reset window,
-    in one place."""
-    return set(
-        conn.execute(
-            select(_resets.c.customer_id).where(
-                _resets.c.effective_start_s > after_s,
-                _resets.c.effective_start_s <= upto_s,
-            )
-        ).scalars()
     )
 
 

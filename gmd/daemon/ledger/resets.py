@@ -132,15 +132,3 @@ def reset_balance(engine: Engine, customer: str, reason: str, requested_by: str)
     return ResetResult(
         customer, previous, None if latest is None else int(latest.start_s), effective
     )
-
-
-def pending_resets(conn: Connection, after_start_s: int) -> dict[int, int]:
-    """Customers with a reset not yet reflected in a ledger row after ``after_start_s`` (the
-    latest accounted interval): customer id → the interval it applies from."""
-    return dict(
-        conn.execute(
-            select(_resets.c.customer_id, func.max(_resets.c.effective_start_s))
-            .where(_resets.c.effective_start_s > after_start_s)
-            .group_by(_resets.c.customer_id)
-        ).all()
-    )

@@ -28,8 +28,8 @@ from sqlalchemy import Connection, and_, func, or_, select
 from gmd.common.timespec import iso
 from gmd.daemon.config import Config
 from gmd.daemon.enforce.plans import host_caps, recent_window
-from gmd.daemon.ledger import lookup
-from gmd.daemon.ledger.accounting import previous_standing, read_interval, reset_between
+from gmd.daemon.ledger import lookup, reset_window
+from gmd.daemon.ledger.accounting import previous_standing, read_interval
 from gmd.daemon.ledger.models import (
     ActionKind,
     BatchState,
@@ -38,7 +38,6 @@ from gmd.daemon.ledger.models import (
 from gmd.daemon.ledger.rollups import DAY_S, HOUR_S
 from gmd.daemon.ledger.tables import (
     actions as _actions,
-    balance_resets as _resets,
     batches as _batches,
     customer_ledger as _ledger,
     customer_rollups as _customer_rollups,
@@ -489,7 +488,7 @@ def _previous(conn: Connection, customer_id: int, start_s: int) -> tuple[float, 
             _ledger.c.interval_id == prev.id, _ledger.c.customer_id == customer_id
         )
     ).scalar()
-    reset = customer_id in reset_between(conn, prev.start_s, start_s)
+    reset = customer_id in reset_window.reset_customers(conn, prev.start_s, start_s)
     return (0.0 if balance is None else float(balance)), int(prev.start_s), reset
 
 
@@ -553,11 +552,7 @@ def _drivers(
     that interval's end (what is left of it in the balance); the :data:`DRIVERS` largest, of at
     least :data:`DRIVER_SHARE` of the largest, oldest first. The latest interval is cited only
     when it weighs: a negligible +0.0003 does not explain a level that +0.27 brought."""
-    reset = conn.execute(
-        select(func.max(_resets.c.effective_start_s)).where(
-            _resets.c.customer_id == customer_id, _resets.c.effective_start_s <= start_s
-        )
-    ).scalar()
+    reset = reset_window.last_reset(conn, customer_id, start_s)
     where = [
         _ledger.c.customer_id == customer_id,
         _ledger.c.greediness > 0,

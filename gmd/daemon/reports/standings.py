@@ -15,8 +15,8 @@ from sqlalchemy import Connection, func, or_, select
 
 from gmd.common.timespec import iso
 from gmd.daemon.config import EnforcementConfig
+from gmd.daemon.ledger import reset_window
 from gmd.daemon.ledger.models import IntervalState
-from gmd.daemon.ledger.resets import pending_resets
 from gmd.daemon.ledger.tables import (
     customer_ledger as _ledger,
     customers as _customers,
@@ -133,7 +133,7 @@ def standings(
             or_(_customers.c.name.in_(customers), _customers.c.display_name.in_(customers))
         )
     rows = [dict(r._mapping) for r in conn.execute(query)]
-    reset_ids = pending_resets(conn, row.start_s)
+    reset_ids = reset_window.pending(conn, row.start_s)
     reset_names = set(
         conn.execute(select(_customers.c.name).where(_customers.c.id.in_(reset_ids))).scalars()
     )

@@ -88,7 +88,7 @@ from sqlalchemy import (
 )
 
 from gmd.common.timespec import iso
-from gmd.daemon.ledger import lookup
+from gmd.daemon.ledger import lookup, reset_window
 from gmd.daemon.ledger.models import (
     ActionKind,
     ActionStatus,
@@ -98,7 +98,6 @@ from gmd.daemon.ledger.models import (
 from gmd.daemon.ledger.rollups import served_peaks
 from gmd.daemon.ledger.tables import (
     actions as _actions,
-    balance_resets as _resets,
     batches as _batches,
     customer_ledger as _ledger,
     customer_rollups as _customer_rollups,
@@ -356,19 +355,6 @@ def _customer_names(conn: Connection) -> dict[int, str]:
     return {int(i): n for i, n in conn.execute(select(_customers.c.id, _customers.c.name))}
 
 
-def _resets_after(conn: Connection, after_s: int | None, before_s: float) -> dict[int, list[int]]:
-    """Customer id → effective starts of resets in ``(after_s, before_s)``."""
-    query = select(_resets.c.customer_id, _resets.c.effective_start_s).where(
-        _resets.c.effective_start_s < before_s
-    )
-    if after_s is not None:
-        query = query.where(_resets.c.effective_start_s > after_s)
-    out: dict[int, list[int]] = defaultdict(list)
-    for cid, start in conn.execute(query):
-        out[int(cid)].append(int(start))
-    return out
-
-
 def _resource_key(resource: str) -> tuple[int, str]:
     order = RESOURCE_ORDER.index(resource) if resource in RESOURCE_ORDER else len(RESOURCE_ORDER)
     return order, resource
@@ -507,7 +493,12 @@ def _by_customer(
     spans = _throttle_spans(conn, rng, customer_id)
     throttled = {cid: _throttled(s, rng, 0, rng.accounted) for cid, s in spans.items()}
     step("resets and names")
-    reset = set(_resets_after(conn, rng.end_start, rng.hi)) if rng.end_start is not None else set()
+    # A reset after the range's last standing, for an interval the range holds, is pending.
+    reset = (
+        reset_window.reset_customers(conn, rng.end_start, rng.hi - 1)
+        if rng.end_start is not None
+        else set()
+    )
     names = _customer_names(conn)
     shown = lookup.display_names(conn)
 
@@ -1022,7 +1013,9 @@ def _by_period(
                     )
                 ).scalar()
             )
-        resets = _resets_after(conn, end_start, rng.hi).get(customer_id, [])
+        resets = [
+            e for c, e in reset_window.resets(conn, end_start, rng.hi - 1) if c == customer_id
+        ]
         name = _customer_names(conn).get(customer_id, str(customer_id))
         project = lookup.display_names(conn).get(customer_id)
         rows: list[dict[str, object]] = []
@@ -1033,7 +1026,9 @@ def _by_period(
                     end_start = rng.starts[k]
                     end_balance = mine.get(end_start, (0.0, 0.0))[1]
             period_end = min(start_of(p + 1), rng.hi)
-            reset = end_start is not None and any(end_start < e < period_end for e in resets)
+            reset = end_start is not None and any(
+                reset_window.counts(e, end_start, period_end - 1) for e in resets
+            )
             total = sum(mine.get(rng.starts[k], (0.0, 0.0))[0] for k in range(first, stop))
             seconds, mode = _throttled(spans.get(customer_id, []), rng, first, stop)
             rows.append(

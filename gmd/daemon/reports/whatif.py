@@ -28,6 +28,7 @@ from sqlalchemy import Connection, func, select
 from gmd.common.config import ConfigError
 from gmd.common.timespec import iso
 from gmd.daemon.config import Config, parse
+from gmd.daemon.ledger import reset_window
 from gmd.daemon.ledger.accounting import (
     IntervalData,
     assemble,
@@ -35,12 +36,10 @@ from gmd.daemon.ledger.accounting import (
     organization_customers,
     previous_standing,
     read_raw_interval,
-    resets_within,
 )
 from gmd.daemon.ledger.models import ActionKind, IntervalState
 from gmd.daemon.ledger.tables import (
     actions as _actions,
-    balance_resets as _resets,
     customer_ledger as _ledger,
     customers as _customers,
     intervals as _intervals,
@@ -251,15 +250,9 @@ def replay(
     recorded = _recorded_levels(conn)
     # Read once for the whole range: which organizations are customers, and the resets.
     org_customer = organization_customers(conn)
-    resets = [
-        (int(c), int(e))
-        for c, e in conn.execute(
-            select(_resets.c.customer_id, _resets.c.effective_start_s).where(
-                _resets.c.effective_start_s > (first_s if prev_start is None else prev_start),
-                _resets.c.effective_start_s <= int(rows[-1].start_s),
-            )
-        )
-    ]
+    resets = reset_window.resets(
+        conn, first_s if prev_start is None else prev_start, int(rows[-1].start_s)
+    )
     # The levels in force before the range: each customer's last recorded change before it
     # (a customer once above 0 keeps its row, as customer_levels does).
     state: dict[int, tuple[int, float]] = {}
@@ -280,7 +273,11 @@ def replay(
         )
         if raw is None:
             continue
-        reset = set() if prev_start is None else resets_within(resets, prev_start, start_s)
+        reset = (
+            set()
+            if prev_start is None
+            else reset_window.customers_within(resets, prev_start, start_s)
+        )
         with np.errstate(over="ignore", invalid="ignore"):
             data = assemble(raw, acc, prev_start, customers, orgs, reset)
             step = account_interval(
