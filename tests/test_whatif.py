@@ -9,6 +9,7 @@ interval; an override changes what it should; what cannot be replayed is refused
 from __future__ import annotations
 
 import html
+import io
 import json
 import re
 import subprocess
@@ -453,3 +454,82 @@ def test_the_read_api_answers_what_gmd_admin_whatif_prints(tmp_path: Path) -> No
     )
     assert page_refused.status_code == 400
     assert html.escape(refused.json()["detail"]) in page_refused.text
+
+
+def ledger_of(conn: sa.Connection, table: sa.Table, keys: tuple[str, ...]) -> dict[tuple, dict]:
+    """Every row of ``table`` by its key columns."""
+    return {
+        tuple(r[k] for k in keys): dict(r)
+        for r in (row._mapping for row in conn.execute(sa.select(table)))
+    }
+
+
+def test_no_override_reproduces_a_demo_ledger_row_by_row(database_url: str, tmp_path: Path) -> None:
+    """A ledger grown by the demo's replay (real agents and daemon, Bitbrains traces, levels
+    decided in dry-run), replayed with no override: every row accounting wrote (balances,
+    greediness, GM terms per resource, DirectContr utility, contribution and priority) and the
+    levels in force, interval by interval, are the replay's."""
+    from gmd.admin import demo
+    from gmd.daemon.config import load
+    from gmd.daemon.ledger import migrate, tables
+
+    root = tmp_path / "demo"
+    figures = demo.run(
+        root,
+        vms="1-4,41-46,54-57",
+        hosts=2,
+        days=1,
+        cores_per_host=16,
+        out=io.StringIO(),
+        database_url=database_url,
+    )
+    config = load(root / "gmd.toml")
+    engine = migrate.engine_for(config.database_url)
+    try:
+        with engine.connect() as conn:
+            span = conn.execute(
+                sa.text(
+                    "SELECT min(start_s), max(start_s) FROM intervals WHERE state = 'accounted'"
+                )
+            ).one()
+            result = replay(conn, config, span[0], span[1] + 1, keep_rows=True)
+            starts = {
+                int(i): int(s)
+                for i, s in conn.execute(sa.text("SELECT id, start_s FROM intervals"))
+            }
+            recorded = [
+                ledger_of(conn, tables.customer_ledger, ("interval_id", "customer_id")),
+                ledger_of(conn, tables.resource_ledger, ("interval_id", "customer_id", "resource")),
+                ledger_of(conn, tables.organization_ledger, ("interval_id", "organization_id")),
+            ]
+    finally:
+        engine.dispose()
+    assert result.intervals == figures["intervals"] > 0, figures
+    replayed: list[dict[tuple, dict]] = [{}, {}, {}]
+    for rows in result.rows.values():
+        for kept, written, keys in zip(
+            replayed,
+            (rows.customers, rows.resources, rows.organizations),
+            (
+                ("interval_id", "customer_id"),
+                ("interval_id", "customer_id", "resource"),
+                ("interval_id", "organization_id"),
+            ),
+            strict=True,
+        ):
+            kept.update({tuple(r[k] for k in keys): r for r in written})
+    for kept, ledger in zip(replayed, recorded, strict=True):
+        assert kept.keys() == ledger.keys()
+        for key, row in kept.items():
+            for column, value in row.items():
+                expected = value if isinstance(value, str) else pytest.approx(value, rel=1e-12)
+                assert ledger[key][column] == expected, (
+                    iso(starts[key[0]]),
+                    key,
+                    column,
+                )
+    # The levels in force, interval by interval; the demo's customers did change level.
+    assert any(result.recorded_levels.values())
+    for start in result.levels:
+        assert result.levels[start] == result.recorded_levels.get(start, {}), iso(start)
+    assert sum(len(e.replayed) for e in result.customers.values()) > 0

@@ -238,6 +238,7 @@ def write_configs(
     port: int,
     *,
     memory_per_host: float,
+    database_url: str | None = None,
 ) -> None:
     """The daemon's gmd.toml and one agent file per host.
 
@@ -249,7 +250,7 @@ def write_configs(
     lines = [
         "# Written by gmd-admin demo: the daemon's and gmd-admin's configuration.",
         "[database]",
-        f"url = {_toml('sqlite:///' + str(layout.ledger))}",
+        f"url = {_toml(database_url or 'sqlite:///' + str(layout.ledger))}",
         "",
         "[accounting]",
         f"interval_s = {cloud.interval_s}",
@@ -573,8 +574,11 @@ def run(
     cores_per_host: float = 32.0,
     memory_per_host: float = 512 * 2**30,
     out: TextIO = sys.stdout,
+    database_url: str | None = None,
 ) -> dict[str, object]:
-    """The demo, start to end; returns its figures (for the tests and the README)."""
+    """The demo, start to end; returns its figures (for the tests and the README).
+    ``database_url``: an empty database to grow the ledger in instead of the directory's
+    SQLite file (the tests grow one on PostgreSQL too)."""
     began = time.monotonic()
     if not traces.is_dir():
         raise DemoError(
@@ -591,7 +595,14 @@ def run(
     check_coverage(traces, cloud, days)
     layout = prepare(root)
     port = free_port()
-    write_configs(layout, cloud, traces.resolve(), port, memory_per_host=memory_per_host)
+    write_configs(
+        layout,
+        cloud,
+        traces.resolve(),
+        port,
+        memory_per_host=memory_per_host,
+        database_url=database_url,
+    )
     customers = sorted(set(cloud.owners.values()))
     small = ""
     if hosts > 1:
@@ -605,9 +616,10 @@ def run(
         file=out,
         flush=True,
     )
+    ledger = "the ledger database given" if database_url else f"SQLite ledger {layout.ledger.name}"
     with daemon(layout, port):
         print(
-            f"\n[1/4] gmd-daemon on 127.0.0.1:{port}, SQLite ledger {layout.ledger.name}"
+            f"\n[1/4] gmd-daemon on 127.0.0.1:{port}, {ledger}"
             " (ingest only while the agents replay)",
             file=out,
             flush=True,

@@ -31,6 +31,7 @@ from gmd.daemon.config import Config, parse
 from gmd.daemon.ledger import reset_window
 from gmd.daemon.ledger.accounting import (
     IntervalData,
+    LedgerRows,
     assemble,
     ledger_rows,
     organization_customers,
@@ -210,12 +211,22 @@ class WhatIf:
     """customer id → its CPU use on contended hosts over the range, measured (core-seconds)"""
     contended_cpu_capped: dict[int, float] = field(default_factory=dict)
     """the same bounded by the replay's CPU caps (:mod:`gmd.fairness.contended`)"""
+    rows: dict[int, LedgerRows] = field(default_factory=dict)
+    """interval start → the rows accounting would have written (``keep_rows`` only)"""
 
 
 def replay(
-    conn: Connection, config: Config, from_s: float, to_s: float, sets: Sequence[str] = ()
+    conn: Connection,
+    config: Config,
+    from_s: float,
+    to_s: float,
+    sets: Sequence[str] = (),
+    *,
+    keep_rows: bool = False,
 ) -> WhatIf:
-    """The accounted intervals starting in [``from_s``, ``to_s``) replayed under ``config``."""
+    """The accounted intervals starting in [``from_s``, ``to_s``) replayed under ``config``;
+    with ``keep_rows`` each interval's ledger rows as accounting would write them too (every
+    column: what a check of the ledger against its own replay compares)."""
     acc = config.accounting
     policy = config.enforcement.policy
     rows = conn.execute(
@@ -285,6 +296,8 @@ def replay(
             )
         _add_contended(out, data, acc.resources, config, out.levels[start_s])
         written = ledger_rows(interval.id, data.accounts, step, acc.resources)
+        if keep_rows:
+            out.rows[start_s] = written
         if not written.customers:
             continue
         customers = {
