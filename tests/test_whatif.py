@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
-from gmd.common.timespec import iso
+from gmd.common.timespec import iso, parse_time
 from gmd.daemon.config import Config
 from gmd.daemon.enforce.levels import after_interval
 from gmd.daemon.ledger.accounting import account_due
@@ -129,7 +129,14 @@ def test_no_override_reproduces_the_ledger_interval_by_interval(database_url: st
     assert a["changes"] == a["recorded_changes"] >= 3, a
     assert a["throttle_hours"] == a["recorded_throttle_hours"] > 0
     assert (a["added"], a["removed"], a["earlier"], a["later"]) == ("", "", "", "")
+    # Its timeline: each change and when it came into force, the first at the end of an
+    # interval of the range.
+    steps = str(a["timeline"]).split("; ")
+    assert a["timeline"] == a["recorded_timeline"] and len(steps) == a["changes"]
+    assert steps[0].startswith("0→1 from ") and steps[1].startswith("1→2 from "), steps
+    assert from_s < parse_time(steps[0].removeprefix("0→1 from "), to_s) <= to_s
     assert rows["b"]["max_level"] == rows["b"]["recorded_max_level"] == 0
+    assert rows["b"]["timeline"] == ""
     summary = indicators(result)
     assert summary["customers_throttled"] == summary["recorded_customers_throttled"] == 1
     assert summary["throttle_hours"] == summary["recorded_throttle_hours"]

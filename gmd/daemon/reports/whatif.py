@@ -91,9 +91,12 @@ COLUMNS = (
     Column("removed", "Removed", None, "left"),
     Column("earlier", "Earlier", None, "left"),
     Column("later", "Later", None, "left"),
+    Column("timeline", "Level timeline", None, "left"),
+    Column("recorded_timeline", "Recorded timeline", None, "left"),
 )
 """Per customer: replayed beside recorded; level changes as before→after and the interval
-after which they were decided."""
+after which they were decided; the timelines as before→after and when each level came into
+force (last: a narrow terminal drops them first, JSON and CSV keep them)."""
 
 MAX_SETS = 20
 """At most this many ``--set`` (the read API's bound on one request)."""
@@ -507,6 +510,11 @@ def differences(entry: CustomerWhatIf) -> dict[str, list[str]]:
     return out
 
 
+def timeline(changes: Sequence[LevelChange]) -> str:
+    """Level changes in words: "0→1 from 2026-11-20T10:15:00Z; 1→0 from …"."""
+    return "; ".join(f"{c.before}→{c.after} from {iso(c.end_s)}" for c in changes)
+
+
 def rows_of(result: WhatIf) -> list[dict[str, object]]:
     """One row per customer, as the report shows it (table, CSV, JSON)."""
     out: list[dict[str, object]] = []
@@ -529,6 +537,8 @@ def rows_of(result: WhatIf) -> list[dict[str, object]]:
                 "balance": round(entry.balance, 6),
                 "recorded_balance": round(entry.recorded_balance, 6),
                 **{k: "; ".join(v) for k, v in diff.items()},
+                "timeline": timeline(entry.replayed),
+                "recorded_timeline": timeline(entry.recorded),
             }
         )
     return out
