@@ -568,6 +568,7 @@ def whatif_command(
         COLUMNS as WHATIF_COLUMNS,
         WhatIfRefused,
         document as whatif_document,
+        read_recorded_balances,
         replay,
         rows_of,
         summary_lines,
@@ -588,6 +589,8 @@ def whatif_command(
     try:
         with _reading(ctx) as engine, engine.connect() as conn:
             result = replay(conn, config, from_s, to_s, sets)
+            if plot_file is not None:
+                read_recorded_balances(conn, result)
     except WhatIfRefused as exc:
         raise fail(str(exc)) from None
     if plot_file is not None:

@@ -15,7 +15,9 @@ override it reproduces the recorded balances, greediness and levels interval by 
 
 from __future__ import annotations
 
+import bisect
 import copy
+import itertools
 import json
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -207,7 +209,8 @@ class WhatIf:
     levels: dict[int, dict[int, int]]
     """interval start → customer id → level in force during it, replayed"""
     recorded_balances: dict[int, dict[int, float]] = field(default_factory=dict)
-    """interval start → customer id → balance after it, as the ledger holds it"""
+    """interval start → customer id → balance after it, as the ledger holds it (filled by
+    :func:`read_recorded_balances`, for a plot)"""
     recorded_levels: dict[int, dict[int, int]] = field(default_factory=dict)
     """interval start → customer id → level in force during it, as recorded"""
     contended_cpu: dict[int, float] = field(default_factory=dict)
@@ -262,6 +265,7 @@ def replay(
         for r in conn.execute(select(_org_ledger).where(_org_ledger.c.interval_id == prev.id)):
             orgs[r.organization_id] = _OrgStanding(r.contribution_work, r.contribution_moment)
     recorded = _recorded_levels(conn)
+    caps = cap_fractions(config)
     # Read once for the whole range: which organizations are customers, and the resets.
     org_customer = organization_customers(conn)
     resets = reset_window.resets(
@@ -297,7 +301,7 @@ def replay(
             step = account_interval(
                 data.use, data.standing, acc.interval_settings(), data.accounts, data.reset
             )
-        _add_contended(out, data, acc.resources, config, out.levels[start_s])
+        _add_contended(out, data, acc.resources, config, caps, out.levels[start_s])
         written = ledger_rows(interval.id, data.accounts, step, acc.resources)
         if keep_rows:
             out.rows[start_s] = written
@@ -346,29 +350,34 @@ def replay(
     return out
 
 
+def cap_fractions(config: Config) -> np.ndarray:
+    """Per level (0 … the policy's levels), the CPU cap its VMs get as a fraction of their
+    vCPUs, NaN where it has none."""
+    policy = config.enforcement.policy
+    caps = [policy.effect(level).cpu_cap_fraction for level in range(policy.levels + 1)]
+    return np.array([np.nan if f is None else f for f in caps])
+
+
 def _add_contended(
     out: WhatIf,
     data: IntervalData,
     resources: Sequence[str],
     config: Config,
+    caps: np.ndarray,
     levels: Mapping[int, int],
 ) -> None:
     """Add the interval's CPU use on contended hosts to each customer's sums: as measured, and
-    bounded by the cap of the level the replay has in force (``levels``)."""
+    bounded by the cap (``caps``: :func:`cap_fractions`) of the level the replay has in force
+    (``levels``; a level recorded under settings with more levels counts as the highest)."""
     if "cpu" not in resources:
         return
-    policy = config.enforcement.policy
     customers = data.accounts.customers
-    # A level recorded under settings with more levels counts as the replay's highest.
-    caps = [
-        policy.effect(min(levels[c], policy.levels)).cpu_cap_fraction if c in levels else None
-        for c in customers
-    ]
+    level = np.minimum([levels.get(c, 0) for c in customers], len(caps) - 1)
     found = contended_use(
         data.use,
         list(resources).index("cpu"),
         config.enforcement.contention.cpu_above,
-        np.array([np.nan if f is None else f for f in caps]),
+        caps[level] if len(customers) else np.zeros(0),
     )
     for i in np.flatnonzero(found.measured):
         c = customers[i]
@@ -437,9 +446,12 @@ def _compare(
     rows: Sequence[Any],
     recorded: dict[int, list[tuple[int, int, int, int]]],
 ) -> None:
-    """Each customer's throttle time and level changes, replayed and recorded."""
+    """Each customer's throttle time and level changes, replayed and recorded: one pass over
+    the replayed levels in force, and each customer's recorded changes as spans of intervals
+    (prefix sums of their lengths), never customers × intervals."""
     starts = [int(r.start_s) for r in rows]
     lengths = {int(r.start_s): int(r.length_s) for r in rows}
+    prefix = [0, *itertools.accumulate(int(r.length_s) for r in rows)]
     last = starts[-1]
     final = out.balances.get(max(out.balances)) if out.balances else {}
     recorded_final = dict(
@@ -455,29 +467,32 @@ def _compare(
             )
         ).all()
     )
-    for cid, start, balance in conn.execute(
-        select(_ledger.c.customer_id, _intervals.c.start_s, _ledger.c.balance)
-        .join(_intervals, _intervals.c.id == _ledger.c.interval_id)
-        .where(_intervals.c.start_s >= starts[0], _intervals.c.start_s <= last)
-    ):
-        out.recorded_balances.setdefault(int(start), {})[int(cid)] = float(balance)
-    for c in set(recorded) | set(final or {}) | {c for lv in out.levels.values() for c in lv}:
+    throttled: dict[int, int] = {}
+    highest: dict[int, int] = {}
+    for s, in_force in out.levels.items():
+        for c, level in in_force.items():
+            throttled[c] = throttled.get(c, 0) + lengths[s]
+            highest[c] = max(highest.get(c, 0), level)
+    for c in set(recorded) | set(final or {}) | set(throttled):
         changes = [x for x in recorded.get(c, []) if starts[0] <= x[0] <= last]
         level_before = [x for x in recorded.get(c, []) if x[0] < starts[0]]
         entry = _customer(out, conn, c)
         entry.recorded = [LevelChange(s, e, b, a) for s, e, b, a in changes]
-        level = level_before[-1][3] if level_before else 0
-        pending = list(changes)
-        for s in starts:
-            if level > 0:
-                entry.recorded_throttled_s += lengths[s]
-                out.recorded_levels.setdefault(s, {})[c] = level
-            entry.recorded_max_level = max(entry.recorded_max_level, level)
-            while pending and pending[0][0] <= s:
-                level = pending.pop(0)[3]
-            if out.levels[s].get(c, 0) > 0:
-                entry.throttled_s += lengths[s]
-            entry.max_level = max(entry.max_level, out.levels[s].get(c, 0))
+        entry.throttled_s = throttled.get(c, 0)
+        entry.max_level = highest.get(c, 0)
+        # A level holds from interval k through the one after which the next change was
+        # decided (that change is in force from the interval after it).
+        level, k = (level_before[-1][3] if level_before else 0), 0
+        for upto in [bisect.bisect_right(starts, x[0]) for x in changes] + [len(starts)]:
+            if upto > k:
+                entry.recorded_max_level = max(entry.recorded_max_level, level)
+                if level > 0:
+                    entry.recorded_throttled_s += prefix[upto] - prefix[k]
+                    for s in starts[k:upto]:
+                        out.recorded_levels.setdefault(s, {})[c] = level
+                k = upto
+            if changes:
+                level = changes.pop(0)[3]
         entry.balance = float((final or {}).get(c, 0.0))
         entry.recorded_balance = float(recorded_final.get(c, 0.0))
     # Customers with neither levels nor a balance in the range are not worth a row.
@@ -487,6 +502,20 @@ def _compare(
         if not (e.replayed or e.recorded or e.balance or e.recorded_balance)
     ]:
         del out.customers[c]
+
+
+def read_recorded_balances(conn: Connection, out: WhatIf) -> None:
+    """Fill ``out.recorded_balances`` from the ledger (every customer's row of every interval
+    in the range: the recorded side of a plot; a table needs only the final balances)."""
+    starts = sorted(out.levels)
+    if not starts:
+        return
+    for cid, start, balance in conn.execute(
+        select(_ledger.c.customer_id, _intervals.c.start_s, _ledger.c.balance)
+        .join(_intervals, _intervals.c.id == _ledger.c.interval_id)
+        .where(_intervals.c.start_s >= starts[0], _intervals.c.start_s <= starts[-1])
+    ):
+        out.recorded_balances.setdefault(int(start), {})[int(cid)] = float(balance)
 
 
 def differences(entry: CustomerWhatIf) -> dict[str, list[str]]:
