@@ -623,8 +623,9 @@ def summary_lines(result: WhatIf) -> list[str]:
     its table and the web page above its own."""
     s = indicators(result)
     sets = " ".join(f"--set {x}" for x in result.sets)
+    first = min(result.levels) if result.levels else result.from_s
     return [
-        f"{result.intervals} interval(s) from {iso(result.from_s)} replayed with "
+        f"{result.intervals} interval(s) from {iso(first)} replayed with "
         + (sets if sets else "the configuration as it is"),
         f"customers throttled {s['customers_throttled']} (recorded"
         f" {s['recorded_customers_throttled']}), throttle-hours {s['throttle_hours']:g}"
