@@ -25,20 +25,12 @@ from pathlib import Path
 
 from gmd.admin.demo import PACKAGED_TRACES
 from gmd.agent.collect.aggregate import AgentState, advance
-from gmd.agent.collect.replay import (
-    ReplayClock,
-    ReplayCollector,
-    plan_clock,
-    read_trace,
-    replay_run,
-    replay_vms,
-    tick_times,
-    trace_paths,
-    trace_ranges,
-)
+from gmd.agent.collect.replay import ReplayClock, ReplayCollector, plan_clock, replay_vms
 from gmd.agent.config import parse_agent
 from gmd.agent.loop import Agent
+from gmd.agent.replay_run import replay_run, tick_times
 from gmd.agent.spool import Spool
+from gmd.traces import read_trace, trace_paths, trace_ranges
 
 
 def collector_only(collector: ReplayCollector, clock: ReplayClock, tick_s: float, interval_s: int):

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from gmd.admin.cli import app
 from gmd.admin.output import Format, Listing, Output, OutputError, View, render
-from gmd.admin.render import Column
+from gmd.render import Column
 from tests.daemon_support import aligned_past
 from tests.test_standings import ledger_config  # noqa: F401 - the fixture
 
@@ -319,9 +319,9 @@ def test_byte_columns_show_units_in_tables_and_raw_numbers_elsewhere() -> None:
     """Tables showed 1610612736 under "Disk bytes" (issue 27): a table shows binary multiples
     with the unit in the cell; CSV and JSON keep the number under a key naming the unit."""
     from gmd.admin.db_usage import COLUMNS as DB_COLUMNS
-    from gmd.admin.render import Unit, cell
     from gmd.daemon.reports.enforcement import PLAN_COLUMNS
     from gmd.daemon.reports.usage import HOST_COLUMNS
+    from gmd.render import Unit, cell
 
     for column in (*HOST_COLUMNS, *PLAN_COLUMNS, *DB_COLUMNS):
         if "byte" in column.key:

@@ -21,13 +21,9 @@ from gmd.agent.collect.aggregate import (
 from gmd.agent.collect.base import HostReading
 from gmd.agent.collect.host import HostCpu, local_hypervisor, parse_proc_stat_busy
 from gmd.agent.collect.libvirt import LibvirtCollector
-from gmd.agent.collect.replay import (
-    ReplayCollector,
-    plan_clock,
-    read_trace,
-    replay_vms,
-    tick_times,
-)
+from gmd.agent.collect.replay import ReplayCollector, plan_clock, replay_vms
+from gmd.agent.replay_run import tick_times
+from gmd.traces import read_trace
 from gmd.wire import SampleBatch
 
 TRACES = Path(__file__).parent.parent / "gmd" / "admin" / "demo_data" / "2013-7"

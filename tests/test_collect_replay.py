@@ -29,30 +29,23 @@ from gmd.admin.demo import PACKAGED_TRACES
 from gmd.agent.cli import app as agent_cli
 from gmd.agent.client import DaemonClient, PostOutcome
 from gmd.agent.collect.aggregate import AgentState, advance
-from gmd.agent.collect.base import Flavor
 from gmd.agent.collect.replay import (
     UUID_NAMESPACE,
     ReplayClock,
     ReplayCollector,
     ReplayError,
-    TraceError,
     deal_customers,
     plan_clock,
-    read_trace,
-    replay_key,
-    replay_run,
     replay_vms,
-    tick_times,
-    trace_names,
-    trace_paths,
-    traces_digest,
     vm_uuid,
 )
 from gmd.agent.config import AgentConfig, parse_agent
 from gmd.agent.loop import Agent
+from gmd.agent.replay_run import replay_key, replay_run, tick_times
 from gmd.agent.sender import Sender
 from gmd.agent.spool import Spool
 from gmd.daemon.ledger.accounting import account_due
+from gmd.traces import TraceError, TraceFlavor, read_trace, trace_names, trace_paths, traces_digest
 from gmd.wire import SampleBatch
 from tests.daemon_support import make_config, serving, token_of
 
@@ -151,7 +144,7 @@ def test_a_real_trace_is_read_whole() -> None:
     assert trace.end_s == 1372892335 + 300  # the last row holds one typical step
     assert len(trace.runs) == 1 and trace.runs[0].start_s == FIRST_ROW_S
     # the largest provisioned memory of the three days (8218624 KB in the first rows)
-    assert trace.flavor == Flavor(2.0, 8388608 * 1024)
+    assert trace.flavor == TraceFlavor(2.0, 8388608 * 1024)
 
 
 def test_a_compressed_trace_is_the_same_vm_and_replay_as_its_plain_text(tmp_path: Path) -> None:
@@ -180,7 +173,7 @@ def test_a_broken_compressed_trace_is_named(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match=r"2\.csv\.gz: cannot read: Not a gzipped file"):
         read_trace(tmp_path / "2.csv.gz")
     (tmp_path / "2.csv").write_text("")
-    with pytest.raises(ReplayError, match=r"both 2\.csv and 2\.csv\.gz in .*: keep one of them"):
+    with pytest.raises(TraceError, match=r"both 2\.csv and 2\.csv\.gz in .*: keep one of them"):
         trace_paths(tmp_path, ["2"])
 
 
@@ -244,7 +237,7 @@ def test_bad_rows_stop_the_replay_naming_file_and_line(
 def test_a_vm_without_rows_never_runs(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING):
         empty = read_trace(bb(14))
-    assert (empty.rows, empty.runs, empty.first_s, empty.flavor) == (0, (), None, Flavor())
+    assert (empty.rows, empty.runs, empty.first_s, empty.flavor) == (0, (), None, TraceFlavor())
     assert "14.csv.gz: no rows: the VM never runs in this replay" in caplog.text
     traces = [read_trace(bb(1)), empty]
     clock = plan_clock(traces, start_s=PAST, interval_s=300, end_s=PAST + 3600)

@@ -12,10 +12,10 @@ from typing import Any
 
 from sqlalchemy import Connection, select
 
-from gmd.admin.render import Column
 from gmd.common.timespec import iso
 from gmd.daemon.ledger.models import BatchState
 from gmd.daemon.ledger.tables import batches as _batches, hosts as _hosts, intervals as _intervals
+from gmd.render import Column
 
 COLUMNS = (
     Column("key", "Key", None, "left"),

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 
-from gmd.admin.render import Column
 from gmd.fairness import (
     dominant_share,
     drf_key,
@@ -26,6 +25,7 @@ from gmd.fairness import (
     ranks,
 )
 from gmd.fairness.scenarios import Scenario
+from gmd.render import Column
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,6 @@ from gmd.admin.calculator import (
     situation_from_options,
 )
 from gmd.admin.output import Format, Listing, Output, View, emit, output_options
-from gmd.admin.render import json_text, yaml_text
 from gmd.common.cli import (
     ExitCode,
     choice,
@@ -51,6 +50,7 @@ from gmd.daemon.reports.enforcement import (
 )
 from gmd.daemon.reports.standings import COLUMNS as STANDINGS_COLUMNS, SortKey, standings
 from gmd.fairness.scenarios import SCENARIOS
+from gmd.render import json_text, yaml_text
 
 app = typer.Typer(
     name="gmd-admin",

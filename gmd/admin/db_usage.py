@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, Table, func, select, text
 from sqlalchemy.exc import OperationalError
 
-from gmd.admin.render import Column, Unit
 from gmd.common.timespec import iso
 from gmd.daemon.config import RetentionConfig
 from gmd.daemon.ledger import partitions
@@ -29,6 +28,7 @@ from gmd.daemon.ledger.retention import (
     unseen_cutoff_s,
 )
 from gmd.daemon.ledger.tables import customers
+from gmd.render import Column, Unit
 
 COLUMNS = (
     Column("table", "Table", None, "left"),

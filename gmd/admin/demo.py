@@ -53,8 +53,8 @@ from typing import TextIO
 
 import httpx
 
-from gmd.agent.collect.replay import ReplayError, trace_extent, trace_file, trace_ranges
 from gmd.common.timespec import iso
+from gmd.traces import TraceError, trace_extent, trace_file, trace_ranges
 
 MARKER = ".gmd-demo"
 """A file that marks a directory as the demo's own, so that a rerun may empty it."""
@@ -156,7 +156,7 @@ def check_coverage(traces: Path, cloud: Cloud, days: float) -> None:
     for host in cloud.hosts:
         extents = []
         for name in cloud.traces_on(host):
-            with contextlib.suppress(ReplayError):
+            with contextlib.suppress(TraceError):
                 extents.append(trace_extent(trace_file(traces, name)))
         found = [e for e in extents if e is not None]
         if found:
@@ -589,7 +589,7 @@ def run(
     for name in names:
         try:
             trace_file(traces, name)
-        except ReplayError as exc:
+        except TraceError as exc:
             raise DemoError(str(exc)) from None
     cloud = plan_cloud(names, hosts, days, cores_per_host=cores_per_host)
     check_coverage(traces, cloud, days)

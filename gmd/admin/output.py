@@ -24,7 +24,8 @@ from typing import IO, Annotated, Any, TypeVar
 
 import typer
 
-from gmd.admin.render import (
+from gmd.common.cli import ExitCode, choice, fail
+from gmd.render import (
     Column,
     cell,
     csv_text,
@@ -33,7 +34,6 @@ from gmd.admin.render import (
     value_text,
     yaml_text,
 )
-from gmd.common.cli import ExitCode, choice, fail
 
 
 class Format(StrEnum):

@@ -119,22 +119,26 @@ def _libvirt_collector(config: AgentConfig) -> Collector:
 
 def _replay_collector(config: AgentConfig) -> tuple[ReplayCollector, ReplayClock]:
     """The replay collector and its clock; exit 1 when the traces cannot be used."""
-    from gmd.agent.collect.replay import ReplayError, replay_from_config
+    from gmd.agent.collect.replay import ReplayError
+    from gmd.agent.replay_run import replay_from_config
+    from gmd.traces import TraceError
 
     try:
         return replay_from_config(config)
-    except ReplayError as exc:
+    except (ReplayError, TraceError) as exc:
         raise fail(str(exc), ExitCode.UNAVAILABLE) from None
 
 
 def _replay_key(config: AgentConfig, clock: ReplayClock) -> Callable[[str, int], str]:
-    """The replay's deterministic batch keys (:func:`gmd.agent.collect.replay.replay_key`);
+    """The replay's deterministic batch keys (:func:`gmd.agent.replay_run.replay_key`);
     exit 1 when the traces cannot be read again to tell which replay this is."""
-    from gmd.agent.collect.replay import ReplayError, replay_id, replay_key
+    from gmd.agent.collect.replay import ReplayError
+    from gmd.agent.replay_run import replay_id, replay_key
+    from gmd.traces import TraceError
 
     try:
         return replay_key(replay_id(config, clock), clock)
-    except ReplayError as exc:
+    except (ReplayError, TraceError) as exc:
         raise fail(str(exc), ExitCode.UNAVAILABLE) from None
 
 
@@ -280,7 +284,7 @@ def _dry_run(
     """--dry-run: the batch one tick (or the first replayed interval) would send, on stdout."""
     try:
         if replayed is not None and clock is not None:
-            from gmd.agent.collect.replay import replay_dry_run
+            from gmd.agent.replay_run import replay_dry_run
 
             doc = replay_dry_run(config, replayed, clock)
             span_s = float(config.interval_s)
@@ -401,13 +405,15 @@ def _replay(
     that after a crash or SIGKILL the agent started again resumes where its spool left off; a
     replay an earlier run had finished has nothing left to tick, and exits 0 once the batches
     its spool still held are delivered."""
-    from gmd.agent.collect.replay import ReplayError, replay_run, save_plan
+    from gmd.agent.collect.replay import ReplayError
+    from gmd.agent.replay_run import replay_run, save_plan
+    from gmd.traces import TraceError
 
     try:
         if not clock.resumed and not once:
             save_plan(runner.config, clock)
         report = replay_run(runner, clock, stop=stop, resume=clock.resumed)
-    except ReplayError as exc:
+    except (ReplayError, TraceError) as exc:
         raise fail(str(exc), ExitCode.UNAVAILABLE) from None
     if report.finished_before:
         log.info(

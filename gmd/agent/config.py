@@ -129,9 +129,9 @@ from typing import Any
 
 from gmd.agent.apply.cgroupfs import CgroupError, VmIdentity, render_template
 from gmd.agent.collect.ownership import EVERY_DOMAIN, DomainFilter
-from gmd.agent.collect.replay import ReplayError, trace_file, trace_ranges
 from gmd.common.config import ConfigError, Reader, default_state_dir, read_document
 from gmd.common.timespec import parse_time
+from gmd.traces import TraceError, trace_file, trace_ranges
 
 ENFORCE_BACKENDS = ("libvirt", "cgroup", "none")
 COLLECTORS = ("auto", "kernel", "libvirt", "replay")
@@ -323,7 +323,7 @@ def _replay_keys(a: Reader, path: Path | None) -> dict[str, Any]:
         for name in vms:
             try:
                 trace_file(replay_dir, name)
-            except ReplayError as exc:
+            except TraceError as exc:
                 raise a.fail("replay_vms", str(exc)) from None
     now = time.time()
     speed = a.get("replay_speed", (int, float, str), "max")
@@ -354,7 +354,7 @@ def _replay_keys(a: Reader, path: Path | None) -> dict[str, Any]:
 
 
 def _trace_names(a: Reader, value: list[Any] | str | None) -> tuple[str, ...]:
-    """The ``replay_vms`` key read by :func:`gmd.agent.collect.replay.trace_ranges`."""
+    """The ``replay_vms`` key read by :func:`gmd.traces.trace_ranges`."""
     if value is None:
         return ()
     try:

@@ -13,7 +13,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from gmd.admin.render import FORMATS, Column, csv_text, json_text, table_text
+from gmd.render import FORMATS, Column, csv_text, json_text, table_text
 from gmd.sim.experiment import ExperimentConfig, ExperimentResult, run_experiment
 from gmd.sim.workload import PROCESSOR_MODES, read_assignment
 

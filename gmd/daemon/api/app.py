@@ -16,7 +16,7 @@ from fastapi.openapi.utils import get_openapi
 from sqlalchemy import Engine
 
 from gmd.daemon.api import health, plans, read, samples, web
-from gmd.daemon.api.errors import install_handlers
+from gmd.daemon.api.handlers import install_handlers
 from gmd.daemon.api.headers import SecurityHeaders
 from gmd.daemon.api.services import Services
 from gmd.daemon.config import Config

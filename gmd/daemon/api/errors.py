@@ -9,21 +9,15 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
-from fastapi import FastAPI, Request
+from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import SQLAlchemyError
 
-from gmd.daemon.api.auth import AuthError
 from gmd.daemon.api.metrics import Rejection
 from gmd.wire import UUID_PATTERN, UUID_RULE, Problem
-
-if TYPE_CHECKING:
-    # The services build refusals (their host limits): only their type is needed here.
-    from gmd.daemon.api.services import Services
 
 log = logging.getLogger(__name__)
 
@@ -142,32 +136,3 @@ async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse
             loc = (f"{_PLACES[loc[0]]} {loc[1]}", *loc[2:])
         errors.append({**e, "loc": loc})
     return await refused(request, validation_problem(errors, "invalid request"))
-
-
-async def unauthorized(request: Request, exc: AuthError) -> JSONResponse:
-    if request.url.path.startswith("/v1/samples"):
-        services: Services = request.app.state.services
-        services.metrics.report_rejected(
-            Rejection.unauthorized if exc.status == 401 else Rejection.wrong_host
-        )
-    return await refused(request, Refused(exc.status, str(exc)))
-
-
-async def database(request: Request, exc: SQLAlchemyError) -> JSONResponse:
-    log.error("%s %s: ledger database error: %s", request.method, request.url.path, exc)
-    if request.method == "POST":
-        # Every POST writes to the ledger: a failure holds the accountant (see
-        # gmd.daemon.ledger.write_health) and turns /healthz 503.
-        services: Services = request.app.state.services
-        services.ledger_write_failed(exc)
-    return await refused(
-        request, Refused(503, f"ledger database unavailable: {type(exc).__name__}")
-    )
-
-
-def install_handlers(app: FastAPI) -> None:
-    """Answer each kind of refusal on ``app`` with a :class:`~gmd.wire.Problem`."""
-    app.exception_handler(Refused)(refused)
-    app.exception_handler(RequestValidationError)(invalid)
-    app.exception_handler(AuthError)(unauthorized)
-    app.exception_handler(SQLAlchemyError)(database)

@@ -1,7 +1,7 @@
 """A report's columns: the key of each field, its header and how many digits a table shows.
 
 They belong with the queries (:mod:`gmd.daemon.reports`), which every reader of the ledger
-shares: gmd-admin's tables (:mod:`gmd.admin.render`), the read API and its web page show the
+shares: gmd-admin's tables (:mod:`gmd.render`), the read API and its web page show the
 same fields under the same headers.
 """
 

@@ -4,6 +4,10 @@ Tables round for reading and never wrap a row; CSV, JSON and YAML keep full prec
 number copied from a report is the number in the ledger. Every format agrees on the odd
 values: no amount is ``-`` in a table and empty/null elsewhere, ``-0.0`` is 0, a boolean is
 yes/no for people and true/false for tools.
+
+Shared by gmd-admin (:mod:`gmd.admin.output`) and the simulator's own command line
+(``python -m gmd.sim``), which gmd-admin also runs: it lives beside both, so that neither
+package imports the other's rendering.
 """
 
 from __future__ import annotations
