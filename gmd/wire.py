@@ -11,6 +11,7 @@ agent measured over the interval, in the resources' own units.
 
 from __future__ import annotations
 
+import enum
 import math
 import re
 import unicodedata
@@ -214,10 +215,18 @@ class SampleBatch(Strict):
         return self
 
 
-PlanMode = Literal["off", "dry-run", "on"]
-"""How the daemon enforces: "off" decides nothing, "dry-run" decides and records what it would
-do, "on" also applies it."""
-PLAN_MODES: tuple[PlanMode, ...] = ("off", "dry-run", "on")
+class PlanMode(enum.StrEnum):
+    """How the daemon enforces (``[enforcement] mode``, and each host plan's ``mode``)."""
+
+    off = "off"
+    """nothing decided, nothing applied"""
+    dry_run = "dry-run"
+    """levels decided and recorded with what they would do; nothing applied"""
+    on = "on"
+    """decided, recorded and applied"""
+
+
+PLAN_MODES: tuple[PlanMode, ...] = tuple(PlanMode)
 
 
 ApplyAction = Literal["apply", "restore", "would_apply", "would_restore"]

@@ -15,13 +15,12 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from gmd.daemon.config import Config
+from gmd.daemon.config import Config, QuotaBackendKind
 from gmd.daemon.enforce.keystone_limits import KeystoneLimits
 from gmd.daemon.enforce.nova_quotas import NovaQuotas
 from gmd.daemon.enforce.quota_backends import AutoQuotas, build_backend
 from gmd.daemon.enforce.quota_job import QuotaReconciler
 from gmd.daemon.enforce.quotas import (
-    QuotaBackendKind,
     QuotaError,
     QuotaNotApplied,
     QuotaOriginal,

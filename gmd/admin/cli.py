@@ -51,6 +51,7 @@ from gmd.daemon.reports.enforcement import (
 from gmd.daemon.reports.standings import COLUMNS as STANDINGS_COLUMNS, SortKey, standings
 from gmd.fairness.scenarios import SCENARIOS
 from gmd.render import json_text, yaml_text
+from gmd.wire import PlanMode
 
 app = typer.Typer(
     name="gmd-admin",
@@ -701,7 +702,10 @@ def enforce_command(
     except UnknownHost as exc:
         raise fail(str(exc), ExitCode.NOT_FOUND) from None
     mode = config.enforcement.mode
-    note = {"off": "off: nothing is decided", "dry-run": "dry-run: recorded, not applied"}
+    note = {
+        PlanMode.off: "off: nothing is decided",
+        PlanMode.dry_run: "dry-run: recorded, not applied",
+    }
     emit(
         Listing(
             [

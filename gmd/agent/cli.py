@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from prometheus_client import start_http_server
 
+from gmd.agent.apply.state import EnforceBackend
 from gmd.agent.client import DaemonClient
 from gmd.agent.collect.base import Collector
-from gmd.agent.config import AgentConfig, load_agent
+from gmd.agent.config import AgentConfig, CollectorKind, load_agent
 from gmd.agent.loop import Agent, AgentMetrics, dry_run_batch, new_key
 from gmd.agent.sender import Sender
 from gmd.agent.spool import Spool, SpoolError
@@ -42,10 +43,10 @@ app = typer.Typer(add_completion=False, rich_markup_mode=None)
 
 def _applier(config: AgentConfig) -> PlanApplier | None:
     """The configured applier (``agent.enforce_backend``), or None for "none"."""
-    if config.enforce_backend == "none":
+    if config.enforce_backend == EnforceBackend.none:
         log.info("agent.enforce_backend = none: no throttling plan is fetched or applied")
         return None
-    if config.collector == "replay":
+    if config.collector == CollectorKind.replay:
         log.info("agent.collector = replay: the VMs are recorded traces, no plan is applied")
         return None
     from gmd.agent.apply.cgroup import CgroupApplier
@@ -54,7 +55,7 @@ def _applier(config: AgentConfig) -> PlanApplier | None:
     from gmd.agent.apply.state import EnforcementStateError
 
     try:
-        if config.enforce_backend == "cgroup":
+        if config.enforce_backend == EnforceBackend.cgroup:
             return CgroupApplier(
                 config.cgroup_root,
                 config.cgroup_template,
@@ -82,11 +83,11 @@ def _libvirt_collector(config: AgentConfig) -> Collector:
             ExitCode.UNAVAILABLE,
         ) from None
     kind = config.collector
-    if kind == "auto":
+    if kind == CollectorKind.auto:
         from gmd.agent.collect.kernel import kernel_collector_fits
 
         why_not = kernel_collector_fits(config.libvirt_uri)
-        kind = "libvirt" if why_not else "kernel"
+        kind = CollectorKind.libvirt if why_not else CollectorKind.kernel
         log.info(
             "agent.collector = auto: %s",
             f"libvirt's bulk stats ({why_not})" if why_not else "the kernel's counter files",
@@ -98,7 +99,7 @@ def _libvirt_collector(config: AgentConfig) -> Collector:
         if config.domains.prefixes or config.domains.only_nova
         else " of libvirt's (agent.domain_prefixes and agent.only_nova limit them)",
     )
-    if kind == "kernel":
+    if kind == CollectorKind.kernel:
         from gmd.agent.collect.kernel import KernelCollector
 
         return KernelCollector(
@@ -206,7 +207,7 @@ def agent(
     collector: Collector
     clock: ReplayClock | None = None
     replayed: ReplayCollector | None = None
-    if config.collector == "replay":
+    if config.collector == CollectorKind.replay:
         replayed, clock = _replay_collector(config)
         collector = replayed
     else:

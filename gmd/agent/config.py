@@ -116,6 +116,7 @@ key                           default                           meaning
 
 from __future__ import annotations
 
+import enum
 import math
 import os
 import re
@@ -128,13 +129,23 @@ from pathlib import Path
 from typing import Any
 
 from gmd.agent.apply.cgroupfs import CgroupError, VmIdentity, render_template
+from gmd.agent.apply.state import EnforceBackend
 from gmd.agent.collect.ownership import EVERY_DOMAIN, DomainFilter
 from gmd.common.config import ConfigError, Reader, default_state_dir, read_document
 from gmd.common.timespec import parse_time
 from gmd.traces import TraceError, trace_file, trace_ranges
 
-ENFORCE_BACKENDS = ("libvirt", "cgroup", "none")
-COLLECTORS = ("auto", "kernel", "libvirt", "replay")
+
+class CollectorKind(enum.StrEnum):
+    """What the agent reads its VMs' counters from (``agent.collector``)."""
+
+    auto = "auto"
+    """the kernel's cgroup files where they can be read, else libvirt"""
+    kernel = "kernel"
+    libvirt = "libvirt"
+    replay = "replay"
+    """recorded traces: a simulated host (the demo, what-if runs)"""
+
 
 _PRINTABLE = re.compile(r"^[!-~]+$")
 _NAME = re.compile(r"^[^\x00-\x1f]{1,255}$")
@@ -164,12 +175,12 @@ class AgentConfig:
     """see :func:`default_post_jitter_s`; 0: every batch is posted as soon as it is made"""
     describe_every_s: float = 300.0
     reconnect_max_s: float = 60.0
-    enforce_backend: str = "libvirt"
+    enforce_backend: EnforceBackend = EnforceBackend.libvirt
     plan_every_s: float = 30.0
     enforcement_state_path: Path = Path("var/agent-enforcement.json")
     cgroup_root: Path = Path("/sys/fs/cgroup")
     cgroup_template: str | None = None
-    collector: str = "auto"
+    collector: CollectorKind = CollectorKind.auto
     replay_dir: Path | None = None
     replay_vms: tuple[str, ...] = ()
     """trace names (``N`` of ``N.csv``); empty: every trace in ``replay_dir``"""
@@ -283,7 +294,7 @@ def parse_agent(
         post_jitter_s=jitter,
         describe_every_s=a.number("describe_every_s", 300.0, 1, 86400),
         reconnect_max_s=a.number("reconnect_max_s", 60.0, 1, 3600),
-        enforce_backend=a.choice("enforce_backend", "libvirt", ENFORCE_BACKENDS),
+        enforce_backend=a.kind("enforce_backend", EnforceBackend.libvirt),
         plan_every_s=a.number("plan_every_s", 30.0, 0, 86400),
         enforcement_state_path=(
             _relative(path, state_path)
@@ -310,16 +321,16 @@ def _domains(a: Reader) -> DomainFilter:
 def _replay_keys(a: Reader, path: Path | None) -> dict[str, Any]:
     """The ``collector`` and ``replay_*`` keys. The traces' directory and files must exist
     when the collector is ``"replay"``; the files themselves are read when the replay starts."""
-    collector = a.choice("collector", "auto", COLLECTORS)
+    collector = a.kind("collector", CollectorKind.auto)
     directory = a.get("replay_dir", str, None)
     replay_dir = None if directory is None else _relative(path, directory)
-    if collector == "replay":
+    if collector == CollectorKind.replay:
         if replay_dir is None:
             raise a.fail("replay_dir", 'required with collector = "replay"')
         if not replay_dir.is_dir():
             raise a.fail("replay_dir", f"{str(replay_dir)!r} is not a directory")
     vms = _trace_names(a, a.get("replay_vms", (list, str), None))
-    if collector == "replay" and replay_dir is not None:
+    if collector == CollectorKind.replay and replay_dir is not None:
         for name in vms:
             try:
                 trace_file(replay_dir, name)

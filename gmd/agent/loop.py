@@ -58,7 +58,7 @@ from gmd.agent.collect.aggregate import (
 )
 from gmd.agent.collect.base import Collector, HostReading
 from gmd.agent.collect.capacity import SYS_CLASS_NET, Bandwidth, Capacity
-from gmd.agent.config import AgentConfig
+from gmd.agent.config import AgentConfig, CollectorKind
 from gmd.agent.sender import Sender
 from gmd.agent.spool import Spool, Spooled, SpoolError
 from gmd.common.version import version
@@ -487,7 +487,9 @@ class Agent:
         """
         if self.sender is None:
             return
-        jitter_s = 0.0 if self.config.collector == "replay" else self.config.post_jitter_s
+        jitter_s = (
+            0.0 if self.config.collector == CollectorKind.replay else self.config.post_jitter_s
+        )
         for interval, key in zip(closed, keys, strict=True):
             delay_s = jitter_s * self._rng.random() if jitter_s else 0.0
             self.sender.schedule(key, interval.start_s + interval.interval_s + delay_s)

@@ -7,6 +7,7 @@ way, so every error names the file and the key (``gmd.toml: accounting.gamma: 1.
 
 from __future__ import annotations
 
+import enum
 import math
 import os
 import tomllib
@@ -17,6 +18,7 @@ from typing import Any, TypeVar
 DEFAULT_PATH = Path("/etc/gmd/gmd.toml")
 
 Choice = TypeVar("Choice", bound=str)
+K = TypeVar("K", bound=enum.StrEnum)
 
 
 # The types as TOML calls them: an operator wrote `port = "x"`, not a Python str.
@@ -93,6 +95,12 @@ class Reader:
             # As written: `port = 99999` is 99999 in the message, not the 99999.0 read.
             raise self.fail(key, f"{self.table.get(key, value)!r} is not in {bound}")
         return value
+
+    def kind(self, key: str, default: K) -> K:
+        """A kind written as its value (``mode = "dry-run"``): the member of ``default``'s
+        enum, or a one-line error listing the values."""
+        kinds = type(default)
+        return kinds(self.choice(key, default.value, tuple(k.value for k in kinds)))
 
     def choice(self, key: str, default: Choice, choices: tuple[Choice, ...]) -> Choice:
         value = self.get(key, str, default)

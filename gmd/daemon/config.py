@@ -8,6 +8,7 @@ errors that name the file and the key.
 from __future__ import annotations
 
 import copy
+import enum
 import itertools
 import os
 from dataclasses import dataclass, field
@@ -20,15 +21,12 @@ from gmd.common.config import (
     default_state_dir,
     read_document,
 )
-from gmd.daemon.enforce.quotas import QuotaBackendKind
 from gmd.fairness.cloud import CONSUMER_MODES, ENDOWMENT_MODES, ConsumerMode, EndowmentMode
 from gmd.fairness.decay import DEFAULT_HALF_LIFE_S
 from gmd.fairness.directcontr import UTILITIES
 from gmd.fairness.interval import IntervalSettings
 from gmd.fairness.policy import CapResource, ContentionPolicy, ThrottlePolicy
-from gmd.wire import PLAN_MODES, PlanMode, resource_names
-
-QUOTA_BACKENDS = tuple(kind.value for kind in QuotaBackendKind)
+from gmd.wire import PlanMode, resource_names
 
 
 def default_database_url() -> str:
@@ -121,6 +119,17 @@ class DaemonConfig:
         )
 
 
+class QuotaBackendKind(enum.StrEnum):
+    """Where a cloud keeps its compute quotas."""
+
+    nova = "nova"
+    """Nova's legacy quota API (``os-quota-sets``, DbQuotaDriver)"""
+    keystone_limits = "keystone-limits"
+    """Unified limits: project limits in Keystone (Nova's UnifiedLimitsDriver)"""
+    auto = "auto"
+    """Find out from the cloud (registered limits, and whether a Nova write changes anything)"""
+
+
 @dataclass(frozen=True)
 class QuotaConfig:
     """OpenStack compute quotas: ``cloud`` names the clouds.yaml entry ("" = no quotas).
@@ -132,7 +141,7 @@ class QuotaConfig:
     """
 
     cloud: str = ""
-    backend: str = "auto"
+    backend: QuotaBackendKind = QuotaBackendKind.auto
     limits_cloud: str = ""
     step_cores: float = 0.25
     step_ram: float = 0.25
@@ -153,7 +162,7 @@ class EnforcementConfig:
     "on" also applies it. ``policy`` holds the thresholds and what each level does;
     ``contention`` on which hosts a level's hard caps apply."""
 
-    mode: PlanMode = "dry-run"
+    mode: PlanMode = PlanMode.dry_run
     policy: ThrottlePolicy = field(default_factory=ThrottlePolicy)
     quota: QuotaConfig = field(default_factory=QuotaConfig)
     contention: ContentionPolicy = field(default_factory=ContentionPolicy)
@@ -401,13 +410,13 @@ def _enforcement(e: Reader) -> EnforcementConfig:
         raise
     except ValueError as exc:
         raise e.fail("", str(exc)) from None
-    mode = e.choice("mode", "dry-run", PLAN_MODES)
+    mode = e.kind("mode", PlanMode.dry_run)
     contention = _contention(e)
     q = e.sub("quota")
     d_q = QuotaConfig()
     quota = QuotaConfig(
         cloud=q.get("cloud", str, ""),
-        backend=q.choice("backend", d_q.backend, QUOTA_BACKENDS),
+        backend=q.kind("backend", d_q.backend),
         limits_cloud=q.get("limits_cloud", str, ""),
         step_cores=q.number("step_cores", d_q.step_cores, 0, 1),
         step_ram=q.number("step_ram", d_q.step_ram, 0, 1),

@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from gmd.agent.apply.state import EnforcementState, Settings, VmRecord
+from gmd.agent.apply.state import EnforceBackend, EnforcementState, Settings, VmRecord
 from gmd.agent.collect.ownership import EVERY_DOMAIN, DomainFilter, ownership_from_xml
-from gmd.wire import ApplyAction, HostPlan, VmApplyResult, VmPlanItem
+from gmd.wire import ApplyAction, HostPlan, PlanMode, VmApplyResult, VmPlanItem
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class PlanApplier(ABC):
     Subclasses say how to find a VM, read its originals, and converge it.
     """
 
-    backend: ClassVar[str]
+    backend: ClassVar[EnforceBackend]
 
     def __init__(
         self,
@@ -137,9 +137,9 @@ class PlanApplier(ABC):
 
     def sync(self, plan: HostPlan) -> list[VmApplyResult]:
         """Apply ``plan``; the results worth reporting (changes, first failures, would-dos)."""
-        if plan.mode == "off":
+        if plan.mode == PlanMode.off:
             return self._off()
-        dry = plan.mode == "dry-run"
+        dry = plan.mode == PlanMode.dry_run
         wanted = {item.uuid: item for item in plan.vms}
         # A VM whose item was refused keeps its settings: what the daemon wants for it is
         # unknown, and no news is not "lift the throttle".

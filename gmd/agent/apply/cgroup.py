@@ -32,6 +32,7 @@ from gmd.agent.apply.cgroupfs import (
 )
 from gmd.agent.apply.libvirt import connect
 from gmd.agent.apply.limits import LimitsError, VmLimits
+from gmd.agent.apply.state import EnforceBackend
 from gmd.agent.collect.ownership import EVERY_DOMAIN, DomainFilter
 from gmd.agent.libvirt_conn import DOMAIN_GONE, NO_SUCH_DOMAIN, LazyConnection, reason
 from gmd.wire import VmPlanItem
@@ -111,7 +112,7 @@ class CgroupApplier(PlanApplier):
     """Writes cgroup files directly (:class:`gmd.agent.apply.cgroupfs.CgroupBackend`); libvirt
     (read-only) says which VMs run and under which name, domain id and disks."""
 
-    backend = "cgroup"
+    backend = EnforceBackend.cgroup
 
     def __init__(
         self,

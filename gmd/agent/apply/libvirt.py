@@ -43,7 +43,7 @@ from gmd.agent.apply.limits import (
     io_weight_to_blkio,
     round_half_up,
 )
-from gmd.agent.apply.state import Settings
+from gmd.agent.apply.state import EnforceBackend, Settings
 from gmd.agent.collect.ownership import EVERY_DOMAIN, DomainFilter
 from gmd.agent.libvirt_conn import (
     CONNECTION_LOST,
@@ -129,7 +129,7 @@ class LibvirtApplier(PlanApplier):
     connection (kept open, not closed here) or a URI opened on first use and reopened after a
     lost connection."""
 
-    backend = "libvirt"
+    backend = EnforceBackend.libvirt
 
     def __init__(
         self,

@@ -4,6 +4,7 @@ agent restart (or ``gmd-agent --restore-all``) still puts each VM back exactly."
 from __future__ import annotations
 
 import contextlib
+import enum
 import json
 import os
 import tempfile
@@ -15,6 +16,17 @@ STATE_VERSION = 1
 
 Value = int | float | str | None
 Settings = dict[str, Value]
+
+
+class EnforceBackend(enum.StrEnum):
+    """How the agent applies the daemon's plan (``agent.enforce_backend``)."""
+
+    libvirt = "libvirt"
+    """libvirt's LIVE tuning of each domain"""
+    cgroup = "cgroup"
+    """the VMs' cgroup files, written directly"""
+    none = "none"
+    """no plan fetched or applied: the agent only measures"""
 
 
 class EnforcementStateError(Exception):
@@ -61,7 +73,7 @@ class EnforcementState:
     most, read by an operator in an emergency (``jq``), rewritten only when something changes.
     """
 
-    def __init__(self, path: Path, backend: str) -> None:
+    def __init__(self, path: Path, backend: EnforceBackend) -> None:
         self.path, self.backend = Path(path), backend
         self.records: dict[str, VmRecord] = {}
         self.dry_run: dict[str, dict[str, Settings]] = {}
@@ -81,7 +93,7 @@ class EnforcementState:
         if backend != self.backend and records:
             raise EnforcementStateError(
                 f"{self.path}: remembers {len(records)} VM(s) changed through the"
-                f" {backend!r} backend, but this agent uses {self.backend!r}: put them"
+                f" {backend!r} backend, but this agent uses {str(self.backend)!r}: put them"
                 " back first (gmd-agent --restore-all with the old agent.enforce_backend)"
             )
         self.records, self.dry_run, self.reported = records, dry_run, reported

@@ -34,6 +34,7 @@ from gmd.daemon.placement.client import PlacementClient
 from gmd.daemon.placement.recheck import Rechecker, RecheckReport
 from gmd.daemon.placement.view import PlacementView
 from gmd.daemon.project_names import NameRefresher, ProjectNames
+from gmd.wire import PlanMode
 
 
 class Services:
@@ -122,7 +123,7 @@ class Services:
             {config.default_owner} | {h.owner for h in config.hosts.values()}
         )
         partitions.make_ahead(self.engine)
-        enforcing = self.run_accountant and config.enforcement.mode != "off"
+        enforcing = self.run_accountant and config.enforcement.mode != PlanMode.off
         with self.engine.connect() as conn:
             self.metrics.report_seen(hosts_last_seen(conn))
             if enforcing:
@@ -148,7 +149,7 @@ class Services:
             # once Placement answers.
             every = min(max(config.placement.miss_s, 5.0), config.placement.refresh_s)
             self.accountant.every(every, self.run_placement, "placement", at_start=True)
-        if config.enforcement.quota.cloud and config.enforcement.mode != "off":
+        if config.enforcement.quota.cloud and config.enforcement.mode != PlanMode.off:
             self.quotas = QuotaReconciler(self.engine, config.enforcement)
             self.accountant.every(config.enforcement.quota.every_s, self.run_quotas, "quotas")
         q = config.enforcement.quota

@@ -28,8 +28,10 @@ from gmd.daemon.api import read
 from gmd.daemon.api.access import Reader
 from gmd.daemon.api.deps import ServicesDep
 from gmd.daemon.api.errors import Refused
+from gmd.daemon.ledger.models import ActionStatus
 from gmd.daemon.reports.standings import SortKey
 from gmd.fairness.policy import LevelEffect, ThrottlePolicy
+from gmd.wire import PlanMode
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 
@@ -74,16 +76,16 @@ KIND_WORDS = {
     "batch_release": "Usage report counted again",
     "batch_drop": "Usage report dropped",
 }
-STATUS_WORDS = {
-    "ok": "done",
-    "decided": "decided",
-    "would": "would be done",
-    "failed": "failed",
+STATUS_WORDS: dict[str, str] = {
+    ActionStatus.ok: "done",
+    ActionStatus.decided: "decided",
+    ActionStatus.would: "would be done",
+    ActionStatus.failed: "failed",
 }
-MODE_WORDS = {
-    "off": "off: nothing decided",
-    "dry-run": "dry-run: decided, not applied",
-    "on": "on: applied",
+MODE_WORDS: dict[str, str] = {
+    PlanMode.off: "off: nothing decided",
+    PlanMode.dry_run: "dry-run: decided, not applied",
+    PlanMode.on: "on: applied",
 }
 HEADS = {
     "customer": "The project: its uuid, and its name where gmd knows it",

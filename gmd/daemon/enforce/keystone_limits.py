@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from gmd.daemon.config import QuotaBackendKind
 from gmd.daemon.enforce.nova_quotas import NovaQuotas
 from gmd.daemon.enforce.openstack_client import (
     MalformedAnswer,
@@ -38,7 +39,6 @@ from gmd.daemon.enforce.openstack_client import (
 from gmd.daemon.enforce.quotas import (
     RESOURCES,
     UNLIMITED,
-    QuotaBackendKind,
     QuotaError,
     QuotaNotApplied,
     QuotaOriginal,

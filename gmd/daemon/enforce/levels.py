@@ -19,7 +19,7 @@ from sqlalchemy import Connection, insert, select
 from gmd.daemon.config import EnforcementConfig
 from gmd.daemon.ledger.accounting import AfterInterval
 from gmd.daemon.ledger.lookup import log_names
-from gmd.daemon.ledger.models import ActionKind
+from gmd.daemon.ledger.models import ActionKind, ActionStatus
 from gmd.daemon.ledger.status import level_counts
 from gmd.daemon.ledger.store import upsert
 from gmd.daemon.ledger.tables import (
@@ -28,6 +28,7 @@ from gmd.daemon.ledger.tables import (
     levels as _levels,
 )
 from gmd.fairness.policy import decide_levels, scores
+from gmd.wire import PlanMode
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ def decide_after_interval(
     A customer with a level but no row in this interval has no standing left (the ledger is
     dense while a standing is not negligible), so its score is 0.
     """
-    if config.mode == "off":
+    if config.mode == PlanMode.off:
         return []
     policy = config.policy
     standing = {
@@ -117,8 +118,8 @@ def decide_after_interval(
                     "interval_id": interval_id,
                     "customer_id": ch.customer_id,
                     "kind": ActionKind.level.value,
-                    "status": "decided",
-                    "dry_run": config.mode == "dry-run",
+                    "status": ActionStatus.decided.value,
+                    "dry_run": config.mode == PlanMode.dry_run,
                     "before": json.dumps({"level": ch.before}),
                     "after": json.dumps({"level": ch.after, **_effect(config, ch.after)}),
                     "reason": f"{ch.reason} (balance {standing.get(ch.customer_id, (0.0,))[0]:.4g},"
@@ -134,7 +135,7 @@ def decide_after_interval(
                 names.get(ch.customer_id, f"#{ch.customer_id}"),
                 ch.before,
                 ch.after,
-                " (dry-run)" if config.mode == "dry-run" else "",
+                " (dry-run)" if config.mode == PlanMode.dry_run else "",
                 ch.reason,
             )
     return changes
@@ -158,7 +159,7 @@ def after_interval(
 
     def hook(conn: Connection, interval_id: int, start_s: int, length_s: int) -> None:
         decide_after_interval(conn, interval_id, start_s + length_s, config)
-        if on_levels is not None and config.mode != "off":
+        if on_levels is not None and config.mode != PlanMode.off:
             on_levels(level_counts(conn))
 
     return hook

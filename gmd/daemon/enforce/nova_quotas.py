@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from gmd.daemon.config import QuotaBackendKind
 from gmd.daemon.enforce.openstack_client import (
     MalformedAnswer,
     OpenStackClient,
@@ -31,7 +32,6 @@ from gmd.daemon.enforce.openstack_client import (
     checked,
 )
 from gmd.daemon.enforce.quotas import (
-    QuotaBackendKind,
     QuotaError,
     QuotaNotApplied,
     QuotaOriginal,

@@ -52,6 +52,7 @@ from gmd.wire import (
     WEIGHT_MAX,
     WEIGHT_MIN,
     HostCaps,
+    PlanMode,
     VmPlanItem,
     within,
 )
@@ -210,7 +211,7 @@ class Plan:
 def host_plan(conn: Connection, host: str, config: EnforcementConfig) -> Plan:
     """The throttled VMs running on ``host`` (:func:`running_vms`) and what to set on each
     (empty when "off")."""
-    if config.mode == "off":
+    if config.mode == PlanMode.off:
         return Plan()
     host_id = conn.execute(select(_hosts.c.id).where(_hosts.c.name == host)).scalar()
     window = recent_window(conn, config.contention.intervals)

@@ -19,10 +19,10 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from gmd.daemon.config import QuotaBackendKind
 from gmd.daemon.enforce.keystone_limits import KeystoneLimits
 from gmd.daemon.enforce.nova_quotas import NovaQuotas
 from gmd.daemon.enforce.quotas import (
-    QuotaBackendKind,
     QuotaError,
     QuotaNotApplied,
     QuotaOriginal,

@@ -40,6 +40,7 @@ from gmd.daemon.ledger.tables import (
     levels as _levels,
     quota_originals as _originals,
 )
+from gmd.wire import PlanMode
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +122,7 @@ class QuotaReconciler:
     def run(self) -> QuotaRun:
         """One pass over every customer whose quota should change; on PostgreSQL only one
         daemon at a time (an advisory lock), so several daemons never write twice."""
-        if self.config.mode == "off" or not self.cloud:
+        if self.config.mode == PlanMode.off or not self.cloud:
             return QuotaRun()
         with self.engine.connect() as lock:
             if lock.dialect.name == "postgresql":
@@ -136,7 +137,7 @@ class QuotaReconciler:
                     lock.commit()
 
     def _run(self) -> QuotaRun:
-        dry = self.config.mode == "dry-run"
+        dry = self.config.mode == PlanMode.dry_run
         counts = {"lowered": 0, "restored": 0, "failed": 0, "would": 0}
         with self.engine.connect() as conn:
             originals = {

@@ -20,11 +20,12 @@ API, :mod:`.keystone_limits` for unified limits in Keystone, :mod:`.quota_backen
 
 from __future__ import annotations
 
-import enum
 import math
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Literal, TypeAlias
+
+from gmd.daemon.config import QuotaBackendKind
 
 UNLIMITED = -1
 """Nova's and Keystone's value for "no limit"."""
@@ -44,17 +45,6 @@ QuotaErrorKind = Literal[
     "error",  # anything else openstacksdk raised (a malformed answer, …)
 ]
 RETRYABLE_KINDS: frozenset[str] = frozenset({"unavailable", "timeout"})
-
-
-class QuotaBackendKind(enum.StrEnum):
-    """Where a cloud keeps its compute quotas."""
-
-    nova = "nova"
-    """Nova's legacy quota API (``os-quota-sets``, DbQuotaDriver)"""
-    keystone_limits = "keystone-limits"
-    """Unified limits: project limits in Keystone (Nova's UnifiedLimitsDriver)"""
-    auto = "auto"
-    """Find out from the cloud (registered limits, and whether a Nova write changes anything)"""
 
 
 # --- pure part ----------------------------------------------------------------------------

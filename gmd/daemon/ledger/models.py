@@ -122,6 +122,8 @@ class ActionStatus(enum.StrEnum):
     ok = "ok"
     would = "would"
     failed = "failed"
+    decided = "decided"
+    """a level the accountant decided (``dry_run`` says whether it is applied)"""
 
 
 class NameSource(enum.StrEnum):

@@ -41,6 +41,7 @@ from gmd.daemon.ledger.tables import (
     vms as _vms,
 )
 from gmd.daemon.reports.actions import level_changes
+from gmd.wire import PlanMode
 
 HOST_KINDS = (ActionKind.host_apply.value, ActionKind.host_restore.value)
 
@@ -260,7 +261,7 @@ def enforced_now(
     ]
     if not throttled:
         return {}
-    if mode == "off":
+    if mode == PlanMode.off:
         return {c: (Enforced.off, 0, 0) for c in throttled}
     running = running_vms(recent_window(conn, contention_intervals)).subquery()
     vms: dict[int, set[str]] = defaultdict(set)
@@ -278,7 +279,7 @@ def enforced_now(
         applied = len(mine & state[cid].applied_now) if cid in state else 0
         if applied:
             word = Enforced.applied
-        elif mode == "dry-run":
+        elif mode == PlanMode.dry_run:
             word = Enforced.dry_run
         else:
             word = Enforced.not_applied

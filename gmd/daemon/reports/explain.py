@@ -55,6 +55,7 @@ from gmd.daemon.reports.enforcement import caps_words
 from gmd.fairness.decay import decay_factor
 from gmd.fairness.interval import account_interval
 from gmd.fairness.policy import CapDecision, CapResource, ThrottlePolicy, caps_wanted
+from gmd.wire import PlanMode
 
 # Amounts per interval → the rates people read: cores, GiB, MB/s.
 _UNITS = {
@@ -828,10 +829,10 @@ def _thresholds(e: Explanation) -> str:
     )
 
 
-_MODE_WORDS = {
-    "off": "enforcement is off: nothing is decided or applied",
-    "dry-run": "enforcement is in dry-run: decided and recorded, not applied",
-    "on": "enforcement is on: the agents and the quota job apply it",
+_MODE_WORDS: dict[str, str] = {
+    PlanMode.off: "enforcement is off: nothing is decided or applied",
+    PlanMode.dry_run: "enforcement is in dry-run: decided and recorded, not applied",
+    PlanMode.on: "enforcement is on: the agents and the quota job apply it",
 }
 
 

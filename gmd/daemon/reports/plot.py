@@ -53,6 +53,7 @@ from matplotlib.figure import Figure
 from gmd.common.timespec import iso
 from gmd.daemon.reports.series import CustomerSeries
 from gmd.fairness.policy import ThrottlePolicy
+from gmd.wire import PlanMode
 
 FORMATS: dict[str, str] = {".png": "png", ".svg": "svg"}
 CUSTOMER_COLORS: tuple[str, ...] = (
@@ -280,11 +281,12 @@ def _levels(ax: Axes, data: CustomerSeries, policy: ThrottlePolicy, mode: str) -
                 lw=1.5 + 1.2 * (len(moving) - 1 - rank),
                 label=label,
             )
-    note = {
-        "dry-run": "dry-run: decided and recorded, not applied",
-        "off": "off: no levels decided",
-        "on": "on: applied where hosts report it",
-    }.get(mode, mode)
+    words: dict[str, str] = {
+        PlanMode.dry_run: "dry-run: decided and recorded, not applied",
+        PlanMode.off: "off: no levels decided",
+        PlanMode.on: "on: applied where hosts report it",
+    }
+    note = words.get(mode, mode)
     ax.set_title(f"Throttle level (enforcement.mode = {note})")
     ax.set_ylabel("level")
     ax.set_yticks(range(policy.levels + 1))

@@ -25,6 +25,7 @@ from gmd.daemon.ledger.tables import (
 )
 from gmd.daemon.reports.columns import PROJECT, Column
 from gmd.daemon.reports.enforced import enforced_now
+from gmd.wire import PlanMode
 
 COLUMNS = (
     Column("customer", "Customer", None, "left"),
@@ -161,7 +162,7 @@ def standings(
             for n, shown, level in names
             if n not in listed and (not customers or n in customers or shown in customers)
         ]
-    config = enforcement or EnforcementConfig(mode="off")
+    config = enforcement or EnforcementConfig(mode=PlanMode.off)
     throttled = any(r["level"] != 0 for r in rows)
     now = enforced_now(conn, config.mode, config.contention.intervals) if throttled else {}
     ids = dict(conn.execute(select(_customers.c.name, _customers.c.id)).all()) if now else {}

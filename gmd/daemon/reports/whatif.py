@@ -53,6 +53,7 @@ from gmd.daemon.reports.columns import PROJECT, Column
 from gmd.fairness.contended import contended_use
 from gmd.fairness.interval import account_interval
 from gmd.fairness.policy import decide_levels, scores
+from gmd.wire import PlanMode
 
 CHANGEABLE: Mapping[str, tuple[str, ...]] = {
     "accounting": ("gamma", "endowment", "consumer", "half_life_s", "utility", "weights"),
@@ -327,7 +328,7 @@ def replay(
         out.greediness[start_s] = {
             int(r["customer_id"]): float(r["greediness"]) for r in written.customers
         }
-        if config.enforcement.mode == "off":
+        if config.enforcement.mode == PlanMode.off:
             continue
         priority = {int(r["customer_id"]): float(r["priority"]) for r in written.customers}
         ids = sorted(customers.keys() | state.keys())
