@@ -2,7 +2,7 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: all setup setup-demo test test-fast lint demo cloud-demo bench clean
+.PHONY: all setup setup-demo test test-fast lint demo cloud-demo bench clean module-map
 
 all: test
 
@@ -82,3 +82,8 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+
+# docs/development.md's map of every module, made again from the tree (tests/test_docs.py
+# fails while it differs).
+module-map:
+	@$(BIN)/python tests/module_map.py --write

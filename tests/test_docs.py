@@ -154,3 +154,16 @@ def test_sighup_stops_the_agent_as_running_without_systemd_says(tmp_path: Path) 
             if agent.poll() is None:
                 agent.kill()
                 agent.wait()
+
+
+def test_the_module_map_in_development_md_is_the_tree() -> None:
+    """docs/development.md lists every module of gmd/ with its docstring's first sentence, as
+    tests/module_map.py makes it from the tree (``make module-map`` writes it)."""
+    from tests.module_map import PAGE, module_map, page_copy
+
+    copy = page_copy(PAGE.read_text())
+    assert copy is not None, f"{PAGE}: the module map's markers are missing"
+    made = module_map()
+    assert copy == made, "docs/development.md's module map differs from the tree: make module-map"
+    modules = sorted(p for p in (REPO / "gmd").rglob("*.py") if "__pycache__" not in p.parts)
+    assert made.count("\n| `") == len(modules) > 100
