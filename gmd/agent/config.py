@@ -123,7 +123,7 @@ import re
 import socket
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -177,7 +177,9 @@ class AgentConfig:
     reconnect_max_s: float = 60.0
     enforce_backend: EnforceBackend = EnforceBackend.libvirt
     plan_every_s: float = 30.0
-    enforcement_state_path: Path = Path("var/agent-enforcement.json")
+    enforcement_state_path: Path = field(
+        default_factory=lambda: default_state_dir() / "agent-enforcement.json"
+    )
     cgroup_root: Path = Path("/sys/fs/cgroup")
     cgroup_template: str | None = None
     collector: CollectorKind = CollectorKind.auto

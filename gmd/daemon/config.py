@@ -44,7 +44,10 @@ class AccountingConfig:
     half_life_s: float | None = DEFAULT_HALF_LIFE_S
     utility: str = "psi_double_prime"
     split_io: bool = False
-    weights: dict[str, float] = field(default_factory=dict)
+    weights: dict[str, float] = field(
+        default_factory=lambda: dict.fromkeys(resource_names(False), 1.0)
+    )
+    """each resource's weight (1: counts as much as the others), by its name as accounted"""
 
     @property
     def resources(self) -> tuple[str, ...]:
