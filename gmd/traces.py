@@ -30,6 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
+from gmd import GmdError
+
 COLUMNS = (
     "timestamp",
     "CPU cores",
@@ -63,7 +65,7 @@ class TraceFlavor:
     memory_bytes: float | None = None
 
 
-class TraceError(RuntimeError):
+class TraceError(GmdError, RuntimeError):
     """A trace file cannot be used; the message names the file and line (or the trace that is
     missing)."""
 

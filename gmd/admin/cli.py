@@ -17,6 +17,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
+from gmd import OptionError
 from gmd.admin.calculator import (
     Situation,
     judge,
@@ -865,7 +866,8 @@ def report_command(
             )
     except UnknownCustomer as exc:
         raise fail(str(exc), ExitCode.NOT_FOUND) from None
-    except ValueError as exc:
+    except OptionError as exc:
+        # only what the report says the options got wrong: any other error is a bug
         raise fail(str(exc)) from None
     empty = result.emptiness()
     if empty is not None:

@@ -53,6 +53,7 @@ from typing import TextIO
 
 import httpx
 
+from gmd import GmdError
 from gmd.common.timespec import iso
 from gmd.traces import TraceError, trace_extent, trace_file, trace_ranges
 
@@ -78,7 +79,7 @@ BUSY_HOST_SHARE = 0.25
 that its round-robin share of the VMs keeps it contended, where the others idle."""
 
 
-class DemoError(RuntimeError):
+class DemoError(GmdError, RuntimeError):
     """The demo cannot go on; the message says what failed and where its log is."""
 
 

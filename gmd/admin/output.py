@@ -24,6 +24,7 @@ from typing import IO, Annotated, Any, TypeVar
 
 import typer
 
+from gmd import GmdError
 from gmd.common.cli import ExitCode, choice, fail
 from gmd.render import (
     Column,
@@ -44,7 +45,7 @@ class Format(StrEnum):
     yaml = "yaml"
 
 
-class OutputError(ValueError):
+class OutputError(GmdError, ValueError):
     """An output option that cannot be honoured (an unknown column, a format the command does
     not write): the command ends with exit 2 and this message."""
 

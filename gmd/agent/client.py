@@ -21,6 +21,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import ValidationError
 
+from gmd import GmdError
 from gmd.wire import HostPlan, PlanReport
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ def _detail(response: httpx.Response) -> str:
     return str(body)[:500]
 
 
-class PlanUnavailable(Exception):
+class PlanUnavailable(GmdError):
     """The plan could not be fetched (daemon down, 5xx, refused, unreadable answer): the agent
     keeps the VMs' settings as they are. The message says why."""
 

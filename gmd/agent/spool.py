@@ -29,6 +29,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from gmd import GmdError
+
 log = logging.getLogger(__name__)
 
 SCHEMA = """
@@ -46,7 +48,7 @@ CREATE TABLE IF NOT EXISTS state (
 """
 
 
-class SpoolError(RuntimeError):
+class SpoolError(GmdError, RuntimeError):
     """The spool file cannot be used; the message names it and says what to do."""
 
 

@@ -15,6 +15,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+from gmd import GmdError
+
 DEFAULT_PATH = Path("/etc/gmd/gmd.toml")
 
 Choice = TypeVar("Choice", bound=str)
@@ -46,7 +48,7 @@ def _bound(limit: float) -> str:
     return f"{limit:g}"
 
 
-class ConfigError(ValueError):
+class ConfigError(GmdError, ValueError):
     """A configuration value is wrong; the message names the file and the key."""
 
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from gmd import GmdError
+
 SERVICE_TYPE = "fairness"
 """gmd's service type in the Keystone catalog"""
 
 
-class FairnessError(Exception):
+class FairnessError(GmdError):
     """The read API refused (its Problem's detail), or the catalog has no fairness endpoint."""
 
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from gmd import GmdError
 from gmd.agent.apply.state import EnforceBackend, EnforcementState, Settings, VmRecord
 from gmd.agent.collect.ownership import EVERY_DOMAIN, DomainFilter, ownership_from_xml
 from gmd.wire import ApplyAction, HostPlan, PlanMode, VmApplyResult, VmPlanItem
@@ -45,11 +46,11 @@ from gmd.wire import ApplyAction, HostPlan, PlanMode, VmApplyResult, VmPlanItem
 log = logging.getLogger(__name__)
 
 
-class BackendUnavailable(Exception):
+class BackendUnavailable(GmdError):
     """The hypervisor cannot be reached at all: this round stops, nothing is forgotten."""
 
 
-class VmGone(Exception):
+class VmGone(GmdError):
     """The VM stopped or disappeared while it was being changed."""
 
 

@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
+from gmd import GmdError
 from gmd.agent.apply.limits import (
     BLKIO_WEIGHT_DEFAULT_BFQ,
     BLKIO_WEIGHT_DEFAULT_CFQ,
@@ -93,7 +94,7 @@ IO_MAX_KEYS = ("rbps", "wbps", "riops", "wiops")
 _MACHINE_NAME_MAX = 64
 
 
-class CgroupError(Exception):
+class CgroupError(GmdError):
     """The host or the configuration does not fit (no cgroup at the root, a bad template, a
     snapshot from another cgroup version); the message names the path or value."""
 

@@ -18,6 +18,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from gmd import GmdError
+
 # cgroup v2 weights (cpu.weight, io.weight): 1..10000, 100 is what every group gets by default;
 # the plan's weights are on this scale, so the range is the wire contract's.
 from gmd.wire import WEIGHT_DEFAULT, WEIGHT_MAX, WEIGHT_MIN
@@ -45,7 +47,7 @@ MEMORY_HIGH_MIN_BYTES = 1 << 20
 _DEVICE = re.compile(r"^[0-9]+:[0-9]+$")
 
 
-class LimitsError(ValueError):
+class LimitsError(GmdError, ValueError):
     """A limit outside what any backend can apply; the message names the field and value."""
 
 

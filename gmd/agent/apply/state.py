@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gmd import GmdError
+
 STATE_VERSION = 1
 
 Value = int | float | str | None
@@ -29,7 +31,7 @@ class EnforceBackend(enum.StrEnum):
     """no plan fetched or applied: the agent only measures"""
 
 
-class EnforcementStateError(Exception):
+class EnforcementStateError(GmdError):
     """The state file cannot be used; the message names it and says what to do."""
 
 

@@ -74,6 +74,7 @@ from urllib.parse import urlsplit
 
 import libvirt
 
+from gmd import GmdError
 from gmd.agent.collect.base import HostReading, HostResources, Ownership, VmReading
 from gmd.agent.collect.host import HostCpu
 from gmd.agent.collect.libvirt import (
@@ -127,7 +128,7 @@ class DiskSource(Enum):
     LIBVIRT = "libvirt"
 
 
-class KernelReadError(Exception):
+class KernelReadError(GmdError):
     """A counter file of one VM is missing, unreadable or not as expected; names the file."""
 
 

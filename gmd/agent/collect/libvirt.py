@@ -34,6 +34,7 @@ from typing import Any
 
 import libvirt
 
+from gmd import GmdError
 from gmd.agent.collect.base import HostReading, HostResources, Ownership, VmReading
 from gmd.agent.collect.host import HostCpu, local_hypervisor
 from gmd.agent.collect.ownership import EVERY_DOMAIN, DomainFilter, ownership
@@ -60,7 +61,7 @@ COMPLETE_DRIVERS = frozenset({"QEMU"})
 means a busy domain, not a driver to complete per domain."""
 
 
-class DomainBusy(Exception):
+class DomainBusy(GmdError):
     """The bulk reply left out a domain's monitor counters: another libvirt job holds it."""
 
 

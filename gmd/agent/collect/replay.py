@@ -59,6 +59,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gmd import GmdError
 from gmd.agent.collect.base import (
     UNKNOWN_CUSTOMER,
     Flavor,
@@ -78,7 +79,7 @@ UUID_NAMESPACE = uuidlib.UUID("6f1c2a47-2f0e-4c55-9a43-0b6a5d3e7a10")
 DISK, NIC = "vda", "eth0"
 
 
-class ReplayError(RuntimeError):
+class ReplayError(GmdError, RuntimeError):
     """A replay cannot run as asked; the message says why and where."""
 
 

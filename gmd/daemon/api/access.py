@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gmd import GmdError
 from gmd.daemon.config import ReadApiConfig
 
 READ_EVERYONE = "fairness:read_everyone"
@@ -42,7 +43,7 @@ class Reader:
         return bool(self.rules.enforce(READ_PROJECT, {"project_id": customer}, self.policy))
 
 
-class Unauthenticated(Exception):
+class Unauthenticated(GmdError):
     """No token, or one Keystone does not vouch for (expired, revoked, made up);
     ``challenge`` tells the client where to get one (``WWW-Authenticate``)."""
 

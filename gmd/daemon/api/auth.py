@@ -13,8 +13,10 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 
+from gmd import GmdError
 
-class AuthError(Exception):
+
+class AuthError(GmdError):
     """Why a request is not allowed; ``status`` 401 (no or unknown token) or 403 (wrong host)."""
 
     def __init__(self, status: int, message: str) -> None:

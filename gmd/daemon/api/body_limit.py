@@ -14,6 +14,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from gmd import GmdError
 from gmd.daemon.api.metrics import DaemonMetrics, Rejection
 
 log = logging.getLogger(__name__)
@@ -101,7 +102,7 @@ class BodyLimit:
         await send({"type": "http.response.body", "body": body})
 
 
-class _TooLarge(Exception):
+class _TooLarge(GmdError):
     def __init__(self, size: int) -> None:
         self.size = size
 

@@ -16,13 +16,14 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from gmd import GmdError
 from gmd.daemon.api.metrics import Rejection
 from gmd.wire import UUID_PATTERN, UUID_RULE, Problem
 
 log = logging.getLogger(__name__)
 
 
-class Refused(Exception):
+class Refused(GmdError):
     """A request answered with a :class:`~gmd.wire.Problem`; ``reason`` says, for a refused
     batch, which kind of refusal it counts as."""
 

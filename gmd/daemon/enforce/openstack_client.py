@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias, TypeVar
 
+from gmd import GmdError
 from gmd.daemon.enforce.quotas import QuotaError, QuotaErrorKind
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ NO_SDK_RETRIES: dict[str, Any] = {
 }
 
 
-class ServiceRefused(Exception):
+class ServiceRefused(GmdError):
     """A service answered with an HTTP error; ``message`` is the service's own words."""
 
     def __init__(self, status: int, message: str) -> None:
@@ -55,7 +56,7 @@ class ServiceRefused(Exception):
         self.message = message
 
 
-class MalformedAnswer(Exception):
+class MalformedAnswer(GmdError):
     """A service answered 2xx, but not with what its API promises (classified ``error``)."""
 
 
@@ -312,7 +313,7 @@ _HINTS: dict[str, str] = {
 }
 
 
-class _ConfigFailure(Exception):
+class _ConfigFailure(GmdError):
     """Building the connection failed (unknown cloud, bad clouds.yaml): never retried."""
 
     def __init__(self, cause: Exception) -> None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Literal, TypeAlias
 
+from gmd import GmdError
 from gmd.daemon.config import QuotaBackendKind
 
 UNLIMITED = -1
@@ -199,7 +200,7 @@ class QuotaWrite:
         return self.after == self.requested
 
 
-class QuotaError(Exception):
+class QuotaError(GmdError):
     """A quota operation failed; ``kind`` says how, the message names cloud, project and step."""
 
     def __init__(

@@ -37,6 +37,7 @@ from sqlalchemy import (
     update,
 )
 
+from gmd import GmdError
 from gmd.daemon.config import AccountingConfig
 from gmd.daemon.ledger import reset_window, rollups
 from gmd.daemon.ledger.migrate import writer
@@ -580,7 +581,7 @@ def ledger_rows(
 AfterInterval = Callable[[Connection, int, int, int], object]
 
 
-class AccountingStuck(RuntimeError):
+class AccountingStuck(GmdError, RuntimeError):
     """An interval cannot be accounted, and leaving out batches does not help: a bug or a
     broken standing, not bad input. Accounting stops at that interval until it is fixed."""
 

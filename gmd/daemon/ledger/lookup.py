@@ -13,10 +13,11 @@ from collections.abc import Collection, Sequence
 
 from sqlalchemy import Connection, select
 
+from gmd import GmdError
 from gmd.daemon.ledger.tables import customers as _customers, hosts as _hosts
 
 
-class UnknownCustomer(LookupError):
+class UnknownCustomer(GmdError, LookupError):
     """Customers the ledger has never seen (their names in ``names``)."""
 
     def __init__(self, *names: str, detail: str | None = None) -> None:
@@ -34,7 +35,7 @@ def customer_id(conn: Connection, name: str) -> int:
     return customer_ids(conn, [name])[name]
 
 
-class UnknownHost(LookupError):
+class UnknownHost(GmdError, LookupError):
     """A host the ledger has never had a batch from."""
 
 

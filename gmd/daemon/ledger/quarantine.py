@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, delete, insert, select, true, update
 from sqlalchemy.exc import DataError, IntegrityError
 
+from gmd import GmdError
 from gmd.daemon.ledger.models import ActionKind, ActionStatus, BatchState
 from gmd.daemon.ledger.tables import (
     actions as _actions,
@@ -193,7 +194,7 @@ def describe(conn: Connection, ids: Sequence[int]) -> dict[int, BatchRow]:
     return {int(r.id): BatchRow(*tuple(r)) for r in rows}
 
 
-class BatchDecisionError(ValueError):
+class BatchDecisionError(GmdError, ValueError):
     """The batch cannot be released or dropped: unknown key, or not quarantined."""
 
 

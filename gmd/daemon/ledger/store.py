@@ -69,6 +69,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.sql.dml import Insert
 
+from gmd import GmdError
 from gmd.daemon.ledger.binary_copy import CopyLayout
 from gmd.daemon.ledger.migrate import writer
 from gmd.daemon.ledger.models import ID64, SEEN_PERIOD_S, IntervalState, NameSource
@@ -112,16 +113,16 @@ DIGEST_PREFIX = "v2:"
 """Marks a batch digest taken over the parsed columns (see ``record_of``)."""
 
 
-class KeyReused(ValueError):
+class KeyReused(GmdError, ValueError):
     """A batch key arrived again with different content: a bug or a clash between agents."""
 
 
-class CapacityConflict(ValueError):
+class CapacityConflict(GmdError, ValueError):
     """A batch gives its host another capacity than the host's first batch for the interval:
     accepting it would change what the interval is (or was) accounted from."""
 
 
-class BeforeOrigin(ValueError):
+class BeforeOrigin(GmdError, ValueError):
     """A batch for an interval before the first one of a ledger that has begun accounting:
     there is no standing to add it to."""
 

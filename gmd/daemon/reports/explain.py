@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy import Connection, and_, func, or_, select
 
+from gmd import GmdError
 from gmd.common.timespec import iso
 from gmd.daemon.config import Config
 from gmd.daemon.enforce.plans import host_caps, recent_window
@@ -67,7 +68,7 @@ AGREEMENT = 1e-9
 """recomputed and stored greediness closer than this are the same number"""
 
 
-class NothingToExplain(LookupError):
+class NothingToExplain(GmdError, LookupError):
     """No accounted interval matches (with the reason as message)."""
 
 

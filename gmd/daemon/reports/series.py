@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy import Connection, Select, select
 
+from gmd import GmdError
 from gmd.common.timespec import iso
 from gmd.daemon.ledger.lookup import customer_ids, display_names
 from gmd.daemon.ledger.models import (
@@ -61,7 +62,7 @@ from gmd.wire import RESOURCES_COMBINED, RESOURCES_SPLIT
 RESOURCE_ORDER: tuple[str, ...] = tuple(dict.fromkeys(RESOURCES_COMBINED + RESOURCES_SPLIT))
 
 
-class EmptyRange(LookupError):
+class EmptyRange(GmdError, LookupError):
     """No accounted interval with ledger rows starts in the range asked for."""
 
 

@@ -87,6 +87,7 @@ from sqlalchemy import (
     union_all,
 )
 
+from gmd import OptionError
 from gmd.common.timespec import iso
 from gmd.daemon.ledger import lookup, reset_window
 from gmd.daemon.ledger.models import (
@@ -1166,13 +1167,13 @@ def report(
     heading and a note cannot show two different "now"s for one ``--to now``.
     """
     if group_by not in GROUPS:
-        raise ValueError(f"cannot group by {group_by!r}; choose one of {', '.join(GROUPS)}")
+        raise OptionError(f"cannot group by {group_by!r}; choose one of {', '.join(GROUPS)}")
     if to_s <= from_s:
-        raise ValueError(f"--from {iso(from_s)} is not before --to {iso(to_s)}")
+        raise OptionError(f"--from {iso(from_s)} is not before --to {iso(to_s)}")
     if customer is not None and group_by == "organization":
-        raise ValueError("--customer applies to customer, host, resource, day and week reports")
+        raise OptionError("--customer applies to customer, host, resource, day and week reports")
     if top is not None and top < 1:
-        raise ValueError("--top must be at least 1")
+        raise OptionError("--top must be at least 1")
     periodic = group_by in ("day", "week")
     steps = _Steps(1 + _STEPS[group_by] - (periodic and customer is not None), progress)
     steps("intervals of the range")
@@ -1205,7 +1206,7 @@ def report(
 def _sort(rows: list[dict[str, object]], columns: Iterable[Column], key: str) -> None:
     keys = [c.key for c in columns]
     if key not in keys:
-        raise ValueError(f"cannot sort by {key!r}; choose one of {', '.join(keys)}")
+        raise OptionError(f"cannot sort by {key!r}; choose one of {', '.join(keys)}")
     name = keys[0]
     numeric = [r for r in rows if isinstance(r.get(key), int | float)]
     if len(numeric) == len(rows):

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy import Connection, func, select
 
+from gmd import OptionError
 from gmd.common.config import ConfigError
 from gmd.common.timespec import iso
 from gmd.daemon.config import Config, parse
@@ -108,7 +109,7 @@ MAX_INTERVALS = 100_000
 """A replay's bound: about 70 days of 60 s intervals, two years of 15-minute ones."""
 
 
-class WhatIfRefused(ValueError):
+class WhatIfRefused(OptionError):
     """A what-if that cannot be run as asked; the message says what and where (exit 2, 400)."""
 
 
