@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gmd.sim.__main__ import main
-from gmd.sim.command import run_simulate
+from gmd.sim.command import SimulateOptions, run_simulate
 from tests.conftest import DATA
 
 LPC = DATA / "pwa" / "LPC-EGEE-2004-1.2-cln.weeks-24-27.swf.gz"  # tests/data/pwa/README.md
@@ -27,10 +27,10 @@ def small_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_json_has_every_policy_and_sample(small_trace: Path) -> None:
-    text = run_simulate(
+    text = run_simulate(SimulateOptions(
         small_trace, 20000, 2, 3, ["Ref", "DirectContr", "FairShare", "Rand:4"], seed=5,
-        fmt="json", workers=1, progress=False, total_processors=12, cloudshare=True,
-    )  # fmt: skip
+        workers=1, progress=False, total_processors=12, cloudshare=True,
+    ), "json")  # fmt: skip
     doc = json.loads(text)
     assert [r["policy"] for r in doc["policies"]] == ["Ref", "ORIG_DIRECT", "FairShare", "Rand:4"]
     assert len(doc["samples"]) == 2
@@ -43,9 +43,9 @@ def test_json_has_every_policy_and_sample(small_trace: Path) -> None:
 
 
 def test_same_seed_same_result_whatever_the_workers(small_trace: Path) -> None:
-    args = (small_trace, 20000, 2, 3, ["ORIG_DIRECT", "RoundRobin"], 9, "equal", "csv")
-    assert run_simulate(*args, workers=1, progress=False) == run_simulate(
-        *args, workers=2, progress=False
+    args = (small_trace, 20000, 2, 3, ["ORIG_DIRECT", "RoundRobin"], 9, "equal")
+    assert run_simulate(SimulateOptions(*args, workers=1, progress=False), "csv") == run_simulate(
+        SimulateOptions(*args, workers=2, progress=False), "csv"
     )
 
 
@@ -70,8 +70,9 @@ def test_table_and_module_entry_point(small_trace: Path, capsys: pytest.CaptureF
 def test_bad_input_is_named(small_trace: Path, kwargs: dict, message: str) -> None:
     args = {"trace": small_trace, "window_s": 20000, "samples": 1, "organizations": 2,
             "policies": ["FairShare"], "workers": 1, "progress": False} | kwargs  # fmt: skip
+    fmt = args.pop("fmt", "table")
     with pytest.raises(ValueError, match=message):
-        run_simulate(**args)
+        run_simulate(SimulateOptions(**args), fmt)
 
 
 def test_missing_trace(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -80,10 +81,10 @@ def test_missing_trace(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
 
 
 def test_without_reference_there_is_no_unfairness(small_trace: Path) -> None:
-    text = run_simulate(
-        small_trace, 20000, 1, 2, ["FairShare"], fmt="json", workers=1, progress=False,
+    text = run_simulate(SimulateOptions(
+        small_trace, 20000, 1, 2, ["FairShare"], workers=1, progress=False,
         total_processors=4, reference=False,
-    )  # fmt: skip
+    ), "json")  # fmt: skip
     assert json.loads(text)["policies"][0]["unfairness_mean"] is None
 
 

@@ -1206,24 +1206,26 @@ def simulate_command(
     Shapley-fair Ref (Skowron & Rzadca), total wait and utilization. docs/reproduction.md has
     the papers' tables next to ours and the commands that produce them.
     """
-    from gmd.sim.command import shown, simulate
+    from gmd.sim.command import SimulateOptions, shown, simulate
 
     try:
         result = simulate(
-            trace,
-            window,
-            samples,
-            orgs,
-            policy or [],
-            seed,
-            processors.value,
-            workers,
-            True,
-            total_processors=total_processors,
-            unit_s=unit,
-            cloudshare=cloudshare,
-            assignment=assignment,
-            reference=ref,
+            SimulateOptions(
+                trace,
+                window,
+                samples,
+                orgs,
+                policy or [],
+                seed,
+                processors.value,
+                workers,
+                True,
+                total_processors=total_processors,
+                unit_s=unit,
+                cloudshare=cloudshare,
+                assignment=assignment,
+                reference=ref,
+            )
         )
     except (ValueError, OSError) as exc:
         raise fail(str(exc)) from None

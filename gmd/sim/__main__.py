@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gmd.sim.command import DEFAULT_POLICIES, run_simulate
+from gmd.sim.command import DEFAULT_POLICIES, SimulateOptions, run_simulate
 from gmd.sim.policies import policy_names
 
 
@@ -34,21 +34,23 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         text = run_simulate(
-            args.trace,
-            args.window,
-            args.samples,
-            args.orgs,
-            args.policy,
-            args.seed,
-            args.processors,
+            SimulateOptions(
+                args.trace,
+                args.window,
+                args.samples,
+                args.orgs,
+                args.policy,
+                args.seed,
+                args.processors,
+                args.workers,
+                True,
+                total_processors=args.total_processors,
+                unit_s=args.unit,
+                cloudshare=args.cloudshare,
+                assignment=args.assignment,
+                reference=not args.no_ref,
+            ),
             args.format,
-            args.workers,
-            True,
-            total_processors=args.total_processors,
-            unit_s=args.unit,
-            cloudshare=args.cloudshare,
-            assignment=args.assignment,
-            reference=not args.no_ref,
         )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

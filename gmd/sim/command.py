@@ -13,6 +13,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+from gmd import OptionError
 from gmd.render import FORMATS, Column, csv_text, json_text, table_text
 from gmd.sim.experiment import ExperimentConfig, ExperimentResult, run_experiment
 from gmd.sim.workload import PROCESSOR_MODES, read_assignment
@@ -31,102 +32,87 @@ DEFAULT_POLICIES: tuple[str, ...] = (
 )
 
 
-def run_simulate(
-    trace: str | Path,
-    window_s: int,
-    samples: int,
-    organizations: int,
-    policies: Sequence[str],
-    seed: int = 0,
-    processors: str = "equal",
-    fmt: str = "table",
-    workers: int | None = None,
-    progress: bool = True,
-    *,
-    total_processors: int | None = None,
-    unit_s: int | None = None,
-    cloudshare: bool = False,
-    assignment: str | Path | None = None,
-    reference: bool = True,
-) -> str:
+@dataclasses.dataclass(frozen=True)
+class SimulateOptions:
+    """The simulator's options as its command lines take them (``gmd-admin simulate``,
+    ``python -m gmd.sim``): one object from the command line to the experiment, checked once
+    (:meth:`experiment`)."""
+
+    trace: str | Path
+    window_s: int = 86400
+    samples: int = 10
+    organizations: int = 5
+    policies: Sequence[str] = ()
+    """empty: :data:`DEFAULT_POLICIES`"""
+    seed: int = 0
+    processors: str = "equal"
+    workers: int | None = None
+    """processes; None: every core"""
+    progress: bool = True
+    """a progress bar on a terminal's stderr"""
+    total_processors: int | None = None
+    unit_s: int | None = None
+    cloudshare: bool = False
+    assignment: str | Path | None = None
+    """a file of "USER ORGANIZATION" lines (else users are dealt at random per sample)"""
+    reference: bool = True
+
+    def experiment(self) -> ExperimentConfig:
+        """The experiment these options describe; :class:`~gmd.OptionError` naming the option
+        at fault."""
+        trace = Path(self.trace)
+        if not trace.is_file():
+            raise OptionError(f"--trace {trace}: no such file")
+        if self.processors not in PROCESSOR_MODES:
+            raise OptionError(
+                f"--processors {self.processors!r}: choose one of {', '.join(PROCESSOR_MODES)}"
+            )
+        for option, value in (
+            ("--window", self.window_s),
+            ("--samples", self.samples),
+            ("--orgs", self.organizations),
+        ):
+            if value < 1:
+                raise OptionError(f"{option} {value}: must be at least 1")
+        if self.workers is not None and self.workers < 1:
+            raise OptionError(f"--workers {self.workers}: must be at least 1")
+        org_of_user = None
+        if self.assignment is not None:
+            org_of_user, names = read_assignment(self.assignment)
+            if len(names) != self.organizations:
+                raise OptionError(
+                    f"--assignment {self.assignment} names {len(names)} organizations, --orgs is "
+                    f"{self.organizations}"
+                )
+        return ExperimentConfig(
+            trace=str(trace),
+            window_s=int(self.window_s),
+            samples=int(self.samples),
+            n_orgs=int(self.organizations),
+            policies=tuple(self.policies) or DEFAULT_POLICIES,
+            seed=int(self.seed),
+            processors=self.processors,
+            total_processors=self.total_processors,
+            unit_s=self.unit_s,
+            cloudshare=self.cloudshare,
+            org_of_user=org_of_user,
+            reference=self.reference,
+        )
+
+
+def run_simulate(options: SimulateOptions, fmt: str = "table") -> str:
     """Simulate and return the results table (or CSV/JSON) as text."""
     if fmt not in FORMATS:
-        raise ValueError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
-    result = simulate(
-        trace,
-        window_s,
-        samples,
-        organizations,
-        policies,
-        seed,
-        processors,
-        workers,
-        progress,
-        total_processors=total_processors,
-        unit_s=unit_s,
-        cloudshare=cloudshare,
-        assignment=assignment,
-        reference=reference,
-    )
-    return render(result, fmt)
+        raise OptionError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    return render(simulate(options), fmt)
 
 
-def simulate(
-    trace: str | Path,
-    window_s: int,
-    samples: int,
-    organizations: int,
-    policies: Sequence[str],
-    seed: int = 0,
-    processors: str = "equal",
-    workers: int | None = None,
-    progress: bool = True,
-    *,
-    total_processors: int | None = None,
-    unit_s: int | None = None,
-    cloudshare: bool = False,
-    assignment: str | Path | None = None,
-    reference: bool = True,
-) -> ExperimentResult:
-    """Check the options and simulate. Raises ValueError naming the option at fault."""
-    trace = Path(trace)
-    if not trace.is_file():
-        raise ValueError(f"--trace {trace}: no such file")
-    if processors not in PROCESSOR_MODES:
-        raise ValueError(f"--processors {processors!r}: choose one of {', '.join(PROCESSOR_MODES)}")
-    for option, value in (
-        ("--window", window_s),
-        ("--samples", samples),
-        ("--orgs", organizations),
-    ):
-        if value < 1:
-            raise ValueError(f"{option} {value}: must be at least 1")
-    if workers is not None and workers < 1:
-        raise ValueError(f"--workers {workers}: must be at least 1")
-    org_of_user = None
-    if assignment is not None:
-        org_of_user, names = read_assignment(assignment)
-        if len(names) != organizations:
-            raise ValueError(
-                f"--assignment {assignment} names {len(names)} organizations, --orgs is "
-                f"{organizations}"
-            )
-    config = ExperimentConfig(
-        trace=str(trace),
-        window_s=int(window_s),
-        samples=int(samples),
-        n_orgs=int(organizations),
-        policies=tuple(policies) or DEFAULT_POLICIES,
-        seed=int(seed),
-        processors=processors,
-        total_processors=total_processors,
-        unit_s=unit_s,
-        cloudshare=cloudshare,
-        org_of_user=org_of_user,
-        reference=reference,
-    )
-    with _progress_bar(progress and sys.stderr.isatty(), config.samples) as advance:
-        return run_experiment(config, workers=workers, progress=advance)
+def simulate(options: SimulateOptions) -> ExperimentResult:
+    """Check the options and simulate. Raises ValueError naming the option at fault (an
+    :class:`~gmd.OptionError`, or the trace's or policy's own)."""
+    config = options.experiment()
+    with _progress_bar(options.progress and sys.stderr.isatty(), config.samples) as advance:
+        return run_experiment(config, workers=options.workers, progress=advance)
 
 
 def _progress_bar(enabled: bool, total: int):
