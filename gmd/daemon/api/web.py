@@ -102,6 +102,13 @@ HEADS = {
     "action": "What was done",
     "status": "How it ended",
     "why": "Why, in the log's words",
+    # the what-if page's columns
+    "throttle_hours": "Hours at a level above 0, replayed (recorded in brackets)",
+    "max_level": "The highest level reached, replayed (recorded in brackets)",
+    "first_action": "The first replayed level change, in force from (UTC)",
+    "last_action": "The last replayed level change, in force from (UTC)",
+    "differences": "Level changes the replay adds, removes, or makes earlier or later than"
+    " recorded (before→after, after the interval starting then)",
 }
 GLOSSARY = (
     (
@@ -248,14 +255,6 @@ def standings_page(who: WebReader, services: ServicesDep) -> HTMLResponse:
     )
 
 
-WHATIF_HEADS = {
-    "throttle_hours": "Hours at a level above 0, replayed (recorded in brackets)",
-    "max_level": "The highest level reached, replayed (recorded in brackets)",
-    "first_action": "The first replayed level change, in force from (UTC)",
-    "last_action": "The last replayed level change, in force from (UTC)",
-    "differences": "Level changes the replay adds, removes, or makes earlier or later than"
-    " recorded (before→after, after the interval starting then)",
-}
 WHATIF_EXAMPLES = "accounting.gamma=0.3\nenforcement.enter=[1, 3, 6]\nenforcement.leave=[0.5, 2, 5]"
 
 
@@ -344,18 +343,13 @@ def whatif_page(
         f"{head}{form}<h2>Replayed beside recorded</h2><ul class='summary'>{summary}</ul>"
         "<div class='scroll'><table id='whatif'><tr>"
         + _head("customer", "Customer", "text")
-        + _whatif_head("throttle_hours", "Throttled h")
-        + _whatif_head("max_level", "Max level")
-        + _whatif_head("first_action", "First change", "text")
-        + _whatif_head("last_action", "Last change", "text")
-        + _whatif_head("differences", "Against the record", "text")
+        + _head("throttle_hours", "Throttled h")
+        + _head("max_level", "Max level")
+        + _head("first_action", "First change", "text")
+        + _head("last_action", "Last change", "text")
+        + _head("differences", "Against the record", "text")
         + f"</tr>{rows}</table></div>",
     )
-
-
-def _whatif_head(key: str, label: str, css: str = "") -> str:
-    cls = f" class='{css}'" if css else ""
-    return f"<th{cls} title='{html.escape(WHATIF_HEADS[key])}'>{html.escape(label)}</th>"
 
 
 @router.get("/plot.svg", response_class=Response)

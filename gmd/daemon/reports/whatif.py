@@ -581,9 +581,7 @@ def moderate_share(result: WhatIf) -> tuple[float | None, float | None]:
     then in force). Moderate: at level 0 throughout, in the replay and in the record, so that
     both shares are of the same customers. None where no host was contended."""
     throttled = {
-        c
-        for c, e in result.customers.items()
-        if e.throttled_s > 0 or e.recorded_throttled_s > 0 or e.max_level or e.recorded_max_level
+        c for c, e in result.customers.items() if e.throttled_s > 0 or e.recorded_throttled_s > 0
     }
     moderate = sum(v for c, v in result.contended_cpu.items() if c not in throttled)
     replayed = sum(result.contended_cpu_capped.values())
