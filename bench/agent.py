@@ -251,13 +251,15 @@ class KernelFloor:
     ``/proc/net/dev``, and nothing else: no parsing, no Python objects."""
 
     def __init__(self, guests: list[Any]) -> None:
-        from gmd.agent.collect.kernel import locate_process, parse_mountinfo
+        from gmd.agent.cgroups import CgroupLocator
+        from gmd.agent.collect.kernel import counter_files
 
-        mounts = parse_mountinfo(Path("/proc/self/mountinfo").read_text())
+        locator = CgroupLocator()
+        mounts = locator.mounts()
         paths = [Path("/proc/net/dev")]
         for g in guests:
-            pid = int(Path(f"/run/libvirt/qemu/{g.name}.pid").read_text())
-            files = locate_process(pid, mounts)
+            pid = locator.pid(g.name)
+            files = counter_files(locator.of_process(pid, mounts))
             paths += [files.cpu[1], Path(f"/proc/{pid}/statm")]
             if files.io is not None:
                 paths.append(files.io[1])

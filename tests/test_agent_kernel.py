@@ -17,8 +17,15 @@ from typing import Any
 
 import pytest
 
-from gmd.agent.collect.kernel import (
+from gmd.agent.cgroups import (
     CgroupMounts,
+    domain_cgroup,
+    domain_cgroups,
+    parse_mountinfo,
+    parse_proc_cgroup,
+)
+from gmd.agent.collect.kernel import (
+    CgroupFiles,
     CounterFiles,
     CpuFile,
     DiskPlan,
@@ -27,16 +34,13 @@ from gmd.agent.collect.kernel import (
     KernelCollector,
     KernelReadError,
     KernelSources,
-    domain_cgroup,
+    counter_files,
     kernel_collector_fits,
-    locate,
     parse_blkio_service_bytes,
     parse_cpu_stat,
     parse_cpuacct_usage,
     parse_io_stat,
-    parse_mountinfo,
     parse_net_dev,
-    parse_proc_cgroup,
     plan_disks,
 )
 
@@ -81,13 +85,18 @@ MOUNTINFO_V2 = "24 30 0:22 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdel
 PROC_CGROUP_V2 = f"0::/{V2_SCOPE}/emulator\n"
 
 
+def _files(proc_cgroup: dict[str, str], mounts: CgroupMounts) -> CgroupFiles:
+    """The counter files of a QEMU process in ``proc_cgroup``, as the collector finds them."""
+    return counter_files(domain_cgroups(proc_cgroup, mounts))
+
+
 def test_mountinfo_and_proc_cgroup_locate_the_domain_group_not_the_emulators() -> None:
     mounts = parse_mountinfo(MOUNTINFO_V1)
     assert mounts.v1["cpuacct"] == Path("/sys/fs/cgroup/cpuacct")
     assert mounts.v2 == Path("/sys/fs/cgroup/unified")
     groups = parse_proc_cgroup(PROC_CGROUP_V1)
     assert domain_cgroup(groups["cpuacct"]) == domain_cgroup(groups["blkio"])
-    files = locate(groups, mounts)
+    files = _files(groups, mounts)
     # The vCPU threads live in vcpuN beside emulator: the domain's group counts them all.
     assert files.cpu == (
         CpuFile.CPUACCT_USAGE,
@@ -104,19 +113,19 @@ def test_a_hybrid_host_without_a_cpuacct_group_reads_cpu_from_the_v2_group() -> 
     groups = parse_proc_cgroup(
         PROC_CGROUP_V1.replace(f"2:cpuacct:/{MACHINE}/emulator", "2:cpuacct:/")
     )
-    files = locate(groups, parse_mountinfo(MOUNTINFO_V1))
+    files = _files(groups, parse_mountinfo(MOUNTINFO_V1))
     assert files.cpu == (CpuFile.CPU_STAT, Path(f"/sys/fs/cgroup/unified/{MACHINE}/cpu.stat"))
 
 
 def test_pure_v2_locates_cpu_stat_and_io_stat_in_the_libvirt_group() -> None:
-    files = locate(parse_proc_cgroup(PROC_CGROUP_V2), parse_mountinfo(MOUNTINFO_V2))
+    files = _files(parse_proc_cgroup(PROC_CGROUP_V2), parse_mountinfo(MOUNTINFO_V2))
     assert files.cpu == (CpuFile.CPU_STAT, Path(f"/sys/fs/cgroup/{V2_SCOPE}/cpu.stat"))
     assert files.io == (IoFile.IO_STAT, Path(f"/sys/fs/cgroup/{V2_SCOPE}/io.stat"))
 
 
 def test_a_process_in_no_cgroup_of_its_own_cannot_be_located() -> None:
     with pytest.raises(KernelReadError, match="no cpuacct"):
-        locate(parse_proc_cgroup("2:cpuacct:/\n0::/\n"), parse_mountinfo(MOUNTINFO_V1))
+        _files(parse_proc_cgroup("2:cpuacct:/\n0::/\n"), parse_mountinfo(MOUNTINFO_V1))
 
 
 def test_blkio_and_io_stat_give_read_and_written_bytes_per_device() -> None:
@@ -129,7 +138,12 @@ def test_blkio_and_io_stat_give_read_and_written_bytes_per_device() -> None:
 
 
 def _v1_tree(
-    root: Path, *, cpu_ns: int = 7_000_000_123, tap: str = "testnet0", uri: str | None = None
+    root: Path,
+    *,
+    cpu_ns: int = 7_000_000_123,
+    tap: str = "testnet0",
+    uri: str | None = None,
+    opener: Callable[[str], Any] | None = None,
 ) -> KernelCollector:
     """A v1 host with domain ``test`` (QEMU pid PID) laid out under ``root``, read from
     ``uri`` (default: a test driver host of its own, :data:`NODE_XML`)."""
@@ -143,7 +157,7 @@ def _v1_tree(
     if uri is None:
         (root / "node.xml").write_text(NODE_XML)
         uri = f"test://{root / 'node.xml'}"
-    return KernelCollector(uri, proc=proc, run_dir=run, mountinfo=mountinfo)
+    return KernelCollector(uri, proc=proc, run_dir=run, mountinfo=mountinfo, opener=opener)
 
 
 def _lay_out_domain(root: Path, name: str, pid: int, machine: str, cpu_ns: int) -> Path:
@@ -205,7 +219,7 @@ def test_a_v2_tree_reads_cpu_stat_and_io_stat(tmp_path: Path) -> None:
     (cg / "cpu.stat").write_text("usage_usec 4321\nuser_usec 4000\nsystem_usec 321\n")
     (cg / "io.stat").write_text("254:0 rbytes=10 wbytes=20 rios=1 wios=1 dbytes=0 dios=0\n")
     (tmp_path / "statm").write_text("1 2 3 4 5 6 7\n")
-    files = locate(parse_proc_cgroup(PROC_CGROUP_V2), CgroupMounts({}, tmp_path))
+    files = _files(parse_proc_cgroup(PROC_CGROUP_V2), CgroupMounts({}, tmp_path))
     counters = CounterFiles(KernelSources(files, tmp_path / "statm", ())).read({}, PAGE)
     assert counters.cpu_time_ns == 4_321_000
     assert counters.memory_rss_bytes == 2 * PAGE
@@ -217,7 +231,7 @@ def test_a_v2_cpu_stat_without_usage_is_an_error_naming_the_file(tmp_path: Path)
     cg.mkdir(parents=True)
     (cg / "cpu.stat").write_text("nr_periods 0\n")
     (cg / "io.stat").write_text("")
-    files = locate(parse_proc_cgroup(PROC_CGROUP_V2), CgroupMounts({}, tmp_path))
+    files = _files(parse_proc_cgroup(PROC_CGROUP_V2), CgroupMounts({}, tmp_path))
     counter_files = CounterFiles(KernelSources(files, tmp_path / "statm", ()))
     with pytest.raises(KernelReadError, match=r"/statm: No such file"):
         counter_files.read({}, PAGE)
@@ -370,8 +384,9 @@ def test_a_tick_asks_libvirt_nothing_until_a_domain_starts_or_stops(tmp_path: Pa
             calls.append(name)
             return getattr(self._conn, name)
 
-    collector = _v1_tree(tmp_path, uri=TEST_URI)
-    collector._libvirt._opener = lambda uri: Counting(open_connection(uri, read_only=True))
+    collector = _v1_tree(
+        tmp_path, uri=TEST_URI, opener=lambda uri: Counting(open_connection(uri, read_only=True))
+    )
     other = libvirt.open(TEST_URI)
     name = f"gmd-events-{os.getpid()}"
     dom = None

@@ -248,14 +248,14 @@ def test_a_guest_that_shuts_down_between_ticks_keeps_its_last_seconds(
     import os
     import threading
 
+    from gmd.agent.cgroups import CgroupLocator
     from gmd.agent.collect.aggregate import AgentState, advance
     from gmd.agent.collect.kernel import (
         CpuFile,
         KernelCollector,
-        locate_process,
+        counter_files,
         parse_cpu_stat,
         parse_cpuacct_usage,
-        parse_mountinfo,
     )
     from tests.guest_image import build_guest_image
     from tests.realvm import _new_guest, _remove_domain, _wait_ready, domain_xml
@@ -276,8 +276,7 @@ def test_a_guest_that_shuts_down_between_ticks_keeps_its_last_seconds(
         start = {v.uuid: v for v in first.vms}[guest.uuid]
 
         # What the test sees of the guest's CPU counter, as often as it can, until it is gone.
-        pid = int(Path(f"/run/libvirt/qemu/{guest.name}.pid").read_text())
-        cgroups = locate_process(pid, parse_mountinfo(Path("/proc/self/mountinfo").read_text()))
+        cgroups = counter_files(CgroupLocator().of_domain(guest.name))
         kind, cpu_file = cgroups.cpu
         parse = parse_cpuacct_usage if kind is CpuFile.CPUACCT_USAGE else parse_cpu_stat
 

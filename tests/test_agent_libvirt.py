@@ -273,7 +273,7 @@ def test_lost_connection_is_retried_with_backoff_and_logged(caplog: Any) -> None
     )
     state = advance(AgentState(), c.collect(), 60).state
     conns[0].fail_listing = refused
-    with caplog.at_level(logging.INFO, "gmd.agent.collect.libvirt"):
+    with caplog.at_level(logging.INFO, "gmd.agent.libvirt_conn"):
         lost = c.collect()  # the call fails: connection dropped, retry in 1 s
         assert not lost.ok and "lost while listing domains" in lost.errors[0]
         assert "retrying in 1 s" in lost.errors[0]

@@ -192,10 +192,10 @@ def test_a_cap_of_zero_or_below_is_refused_by_both_backends(
     assert "cpu_quota_cores" in (results[0].error or "")
     assert sched.params.get(UUID_A, {}).get("vcpu_quota", -1) == -1
 
-    root, dirs = cgroup_tree(tmp_path, conn)
+    root, dirs, locator = cgroup_tree(tmp_path, conn)
     io = FakeCgroupfsIO(devices={"8:0"})
     cgroup_applier = CgroupApplier(
-        root, state_path=tmp_path / "c.json", libvirt_conn_or_uri=conn, io=io
+        root, locator=locator, state_path=tmp_path / "c.json", libvirt_conn_or_uri=conn, io=io
     )
     results = cgroup_applier.sync(received)
     assert dump(results) == [(UUID_A, "apply", False), (UUID_B, "apply", True)]

@@ -22,7 +22,7 @@ import libvirt
 import pytest
 
 from gmd.agent.apply.cgroup import CgroupApplier
-from gmd.agent.apply.cgroupfs import SYSTEMD_TEMPLATE, VmIdentity, locate
+from gmd.agent.apply.cgroupfs import libvirt_machine_name, systemd_escape
 from gmd.agent.apply.libvirt import (
     LIVE,
     LibvirtApplier,
@@ -31,10 +31,12 @@ from gmd.agent.apply.libvirt import (
     scaled_shares,
 )
 from gmd.agent.apply.state import EnforcementStateError
+from gmd.agent.cgroups import CgroupLocator
 from gmd.agent.client import DaemonClient, PlanUnavailable
 from gmd.agent.config import parse_agent
 from gmd.agent.loop import Agent
 from gmd.wire import HostPlan, PlanReport
+from tests.canned_proc import CannedHost
 from tests.test_enforce_cgroups import V2_DEFAULTS, FakeCgroupfsIO
 
 UUID_A = "a0000000-0000-4000-8000-00000000000a"
@@ -416,20 +418,22 @@ def test_a_state_file_of_another_backend_or_garbage_is_refused(conn: Any, tmp_pa
 # --- cgroup v2 on a temporary tree ----------------------------------------------------------------
 
 
-def cgroup_tree(tmp_path: Path, conn: Any) -> tuple[Path, dict[str, Path]]:
+def cgroup_tree(tmp_path: Path, conn: Any) -> tuple[Path, dict[str, Path], CgroupLocator]:
+    """A v2 tree with the two domains' groups where recent libvirt puts them, files at the
+    kernel's defaults, and a canned /proc saying their QEMUs sit there."""
     root = tmp_path / "cgroup"
     root.mkdir()
     (root / "cgroup.controllers").write_text("cpuset cpu io memory hugetlb pids\n")
+    host = CannedHost(tmp_path, root)
     dirs = {}
     for uuid in (UUID_A, UUID_B):
         dom = conn.lookupByUUIDString(uuid)
-        vm = VmIdentity(name=dom.name(), uuid=uuid, id=dom.ID())
-        d = locate(root, SYSTEMD_TEMPLATE, vm).dirs[""]
-        d.mkdir(parents=True)
+        machine = systemd_escape(libvirt_machine_name(dom.ID(), dom.name()))
+        d = host.qemu(dom.name(), f"machine.slice/machine-{machine}.scope/libvirt")
         for name, text in V2_DEFAULTS.items():
             (d / name).write_text(text)
         dirs[uuid] = d
-    return root, dirs
+    return root, dirs, host.locator
 
 
 def files(d: Path) -> dict[str, str]:
@@ -437,10 +441,12 @@ def files(d: Path) -> dict[str, str]:
 
 
 def test_cgroup_applier_applies_restores_and_dry_runs(conn: Any, tmp_path: Path) -> None:
-    root, dirs = cgroup_tree(tmp_path, conn)
+    root, dirs, locator = cgroup_tree(tmp_path, conn)
     state = tmp_path / "s.json"
     io = FakeCgroupfsIO(devices={"8:0"})
-    applier = CgroupApplier(root, state_path=state, libvirt_conn_or_uri=conn, io=io)
+    applier = CgroupApplier(
+        root, locator=locator, state_path=state, libvirt_conn_or_uri=conn, io=io
+    )
 
     results = applier.sync(plan("dry-run", item(UUID_A, cpu_weight=25, cpu_quota_cores=0.5)))
     assert dump(results) == [(UUID_A, "would_apply", True)]
@@ -465,7 +471,7 @@ def test_cgroup_applier_applies_restores_and_dry_runs(conn: Any, tmp_path: Path)
     )
 
     # A new instance (agent restart) restores from the file, exactly.
-    again = CgroupApplier(root, state_path=state, libvirt_conn_or_uri=conn, io=io)
+    again = CgroupApplier(root, locator=locator, state_path=state, libvirt_conn_or_uri=conn, io=io)
     results = again.sync(plan("on"))
     assert dump(results) == [(UUID_A, "restore", True)]
     assert files(dirs[UUID_A]) == V2_DEFAULTS
@@ -473,10 +479,14 @@ def test_cgroup_applier_applies_restores_and_dry_runs(conn: Any, tmp_path: Path)
 
 
 def test_cgroup_applier_reports_a_missing_cgroup_and_goes_on(conn: Any, tmp_path: Path) -> None:
-    root, dirs = cgroup_tree(tmp_path, conn)
+    root, dirs, locator = cgroup_tree(tmp_path, conn)
     (dirs[UUID_A] / "cpu.max").unlink()
     applier = CgroupApplier(
-        root, state_path=tmp_path / "s.json", libvirt_conn_or_uri=conn, io=FakeCgroupfsIO(set())
+        root,
+        locator=locator,
+        state_path=tmp_path / "s.json",
+        libvirt_conn_or_uri=conn,
+        io=FakeCgroupfsIO(set()),
     )
     results = applier.sync(
         plan("on", item(UUID_A, cpu_quota_cores=0.5, disk_read_bytes_per_s=1e6), item(UUID_B))
@@ -509,9 +519,11 @@ class VanishingIO(FakeCgroupfsIO):
 def test_cgroup_applier_forgets_a_vm_whose_cgroup_went_with_it(
     conn: Any, tmp_path: Path, stop: bool
 ) -> None:
-    root, dirs = cgroup_tree(tmp_path, conn)
+    root, dirs, locator = cgroup_tree(tmp_path, conn)
     io = VanishingIO(conn, dirs[UUID_A], stop=stop)
-    applier = CgroupApplier(root, state_path=tmp_path / "s.json", libvirt_conn_or_uri=conn, io=io)
+    applier = CgroupApplier(
+        root, locator=locator, state_path=tmp_path / "s.json", libvirt_conn_or_uri=conn, io=io
+    )
     results = applier.sync(plan("on", item(UUID_A), item(UUID_B)))
     if stop:  # every file ENOENT and the VM stopped: nothing to report, nothing to put back
         assert dump(results) == [(UUID_B, "apply", True)]

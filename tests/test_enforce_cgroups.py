@@ -32,8 +32,9 @@ from gmd.agent.apply.cgroupfs import (
     VmIdentity,
     apply,
     detect,
+    from_domain,
+    from_template,
     libvirt_machine_name,
-    locate,
     read_current,
     render_template,
     restore,
@@ -50,6 +51,8 @@ from gmd.agent.apply.limits import (
     round_down_to_page,
     shares_to_cpu_weight,
 )
+from gmd.agent.cgroups import CgroupLocator, DomainCgroups
+from gmd.agent.collect.kernel import counter_files
 
 PAGE = 4096
 GIB = 1 << 30
@@ -162,7 +165,7 @@ def test_templates_give_libvirts_real_cgroup_names() -> None:
 
 
 def test_v1_locate_gives_one_directory_per_controller(tmp_path: Path) -> None:
-    cg = locate(tmp_path, LIBVIRT_TEMPLATE, VmIdentity("web", id=7), version="v1")
+    cg = from_template(tmp_path, LIBVIRT_TEMPLATE, VmIdentity("web", id=7), version="v1")
     assert cg.file("cpu.shares") == tmp_path / "cpu/machine/qemu-7-web.libvirt-qemu/cpu.shares"
     assert cg.file("blkio.bfq.weight") == (
         tmp_path / "blkio/machine/qemu-7-web.libvirt-qemu/blkio.bfq.weight"
@@ -235,7 +238,7 @@ def v2_tree(tmp_path: Path) -> tuple[Path, VmCgroup, FakeCgroupfsIO]:
     root.mkdir()
     (root / "cgroup.controllers").write_text("cpuset cpu io memory hugetlb pids\n")
     vm = VmIdentity(name="instance-0000002a", id=3)
-    cg = locate(root, SYSTEMD_TEMPLATE, vm)
+    cg = from_template(root, SYSTEMD_TEMPLATE, vm)
     assert cg.version == "v2"
     cg.dirs[""].mkdir(parents=True)
     for name, text in V2_DEFAULTS.items():
@@ -360,19 +363,69 @@ def test_v2_none_goes_back_to_the_baseline_so_lower_levels_lift_caps(v2_tree) ->
     assert (cg.dirs[""] / "cpu.max").read_text() == "25000 100000\n"
 
 
-def test_backend_detects_the_version_and_uses_libvirts_layout(v2_tree) -> None:
-    root, cg, io = v2_tree
-    backend = CgroupBackend(root, io=io)
-    vm = VmIdentity(name="instance-0000002a", id=3)
-    assert backend.version == "v2"
-    assert backend.locate(vm) == cg
+def _qemu_process(tmp_path: Path, name: str, pid: int, proc_cgroup: str, mountinfo: str):
+    """A canned ``/proc`` and libvirt run directory: domain ``name``'s QEMU is process
+    ``pid`` in the cgroups ``proc_cgroup``."""
+    proc, run = tmp_path / "proc", tmp_path / "run"
+    (proc / str(pid)).mkdir(parents=True)
+    (proc / "self").mkdir()
+    run.mkdir()
+    (proc / str(pid) / "cgroup").write_text(proc_cgroup)
+    (proc / "self" / "mountinfo").write_text(mountinfo)
+    (run / f"{name}.pid").write_text(f"{pid}\n")
+    return CgroupLocator(proc=proc, run_dir=run)
+
+
+def test_backend_writes_where_the_collector_reads_on_v2(v2_tree, tmp_path: Path) -> None:
+    """By default the VM's cgroup is found from its QEMU process: recent libvirt on v2 puts
+    QEMU in ``…scope/libvirt/emulator``, so the VM's group is ``…scope/libvirt``, where the
+    kernel collector reads its counters too."""
+    root, _scope, io = v2_tree
+    name = "instance-0000002a"
+    group = r"machine.slice/machine-qemu\x2d3\x2dinstance\x2d0000002a.scope/libvirt"
+    (root / group).mkdir(parents=True)
+    for filename, text in V2_DEFAULTS.items():
+        (root / group / filename).write_text(text)
+    locator = _qemu_process(
+        tmp_path,
+        name,
+        4242,
+        f"0::/{group}/emulator\n",
+        f"24 30 0:22 / {root} rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n",
+    )
+    backend = CgroupBackend(Path("/unused"), locator=locator, io=io)
+    vm = VmIdentity(name=name, id=3)
+    cg = backend.locate(vm)
+    assert (cg.version, cg.dirs) == ("v2", {"": root / group})
+    assert counter_files(locator.of_domain(name)).cpu[1] == root / group / "cpu.stat"
     snapshot = backend.read_current(vm)
     assert backend.apply(vm, VmLimits(cpu_weight=10)).ok
-    assert (cg.dirs[""] / "cpu.weight").read_text() == "10\n"
+    assert (root / group / "cpu.weight").read_text() == "10\n"
     assert backend.restore(vm, snapshot).ok
     assert _v2_files(cg) == V2_DEFAULTS
     with pytest.raises(CgroupError, match="snapshot is cgroup v1, the host is v2"):
         backend.restore(vm, Snapshot(version="v1", label="x", files={}))
+    # a VM whose QEMU cannot be found is a one-line error naming what is missing
+    with pytest.raises(CgroupError, match=r"other\.pid: No such file"):
+        backend.locate(VmIdentity(name="other"))
+
+
+def test_backend_with_a_template_detects_the_version_and_renders_it(v2_tree) -> None:
+    root, cg, io = v2_tree
+    backend = CgroupBackend(root, SYSTEMD_TEMPLATE, io=io)
+    vm = VmIdentity(name="instance-0000002a", id=3)
+    assert backend.version == "v2"
+    assert backend.locate(vm) == cg
+    assert backend.apply(vm, VmLimits(cpu_weight=10)).ok
+    assert (cg.dirs[""] / "cpu.weight").read_text() == "10\n"
+
+
+def test_a_domain_in_v1_groups_of_some_controllers_only_is_refused() -> None:
+    groups = DomainCgroups({"cpu": Path("/cg/cpu/vm"), "memory": Path("/cg/memory/vm")}, None)
+    with pytest.raises(CgroupError, match="for cpu, memory but not for blkio"):
+        from_domain(groups)
+    with pytest.raises(CgroupError, match="no cpu/blkio/memory"):
+        from_domain(DomainCgroups({}, None))
 
 
 # --- cgroup v1 against the real kernel ------------------------------------------------------------
@@ -546,3 +599,46 @@ def test_v1_real_kernel_quota_holds_a_busy_process_to_a_fifth_of_a_core(v1_cgrou
     assert int(stat["nr_throttled"]) >= 5
     assert backend.restore(vm, snapshot).ok
     assert (dirs["cpu"] / "cpu.cfs_quota_us").read_text() == "-1\n"
+
+
+def test_v1_real_kernel_backend_writes_where_the_collector_reads(tmp_path: Path) -> None:
+    """A real process in real v1 ``…/NAME/emulator`` groups, as libvirt places QEMU: the
+    backend finds the VM's groups from the process (no template), in the same directories
+    where the kernel collector reads its counters, and its limits land there."""
+    if os.geteuid() != 0 or detect(V1_ROOT) != "v1":
+        pytest.fail(f"this test needs root and cgroup v1 hierarchies under {V1_ROOT}")
+    name = f"gmd-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    controllers = ("cpu", "cpuacct", "blkio", "memory")
+    made: list[Path] = []
+    qemu = subprocess.Popen(["sleep", "600"])
+    try:
+        for controller in controllers:
+            group = V1_ROOT / controller / name
+            (group / "emulator").mkdir(parents=True)
+            made += [group, group / "emulator"]
+            (group / "emulator" / "cgroup.procs").write_text(str(qemu.pid))
+        (tmp_path / f"{name}.pid").write_text(f"{qemu.pid}\n")
+        locator = CgroupLocator(run_dir=tmp_path)
+        backend = CgroupBackend(Path("/unused"), locator=locator)
+        vm = VmIdentity(name=name)
+        cg = backend.locate(vm)
+        assert cg.version == "v1"
+        assert cg.dirs == {c: V1_ROOT / c / name for c in ("cpu", "blkio", "memory")}
+        files = counter_files(locator.of_domain(name))
+        assert files.cpu[1] == V1_ROOT / "cpuacct" / name / "cpuacct.usage"
+        assert files.io is not None and files.io[1].parent == cg.dirs["blkio"]
+        snapshot = backend.read_current(vm)
+        assert backend.apply(vm, VmLimits(cpu_quota=0.2)).ok
+        assert (V1_ROOT / "cpu" / name / "cpu.cfs_quota_us").read_text() == "20000\n"
+        assert backend.restore(vm, snapshot).ok
+        assert (V1_ROOT / "cpu" / name / "cpu.cfs_quota_us").read_text() == "-1\n"
+    finally:
+        qemu.kill()
+        qemu.wait()
+        for group in reversed(made):
+            for _ in range(50):  # the killed process leaves its group a moment later
+                try:
+                    group.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.05)

@@ -285,9 +285,10 @@ def test_a_cap_is_lifted_when_its_host_stops_being_contended(
     config = load(write_config(tmp_path / "gmd.toml", database_url))
     sched = SchedConn(node)
     via_libvirt = LibvirtApplier(sched, state_path=tmp_path / "libvirt.json")
-    root, dirs = cgroup_tree(tmp_path, node)
+    root, dirs, locator = cgroup_tree(tmp_path, node)
     via_cgroup = CgroupApplier(
         root,
+        locator=locator,
         state_path=tmp_path / "cgroup.json",
         libvirt_conn_or_uri=node,
         io=FakeCgroupfsIO(devices={"8:0"}),

@@ -71,27 +71,17 @@ def _applier(config: AgentConfig) -> PlanApplier | None:
 
 
 def _libvirt_collector(config: AgentConfig) -> Collector:
-    """The collector that reads the host through libvirt: the kernel's files for the counters
+    """The collector that reads the host through libvirt, from the registry
+    (:mod:`gmd.agent.collectors`): the kernel's files for the counters
     (``agent.collector = "kernel"``, and ``"auto"`` where they can be read), else bulk stats
     (``"libvirt"``)."""
-    try:
-        from gmd.agent.collect.libvirt import LibvirtCollector
-    except ImportError as exc:
-        raise fail(
-            f"the libvirt Python binding is missing ({exc}): pip install libvirt-python"
-            " (it builds a C extension: apt-get install libvirt-dev python3-dev pkg-config gcc)",
-            ExitCode.UNAVAILABLE,
-        ) from None
-    kind = config.collector
-    if kind == CollectorKind.auto:
-        from gmd.agent.collect.kernel import kernel_collector_fits
+    from gmd.agent.collectors import CollectorUnavailable, host_collector
 
-        why_not = kernel_collector_fits(config.libvirt_uri)
-        kind = CollectorKind.libvirt if why_not else CollectorKind.kernel
-        log.info(
-            "agent.collector = auto: %s",
-            f"libvirt's bulk stats ({why_not})" if why_not else "the kernel's counter files",
-        )
+    try:
+        collector, why = host_collector(config)
+    except CollectorUnavailable as exc:
+        raise fail(str(exc), ExitCode.UNAVAILABLE) from None
+    log.info("%s", why)
     log.info(
         "measuring and throttling %s%s",
         config.domains.words(),
@@ -99,23 +89,7 @@ def _libvirt_collector(config: AgentConfig) -> Collector:
         if config.domains.prefixes or config.domains.only_nova
         else " of libvirt's (agent.domain_prefixes and agent.only_nova limit them)",
     )
-    if kind == CollectorKind.kernel:
-        from gmd.agent.collect.kernel import KernelCollector
-
-        return KernelCollector(
-            config.libvirt_uri,
-            default_customer=config.default_customer,
-            describe_every_s=config.describe_every_s,
-            backoff_max_s=config.reconnect_max_s,
-            domains=config.domains,
-        )
-    return LibvirtCollector(
-        config.libvirt_uri,
-        default_customer=config.default_customer,
-        describe_every_s=config.describe_every_s,
-        backoff_max_s=config.reconnect_max_s,
-        domains=config.domains,
-    )
+    return collector
 
 
 def _replay_collector(config: AgentConfig) -> tuple[ReplayCollector, ReplayClock]:

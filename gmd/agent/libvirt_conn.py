@@ -1,5 +1,6 @@
-"""What the agent's collector and appliers share about libvirt: how a connection is opened and
-what its error codes mean, so that both tell a vanished VM from a lost connection alike.
+"""What the agent's collectors and appliers share about libvirt: the one owner of a connection
+(opening, backoff, the close callback, hooks for lifecycle events) and what its error codes
+mean, so that all of them tell a vanished VM from a lost connection alike.
 
 Importing this module silences libvirt's default error handler, which prints every error to
 stderr; the agent logs the errors it cares about itself.
@@ -8,9 +9,15 @@ stderr; the agent logs the errors it cares about itself.
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 import libvirt
+
+log = logging.getLogger(__name__)
 
 # The domain stopped or was undefined between two calls.
 DOMAIN_GONE = frozenset({libvirt.VIR_ERR_NO_DOMAIN, libvirt.VIR_ERR_OPERATION_INVALID})
@@ -54,26 +61,118 @@ def reason(exc: BaseException) -> str:
     return str(exc)
 
 
-class LazyConnection:
-    """A connection the caller lends (used as is, never closed here) or a URI, opened on first
-    use and, once closed after a loss, opened again on the next use."""
+class LibvirtConnection:
+    """The one owner of a libvirt connection, for the collectors and the appliers alike.
 
-    def __init__(self, conn_or_uri: Any, *, read_only: bool) -> None:
+    Opened on first use; after a failure (it could not be opened, a call found it lost, or
+    libvirt's close callback said libvirtd went away) it is dropped and reopened on a later
+    :meth:`get`, waiting ``backoff_initial_s`` doubling up to ``backoff_max_s`` between tries,
+    so that a libvirtd that is down is not hammered every tick and the log says once per try
+    why. ``on_open`` callbacks run on each new connection (registering lifecycle events, asking
+    the driver's type); ``on_close`` ones before it is closed (deregistering them), so no
+    callback outlives its connection.
+
+    A connection lent by the caller (a test's, a ``test:///`` one) is used as is: never closed
+    here, and ``lost`` only reports."""
+
+    def __init__(
+        self,
+        conn_or_uri: Any,
+        *,
+        read_only: bool,
+        opener: Callable[[str], Any] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+        backoff_initial_s: float = 1.0,
+        backoff_max_s: float = 60.0,
+    ) -> None:
         self.read_only = read_only
+        self._opener = opener or functools.partial(open_connection, read_only=read_only)
+        self._monotonic = monotonic
+        self.backoff_initial_s, self.backoff_max_s = backoff_initial_s, backoff_max_s
+        self._conn: Any = None
+        self._lent: Any = None
         if isinstance(conn_or_uri, str):
-            self.uri, self._conn, self._owned = conn_or_uri, None, True
+            self.uri = conn_or_uri
         else:
-            self.uri, self._conn, self._owned = conn_or_uri.getURI(), conn_or_uri, False
+            self.uri, self._lent = conn_or_uri.getURI(), conn_or_uri
+        self._failures = 0
+        self._retry_at = 0.0
+        self._closed_under_us = False
+        self.down_reason = ""
+        """why there is no connection now, and when the next try is"""
+        self._on_open: list[Callable[[Any], None]] = []
+        self._on_close: list[Callable[[Any], None]] = []
+
+    def on_open(self, callback: Callable[[Any], None]) -> None:
+        """Call ``callback(conn)`` on every connection opened from now on."""
+        self._on_open.append(callback)
+
+    def on_close(self, callback: Callable[[Any], None]) -> None:
+        """Call ``callback(conn)`` before a connection is dropped."""
+        self._on_close.append(callback)
 
     def get(self) -> Any:
-        """The open connection; raises ``libvirt.libvirtError`` when it cannot be opened."""
-        if self._conn is None:
-            self._conn = open_connection(self.uri, read_only=self.read_only)
-        return self._conn
+        """The open connection, opened now if need be; ``None`` while waiting to try again
+        after a failure (:attr:`down_reason` says why)."""
+        if self._closed_under_us:
+            self._closed_under_us = False
+            self.lost("the connection closed", "waiting for events")
+        if self._conn is not None:
+            return self._conn
+        if self._monotonic() < self._retry_at:
+            return None
+        try:
+            conn = self._lent if self._lent is not None else self._opener(self.uri)
+        except libvirt.libvirtError as exc:
+            self._failed(f"cannot connect to libvirt at {self.uri}: {exc}")
+            return None
+        self._conn = conn
+        if self._lent is None:
+            try:
+                conn.registerCloseCallback(self._closed, None)
+            except libvirt.libvirtError as exc:
+                log.debug("no close callback on the libvirt connection: %s", exc)
+            if self._failures:
+                log.info("reconnected to libvirt at %s after %d failures", self.uri, self._failures)
+            else:
+                log.info("connected to libvirt at %s", self.uri)
+        self._failures = 0
+        self.down_reason = ""
+        for callback in self._on_open:
+            callback(conn)
+        return conn
+
+    def lost(self, exc: BaseException | str, during: str) -> None:
+        """Drop a connection that failed ``during`` something; the next one waits a backoff."""
+        self._drop()
+        self._failed(f"libvirt connection to {self.uri} lost while {during}: {exc}")
 
     def close(self) -> None:
-        """Close a connection opened here, so the next :meth:`get` opens a fresh one."""
-        if self._owned and self._conn is not None:
+        """Drop the connection (the next :meth:`get` opens a new one at once)."""
+        self._drop()
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        for callback in self._on_close:
             with contextlib.suppress(libvirt.libvirtError):
-                self._conn.close()
-            self._conn = None
+                callback(conn)
+        if conn is not self._lent:
+            with contextlib.suppress(libvirt.libvirtError):
+                conn.unregisterCloseCallback()
+            with contextlib.suppress(libvirt.libvirtError):
+                conn.close()
+
+    def _failed(self, why: str) -> None:
+        delay = min(self.backoff_initial_s * 2**self._failures, self.backoff_max_s)
+        self._failures += 1
+        self._retry_at = self._monotonic() + delay
+        self.down_reason = f"{why}; retrying in {delay:g} s" if delay else why
+        log.warning("%s", self.down_reason)
+
+    def _closed(self, _conn: Any, why: int, _opaque: Any) -> None:
+        """libvirt's close callback (on its event loop's thread): libvirtd went away. The
+        next :meth:`get`, on the agent's thread, drops the connection and tries again."""
+        self._closed_under_us = True
+        log.warning("libvirt connection to %s closed (reason %d)", self.uri, why)

@@ -1,6 +1,7 @@
 """The cgroup applier, for hosts configured not to go through libvirt's tuning: it writes the
-VM's cgroup files through :mod:`gmd.agent.apply.cgroupfs` (v1 or v2, detected), and libvirt
-(read-only) only tells it which VMs run, under which name, domain id and disks."""
+VM's cgroup files through :mod:`gmd.agent.apply.cgroupfs` (v1 or v2, where its QEMU process
+sits: the groups the kernel collector reads), and libvirt (read-only) only tells it which VMs
+run, under which name, domain id and disks."""
 
 from __future__ import annotations
 
@@ -30,11 +31,12 @@ from gmd.agent.apply.cgroupfs import (
     apply as cgroup_apply,
     restore as cgroup_restore,
 )
-from gmd.agent.apply.libvirt import connect
+from gmd.agent.apply.libvirt import applier_connection, connect
 from gmd.agent.apply.limits import LimitsError, VmLimits
 from gmd.agent.apply.state import EnforceBackend
+from gmd.agent.cgroups import CgroupLocator
 from gmd.agent.collect.ownership import EVERY_DOMAIN, DomainFilter
-from gmd.agent.libvirt_conn import DOMAIN_GONE, NO_SUCH_DOMAIN, LazyConnection, reason
+from gmd.agent.libvirt_conn import DOMAIN_GONE, NO_SUCH_DOMAIN, reason
 from gmd.wire import VmPlanItem
 
 log = logging.getLogger(__name__)
@@ -121,21 +123,17 @@ class CgroupApplier(PlanApplier):
         *,
         state_path: Path,
         libvirt_conn_or_uri: Any = "qemu:///system",
+        locator: CgroupLocator | None = None,
         version: CgroupVersion | None = None,
         io: CgroupIO | None = None,
         clock: Callable[[], float] = time.time,
         domains: DomainFilter = EVERY_DOMAIN,
     ) -> None:
         super().__init__(state_path, clock=clock, domains=domains)
-        self.cgroups = CgroupBackend(Path(root), template, version=version, io=io)
-        self._libvirt = LazyConnection(libvirt_conn_or_uri, read_only=True)
+        self.cgroups = CgroupBackend(Path(root), template, locator=locator, version=version, io=io)
+        self._libvirt = applier_connection(libvirt_conn_or_uri, read_only=True)
         self.uri = self._libvirt.uri
-        log.info(
-            "enforcement through cgroup %s files under %s, template %r",
-            self.cgroups.version,
-            self.cgroups.root,
-            self.cgroups.template,
-        )
+        log.info("enforcement through cgroup files: %s", self.cgroups.describe())
 
     def close(self) -> None:
         self._libvirt.close()

@@ -1,7 +1,7 @@
 r"""The cgroup backend: hold a VM to a :class:`~gmd.agent.apply.limits.VmLimits` by writing its
 cgroup files directly, for hosts where the agent is configured not to go through libvirt.
 
-Two layouts exist in the field and both are handled, detected per host by :func:`detect`:
+Two layouts exist in the field and both are handled:
 
 - cgroup v2 (most production hosts): one directory per VM holding ``cpu.weight``, ``cpu.max``,
   ``io.weight``, ``io.max`` and ``memory.high``.
@@ -10,28 +10,32 @@ Two layouts exist in the field and both are handled, detected per host by :func:
   ``cpu.cfs_quota_us``, ``blkio.bfq.weight`` or ``blkio.weight``,
   ``blkio.throttle.{read,write}_bps_device`` and ``memory.soft_limit_in_bytes``.
 
-Where a VM's cgroup is comes from a configured template relative to the root (one template
-serves every v1 controller, since libvirt uses the same relative path in each). Fields:
-``{name}`` (domain name), ``{uuid}``, ``{id}`` (libvirt's domain id, changes at every start),
-``{machine}`` (libvirt's machine name ``qemu-{id}-{name}``) and ``{machine_unit}`` (the same,
-escaped as systemd escapes unit names: ``-`` becomes ``\x2d``). What libvirt creates:
+Where a VM's cgroup is: by default, where its QEMU process sits (:func:`from_domain`, through
+:class:`gmd.agent.cgroups.CgroupLocator`, which also tells the kernel collector where to read
+the VM's counters, so that a VM is measured and throttled in the same group). v1 when QEMU
+sits in v1 groups of ``cpu``, ``blkio`` and ``memory`` (this machine's hybrid layout, e.g.
+``/sys/fs/cgroup/cpu/machine/qemu-15-gmd-test-spin-31259.libvirt-qemu``), else its v2 group
+(recent libvirt on v2: ``machine.slice/machine-qemu\x2d{id}\x2d{name}.scope/libvirt``, whose
+limits bound the ``emulator`` and ``vcpuN`` groups below it).
+
+Where the agent cannot see QEMU's processes (a containerised agent without the host's
+``/proc``), a configured template relative to a root says where (:func:`from_template`; one
+template serves every v1 controller, since libvirt uses the same relative path in each).
+Fields: ``{name}`` (domain name), ``{uuid}``, ``{id}`` (libvirt's domain id, changes at every
+start), ``{machine}`` (libvirt's machine name ``qemu-{id}-{name}``) and ``{machine_unit}`` (the
+same, escaped as systemd escapes unit names: ``-`` becomes ``\x2d``). What libvirt creates:
 
 - with systemd (v1 or v2): ``machine.slice/machine-qemu\x2d{id}\x2d{name}.scope``, i.e.
-  :data:`SYSTEMD_TEMPLATE`; recent libvirt on v2 puts the processes one level further down in
-  ``.../libvirt/`` (and ``vcpuN``/``emulator`` below it), but limits set on the scope bound
-  all of them, so the scope is the right place. Note that a ``-`` inside the domain name is
-  escaped too (``instance-0000002a`` -> ``instance\x2d0000002a``), which ``{machine_unit}``
-  does and a literal ``\x2d{name}`` does not.
-- without systemd: ``machine/qemu-{id}-{name}.libvirt-qemu`` (:data:`LIBVIRT_TEMPLATE`; old libvirt
-  releases used ``machine/{name}.libvirt-qemu``). This machine has that layout, e.g.
-  ``/sys/fs/cgroup/cpu/machine/qemu-15-gmd-test-spin-31259.libvirt-qemu``.
+  :data:`SYSTEMD_TEMPLATE`. Note that a ``-`` inside the domain name is escaped too
+  (``instance-0000002a`` -> ``instance\x2d0000002a``), which ``{machine_unit}`` does and a
+  literal ``\x2d{name}`` does not.
+- without systemd: ``machine/qemu-{id}-{name}.libvirt-qemu`` (:data:`LIBVIRT_TEMPLATE`; old
+  libvirt releases used ``machine/{name}.libvirt-qemu``).
 
 libvirt drops characters that are not valid in a host name from ``{machine}`` and cuts it at 64
 characters; :func:`libvirt_machine_name` follows that for ordinary names, but a host with
-unusual domain names should be checked against its own tree (``systemd-cgls``, ``ls``).
-:class:`CgroupBackend` defaults to :data:`SYSTEMD_TEMPLATE` on v2 and :data:`LIBVIRT_TEMPLATE`
-on v1 (this machine's layout); a v1 host run by systemd needs :data:`SYSTEMD_TEMPLATE`
-configured.
+unusual domain names should be checked against its own tree (``systemd-cgls``, ``ls``). The
+version of a templated root is detected (:func:`detect`) unless configured.
 
 Every write is one line per ``write()`` call, which cgroupfs needs for files holding one line
 per device. Writes are skipped when the file already holds the wanted value, so applying the
@@ -65,6 +69,7 @@ from gmd.agent.apply.limits import (
     io_weight_to_blkio,
     round_down_to_page,
 )
+from gmd.agent.cgroups import CgroupLocator, CgroupNotFound, DomainCgroups
 
 log = logging.getLogger(__name__)
 
@@ -193,11 +198,12 @@ class VmCgroup:
         return V2_FILES if self.version == "v2" else V1_FILES
 
 
-def locate(
+def from_template(
     root: Path, template: str, vm: VmIdentity, version: CgroupVersion | None = None
 ) -> VmCgroup:
-    """The VM's cgroup under ``root`` (its directories need not exist: a missing one shows up
-    as ENOENT in the report of whatever is done with it)."""
+    """The VM's cgroup under ``root`` by a configured path template (``agent.cgroup_template``,
+    for hosts where the agent cannot see QEMU's processes); its directories need not exist: a
+    missing one shows up as ENOENT in the report of whatever is done with it."""
     version = version or detect(root)
     relative = render_template(template, vm)
     if version == "v2":
@@ -205,6 +211,25 @@ def locate(
     else:
         dirs = {controller: root / controller / relative for controller in V1_CONTROLLERS}
     return VmCgroup(version=version, label=str(relative), dirs=dirs)
+
+
+def from_domain(groups: DomainCgroups) -> VmCgroup:
+    """The VM's cgroup where its QEMU process sits (:class:`gmd.agent.cgroups.CgroupLocator`,
+    the collector's answer too): v1 when QEMU is in v1 groups of the controllers written
+    (libvirt uses all three or none), else its v2 group."""
+    placed = [c for c in V1_CONTROLLERS if c in groups.v1]
+    if placed:
+        missing = [c for c in V1_CONTROLLERS if c not in groups.v1]
+        if missing:
+            raise CgroupError(
+                f"QEMU is in v1 groups of its own for {', '.join(placed)} but not for "
+                f"{', '.join(missing)}"
+            )
+        dirs = {c: groups.v1[c] for c in V1_CONTROLLERS}
+        return VmCgroup(version="v1", label=str(dirs["cpu"]), dirs=dirs)
+    if groups.unified is None:
+        raise CgroupError("QEMU is in no cpu/blkio/memory (v1) nor v2 cgroup of its own")
+    return VmCgroup(version="v2", label=str(groups.unified), dirs={"": groups.unified})
 
 
 # --- file access ------------------------------------------------------------------------------
@@ -757,23 +782,39 @@ def _report(
 
 
 class CgroupBackend:
-    """The backend as the agent uses it: a root, a path template, the detected version."""
+    """The backend as the agent uses it: each VM's cgroup found from its QEMU process by
+    ``locator`` — or, when a ``template`` is configured, rendered from it under ``root``."""
 
     def __init__(
         self,
         root: Path,
         template: str | None = None,
         *,
+        locator: CgroupLocator | None = None,
         version: CgroupVersion | None = None,
         io: CgroupIO | None = None,
     ) -> None:
         self.root = Path(root)
-        self.version: CgroupVersion = version or detect(self.root)
-        self.template = template or (SYSTEMD_TEMPLATE if self.version == "v2" else LIBVIRT_TEMPLATE)
+        self.template = template
+        self.locator = locator or CgroupLocator()
+        self.version: CgroupVersion | None = None
+        if template is not None:
+            self.version = version or detect(self.root)
         self.io = io or CgroupIO()
 
+    def describe(self) -> str:
+        """Where the VMs' cgroups are found, for the log."""
+        if self.template is None:
+            return f"found from each VM's QEMU process ({self.locator.run_dir}/NAME.pid)"
+        return f"cgroup {self.version} under {self.root}, template {self.template!r}"
+
     def locate(self, vm: VmIdentity) -> VmCgroup:
-        return locate(self.root, self.template, vm, self.version)
+        if self.template is not None:
+            return from_template(self.root, self.template, vm, self.version)
+        try:
+            return from_domain(self.locator.of_domain(vm.name))
+        except CgroupNotFound as exc:
+            raise CgroupError(str(exc)) from None
 
     def read_current(self, vm: VmIdentity) -> Snapshot:
         return read_current(self.locate(vm), self.io)

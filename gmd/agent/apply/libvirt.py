@@ -49,7 +49,7 @@ from gmd.agent.libvirt_conn import (
     CONNECTION_LOST,
     DOMAIN_GONE,
     NO_SUCH_DOMAIN,
-    LazyConnection,
+    LibvirtConnection,
     reason,
 )
 from gmd.wire import VmPlanItem
@@ -116,12 +116,18 @@ def live_disks(xml: str) -> list[str]:
     return out
 
 
-def connect(conn: LazyConnection) -> Any:
+def applier_connection(conn_or_uri: Any, *, read_only: bool) -> LibvirtConnection:
+    """An applier's connection: tried again at every round (a round is already
+    ``plan_every_s`` apart, so no backoff of its own)."""
+    return LibvirtConnection(conn_or_uri, read_only=read_only, backoff_max_s=0)
+
+
+def connect(conn: LibvirtConnection) -> Any:
     """The open connection; without one, nothing more can be done this round."""
-    try:
-        return conn.get()
-    except libvirt.libvirtError as exc:
-        raise BackendUnavailable(f"cannot connect to libvirt at {conn.uri}: {exc}") from None
+    opened = conn.get()
+    if opened is None:
+        raise BackendUnavailable(conn.down_reason)
+    return opened
 
 
 class LibvirtApplier(PlanApplier):
@@ -140,7 +146,7 @@ class LibvirtApplier(PlanApplier):
         domains: DomainFilter = EVERY_DOMAIN,
     ) -> None:
         super().__init__(state_path, clock=clock, domains=domains)
-        self._libvirt = LazyConnection(conn_or_uri, read_only=False)
+        self._libvirt = applier_connection(conn_or_uri, read_only=False)
         self.uri = self._libvirt.uri
         log.info(
             "enforcement through libvirt %s (LIVE only): cpu_shares, vcpu_quota, blkio weight,"
@@ -150,8 +156,8 @@ class LibvirtApplier(PlanApplier):
         )
 
     def _lost(self, exc: libvirt.libvirtError, during: str) -> BackendUnavailable:
-        self._libvirt.close()
-        return BackendUnavailable(f"libvirt connection to {self.uri} lost while {during}: {exc}")
+        self._libvirt.lost(exc, during)
+        return BackendUnavailable(self._libvirt.down_reason)
 
     def close(self) -> None:
         self._libvirt.close()

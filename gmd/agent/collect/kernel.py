@@ -58,7 +58,6 @@ counted twice.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import os
 import re
@@ -68,13 +67,21 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 import libvirt
 
 from gmd import GmdError
+from gmd.agent.cgroups import (
+    LIBVIRT_QEMU_RUN,
+    PROC,
+    CgroupLocator,
+    CgroupMounts,
+    CgroupNotFound,
+    DomainCgroups,
+)
 from gmd.agent.collect.base import HostReading, HostResources, Ownership, VmReading
 from gmd.agent.collect.host import HostCpu
 from gmd.agent.collect.libvirt import (
@@ -90,16 +97,9 @@ from gmd.agent.collect.lifecycle import (
     start_event_loop,
 )
 from gmd.agent.collect.ownership import EVERY_DOMAIN, DomainFilter
-from gmd.agent.libvirt_conn import CONNECTION_LOST, DOMAIN_GONE, open_connection
+from gmd.agent.libvirt_conn import CONNECTION_LOST, DOMAIN_GONE, LibvirtConnection
 
 log = logging.getLogger(__name__)
-
-PROC = Path("/proc")
-LIBVIRT_QEMU_RUN = Path("/run/libvirt/qemu")
-"""where the system QEMU driver writes ``<domain name>.pid``"""
-EMULATOR = "emulator"
-UNIFIED = ""
-"""the controller key of the cgroup v2 hierarchy (``0::/path`` in ``/proc/<pid>/cgroup``)"""
 
 
 class CpuFile(Enum):
@@ -132,60 +132,7 @@ class KernelReadError(GmdError):
     """A counter file of one VM is missing, unreadable or not as expected; names the file."""
 
 
-# --- where the files are (pure) ------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class CgroupMounts:
-    """Where each cgroup hierarchy is mounted: v1 controllers by name, and the v2 mount."""
-
-    v1: Mapping[str, Path]
-    v2: Path | None
-
-
-def parse_mountinfo(text: str) -> CgroupMounts:
-    """The cgroup mounts of a ``/proc/self/mountinfo``. A v1 mount lists its controllers in
-    its super options (``rw,cpu,cpuacct``); fields after `` - `` are fstype, source, options."""
-    v1: dict[str, Path] = {}
-    v2: Path | None = None
-    for line in text.splitlines():
-        left, sep, right = line.partition(" - ")
-        if not sep:
-            continue
-        fields, tail = left.split(), right.split()
-        if len(fields) < 5 or len(tail) < 3:
-            continue
-        mountpoint = Path(fields[4].replace("\\040", " "))
-        if tail[0] == "cgroup2" and v2 is None:
-            v2 = mountpoint
-        elif tail[0] == "cgroup":
-            for option in tail[2].split(","):
-                v1.setdefault(option, mountpoint)
-    return CgroupMounts(v1, v2)
-
-
-def parse_proc_cgroup(text: str) -> dict[str, str]:
-    """``controller → path`` from ``/proc/<pid>/cgroup`` (``ID:ctl1,ctl2:/path`` lines); the v2
-    hierarchy's path under :data:`UNIFIED`. ``name=systemd`` and the like are kept as named."""
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _id, controllers, path = parts
-        for controller in controllers.split(",") if controllers else [UNIFIED]:
-            out[controller] = path
-    return out
-
-
-def domain_cgroup(path: str) -> PurePosixPath | None:
-    """The domain's cgroup from QEMU's: libvirt puts the main process in ``…/emulator`` and the
-    vCPU threads in ``…/vcpuN`` beside it, so the domain is the parent. ``None`` for the root
-    (libvirt did not use the controller)."""
-    p = PurePosixPath(path)
-    if p.name == EMULATOR:
-        p = p.parent
-    return None if p == PurePosixPath("/") else p
+# --- which files (pure) --------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,40 +144,24 @@ class CgroupFiles:
     """``None``: no io/blkio group (the VM's disks are then read through libvirt)"""
 
 
-def _under(mount: Path, cgroup: PurePosixPath) -> Path:
-    return mount / str(cgroup).lstrip("/")
-
-
-def locate(proc_cgroup: Mapping[str, str], mounts: CgroupMounts) -> CgroupFiles:
-    """The files to read for a QEMU process in the cgroups ``proc_cgroup``: v1 where QEMU sits
-    in a group of that controller, else v2. Raises :class:`KernelReadError` without a CPU file."""
-
-    def group(controller: str, mount: Path | None) -> Path | None:
-        path = proc_cgroup.get(controller)
-        cg = domain_cgroup(path) if path is not None else None
-        return None if cg is None or mount is None else _under(mount, cg)
-
-    unified = group(UNIFIED, mounts.v2)
-    cpuacct = group("cpuacct", mounts.v1.get("cpuacct"))
+def counter_files(groups: DomainCgroups) -> CgroupFiles:
+    """The files to read in a domain's cgroups (found by :mod:`gmd.agent.cgroups`): v1 where
+    QEMU sits in a group of that controller, else v2. :class:`KernelReadError` without a CPU
+    file."""
+    cpuacct = groups.v1.get("cpuacct")
     if cpuacct is not None:
         cpu = (CpuFile.CPUACCT_USAGE, cpuacct / CpuFile.CPUACCT_USAGE.value)
-    elif unified is not None:
-        cpu = (CpuFile.CPU_STAT, unified / CpuFile.CPU_STAT.value)
+    elif groups.unified is not None:
+        cpu = (CpuFile.CPU_STAT, groups.unified / CpuFile.CPU_STAT.value)
     else:
         raise KernelReadError("QEMU is in no cpuacct (v1) nor v2 cgroup of its own")
-    blkio = group("blkio", mounts.v1.get("blkio"))
+    blkio = groups.v1.get("blkio")
     io: tuple[IoFile, Path] | None = None
     if blkio is not None:
         io = (IoFile.BLKIO_SERVICE_BYTES, blkio / IoFile.BLKIO_SERVICE_BYTES.value)
-    elif unified is not None:
-        io = (IoFile.IO_STAT, unified / IoFile.IO_STAT.value)
+    elif groups.unified is not None:
+        io = (IoFile.IO_STAT, groups.unified / IoFile.IO_STAT.value)
     return CgroupFiles(cpu, io)
-
-
-def locate_process(pid: int, mounts: CgroupMounts, proc: Path = PROC) -> CgroupFiles:
-    """The counter files of QEMU process ``pid``'s domain (:func:`locate`), from its
-    ``/proc/<pid>/cgroup``; :class:`KernelReadError` when that cannot be read."""
-    return locate(parse_proc_cgroup(_read(proc / str(pid) / "cgroup")), mounts)
 
 
 # --- the counter files (pure parsers) --------------------------------------------------------
@@ -491,9 +422,9 @@ def kernel_collector_fits(uri: str, proc: Path = PROC, run_dir: Path = LIBVIRT_Q
     if not run_dir.is_dir():
         return f"no {run_dir}: libvirt's QEMU driver does not run here"
     try:
-        mounts = parse_mountinfo(_read(proc / "self" / "mountinfo"))
+        mounts = CgroupLocator(proc=proc, run_dir=run_dir).mounts()
         _read(proc / "net" / "dev")
-    except KernelReadError as exc:
+    except (CgroupNotFound, KernelReadError) as exc:
         return str(exc)
     if "cpuacct" not in mounts.v1 and mounts.v2 is None:
         return "no cgroup hierarchy counts CPU (neither v1 cpuacct nor v2 is mounted)"
@@ -560,22 +491,27 @@ class KernelCollector:
         self.domains = domains
         self._clock, self._monotonic = clock, monotonic
         self.describe_every_s = describe_every_s
-        self.proc, self.run_dir = proc, run_dir
+        self.proc = proc
         self.net_dev = proc / "net" / "dev"
-        self.mountinfo = mountinfo or proc / "self" / "mountinfo"
+        self.cgroups = CgroupLocator(proc=proc, run_dir=run_dir, mountinfo=mountinfo)
         self._page_size = os.sysconf("SC_PAGE_SIZE")
         # Before the connection is opened: a connection opened earlier delivers no events.
         start_event_loop()
+        self.conn = LibvirtConnection(
+            uri, read_only=True, opener=opener, monotonic=monotonic, backoff_max_s=backoff_max_s
+        )
+        self._events = LifecycleWatch(self._on_event)
+        self.conn.on_open(self._events.watch)
+        self.conn.on_close(lambda _conn: self._events.unwatch())
         self._libvirt = LibvirtCollector(
             uri,
             default_customer=default_customer,
-            opener=opener or functools.partial(open_connection, read_only=True),
             clock=clock,
             monotonic=monotonic,
             describe_every_s=describe_every_s,
-            backoff_max_s=backoff_max_s,
+            connection=self.conn,
         )
-        self._events = LifecycleWatch(self._on_event)
+        """reads the VMs the kernel's files cannot, through the same connection"""
         self._domains: dict[str, tuple[Any, int]] = {}
         """uuid → (domain, its id) at the last listing"""
         self._listed_s: float | None = None
@@ -593,7 +529,7 @@ class KernelCollector:
         return self._libvirt.resources()
 
     def close(self) -> None:
-        self._events.unwatch()
+        self.conn.close()  # first: no lifecycle event may arrive while the files close
         with self._lock:
             for d in self._descriptions.values():
                 if d.files is not None:
@@ -603,15 +539,9 @@ class KernelCollector:
         self._libvirt.close()
 
     def collect(self) -> HostReading:
-        lv = self._libvirt
-        conn = lv.connection()
-        if conn is not None and self._events.closed:
-            self._events.unwatch()
-            lv.lost("the connection closed", "waiting for events")
-            conn = None
+        conn = self.conn.get()
         if conn is None:
-            return HostReading(self._clock(), False, errors=(lv.down_reason,))
-        self._events.watch(conn)
+            return HostReading(self._clock(), False, errors=(self.conn.down_reason,))
         if (
             self._events.take_changed()
             or self._listed_s is None
@@ -620,9 +550,8 @@ class KernelCollector:
             try:
                 domains = conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE)
             except libvirt.libvirtError as exc:
-                self._events.unwatch()
-                lv.lost(exc, "listing domains")
-                return HostReading(self._clock(), False, errors=(lv.down_reason,))
+                self.conn.lost(exc, "listing domains")
+                return HostReading(self._clock(), False, errors=(self.conn.down_reason,))
             # A domain's id changes only with its process, which sends events: kept with it.
             # Names the domain filter refuses are not even described.
             self._domains = {
@@ -635,7 +564,6 @@ class KernelCollector:
             return self._read(conn, self._domains)
 
     def _read(self, conn: Any, listed: dict[str, tuple[Any, int]]) -> HostReading:
-        lv = self._libvirt
         taken_s = self._clock()
         host_cpu_s = self._host_cpu.read()
         describe_before = self._monotonic() - self.describe_every_s
@@ -659,9 +587,8 @@ class KernelCollector:
                         gone.add(uuid)
                         continue
                     if code in CONNECTION_LOST:
-                        self._events.unwatch()
-                        lv.lost(exc, f"describing domain {uuid}")
-                        return HostReading(taken_s, False, errors=(lv.down_reason,))
+                        self.conn.lost(exc, f"describing domain {uuid}")
+                        return HostReading(taken_s, False, errors=(self.conn.down_reason,))
                     errors.append(f"domain {uuid}: {exc}")
                     continue
                 if mounts is None:
@@ -789,8 +716,8 @@ class KernelCollector:
 
     def _mounts(self) -> CgroupMounts:
         try:
-            return parse_mountinfo(_read(self.mountinfo))
-        except KernelReadError as exc:
+            return self.cgroups.mounts()
+        except CgroupNotFound as exc:
             log.warning("cannot read the cgroup mounts: %s", exc)
             return CgroupMounts({}, None)
 
@@ -802,16 +729,16 @@ class KernelCollector:
         sources: KernelSources | None = None
         problem = ""
         try:
-            pid = int(_read(self.run_dir / f"{name}.pid").strip() or "x")
-        except (KernelReadError, ValueError) as exc:
+            pid = self.cgroups.pid(name)
+        except CgroupNotFound as exc:
             problem = f"no QEMU pid for {name}: {exc}"
         else:
             try:
-                cgroups = locate_process(pid, mounts, self.proc)
+                cgroups = counter_files(self.cgroups.of_process(pid, mounts))
                 if not plan.cgroup:  # its I/O file is not read: no disk is counted there
                     cgroups = dataclasses.replace(cgroups, io=None)
                 sources = KernelSources(cgroups, self.proc / str(pid) / "statm", nics)
-            except KernelReadError as exc:
+            except (CgroupNotFound, KernelReadError) as exc:
                 problem = str(exc)
         same = before is not None and before.run_id == run_id
         disk_source = before.disk_source if before is not None and same else None

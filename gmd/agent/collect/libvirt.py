@@ -23,8 +23,6 @@ them); it is not read per domain, which would wait for the same job.
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import logging
 import time
 import xml.etree.ElementTree as ET
@@ -38,7 +36,7 @@ from gmd import GmdError
 from gmd.agent.collect.base import HostReading, HostResources, Ownership, VmReading
 from gmd.agent.collect.host import HostCpu, local_hypervisor
 from gmd.agent.collect.ownership import EVERY_DOMAIN, DomainFilter, ownership
-from gmd.agent.libvirt_conn import CONNECTION_LOST, DOMAIN_BUSY, DOMAIN_GONE, open_connection
+from gmd.agent.libvirt_conn import CONNECTION_LOST, DOMAIN_BUSY, DOMAIN_GONE, LibvirtConnection
 
 log = logging.getLogger(__name__)
 
@@ -146,68 +144,38 @@ class LibvirtCollector:
         backoff_max_s: float = 60.0,
         bulk: bool = True,
         domains: DomainFilter = EVERY_DOMAIN,
+        connection: LibvirtConnection | None = None,
     ) -> None:
         self.uri = uri
         self.default_customer = default_customer
         self.domains = domains
-        self._opener = opener or functools.partial(open_connection, read_only=True)
+        self.conn = connection or LibvirtConnection(
+            uri,
+            read_only=True,
+            opener=opener,
+            monotonic=monotonic,
+            backoff_initial_s=backoff_initial_s,
+            backoff_max_s=backoff_max_s,
+        )
+        """the connection's owner; a kernel collector lends its own"""
+        self.conn.on_open(self._opened)
         self._clock, self._monotonic = clock, monotonic
         self.describe_every_s = describe_every_s
-        self.backoff_initial_s, self.backoff_max_s = backoff_initial_s, backoff_max_s
         self.bulk = bulk
-        self._conn: Any = None
-        self._failures = 0
-        self._retry_at = 0.0
-        self.down_reason = ""
         self._descriptions: dict[str, Description] = {}
         self._complete = False
         self._host_cpu = HostCpu() if local_hypervisor(uri) else None
         """the host's busy time, where the domains run on this machine"""
 
-    # -- the connection ---------------------------------------------------------------------
-
-    def connection(self) -> Any:
-        """The open connection, opened now if need be; ``None`` while backing off after a
-        failure (``down_reason`` says why)."""
-        if self._conn is not None:
-            return self._conn
-        if self._monotonic() < self._retry_at:
-            return None
+    def _opened(self, conn: Any) -> None:
+        """Which driver a new connection reaches: some report every counter in bulk."""
         try:
-            self._conn = self._opener(self.uri)
-        except libvirt.libvirtError as exc:
-            self._failed(f"cannot connect to libvirt at {self.uri}: {exc}")
-            return None
-        try:
-            self._complete = self._conn.getType() in COMPLETE_DRIVERS
+            self._complete = conn.getType() in COMPLETE_DRIVERS
         except libvirt.libvirtError:
             self._complete = False
-        if self._failures:
-            log.info("reconnected to libvirt at %s after %d failures", self.uri, self._failures)
-        else:
-            log.info("connected to libvirt at %s", self.uri)
-        self._failures = 0
-        return self._conn
-
-    def _failed(self, reason: str) -> None:
-        delay = min(self.backoff_initial_s * 2**self._failures, self.backoff_max_s)
-        self._failures += 1
-        self._retry_at = self._monotonic() + delay
-        self.down_reason = f"{reason}; retrying in {delay:g} s"
-        log.warning("%s", self.down_reason)
-
-    def lost(self, exc: libvirt.libvirtError | str, during: str) -> None:
-        """Drop a connection that failed ``during`` something; the next one waits a backoff."""
-        conn, self._conn = self._conn, None
-        with contextlib.suppress(libvirt.libvirtError):
-            conn.close()
-        self._failed(f"libvirt connection to {self.uri} lost while {during}: {exc}")
 
     def close(self) -> None:
-        if self._conn is not None:
-            with contextlib.suppress(libvirt.libvirtError):
-                self._conn.close()
-            self._conn = None
+        self.conn.close()
         if self._host_cpu is not None:
             self._host_cpu.close()
 
@@ -215,20 +183,20 @@ class LibvirtCollector:
 
     def resources(self) -> HostResources | None:
         """Cores and RAM of the host (``virNodeGetInfo``: active CPUs, memory in MiB)."""
-        conn = self.connection()
+        conn = self.conn.get()
         if conn is None:
             return None
         try:
             info = conn.getInfo()
         except libvirt.libvirtError as exc:
-            self.lost(exc, "reading the host's cores and memory")
+            self.conn.lost(exc, "reading the host's cores and memory")
             return None
         return HostResources(cpu_cores=float(info[2]), memory_bytes=float(info[1]) * 2**20)
 
     def collect(self) -> HostReading:
-        conn = self.connection()
+        conn = self.conn.get()
         if conn is None:
-            return HostReading(self._clock(), False, errors=(self.down_reason,))
+            return HostReading(self._clock(), False, errors=(self.conn.down_reason,))
         try:
             if self.bulk:
                 pairs = conn.getAllDomainStats(STATS, BULK_FLAGS)
@@ -238,8 +206,8 @@ class LibvirtCollector:
             taken_s = self._clock()
             host_cpu_s = None if self._host_cpu is None else self._host_cpu.read()
         except libvirt.libvirtError as exc:
-            self.lost(exc, "listing domains")
-            return HostReading(self._clock(), False, errors=(self.down_reason,))
+            self.conn.lost(exc, "listing domains")
+            return HostReading(self._clock(), False, errors=(self.conn.down_reason,))
 
         everything = {dom.UUIDString(): (dom, stats) for dom, stats in pairs}
         listed = self.admitted(everything)
@@ -302,8 +270,8 @@ class LibvirtCollector:
                     gone.add(uuid)
                     continue
                 if code in CONNECTION_LOST:
-                    self.lost(exc, f"reading domain {uuid}")
-                    errors.append(self.down_reason)
+                    self.conn.lost(exc, f"reading domain {uuid}")
+                    errors.append(self.conn.down_reason)
                     break
                 if code in DOMAIN_BUSY:
                     busy.add(uuid)

@@ -9,10 +9,14 @@ Events reach a process only through an event loop: :func:`start_event_loop` regi
 libvirt's default implementation and runs it on a daemon thread, once per process, and must
 run before the connection is opened (a connection opened earlier delivers no events). The loop
 also carries the connections' keepalive, so a libvirtd that dies or restarts closes the
-connection at once (the close callback), instead of at the next call, and the collector lists
-again on the new one: events sent while no connection listened are lost, the listing is not.
+connection at once (the close callback, which the connection's owner
+:class:`gmd.agent.libvirt_conn.LibvirtConnection` registers), instead of at the next call, and
+the collector lists again on the new one: events sent while no connection listened are lost,
+the listing is not.
 
-:class:`LifecycleWatch` keeps the registration of one connection at a time. Its callbacks run
+:class:`LifecycleWatch` keeps the registration of one connection at a time: the owner calls
+its :meth:`~LifecycleWatch.watch` on each connection it opens and
+:meth:`~LifecycleWatch.unwatch` before it drops one. Its callbacks run
 on the loop's thread: they only set flags and call the handler given to it, which must not
 block for long (the loop also carries every other connection's keepalive).
 """
@@ -94,7 +98,6 @@ class LifecycleWatch:
         self._conn: Any = None
         self._callback_id: int | None = None
         self._changed = True
-        self._closed = False
         self.available = True
         """false once a connection refused the registration (a driver without events): the
         caller then lists every tick"""
@@ -104,7 +107,7 @@ class LifecycleWatch:
         if conn is self._conn:
             return
         self.unwatch()
-        self._conn, self._changed, self._closed = conn, True, False
+        self._conn, self._changed = conn, True
         try:
             self._callback_id = conn.domainEventRegisterAny(
                 None, libvirt.VIR_DOMAIN_EVENT_ID_LIFECYCLE, self._lifecycle, None
@@ -119,21 +122,12 @@ class LifecycleWatch:
             self.available = False
             return
         self.available = True
-        try:
-            conn.registerCloseCallback(self._closed_cb, None)
-        except libvirt.libvirtError as exc:
-            log.info("no close callback on the libvirt connection: %s", exc)
 
     def take_changed(self) -> bool:
         """Whether a domain may have started or stopped since the last call (always, without
         events); clears the flag, so an event arriving after the call counts for the next."""
         changed, self._changed = self._changed, False
         return changed or not self.available
-
-    @property
-    def closed(self) -> bool:
-        """The connection listened to closed under us (libvirtd went away)."""
-        return self._closed
 
     def unwatch(self) -> None:
         """Stop listening; before the connection is closed, so no callback outlives it."""
@@ -143,8 +137,6 @@ class LifecycleWatch:
         with contextlib.suppress(libvirt.libvirtError):
             if self._callback_id is not None:
                 conn.domainEventDeregisterAny(self._callback_id)
-        with contextlib.suppress(libvirt.libvirtError):
-            conn.unregisterCloseCallback()
         self._callback_id = None
 
     def _lifecycle(self, _conn: Any, dom: Any, event: int, _detail: int, _opaque: Any) -> None:
@@ -157,7 +149,3 @@ class LifecycleWatch:
             # After the handler: a tick listing again meanwhile would find a shut-down domain
             # gone and let go of it before its last moment is read.
             self._changed = True
-
-    def _closed_cb(self, _conn: Any, reason: int, _opaque: Any) -> None:
-        self._closed = self._changed = True
-        log.warning("libvirt connection closed (reason %d): listing again once reconnected", reason)
