@@ -24,7 +24,8 @@ import sqlalchemy as sa
 
 from gmd.agent.client import DaemonClient
 from gmd.agent.config import AgentConfig, parse_agent
-from gmd.agent.loop import Agent, AgentMetrics
+from gmd.agent.loop import Agent
+from gmd.agent.metrics import AgentMetrics
 from gmd.agent.sender import Sender
 from gmd.agent.spool import Spool, SpoolError
 from tests.agent_fixtures import ScriptedCollector, ScriptedVm

@@ -27,7 +27,8 @@ from gmd.agent.apply.base import BackendUnavailable
 from gmd.agent.apply.libvirt import LibvirtApplier
 from gmd.agent.collect.libvirt import LibvirtCollector
 from gmd.agent.config import parse_agent
-from gmd.agent.loop import Agent, AgentMetrics
+from gmd.agent.loop import Agent
+from gmd.agent.metrics import AgentMetrics
 from gmd.agent.spool import Spool
 from gmd.wire import PLAN_MODES
 from tests.agent_fixtures import NODE, uri

@@ -23,7 +23,8 @@ from gmd.agent.apply.state import EnforceBackend
 from gmd.agent.client import DaemonClient
 from gmd.agent.collect.base import Collector
 from gmd.agent.config import AgentConfig, CollectorKind, load_agent
-from gmd.agent.loop import Agent, AgentMetrics, dry_run_batch, new_key
+from gmd.agent.loop import Agent, dry_run_batch, new_key
+from gmd.agent.metrics import AgentMetrics
 from gmd.agent.sender import Sender
 from gmd.agent.spool import Spool, SpoolError
 from gmd.common import logs

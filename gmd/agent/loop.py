@@ -29,22 +29,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, get_args
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
-import prometheus_client
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    GCCollector,
-    Histogram,
-    Info,
-    PlatformCollector,
-    ProcessCollector,
-)
 
 from gmd.agent.client import PlanUnavailable, PostOutcome
 from gmd.agent.collect.aggregate import (
@@ -59,10 +47,10 @@ from gmd.agent.collect.aggregate import (
 from gmd.agent.collect.base import Collector, HostReading
 from gmd.agent.collect.capacity import SYS_CLASS_NET, Bandwidth, Capacity
 from gmd.agent.config import AgentConfig, CollectorKind
+from gmd.agent.metrics import AgentMetrics, ApplyFailure, BatchFate, FetchOutcome
 from gmd.agent.sender import Sender
 from gmd.agent.spool import Spool, Spooled, SpoolError
-from gmd.common.version import version
-from gmd.wire import PLAN_MODES, ApplyAction, HostPlan, PlanMode, PlanReport, VmApplyResult
+from gmd.wire import HostPlan, PlanReport, VmApplyResult
 
 if TYPE_CHECKING:
     from gmd.agent.apply.base import PlanApplier
@@ -79,183 +67,6 @@ class PlanClient(Protocol):
     def get_plan(self, host: str) -> HostPlan: ...
 
     def post_report(self, host: str, report: PlanReport) -> PostOutcome: ...
-
-
-class TickOutcome(StrEnum):
-    """The ``outcome`` of ``gmd_agent_ticks_total``."""
-
-    ok = "ok"
-    host_unreadable = "host_unreadable"
-
-
-class BatchFate(StrEnum):
-    """The ``outcome`` of ``gmd_agent_batches_total``."""
-
-    made = "made"
-    accepted = "accepted"
-    duplicate = "duplicate"
-    rejected = "rejected"
-    dropped = "dropped"
-
-
-class LibvirtScope(StrEnum):
-    """The ``scope`` of ``gmd_agent_libvirt_errors_total``."""
-
-    host = "host"
-    domain = "domain"
-
-
-class FetchOutcome(StrEnum):
-    """The ``outcome`` of ``gmd_agent_plan_fetches_total``."""
-
-    ok = "ok"
-    unavailable = "unavailable"
-
-
-class ResultOutcome(StrEnum):
-    """The ``outcome`` of ``gmd_agent_enforcement_results_total``."""
-
-    ok = "ok"
-    failed = "failed"
-
-
-class ApplyFailure(StrEnum):
-    """The ``reason`` of ``gmd_agent_plan_apply_failures_total``: why a plan was not applied
-    through (the VMs' own failures are ``gmd_agent_enforcement_results_total``)."""
-
-    backend_unavailable = "backend_unavailable"
-    """the hypervisor could not be reached: the rest of the plan waits for the next fetch"""
-    error = "error"
-    """the applier failed (a bug; see the log): nothing of the plan was reported"""
-
-
-class AgentMetrics:
-    """The agent's Prometheus metrics, in a registry of its own (tests run several agents).
-
-    Every label value is created at start (Kueue's habit), so that a rate or an alert on a
-    series that has not happened yet reads 0, not "no data"; the process, platform and GC
-    series of the client library are in the same registry (``process_*``, ``python_*``)."""
-
-    def __init__(self) -> None:
-        # No `_created` series beside counters and histograms: Prometheus does not use them.
-        prometheus_client.disable_created_metrics()
-        self.registry = r = CollectorRegistry()
-        ProcessCollector(registry=r)
-        PlatformCollector(registry=r)
-        GCCollector(registry=r)
-        Info("gmd_build", "The gmd version this agent runs.", registry=r).info(
-            {"version": version()}
-        )
-        self.samples = Counter(
-            "gmd_agent_samples", "VM readings taken (one per running VM per tick).", registry=r
-        )
-        self.ticks = Counter(
-            "gmd_agent_ticks",
-            "Ticks, by outcome: ok, or host_unreadable (libvirt down).",
-            ["outcome"],
-            registry=r,
-        )
-        self.batches = Counter(
-            "gmd_agent_batches",
-            "Batches by fate: made, accepted, duplicate (acknowledged again), rejected (4xx,"
-            " never acceptable), dropped (spool full).",
-            ["outcome"],
-            registry=r,
-        )
-        self.spooled = Counter(
-            "gmd_agent_batches_spooled",
-            "Batches the daemon could not take when they were first due (kept for replay).",
-            registry=r,
-        )
-        self.spool_batches = Gauge(
-            "gmd_agent_spool_batches", "Batches waiting in the spool.", registry=r
-        )
-        self.spool_bytes = Gauge(
-            "gmd_agent_spool_bytes", "Bytes of the batches waiting in the spool.", registry=r
-        )
-        self.libvirt_errors = Counter(
-            "gmd_agent_libvirt_errors",
-            "libvirt failures: host (connection, listing) or domain (one VM's reading; a busy"
-            " domain is not one).",
-            ["scope"],
-            registry=r,
-        )
-        self.busy_domains = Counter(
-            "gmd_agent_busy_domains",
-            "VM readings skipped because another libvirt job held the domain or it did not"
-            " answer in time; read at a later tick, from its last counters.",
-            registry=r,
-        )
-        self.kernel_fallbacks = Counter(
-            "gmd_agent_kernel_fallbacks",
-            "VM readings the kernel collector took through libvirt because a cgroup or sysfs"
-            " file could not be read (one per VM per tick).",
-            registry=r,
-        )
-        self.counter_resets = Counter(
-            "gmd_agent_counter_resets",
-            "VM counters that went down (process restarted): counted from zero, not negative.",
-            registry=r,
-        )
-        self.tick_seconds = Histogram(
-            "gmd_agent_tick_seconds",
-            "Time to read the host and spool the results (without sending).",
-            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
-            registry=r,
-        )
-        self.last_tick = Gauge(
-            "gmd_agent_last_tick_seconds",
-            "Unix time of the latest successful reading of the host.",
-            registry=r,
-        )
-        self.plan_fetches = Counter(
-            "gmd_agent_plan_fetches",
-            "Throttling plan fetches, by outcome: ok, or unavailable (settings kept as they are).",
-            ["outcome"],
-            registry=r,
-        )
-        self.enforcement_results = Counter(
-            "gmd_agent_enforcement_results",
-            "VM changes reported to the daemon, by action (apply, restore, would_apply,"
-            " would_restore) and outcome (ok, failed; a failure is reported once while it"
-            " lasts).",
-            ["action", "outcome"],
-            registry=r,
-        )
-        self.apply_failures = Counter(
-            "gmd_agent_plan_apply_failures",
-            "Fetched plans not applied through, by reason: backend_unavailable (the hypervisor"
-            " could not be reached; the rest waits for the next fetch) or error (the applier"
-            " failed, see the log).",
-            ["reason"],
-            registry=r,
-        )
-        self.mode = Gauge(
-            "gmd_agent_enforcement_mode",
-            "The mode of the latest plan this agent applied: 1 for it, 0 for the others (all 0"
-            " before the first plan, and with agent.enforce_backend = none).",
-            ["mode"],
-            registry=r,
-        )
-        for labelled, values in (
-            (self.ticks, TickOutcome),
-            (self.batches, BatchFate),
-            (self.libvirt_errors, LibvirtScope),
-            (self.plan_fetches, FetchOutcome),
-            (self.apply_failures, ApplyFailure),
-        ):
-            for value in values:
-                labelled.labels(value)
-        for action in get_args(ApplyAction):
-            for outcome in ResultOutcome:
-                self.enforcement_results.labels(action, outcome)
-        for mode in PLAN_MODES:
-            self.mode.labels(mode).set(0)
-
-    def applying(self, mode: PlanMode) -> None:
-        """The mode of the plan being applied is now the current one."""
-        for m in PLAN_MODES:
-            self.mode.labels(m).set(1 if m == mode else 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -357,21 +168,11 @@ class Agent:
         capacity = self._refresh_capacity(now_s)
         if capacity is None:
             reading = HostReading(now_s, False)
-            m.ticks.labels(TickOutcome.host_unreadable).inc()
-            m.libvirt_errors.labels(LibvirtScope.host).inc()
+            m.read(reading)
             return TickReport(reading, 0, 0, self._send(now_s))
         reading = self.collector.collect()
         result = advance(self.state, reading, self.config.interval_s)
-        m.samples.inc(len(reading.vms))
-        m.kernel_fallbacks.inc(len(reading.fallbacks))
-        if reading.ok:
-            m.ticks.labels(TickOutcome.ok).inc()
-            m.last_tick.set(reading.taken_s)
-            m.libvirt_errors.labels(LibvirtScope.domain).inc(len(reading.errors))
-            m.busy_domains.inc(len(reading.busy))
-        else:
-            m.ticks.labels(TickOutcome.host_unreadable).inc()
-            m.libvirt_errors.labels(LibvirtScope.host).inc()
+        m.read(reading)
         for span in result.spans:
             if span.resets:
                 m.counter_resets.inc(len(span.resets))
@@ -389,8 +190,8 @@ class Agent:
         dropped = self.spool.commit(dump_state(result.state), batches)
         self.state = result.state
         self._schedule(result.closed, [key for key, _start, _body in batches], dropped)
-        m.batches.labels(BatchFate.made).inc(len(batches))
-        m.batches.labels(BatchFate.dropped).inc(len(dropped))
+        m.batches_went(BatchFate.made, len(batches))
+        m.batches_went(BatchFate.dropped, len(dropped))
         m.tick_seconds.observe(time.perf_counter() - started)
         waiting = self._send(now_s)
         if self.sender is None:
@@ -409,14 +210,14 @@ class Agent:
         try:
             plan = self.plans.get_plan(host)
         except PlanUnavailable as exc:
-            self.metrics.plan_fetches.labels(FetchOutcome.unavailable).inc()
+            self.metrics.plan_fetched(FetchOutcome.unavailable)
             log.warning(
                 "cannot fetch the throttling plan for %s (%s): the VMs keep their current settings",
                 host,
                 exc,
             )
             return ()
-        self.metrics.plan_fetches.labels(FetchOutcome.ok).inc()
+        self.metrics.plan_fetched(FetchOutcome.ok)
         if plan.host != host:
             log.error("the daemon sent the plan of %r when asked for %r: ignored", plan.host, host)
             return ()
@@ -424,16 +225,15 @@ class Agent:
         try:
             results = self.applier.sync(plan)
         except Exception:
-            self.metrics.apply_failures.labels(ApplyFailure.error).inc()
+            self.metrics.apply_failed(ApplyFailure.error)
             log.exception(
                 "applying the plan of %d failed; retried at the next fetch", plan.generated_s
             )
             return ()
         if self.applier.interrupted is not None:
-            self.metrics.apply_failures.labels(ApplyFailure.backend_unavailable).inc()
+            self.metrics.apply_failed(ApplyFailure.backend_unavailable)
         for r in results:
-            outcome = ResultOutcome.ok if r.ok else ResultOutcome.failed
-            self.metrics.enforcement_results.labels(r.action, outcome).inc()
+            self.metrics.vm_changed(r)
         self._unreported.extend((plan.generated_s, r) for r in results)
         if len(self._unreported) > MAX_PENDING_RESULTS:
             lost = len(self._unreported) - MAX_PENDING_RESULTS
@@ -504,9 +304,9 @@ class Agent:
             report = self.sender.drain(
                 budget_s=self.config.tick_s / 2 if budget_s is None else budget_s, now_s=now_s
             )
-            m.batches.labels(BatchFate.accepted).inc(report.accepted)
-            m.batches.labels(BatchFate.duplicate).inc(report.duplicates)
-            m.batches.labels(BatchFate.rejected).inc(report.rejected)
+            m.batches_went(BatchFate.accepted, report.accepted)
+            m.batches_went(BatchFate.duplicate, report.duplicates)
+            m.batches_went(BatchFate.rejected, report.rejected)
             m.spooled.inc(report.missed)
         waiting, size = self.spool.size()
         m.spool_batches.set(waiting)
