@@ -17,7 +17,7 @@ import libvirt
 import pytest
 
 from gmd.agent.collect.aggregate import AgentState, advance
-from gmd.agent.collect.base import Flavor, Ownership
+from gmd.agent.collect.base import FailureKind, Flavor, Ownership
 from gmd.agent.collect.libvirt import LibvirtCollector
 from gmd.agent.config import parse_agent
 from gmd.agent.loop import Agent
@@ -221,7 +221,8 @@ def test_a_failing_domain_is_reported_and_the_others_read(caplog: Any) -> None:
         reading = c.collect()
     assert {v.uuid for v in reading.vms} == {NOVA, GMD, ORPHAN}
     assert NOVA10 in reading.listed and NOVA10 not in reading.gone
-    assert len(reading.errors) == 1 and reading.errors[0].startswith(f"domain {NOVA10}: ")
+    assert [(f.kind, f.uuid) for f in reading.errors] == [(FailureKind.domain, NOVA10)]
+    assert reading.errors[0].message.startswith(f"domain {NOVA10}: ")
     assert f"cannot read domain {NOVA10}" in caplog.text
     # Its baseline survives, so the next good reading measures the whole gap.
     state2 = advance(state, reading, 60).state
@@ -275,8 +276,9 @@ def test_lost_connection_is_retried_with_backoff_and_logged(caplog: Any) -> None
     conns[0].fail_listing = refused
     with caplog.at_level(logging.INFO, "gmd.agent.libvirt_conn"):
         lost = c.collect()  # the call fails: connection dropped, retry in 1 s
-        assert not lost.ok and "lost while listing domains" in lost.errors[0]
-        assert "retrying in 1 s" in lost.errors[0]
+        assert not lost.ok and [f.kind for f in lost.errors] == [FailureKind.host]
+        assert "lost while listing domains" in lost.errors[0].message
+        assert "retrying in 1 s" in lost.errors[0].message
         assert not c.collect().ok  # still within the backoff: not even tried
         now[0] += 1.0
         assert not c.collect().ok  # tried, refused: retry in 2 s

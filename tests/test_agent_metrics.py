@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gmd.agent.apply.base import BackendUnavailable
 from gmd.agent.apply.libvirt import LibvirtApplier
+from gmd.agent.collect.base import FailureKind, HostReading, ReadFailure
 from gmd.agent.collect.libvirt import LibvirtCollector
 from gmd.agent.config import parse_agent
 from gmd.agent.loop import Agent
@@ -96,6 +97,7 @@ def test_the_real_agents_page_has_process_series_every_label_value_and_no_stray_
         ("gmd_agent_batches_total", (("outcome", "dropped"),)),
         ("gmd_agent_libvirt_errors_total", (("scope", "host"),)),
         ("gmd_agent_libvirt_errors_total", (("scope", "domain"),)),
+        ("gmd_agent_libvirt_errors_total", (("scope", "block_stats"),)),
         ("gmd_agent_plan_apply_failures_total", (("reason", "backend_unavailable"),)),
         ("gmd_agent_plan_apply_failures_total", (("reason", "error"),)),
         ("gmd_agent_busy_domains_total", ()),
@@ -230,3 +232,30 @@ def test_every_help_text_names_exposed_series_only() -> None:
     helps = re.findall(r"^# HELP \S+ (.*)$", text, re.M)
     named = {n for h in helps for n in re.findall(r"\bgmd_[a-z_]+", h)}
     assert named <= names, named - names
+
+
+def test_read_failures_are_counted_by_their_kind() -> None:
+    """A connection lost in the middle of a tick is a host failure, not one VM's; the block
+    stats the kernel collector asks for all its VMs at once are counted apart."""
+    metrics = AgentMetrics()
+    reading = HostReading(
+        1.0,
+        True,
+        errors=(
+            ReadFailure(FailureKind.domain, "domain a: no such file", "a"),
+            ReadFailure(FailureKind.domain, "domain b: internal error", "b"),
+            ReadFailure(FailureKind.host, "libvirt connection lost while reading domain c"),
+            ReadFailure(FailureKind.block_stats, "the block stats of 3 VMs not read"),
+        ),
+    )
+    metrics.read(reading)
+    metrics.read(HostReading(2.0, False, errors=(ReadFailure(FailureKind.host, "refused"),)))
+
+    def errors(scope: str) -> float | None:
+        return metrics.registry.get_sample_value("gmd_agent_libvirt_errors_total", {"scope": scope})
+
+    assert [errors(k) for k in FailureKind] == [2.0, 2.0, 1.0]  # host, domain, block_stats
+    assert (
+        metrics.registry.get_sample_value("gmd_agent_ticks_total", {"outcome": "host_unreadable"})
+        == 1.0
+    )

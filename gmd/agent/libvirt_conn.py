@@ -17,6 +17,8 @@ from typing import Any
 
 import libvirt
 
+from gmd.agent.collect.base import FailureKind, ReadFailure
+
 log = logging.getLogger(__name__)
 
 # The domain stopped or was undefined between two calls.
@@ -102,6 +104,10 @@ class LibvirtConnection:
         """why there is no connection now, and when the next try is"""
         self._on_open: list[Callable[[Any], None]] = []
         self._on_close: list[Callable[[Any], None]] = []
+
+    def failure(self) -> ReadFailure:
+        """Why the host cannot be read now, as a tick's reading says it."""
+        return ReadFailure(FailureKind.host, self.down_reason)
 
     def on_open(self, callback: Callable[[Any], None]) -> None:
         """Call ``callback(conn)`` on every connection opened from now on."""

@@ -362,7 +362,7 @@ def dry_run_batch(config: AgentConfig, collector: Collector) -> tuple[dict[str, 
     capacity = Bandwidth.of(config.disk_bytes_per_s, config.network_bytes_per_s).capacity(resources)
     reading = collector.collect()
     if not reading.ok:
-        raise RuntimeError("; ".join(reading.errors) or "the host could not be read")
+        raise RuntimeError("; ".join(map(str, reading.errors)) or "the host could not be read")
     first = advance(AgentState(), reading, config.interval_s)
     log.info(
         "dry run: reading %d VMs again in %g s (agent.tick_s)", len(reading.vms), config.tick_s
@@ -370,7 +370,7 @@ def dry_run_batch(config: AgentConfig, collector: Collector) -> tuple[dict[str, 
     time.sleep(config.tick_s)
     reading = collector.collect()
     if not reading.ok:
-        raise RuntimeError("; ".join(reading.errors) or "the host could not be read")
+        raise RuntimeError("; ".join(map(str, reading.errors)) or "the host could not be read")
     second = advance(first.state, reading, config.interval_s)
     totals: dict[str, VmTotals] = {}
     for vms in [*(c.vms for c in second.closed), *second.state.open.values()]:

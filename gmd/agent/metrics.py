@@ -20,7 +20,7 @@ from prometheus_client import (
     ProcessCollector,
 )
 
-from gmd.agent.collect.base import HostReading
+from gmd.agent.collect.base import FailureKind, HostReading
 from gmd.common.version import version
 from gmd.wire import PLAN_MODES, ApplyAction, PlanMode, VmApplyResult
 
@@ -40,13 +40,6 @@ class BatchFate(StrEnum):
     duplicate = "duplicate"
     rejected = "rejected"
     dropped = "dropped"
-
-
-class LibvirtScope(StrEnum):
-    """The ``scope`` of ``gmd_agent_libvirt_errors_total``."""
-
-    host = "host"
-    domain = "domain"
 
 
 class FetchOutcome(StrEnum):
@@ -119,8 +112,9 @@ class AgentMetrics:
         )
         self.libvirt_errors = Counter(
             "gmd_agent_libvirt_errors",
-            "libvirt failures: host (connection, listing) or domain (one VM's reading; a busy"
-            " domain is not one).",
+            "Read failures, by scope: host (libvirt unreachable, or its connection lost),"
+            " domain (one VM's reading or description; a busy domain is not one) or"
+            " block_stats (QEMU's block stats of the kernel-read VMs that need them).",
             ["scope"],
             registry=r,
         )
@@ -184,7 +178,7 @@ class AgentMetrics:
         for labelled, values in (
             (self.ticks, TickOutcome),
             (self.batches, BatchFate),
-            (self.libvirt_errors, LibvirtScope),
+            (self.libvirt_errors, FailureKind),
             (self.plan_fetches, FetchOutcome),
             (self.apply_failures, ApplyFailure),
         ):
@@ -208,11 +202,12 @@ class AgentMetrics:
         if reading.ok:
             self.ticks.labels(TickOutcome.ok).inc()
             self.last_tick.set(reading.taken_s)
-            self.libvirt_errors.labels(LibvirtScope.domain).inc(len(reading.errors))
+            for failure in reading.errors:
+                self.libvirt_errors.labels(failure.kind).inc()
             self.busy_domains.inc(len(reading.busy))
         else:
             self.ticks.labels(TickOutcome.host_unreadable).inc()
-            self.libvirt_errors.labels(LibvirtScope.host).inc()
+            self.libvirt_errors.labels(FailureKind.host).inc()
 
     def batches_went(self, fate: BatchFate, count: int) -> None:
         """``count`` batches met ``fate``."""

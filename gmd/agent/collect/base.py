@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Protocol
 
 UNKNOWN_CUSTOMER = "unknown"
@@ -68,6 +69,30 @@ class VmReading:
     name: str = ""
 
 
+class FailureKind(StrEnum):
+    """What a tick failed to read (and the ``scope`` of ``gmd_agent_libvirt_errors_total``)."""
+
+    host = "host"
+    """the host itself: libvirt could not be reached, or the connection was lost mid-tick"""
+    domain = "domain"
+    """one VM could not be read or described this tick (a busy one is not a failure)"""
+    block_stats = "block_stats"
+    """QEMU's block stats of the kernel-read VMs whose disks their cgroup cannot count"""
+
+
+@dataclass(frozen=True, slots=True)
+class ReadFailure:
+    """One thing a tick could not read, and why (libvirt's words), for the log and metrics."""
+
+    kind: FailureKind
+    message: str
+    uuid: str | None = None
+    """the VM, for a :attr:`FailureKind.domain` failure"""
+
+    def __str__(self) -> str:
+        return self.message
+
+
 @dataclass(frozen=True, slots=True)
 class HostReading:
     """Everything one tick read from a host.
@@ -84,7 +109,7 @@ class HostReading:
     vms: tuple[VmReading, ...] = ()
     listed: frozenset[str] = frozenset()
     gone: frozenset[str] = frozenset()
-    errors: tuple[str, ...] = ()
+    errors: tuple[ReadFailure, ...] = ()
     fallbacks: frozenset[str] = frozenset()
     """VMs the kernel collector could not read from the kernel's files this tick and read
     through libvirt instead (:mod:`gmd.agent.collect.kernel`); always empty for the others"""

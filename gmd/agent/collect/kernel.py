@@ -82,7 +82,14 @@ from gmd.agent.cgroups import (
     CgroupNotFound,
     DomainCgroups,
 )
-from gmd.agent.collect.base import HostReading, HostResources, Ownership, VmReading
+from gmd.agent.collect.base import (
+    FailureKind,
+    HostReading,
+    HostResources,
+    Ownership,
+    ReadFailure,
+    VmReading,
+)
 from gmd.agent.collect.host import HostCpu
 from gmd.agent.collect.libvirt import (
     LibvirtCollector,
@@ -541,7 +548,7 @@ class KernelCollector:
     def collect(self) -> HostReading:
         conn = self.conn.get()
         if conn is None:
-            return HostReading(self._clock(), False, errors=(self.conn.down_reason,))
+            return HostReading(self._clock(), False, errors=(self.conn.failure(),))
         if (
             self._events.take_changed()
             or self._listed_s is None
@@ -551,7 +558,7 @@ class KernelCollector:
                 domains = conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE)
             except libvirt.libvirtError as exc:
                 self.conn.lost(exc, "listing domains")
-                return HostReading(self._clock(), False, errors=(self.conn.down_reason,))
+                return HostReading(self._clock(), False, errors=(self.conn.failure(),))
             # A domain's id changes only with its process, which sends events: kept with it.
             # Names the domain filter refuses are not even described.
             self._domains = {
@@ -569,7 +576,7 @@ class KernelCollector:
         describe_before = self._monotonic() - self.describe_every_s
         vms: list[VmReading] = []
         gone: set[str] = set()
-        errors: list[str] = []
+        errors: list[ReadFailure] = []
         busy: set[str] = set()
         fallback: dict[str, Any] = {}
         stats_disks: dict[str, Any] = {}
@@ -588,8 +595,8 @@ class KernelCollector:
                         continue
                     if code in CONNECTION_LOST:
                         self.conn.lost(exc, f"describing domain {uuid}")
-                        return HostReading(taken_s, False, errors=(self.conn.down_reason,))
-                    errors.append(f"domain {uuid}: {exc}")
+                        return HostReading(taken_s, False, errors=(self.conn.failure(),))
+                    errors.append(ReadFailure(FailureKind.domain, f"domain {uuid}: {exc}", uuid))
                     continue
                 if mounts is None:
                     mounts = self._mounts()
@@ -635,7 +642,7 @@ class KernelCollector:
 
     def _block_stats(
         self, conn: Any, domains: dict[str, Any], vms: list[VmReading]
-    ) -> tuple[list[VmReading], list[str]]:
+    ) -> tuple[list[VmReading], list[ReadFailure]]:
         """The counters of the kernel-read ``domains``' disks that their cgroup cannot count
         (:func:`plan_disks`), from QEMU's block stats: one bulk call for them all, the only
         one that reaches QEMU's monitor (two requests per domain). Skips a busy domain
@@ -650,7 +657,7 @@ class KernelCollector:
         except libvirt.libvirtError as exc:
             why = f"the block stats of {len(domains)} VMs not read this tick: {exc}"
             log.warning("%s", why)
-            return vms, [why]
+            return vms, [ReadFailure(FailureKind.block_stats, why)]
         read: dict[str, dict[str, tuple[int, int]]] = {}
         for dom, stats in pairs:
             uuid = dom.UUIDString()
@@ -803,7 +810,7 @@ class KernelCollector:
 
     def _fallback(
         self, domains: dict[str, Any], taken_s: float
-    ) -> tuple[list[VmReading], set[str], list[str], set[str]]:
+    ) -> tuple[list[VmReading], set[str], list[ReadFailure], set[str]]:
         """Read ``domains`` through libvirt, one call per counter as the libvirt collector
         does when bulk stats lack them. A VM whose disks come from the kernel reports no disk
         counters here: its next kernel reading measures them from its last one."""

@@ -33,7 +33,14 @@ from typing import Any
 import libvirt
 
 from gmd import GmdError
-from gmd.agent.collect.base import HostReading, HostResources, Ownership, VmReading
+from gmd.agent.collect.base import (
+    FailureKind,
+    HostReading,
+    HostResources,
+    Ownership,
+    ReadFailure,
+    VmReading,
+)
 from gmd.agent.collect.host import HostCpu, local_hypervisor
 from gmd.agent.collect.ownership import EVERY_DOMAIN, DomainFilter, ownership
 from gmd.agent.libvirt_conn import CONNECTION_LOST, DOMAIN_BUSY, DOMAIN_GONE, LibvirtConnection
@@ -196,7 +203,7 @@ class LibvirtCollector:
     def collect(self) -> HostReading:
         conn = self.conn.get()
         if conn is None:
-            return HostReading(self._clock(), False, errors=(self.conn.down_reason,))
+            return HostReading(self._clock(), False, errors=(self.conn.failure(),))
         try:
             if self.bulk:
                 pairs = conn.getAllDomainStats(STATS, BULK_FLAGS)
@@ -207,7 +214,7 @@ class LibvirtCollector:
             host_cpu_s = None if self._host_cpu is None else self._host_cpu.read()
         except libvirt.libvirtError as exc:
             self.conn.lost(exc, "listing domains")
-            return HostReading(self._clock(), False, errors=(self.conn.down_reason,))
+            return HostReading(self._clock(), False, errors=(self.conn.failure(),))
 
         everything = {dom.UUIDString(): (dom, stats) for dom, stats in pairs}
         listed = self.admitted(everything)
@@ -247,14 +254,14 @@ class LibvirtCollector:
 
     def read_listed(
         self, listed: dict[str, tuple[Any, dict[str, Any]]], taken_s: float
-    ) -> tuple[list[VmReading], set[str], list[str], set[str]]:
+    ) -> tuple[list[VmReading], set[str], list[ReadFailure], set[str]]:
         """Read each listed ``uuid → (domain, bulk stats)``: the readings, the domains found
         gone, the errors, and the domains found busy (not read this tick, not an error). A lost
         connection stops the loop (the rest stay unread); the kernel collector calls this for
         the domains it must read through libvirt."""
         vms: list[VmReading] = []
         gone: set[str] = set()
-        errors: list[str] = []
+        errors: list[ReadFailure] = []
         busy: set[str] = set()
         for uuid, (dom, stats) in listed.items():
             try:
@@ -271,13 +278,13 @@ class LibvirtCollector:
                     continue
                 if code in CONNECTION_LOST:
                     self.conn.lost(exc, f"reading domain {uuid}")
-                    errors.append(self.conn.down_reason)
+                    errors.append(self.conn.failure())
                     break
                 if code in DOMAIN_BUSY:
                     busy.add(uuid)
                     log.info("domain %s: busy, not read this tick: %s", uuid, exc)
                     continue
-                errors.append(f"domain {uuid}: {exc}")
+                errors.append(ReadFailure(FailureKind.domain, f"domain {uuid}: {exc}", uuid))
                 log.warning("cannot read domain %s: %s (libvirt error %s)", uuid, exc, code)
                 continue
             if reading is None:
