@@ -14,7 +14,14 @@ from gmd.agent.collect.aggregate import (
     load_state,
     split,
 )
-from gmd.agent.collect.base import Flavor, HostReading, Ownership, VmReading
+from gmd.agent.collect.base import (
+    FailureKind,
+    Flavor,
+    HostReading,
+    Ownership,
+    ReadFailure,
+    VmReading,
+)
 from gmd.agent.collect.counters import Baseline, Usage, charged_memory, counter_delta, step
 from gmd.wire import SampleBatch
 
@@ -221,7 +228,9 @@ def test_a_vm_that_appears_counts_since_the_previous_reading() -> None:
 def test_unreadable_host_changes_nothing_but_closes_due_intervals() -> None:
     state = advance(AgentState(), host(50.0, [reading(50.0, 0.0)]), 60).state
     state = advance(state, host(58.0, [reading(58.0, 8.0)]), 60).state
-    r = advance(state, HostReading(65.0, False, errors=("down",)), 60)
+    r = advance(
+        state, HostReading(65.0, False, errors=(ReadFailure(FailureKind.host, "down"),)), 60
+    )
     assert [c.start_s for c in r.closed] == [0]
     assert r.closed[0].vms[VM1].usage.cpu_s == 8.0
     assert r.state.baselines == state.baselines and r.state.last_ok_s == 58.0

@@ -6,7 +6,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gmd.agent.collect.base import Flavor, HostReading, HostResources, Ownership, VmReading
+from gmd.agent.collect.base import (
+    FailureKind,
+    Flavor,
+    HostReading,
+    HostResources,
+    Ownership,
+    ReadFailure,
+    VmReading,
+)
 
 NODE = Path(__file__).with_name("node.xml")
 NOVA_11 = "http://openstack.org/xmlns/libvirt/nova/1.1"
@@ -87,7 +95,9 @@ class ScriptedCollector:
     def collect(self) -> HostReading:
         now = self.clock()
         if self.down:
-            return HostReading(now, False, errors=("scripted: libvirt down",))
+            return HostReading(
+                now, False, errors=(ReadFailure(FailureKind.host, "scripted: libvirt down"),)
+            )
         readings = tuple(vm.reading(now) for vm in self.vms)
         return HostReading(now, True, readings, frozenset(vm.uuid for vm in self.vms))
 
