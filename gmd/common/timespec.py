@@ -11,8 +11,15 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 
+from gmd import OptionError
+
 _RELATIVE = re.compile(r"^now(?:-(\d+(?:\.\d+)?)([smhdw]))?$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+class NotATime(OptionError):
+    """A time as typed is not one gmd can read or show; the message quotes it and says what
+    is accepted."""
 
 
 LAST_S = 253_402_300_799
@@ -20,8 +27,8 @@ LAST_S = 253_402_300_799
 
 
 def parse_time(text: str, now_s: float) -> float:
-    """Unix seconds for ``text``; ValueError names what was not understood, or a time before
-    1970 or after year 9999."""
+    """Unix seconds for ``text``; :class:`NotATime` names what was not understood, or a time
+    before 1970 or after year 9999."""
     t = text.strip()
     m = _RELATIVE.match(t)
     if m:
@@ -33,7 +40,7 @@ def parse_time(text: str, now_s: float) -> float:
     try:
         moment = datetime.fromisoformat(t)
     except ValueError:
-        raise ValueError(
+        raise NotATime(
             f"{text!r} is not a time: give an ISO date (2026-11-01 or 2026-11-01T12:00),"
             " now, now-7d / now-12h / now-30m, or Unix seconds (1764547200, @0)"
         ) from None
@@ -44,9 +51,9 @@ def parse_time(text: str, now_s: float) -> float:
 
 def _bounded(text: str, t: float) -> float:
     if t < 0:
-        raise ValueError(f"{text!r} is before 1970-01-01T00:00:00Z, where the ledger begins")
+        raise NotATime(f"{text!r} is before 1970-01-01T00:00:00Z, where the ledger begins")
     if t > LAST_S:
-        raise ValueError(f"{text!r} is after 9999-12-31T23:59:59Z, the last time gmd can show")
+        raise NotATime(f"{text!r} is after 9999-12-31T23:59:59Z, the last time gmd can show")
     return t
 
 

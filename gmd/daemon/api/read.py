@@ -18,7 +18,8 @@ from urllib.parse import quote
 from fastapi import APIRouter, Depends, Header, Query
 from fastapi.responses import Response
 
-from gmd.common.timespec import parse_time
+from gmd import OptionError
+from gmd.common.timespec import NotATime, parse_time
 from gmd.daemon.api.access import Reader, Unauthenticated
 from gmd.daemon.api.deps import ServicesDep
 from gmd.daemon.api.errors import Refused
@@ -89,7 +90,7 @@ def _times(services: ServicesDep, *given: tuple[str, str | None]) -> list[float 
     for name, value in given:
         try:
             out.append(None if value is None else parse_time(value, now))
-        except ValueError as exc:
+        except NotATime as exc:
             raise Refused(400, f"{name}: {exc}") from None
     return out
 
@@ -142,8 +143,6 @@ def get_explanation(
             result = explain(conn, services.config, uuid, at_s=at_s, from_s=from_s, to_s=to_s)
     except NothingToExplain as exc:
         raise Refused(404, str(exc)) from None
-    except ValueError as exc:
-        raise Refused(400, str(exc)) from None
     document = result.document()
     if not who.everyone:
         hosts: list[dict[str, object]] = document["hosts"]  # type: ignore[assignment]
@@ -173,7 +172,7 @@ def get_report(
     try:
         with services.engine.connect() as conn:
             result = report(conn, group_by.value, from_s, to_s, customer=uuid)
-    except ValueError as exc:
+    except OptionError as exc:
         raise Refused(400, str(exc)) from None
     return result.document()
 
