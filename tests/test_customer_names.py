@@ -14,11 +14,12 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
+from gmd.admin.explain_text import render_text
 from gmd.daemon.config import Config
 from gmd.daemon.ledger.accounting import account_due
 from gmd.daemon.ledger.lookup import UnknownCustomer, customer_id
 from gmd.daemon.project_names import store_names
-from gmd.daemon.reports.explain import explain, render_text
+from gmd.daemon.reports.explain import explain
 from gmd.daemon.reports.series import collect
 from gmd.daemon.reports.usage import report
 from tests.daemon_support import HostSpec, aligned_past, auth, batch, cpu_only, make_config, serving

@@ -31,7 +31,7 @@ import sqlalchemy as sa
 import typer
 from typer.testing import CliRunner
 
-from gmd.admin import cli
+from gmd.admin import cli, common
 from gmd.common.cli import ExitCode
 from gmd.daemon.ledger.accounting import account_due
 from tests.conftest import REPO
@@ -282,8 +282,8 @@ def test_reads_go_to_the_replica_and_writes_to_the_primary(own_ledger: Replicate
 def _reading(config: Path, *, primary: bool = False) -> Any:
     """gmd-admin's read-only ledger, as a read command opens it."""
     ctx = typer.Context(typer.main.get_command(cli.app))
-    ctx.obj = cli._Options(config, primary)
-    return cli._reading(ctx)
+    ctx.obj = common.Options(config, primary)
+    return common.reading(ctx)
 
 
 @pytest.mark.parametrize("primary", [False, True], ids=["replica", "primary"])

@@ -16,12 +16,13 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
+from gmd.admin.explain_text import render_text
 from gmd.common.config import ConfigError
 from gmd.daemon.config import Config, RetentionConfig
 from gmd.daemon.ledger import partitions
 from gmd.daemon.ledger.accounting import account_due
 from gmd.daemon.ledger.retention import purge
-from gmd.daemon.reports.explain import explain, render_text
+from gmd.daemon.reports.explain import explain
 from tests.daemon_support import HostSpec, auth, batch, cpu_only, make_config, serving
 
 ADMIN = Path(sys.executable).with_name("gmd-admin")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gmd import OptionError
 from gmd.fairness import (
     dominant_share,
     drf_key,
@@ -58,9 +59,9 @@ def parse_amounts(text: str, where: str) -> list[float]:
         try:
             v = float(part)
         except ValueError:
-            raise ValueError(f"{where}: amount {k + 1} is {part!r}, not a number") from None
+            raise OptionError(f"{where}: amount {k + 1} is {part!r}, not a number") from None
         if not math.isfinite(v):
-            raise ValueError(f"{where}: amount {k + 1} is {part!r}, not a finite number")
+            raise OptionError(f"{where}: amount {k + 1} is {part!r}, not a finite number")
         values.append(v)
     return values
 
@@ -68,7 +69,7 @@ def parse_amounts(text: str, where: str) -> list[float]:
 def _named(item: str, option: str) -> tuple[str, list[float]]:
     name, sep, amounts = item.partition("=")
     if not sep or not name.strip():
-        raise ValueError(f"{option} {item!r}: write NAME=AMOUNT,AMOUNT,... (e.g. c1=3,0)")
+        raise OptionError(f"{option} {item!r}: write NAME=AMOUNT,AMOUNT,... (e.g. c1=3,0)")
     return name.strip(), parse_amounts(amounts, f"{option} {name.strip()}")
 
 
@@ -81,22 +82,22 @@ def situation_from_options(
     """Build a situation from ``--supply 6,12 --use c1=3,0 ... [--endowment c1=2,4 ...]``."""
     r = parse_amounts(supply, "--supply")
     if not uses:
-        raise ValueError("no consumers: give --use NAME=AMOUNTS once per consumer")
+        raise OptionError("no consumers: give --use NAME=AMOUNTS once per consumer")
     pairs = [_named(u, "--use") for u in uses]
     names = [n for n, _ in pairs]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
-        raise ValueError(f"--use names consumer {dupes[0]!r} more than once")
+        raise OptionError(f"--use names consumer {dupes[0]!r} more than once")
     res = _resource_names(resources, len(r))
     endowment = None
     if endowments:
         given = dict(_named(e, "--endowment") for e in endowments)
         unknown = sorted(set(given) - set(names))
         if unknown:
-            raise ValueError(f"--endowment names {unknown[0]!r}, which has no --use")
+            raise OptionError(f"--endowment names {unknown[0]!r}, which has no --use")
         missing = [n for n in names if n not in given]
         if missing:
-            raise ValueError(f"--endowment given for some consumers but not for {missing[0]!r}")
+            raise OptionError(f"--endowment given for some consumers but not for {missing[0]!r}")
         endowment = [given[n] for n in names]
     return _checked(Situation(res, r, names, [a for _, a in pairs], endowment))
 
@@ -106,7 +107,7 @@ def _resource_names(resources: str | None, m: int) -> list[str]:
         return [f"r{i + 1}" for i in range(m)]
     names = [x.strip() for x in resources.split(",")]
     if len(names) != m:
-        raise ValueError(f"--resources names {len(names)} resources but --supply has {m} amounts")
+        raise OptionError(f"--resources names {len(names)} resources but --supply has {m} amounts")
     return names
 
 
@@ -117,20 +118,20 @@ def situation_from_csv(path: Path, supply: str | None = None) -> Situation:
         with path.open(newline="") as fh:
             rows = [r for r in csv.reader(fh) if r and not r[0].lstrip().startswith("#")]
     except OSError as exc:
-        raise ValueError(f"{path}: cannot read: {exc.strerror}") from None
+        raise OptionError(f"{path}: cannot read: {exc.strerror}") from None
     if len(rows) < 2:
-        raise ValueError(f"{path}: needs a header and at least one consumer row")
+        raise OptionError(f"{path}: needs a header and at least one consumer row")
     header = [h.strip() for h in rows[0]]
     res = header[1:]
     if not res:
-        raise ValueError(f"{path}: the header must be consumer,<resource>,<resource>,...")
+        raise OptionError(f"{path}: the header must be consumer,<resource>,<resource>,...")
     sup = None if supply is None else parse_amounts(supply, "--supply")
     names: list[str] = []
     use: list[list[float]] = []
     endow: dict[str, list[float]] = {}
     for line, row in enumerate(rows[1:], start=2):
         if len(row) != len(header):
-            raise ValueError(f"{path}:{line}: {len(row)} fields, the header has {len(header)}")
+            raise OptionError(f"{path}:{line}: {len(row)} fields, the header has {len(header)}")
         name = row[0].strip()
         amounts = parse_amounts(",".join(row[1:]), f"{path}:{line} ({name})")
         if name == "supply":
@@ -139,21 +140,21 @@ def situation_from_csv(path: Path, supply: str | None = None) -> Situation:
         elif name.startswith("endowment:"):
             endow[name.removeprefix("endowment:")] = amounts
         elif name in names:
-            raise ValueError(f"{path}:{line}: consumer {name!r} appears twice")
+            raise OptionError(f"{path}:{line}: consumer {name!r} appears twice")
         else:
             names.append(name)
             use.append(amounts)
     if sup is None:
-        raise ValueError(f"{path}: no 'supply' row and no --supply")
+        raise OptionError(f"{path}: no 'supply' row and no --supply")
     if len(sup) != len(res):
-        raise ValueError(f"supply has {len(sup)} amounts for {len(res)} resources in {path}")
+        raise OptionError(f"supply has {len(sup)} amounts for {len(res)} resources in {path}")
     endowment = None
     if endow:
         missing = [n for n in names if n not in endow]
         unknown = sorted(set(endow) - set(names))
         if unknown or missing:
             bad = unknown[0] if unknown else missing[0]
-            raise ValueError(f"{path}: endowment rows must match consumers one to one ({bad!r})")
+            raise OptionError(f"{path}: endowment rows must match consumers one to one ({bad!r})")
         endowment = [endow[n] for n in names]
     return _checked(Situation(res, sup, names, use, endowment, title=str(path)))
 
@@ -163,18 +164,18 @@ def _checked(s: Situation) -> Situation:
     (the metric shares out what was there)."""
     m = len(s.resources)
     if len(s.supply) != m:
-        raise ValueError(f"supply has {len(s.supply)} amounts for {m} resources")
+        raise OptionError(f"supply has {len(s.supply)} amounts for {m} resources")
     rows = zip(s.consumers, s.use, strict=True)
     for name, amounts in rows:
         if len(amounts) != m:
-            raise ValueError(f"consumer {name!r} has {len(amounts)} amounts for {m} resources")
+            raise OptionError(f"consumer {name!r} has {len(amounts)} amounts for {m} resources")
     # Negative amounts and an empty supply are the engine's to refuse (gmd.fairness).
     total = np.sum(np.asarray(s.use, dtype=np.float64), axis=0)
     for r, used, supply in zip(s.resources, total.tolist(), s.supply, strict=True):
         if not math.isfinite(used):
-            raise ValueError(f"{r}: the consumers' use adds up beyond what a number can hold")
+            raise OptionError(f"{r}: the consumers' use adds up beyond what a number can hold")
         if used > supply * (1 + 1e-9):
-            raise ValueError(
+            raise OptionError(
                 f"{r}: the consumers use {used:g} in all, more than the supply {supply:g}"
                 " (use is a share of what the host had)"
             )

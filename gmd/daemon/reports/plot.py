@@ -50,6 +50,7 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from gmd import OptionError
 from gmd.common.timespec import iso
 from gmd.daemon.reports.series import CustomerSeries
 from gmd.fairness.policy import ThrottlePolicy
@@ -85,10 +86,11 @@ _MARKERS_UP_TO = 60
 
 
 def output_format(path: Path) -> str:
-    """ "png" or "svg" from the file's suffix; ValueError says which suffixes work."""
+    """ "png" or "svg" from the file's suffix; :class:`~gmd.OptionError` says which suffixes
+    work."""
     fmt = FORMATS.get(path.suffix.lower())
     if fmt is None:
-        raise ValueError(
+        raise OptionError(
             f"{path}: cannot tell the picture format from {path.suffix or 'no suffix'!r};"
             " name the file FILE.png or FILE.svg"
         )

@@ -1,0 +1,103 @@
+"""The ``gmd-admin db`` commands, the ledger database: ``db upgrade`` (create it or bring its
+schema up to date), ``db current`` (its schema revision) and ``db usage`` (what each table
+holds and what retention drops next).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from gmd.admin.common import database, load_config, reading, shown_url
+from gmd.admin.output import Listing, Output, View, emit, output_options
+from gmd.daemon.ledger import migrate
+
+db_app = typer.Typer(
+    help="The ledger database: create it and upgrade its schema.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+
+
+@db_app.command("upgrade")
+def db_upgrade(
+    ctx: typer.Context,
+    revision: Annotated[str, typer.Option(help="Target schema revision.")] = "head",
+) -> None:
+    """Create the ledger or bring its schema up to date (safe to run again)."""
+    with database(ctx) as engine:
+        before = migrate.current(engine)
+        migrate.upgrade(engine, revision)
+        after = migrate.current(engine)
+    url = shown_url(str(engine.url))
+    if before == after:
+        typer.echo(f"{url}: already at schema revision {after}")
+    else:
+        typer.echo(f"{url}: schema upgraded from {before or 'empty'} to {after}")
+
+
+@db_app.command("current")
+def db_current(ctx: typer.Context) -> None:
+    """Show the ledger's schema revision: the newest ("(head)"), an older or newer one, or
+    none (an empty database), with what to do.
+
+    What the schema is at is an answer, not a failure: exit 0 whenever the database could be
+    read (an empty one included), 1 when it cannot be reached or a SQLite ledger file is not
+    there, 2 bad configuration.
+    """
+    with reading(ctx, schema=False) as engine:
+        rev = migrate.current(engine)
+        head = migrate.head()
+    if rev == head:
+        typer.echo(f"{rev} (head)")
+    elif rev is None:
+        typer.echo(
+            f"no schema (empty database {shown_url(str(engine.url))}): run `gmd-admin db upgrade`"
+        )
+    else:
+        typer.echo(
+            f"{rev} (this gmd's newest is {head}: run `gmd-admin db upgrade`, or if the ledger"
+            " is newer, upgrade gmd)"
+        )
+
+
+@db_app.command("usage")
+@output_options
+def db_usage(
+    ctx: typer.Context,
+    exact: Annotated[
+        bool,
+        typer.Option("--exact", help="Count rows (slow on a big PostgreSQL ledger)."),
+    ] = False,
+    *,
+    out: Output,
+) -> None:
+    """Rows and bytes per ledger table, the oldest interval each holds, how long [retention]
+    keeps it and when its oldest rows are due.
+
+    On PostgreSQL rows are the planner's estimates unless --exact, and the raw tables' bytes
+    add up their daily partitions; on SQLite rows are counted and bytes come from dbstat.
+    Exit codes: 0 shown, 1 database unavailable, 2 bad configuration or option.
+    """
+    from gmd.admin.db_usage import COLUMNS as USAGE_COLUMNS, usage as ledger_usage
+
+    config = load_config(ctx)
+    with reading(ctx) as engine, engine.connect() as conn:
+        result = ledger_usage(conn, config.retention, exact=exact)
+    emit(
+        Listing(
+            [
+                View(
+                    result.rows,
+                    USAGE_COLUMNS,
+                    title="Ledger",
+                    notes=[f"{result.partitions} partition(s)", *result.notes],
+                    keep=("table",),
+                    name="tables",
+                )
+            ],
+            document=lambda views: {**result.document(), "tables": views[0]},
+        ),
+        out,
+    )
