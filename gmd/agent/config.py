@@ -4,114 +4,9 @@ Read with :class:`gmd.common.config.Reader`, so errors name the file and the key
 (``gmd.toml: agent.tick_s: 0 is not in [0.05, 3600]``). gmd-agent reads only this section of
 the file; the other sections belong to the daemon and are validated by :mod:`gmd.daemon.config`.
 
-============================  ================================  =================================
-key                           default                           meaning
-============================  ================================  =================================
-``daemon_url``                none (required to send)           base URL of gmd-daemon, e.g.
-                                                                ``https://gmd.example.org:8470``
-``token``                     none                              this host's bearer token (give
-                                                                this or ``token_file``; without
-                                                                either, only for ``auth = none``)
-``token_file``                none                              file holding the token (relative
-                                                                to this file); keeps it out of
-                                                                the config
-``host``                      the FQDN (``socket.getfqdn()``)   this host's name in the ledger;
-                                                                must match ``[hosts.NAME]``
-``libvirt_uri``               ``"qemu:///system"``              libvirt connection (read-only)
-``tick_s``                    ``10``                            seconds between readings
-                                                                (0.05–3600, ≤ ``interval_s``)
-``interval_s``                ``60``                            accounting interval: must equal
-                                                                the daemon's
-                                                                ``accounting.interval_s``
-``spool_path``                ``/var/lib/gmd/agent-spool.db``   SQLite spool: unsent batches and
-                              (root), else ``./var/…``          the counters' baselines
-``spool_max_bytes``           ``1073741824`` (1 GiB)            spool bound; past it the oldest
-                                                                batches are dropped (logged,
-                                                                counted)
-``spool_max_batches``         ``10080`` (a week of minutes)     spool bound, in batches
-``disk_bytes_per_s``          ``500000000``                     host disk bandwidth (capacity
-                                                                the daemon divides)
-``network_bytes_per_s``       fastest physical link's speed     host network bandwidth; 1 Gbit/s
-                              (``/sys/class/net/*/speed``)      when no link reports a speed
-``default_customer``          none (→ ``"unknown"``)            customer of VMs with neither Nova
-                                                                nor gmd metadata
-``domain_prefixes``           ``[]`` (every domain)             measure and throttle only the
-                                                                domains whose name starts with
-                                                                one of these (``["instance-"]``:
-                                                                Nova's names)
-``only_nova``                 ``false``                         measure and throttle only the
-                                                                domains with Nova's metadata
-                                                                (an owner project); the others
-                                                                on a shared hypervisor are left
-                                                                alone
-``metrics_bind``              ``"127.0.0.1"``                   where ``/metrics`` listens
-``metrics_port``              ``8471``                          its port; ``0`` turns it off
-``timeout_s``                 ``10``                            HTTP timeout per request to the
-                                                                daemon
-``post_jitter_s``             ``20``, or ``interval_s / 3``     a closed interval's batch is
-                              when that is shorter              spooled at once, but first
-                                                                posted a random time in [0, this)
-                                                                after the interval's end, so that
-                                                                hosts do not all post at once
-                                                                (< ``interval_s``; ``0``, and
-                                                                replays: at once). The daemon's
-                                                                ``accounting.grace_s`` must
-                                                                exceed it
-``describe_every_s``          ``300``                           re-read each domain's XML (owner,
-                                                                flavor, devices) this often
-``reconnect_max_s``           ``60``                            longest wait between libvirt
-                                                                reconnection attempts (1 s,
-                                                                doubling)
-``enforce_backend``           ``"libvirt"``                     how the daemon's throttling plan
-                                                                is applied: ``"libvirt"`` (LIVE
-                                                                tuning), ``"cgroup"`` (cgroup
-                                                                files) or ``"none"`` (never
-                                                                fetch a plan)
-``plan_every_s``              ``30``                            fetch and apply the plan this
-                                                                often (at most once per tick;
-                                                                ``0``: every tick)
-``enforcement_state_path``    ``agent-enforcement.json`` in     the VMs' original settings
-                              the state dir (``/var/lib/gmd``   (JSON), kept to restore them
-                              as root, else ``./var``)          exactly after a restart
-``cgroup_root``               ``"/sys/fs/cgroup"``              cgroup mount (``cgroup``
-                                                                backend only)
-``cgroup_template``           per detected version: v2          a VM's cgroup below the root;
-                              ``SYSTEMD_TEMPLATE``, v1          fields ``{name}``, ``{uuid}``,
-                              ``LIBVIRT_TEMPLATE`` (see         ``{id}``, ``{machine}``,
-                              :mod:`gmd.agent.apply.cgroupfs`)       ``{machine_unit}``
-``collector``                 ``"auto"``                        where readings come from:
-                                                                ``"kernel"`` (cgroup and /proc
-                                                                files, libvirt only to list and
-                                                                describe, see
-                                                                :mod:`gmd.agent.collect.kernel`),
-                                                                ``"libvirt"`` (bulk stats: remote
-                                                                or other drivers), ``"auto"``
-                                                                (kernel for this machine's
-                                                                ``qemu:///system``, else libvirt)
-                                                                or ``"replay"`` (recorded traces,
-                                                                see
-                                                                :mod:`gmd.agent.collect.replay`)
-``replay_dir``                none (required for ``replay``)    directory of Bitbrains traces
-                                                                ``N.csv`` or ``N.csv.gz``
-                                                                (relative to this file)
-``replay_vms``                every ``N.csv`` in the directory  which traces: a list (``[1, 2,
-                                                                "7"]``) or ranges (``"1-10,15"``)
-``replay_customers``          ``default_customer``              a list, dealt round-robin over
-                                                                ``replay_vms`` in order, or a
-                                                                table trace → customer
-``replay_start``              ``"now-7d"``                      simulated start (ISO, ``now-3d``,
-                                                                Unix seconds); the traces' first
-                                                                row falls on it
-``replay_end``                the present                       simulated end (never past the
-                                                                present or the traces' end)
-``replay_speed``              ``"max"``                         simulated seconds per wall
-                                                                second, or ``"max"``: as fast as
-                                                                the agent goes
-``replay_offset_s``           ``0``                             start this far into the traces
-``replay_host_cores``         the VMs' provisioned cores,       the simulated host's cores
-                              summed
-``replay_host_memory_bytes``  their provisioned memory, summed  the simulated host's RAM
-============================  ================================  =================================
+Every key is declared once, in :class:`Agent`: its default, its bounds and what it means.
+docs/configuration.md shows them as a table made from these declarations, and
+``etc/gmd.toml`` shows each with its default (``tests/test_config_defaults.py`` checks both).
 """
 
 from __future__ import annotations
@@ -123,7 +18,7 @@ import re
 import socket
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -131,7 +26,19 @@ from typing import Any
 from gmd.agent.apply.cgroupfs import CgroupError, VmIdentity, render_template
 from gmd.agent.apply.state import EnforceBackend
 from gmd.agent.collect.ownership import EVERY_DOMAIN, DomainFilter
-from gmd.common.config import ConfigError, Reader, default_state_dir, read_document
+from gmd.common.config import (
+    ConfigError,
+    Count,
+    Flag,
+    Kind,
+    Number,
+    Option,
+    Reader,
+    Table,
+    Text,
+    default_state_dir,
+    read_document,
+)
 from gmd.common.timespec import parse_time
 from gmd.traces import TraceError, trace_file, trace_ranges
 
@@ -150,54 +57,6 @@ class CollectorKind(enum.StrEnum):
 _PRINTABLE = re.compile(r"^[!-~]+$")
 _NAME = re.compile(r"^[^\x00-\x1f]{1,255}$")
 
-
-@dataclass(frozen=True)
-class AgentConfig:
-    path: Path | None
-    host: str
-    spool_path: Path
-    daemon_url: str | None = None
-    token: str | None = None
-    libvirt_uri: str = "qemu:///system"
-    tick_s: float = 10.0
-    interval_s: int = 60
-    spool_max_bytes: int = 2**30
-    spool_max_batches: int = 10080
-    disk_bytes_per_s: float = 500e6
-    network_bytes_per_s: float | None = None
-    default_customer: str | None = None
-    domains: DomainFilter = EVERY_DOMAIN
-    """which domains are measured and throttled (``domain_prefixes``, ``only_nova``)"""
-    metrics_bind: str = "127.0.0.1"
-    metrics_port: int = 8471
-    timeout_s: float = 10.0
-    post_jitter_s: float = 20.0
-    """see :func:`default_post_jitter_s`; 0: every batch is posted as soon as it is made"""
-    describe_every_s: float = 300.0
-    reconnect_max_s: float = 60.0
-    enforce_backend: EnforceBackend = EnforceBackend.libvirt
-    plan_every_s: float = 30.0
-    enforcement_state_path: Path = field(
-        default_factory=lambda: default_state_dir() / "agent-enforcement.json"
-    )
-    cgroup_root: Path = Path("/sys/fs/cgroup")
-    cgroup_template: str | None = None
-    collector: CollectorKind = CollectorKind.auto
-    replay_dir: Path | None = None
-    replay_vms: tuple[str, ...] = ()
-    """trace names (``N`` of ``N.csv``); empty: every trace in ``replay_dir``"""
-    replay_customers: tuple[str, ...] | Mapping[str, str] = ()
-    replay_start_s: float | None = None
-    """``None``: a week before the replay starts"""
-    replay_end_s: float | None = None
-    """``None``: the present"""
-    replay_speed: float | None = None
-    """``None``: as fast as possible"""
-    replay_offset_s: float = 0.0
-    replay_host_cores: float | None = None
-    replay_host_memory_bytes: float | None = None
-
-
 DEFAULT_POST_JITTER_S = 20.0
 """The agents' default spread of posts after an interval's end: it turns the interval-end
 burst (every host at once) into ~1/20 of the hosts per second. The daemon's default
@@ -208,6 +67,222 @@ def default_post_jitter_s(interval_s: float) -> float:
     """``DEFAULT_POST_JITTER_S``, or a third of a shorter interval (tests, demos): the spread
     then ends well before the next interval's batches are made."""
     return min(DEFAULT_POST_JITTER_S, interval_s / 3)
+
+
+class Agent(Table):
+    """Read by gmd-agent on each compute host; the daemon ignores it."""
+
+    name = "agent"
+
+    daemon_url = Option(
+        None,
+        "base URL of gmd-daemon, e.g. ``https://gmd.example.org:8470``",
+        shown="none (required to send)",
+    )
+    token = Option(
+        None,
+        "this host's bearer token (give this or ``token_file``; without either, only for"
+        " ``auth = none``)",
+        shown="none",
+    )
+    token_file = Option(
+        None,
+        "file holding the token (relative to this file); keeps it out of the config",
+        shown="none",
+    )
+    host = Option(
+        None,
+        "this host's name in the ledger; must match ``[hosts.NAME]``",
+        shown="the FQDN (``socket.getfqdn()``)",
+    )
+    libvirt_uri = Text("qemu:///system", "libvirt connection (read-only)")
+    tick_s = Number(10.0, "seconds between readings (≤ ``interval_s``)", 0.05, 3600)
+    interval_s = Count(
+        60,
+        "accounting interval: must equal the daemon's ``accounting.interval_s``",
+        1,
+        86400,
+        whole=True,
+        unit="seconds",
+    )
+    spool_path = Option(
+        None,
+        "SQLite spool: unsent batches and the counters' baselines",
+        shown="``agent-spool.db`` in the state directory (``/var/lib/gmd`` as root, else"
+        " ``./var``)",
+    )
+    spool_max_bytes = Count(
+        2**30,
+        "spool bound; past it the oldest batches are dropped (logged, counted)",
+        4096,
+        2**50,
+        shown="``1073741824`` (1 GiB)",
+    )
+    spool_max_batches = Count(
+        10080, "spool bound, in batches", 1, 10**9, shown="``10080`` (a week of minutes)"
+    )
+    disk_bytes_per_s = Number(500e6, "host disk bandwidth (capacity the daemon divides)", 1)
+    network_bytes_per_s = Option(
+        None,
+        "host network bandwidth, > 0; 1 Gbit/s when no link reports a speed",
+        shown="fastest physical link's speed (``/sys/class/net/*/speed``)",
+    )
+    default_customer = Option(
+        None,
+        "customer of VMs with neither Nova nor gmd metadata",
+        shown='none (→ ``"unknown"``)',
+    )
+    domain_prefixes = Option(
+        EVERY_DOMAIN.prefixes,
+        "measure and throttle only the domains whose name starts with one of these"
+        ' (``["instance-"]``: Nova\'s names); empty: every domain',
+    )
+    only_nova = Flag(
+        EVERY_DOMAIN.only_nova,
+        "measure and throttle only the domains with Nova's metadata (an owner project); the"
+        " others on a shared hypervisor are left alone",
+    )
+    metrics_bind = Text("127.0.0.1", "where ``/metrics`` listens")
+    metrics_port = Count(8471, "its port; ``0`` turns it off", 0, 65535)
+    timeout_s = Number(10.0, "HTTP timeout per request to the daemon", 0.1, 600)
+    post_jitter_s = Number(
+        DEFAULT_POST_JITTER_S,
+        "a closed interval's batch is spooled at once, but first posted a random time in"
+        " [0, this) after the interval's end, so that hosts do not all post at once"
+        " (< ``interval_s``; ``0``, and replays: at once). The daemon's"
+        " ``accounting.grace_s`` must exceed it",
+        0,
+        86400,
+        shown="``20``, or ``interval_s / 3`` when that is shorter",
+    )
+    describe_every_s = Number(
+        300.0, "re-read each domain's XML (owner, flavor, devices) this often", 1, 86400
+    )
+    reconnect_max_s = Number(
+        60.0, "longest wait between libvirt reconnection attempts (1 s, doubling)", 1, 3600
+    )
+    enforce_backend = Kind(
+        EnforceBackend.libvirt,
+        "how the daemon's throttling plan is applied: ``libvirt`` (LIVE tuning), ``cgroup``"
+        " (cgroup files) or ``none`` (never fetch a plan)",
+    )
+    plan_every_s = Number(
+        30.0,
+        "fetch and apply the plan this often (at most once per tick; ``0``: every tick)",
+        0,
+        86400,
+    )
+    enforcement_state_path = Option(
+        None,
+        "the VMs' original settings (JSON), kept to restore them exactly after a restart",
+        shown="``agent-enforcement.json`` in the state directory",
+    )
+    cgroup_root = Text(
+        "/sys/fs/cgroup", "cgroup mount under which ``cgroup_template`` is rendered (only with it)"
+    )
+    cgroup_template = Option(
+        None,
+        "``cgroup`` backend: a VM's cgroup below ``cgroup_root``, for agents that cannot see"
+        " QEMU's processes (fields ``{name}``, ``{uuid}``, ``{id}``, ``{machine}``,"
+        " ``{machine_unit}``; its version detected at the root)",
+        shown="none: where the VM's QEMU process sits (``/proc/PID/cgroup``), the groups the"
+        " kernel collector reads (see :mod:`gmd.agent.cgroups`)",
+    )
+    collector = Kind(
+        CollectorKind.auto,
+        "where readings come from: ``kernel`` (cgroup and /proc files, libvirt only to list"
+        " and describe, see :mod:`gmd.agent.collect.kernel`), ``libvirt`` (bulk stats: remote"
+        " or other drivers), ``auto`` (kernel for this machine's ``qemu:///system``, else"
+        " libvirt) or ``replay`` (recorded traces, see :mod:`gmd.agent.collect.replay`)",
+    )
+    replay_dir = Option(
+        None,
+        "directory of Bitbrains traces ``N.csv`` or ``N.csv.gz`` (relative to this file)",
+        shown="none (required for ``replay``)",
+    )
+    replay_vms = Option(
+        (),
+        'which traces: a list (``[1, 2, "7"]``) or ranges (``"1-10,15"``)',
+        shown="``[]``: every ``N.csv`` in the directory",
+    )
+    replay_customers = Option(
+        None,
+        "a list, dealt round-robin over ``replay_vms`` in order, or a table trace → customer",
+        shown="``default_customer``",
+    )
+    replay_start = Option(
+        None,
+        "simulated start (ISO, ``now-3d``, Unix seconds); the traces' first row falls on it",
+        shown='``"now-7d"``',
+    )
+    replay_end = Option(
+        None,
+        "simulated end (never past the present or the traces' end)",
+        shown="the present",
+    )
+    replay_speed = Option(
+        "max",
+        'simulated seconds per wall second, or ``"max"``: as fast as the agent goes',
+    )
+    replay_offset_s = Number(0.0, "start this far into the traces", 0)
+    replay_host_cores = Option(
+        None, "the simulated host's cores", shown="the VMs' provisioned cores, summed"
+    )
+    replay_host_memory_bytes = Option(
+        None, "the simulated host's RAM", shown="their provisioned memory, summed"
+    )
+
+
+TABLES: tuple[type[Table], ...] = (Agent,)
+"""The tables this module declares (the daemon's: :data:`gmd.daemon.config.TABLES`)."""
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    path: Path | None
+    host: str
+    spool_path: Path
+    daemon_url: str | None = Agent.daemon_url.default
+    token: str | None = Agent.token.default
+    libvirt_uri: str = Agent.libvirt_uri.default
+    tick_s: float = Agent.tick_s.default
+    interval_s: int = Agent.interval_s.default
+    spool_max_bytes: int = Agent.spool_max_bytes.default
+    spool_max_batches: int = Agent.spool_max_batches.default
+    disk_bytes_per_s: float = Agent.disk_bytes_per_s.default
+    network_bytes_per_s: float | None = Agent.network_bytes_per_s.default
+    default_customer: str | None = Agent.default_customer.default
+    domains: DomainFilter = EVERY_DOMAIN
+    """which domains are measured and throttled (``domain_prefixes``, ``only_nova``)"""
+    metrics_bind: str = Agent.metrics_bind.default
+    metrics_port: int = Agent.metrics_port.default
+    timeout_s: float = Agent.timeout_s.default
+    post_jitter_s: float = Agent.post_jitter_s.default
+    """see :func:`default_post_jitter_s`; 0: every batch is posted as soon as it is made"""
+    describe_every_s: float = Agent.describe_every_s.default
+    reconnect_max_s: float = Agent.reconnect_max_s.default
+    enforce_backend: EnforceBackend = Agent.enforce_backend.default
+    plan_every_s: float = Agent.plan_every_s.default
+    enforcement_state_path: Path = field(
+        default_factory=lambda: default_state_dir() / "agent-enforcement.json"
+    )
+    cgroup_root: Path = Path(Agent.cgroup_root.default)
+    cgroup_template: str | None = Agent.cgroup_template.default
+    collector: CollectorKind = Agent.collector.default
+    replay_dir: Path | None = Agent.replay_dir.default
+    replay_vms: tuple[str, ...] = Agent.replay_vms.default
+    """trace names (``N`` of ``N.csv``); empty: every trace in ``replay_dir``"""
+    replay_customers: tuple[str, ...] | Mapping[str, str] = ()
+    """empty: every VM is ``default_customer``'s"""
+    replay_start_s: float | None = Agent.replay_start.default
+    """``None``: a week before the replay starts"""
+    replay_end_s: float | None = Agent.replay_end.default
+    """``None``: the present"""
+    replay_speed: float | None = None
+    """``None``: as fast as possible (``replay_speed = "max"``)"""
+    replay_offset_s: float = Agent.replay_offset_s.default
+    replay_host_cores: float | None = Agent.replay_host_cores.default
+    replay_host_memory_bytes: float | None = Agent.replay_host_memory_bytes.default
 
 
 def _relative(path: Path | None, value: str) -> Path:
@@ -252,13 +327,11 @@ def parse_agent(
     if default_customer is not None and not _NAME.match(default_customer):
         raise a.fail("default_customer", f"{default_customer!r}: 1–255 characters, no controls")
 
-    interval = a.number("interval_s", 60, 1, 86400)
-    if interval != int(interval):
-        raise a.fail("interval_s", f"{interval!r} is not a whole number of seconds")
-    tick = a.number("tick_s", 10.0, 0.05, 3600)
+    interval = a.option(Agent.interval_s)
+    tick = a.option(Agent.tick_s)
     if tick > interval:
         raise a.fail("tick_s", f"{tick:g} is longer than interval_s = {interval:g}")
-    jitter = a.number("post_jitter_s", default_post_jitter_s(interval), 0, 86400)
+    jitter = a.option(replace(Agent.post_jitter_s, default=default_post_jitter_s(interval)))
     if jitter >= interval:
         # Batches leave in order: one held for an interval or longer would still wait when
         # the next is made, and the daemon would need a grace period longer than an interval.
@@ -281,29 +354,29 @@ def parse_agent(
         spool_path=(_relative(path, spool) if spool else default_state_dir() / "agent-spool.db"),
         daemon_url=url.rstrip("/") if url else None,
         token=token,
-        libvirt_uri=a.get("libvirt_uri", str, "qemu:///system"),
+        libvirt_uri=a.option(Agent.libvirt_uri),
         tick_s=tick,
-        interval_s=int(interval),
-        spool_max_bytes=int(a.number("spool_max_bytes", 2**30, 4096, 2**50)),
-        spool_max_batches=int(a.number("spool_max_batches", 10080, 1, 10**9)),
-        disk_bytes_per_s=a.number("disk_bytes_per_s", 500e6, 1),
+        interval_s=interval,
+        spool_max_bytes=a.option(Agent.spool_max_bytes),
+        spool_max_batches=a.option(Agent.spool_max_batches),
+        disk_bytes_per_s=a.option(Agent.disk_bytes_per_s),
         network_bytes_per_s=None if network is None else float(network),
         default_customer=default_customer,
         domains=_domains(a),
-        metrics_bind=a.get("metrics_bind", str, "127.0.0.1"),
-        metrics_port=int(a.number("metrics_port", 8471, 0, 65535)),
-        timeout_s=a.number("timeout_s", 10.0, 0.1, 600),
+        metrics_bind=a.option(Agent.metrics_bind),
+        metrics_port=a.option(Agent.metrics_port),
+        timeout_s=a.option(Agent.timeout_s),
         post_jitter_s=jitter,
-        describe_every_s=a.number("describe_every_s", 300.0, 1, 86400),
-        reconnect_max_s=a.number("reconnect_max_s", 60.0, 1, 3600),
-        enforce_backend=a.kind("enforce_backend", EnforceBackend.libvirt),
-        plan_every_s=a.number("plan_every_s", 30.0, 0, 86400),
+        describe_every_s=a.option(Agent.describe_every_s),
+        reconnect_max_s=a.option(Agent.reconnect_max_s),
+        enforce_backend=a.option(Agent.enforce_backend),
+        plan_every_s=a.option(Agent.plan_every_s),
         enforcement_state_path=(
             _relative(path, state_path)
             if state_path
             else default_state_dir() / "agent-enforcement.json"
         ),
-        cgroup_root=_relative(path, a.get("cgroup_root", str, "/sys/fs/cgroup")),
+        cgroup_root=_relative(path, a.option(Agent.cgroup_root)),
         cgroup_template=template,
         **_replay_keys(a, path),
     )
@@ -313,17 +386,17 @@ def parse_agent(
 
 def _domains(a: Reader) -> DomainFilter:
     """``domain_prefixes`` and ``only_nova``: the domains this agent may measure and throttle."""
-    prefixes = a.get("domain_prefixes", list, [])
+    prefixes = a.get("domain_prefixes", list, list(Agent.domain_prefixes.default))
     for p in prefixes:
         if not isinstance(p, str) or not _NAME.match(p):
             raise a.fail("domain_prefixes", f"{p!r}: each prefix is 1–255 characters of a name")
-    return DomainFilter(tuple(prefixes), a.get("only_nova", bool, False))
+    return DomainFilter(tuple(prefixes), a.option(Agent.only_nova))
 
 
 def _replay_keys(a: Reader, path: Path | None) -> dict[str, Any]:
     """The ``collector`` and ``replay_*`` keys. The traces' directory and files must exist
     when the collector is ``"replay"``; the files themselves are read when the replay starts."""
-    collector = a.kind("collector", CollectorKind.auto)
+    collector = a.option(Agent.collector)
     directory = a.get("replay_dir", str, None)
     replay_dir = None if directory is None else _relative(path, directory)
     if collector == CollectorKind.replay:
@@ -339,7 +412,7 @@ def _replay_keys(a: Reader, path: Path | None) -> dict[str, Any]:
             except TraceError as exc:
                 raise a.fail("replay_vms", str(exc)) from None
     now = time.time()
-    speed = a.get("replay_speed", (int, float, str), "max")
+    speed = a.get("replay_speed", (int, float, str), Agent.replay_speed.default)
     if speed == "max":
         speed = None
     elif isinstance(speed, str) or not (0 < speed < math.inf):
@@ -360,7 +433,7 @@ def _replay_keys(a: Reader, path: Path | None) -> dict[str, Any]:
         "replay_start_s": start,
         "replay_end_s": end,
         "replay_speed": None if speed is None else float(speed),
-        "replay_offset_s": a.number("replay_offset_s", 0.0, 0),
+        "replay_offset_s": a.option(Agent.replay_offset_s),
         "replay_host_cores": None if cores is None else float(cores),
         "replay_host_memory_bytes": None if memory is None else float(memory),
     }

@@ -3,6 +3,12 @@
 Both gmd-agent (its ``[agent]`` table) and gmd-daemon (the rest) read the same file the same
 way, so every error names the file and the key (``gmd.toml: accounting.gamma: 1.5 is not in
 [0, 1]``): an operator who mistyped a value at 3 a.m. should not have to read a traceback.
+
+Each key is declared once, as an :class:`Option` in the :class:`Table` of its section (the
+daemon's in :mod:`gmd.daemon.config`, the agent's in :mod:`gmd.agent.config`): its default,
+its bounds and what it means. The parsers read it through that declaration, the configuration
+classes take their defaults from it, and the tests check ``etc/gmd.toml`` and
+docs/configuration.md against it.
 """
 
 from __future__ import annotations
@@ -11,16 +17,18 @@ import enum
 import math
 import os
 import tomllib
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from gmd import GmdError
 
 DEFAULT_PATH = Path("/etc/gmd/gmd.toml")
 
-Choice = TypeVar("Choice", bound=str)
+C = TypeVar("C", bound=str)
 K = TypeVar("K", bound=enum.StrEnum)
+T = TypeVar("T")
 
 
 # The types as TOML calls them: an operator wrote `port = "x"`, not a Python str.
@@ -43,6 +51,8 @@ def _expected(kinds: tuple[type, ...]) -> str:
 
 def _bound(limit: float) -> str:
     """A bound the way an operator would write it: 2147483648 rather than 2.14748e+09."""
+    if math.isinf(limit):
+        return "∞" if limit > 0 else "-∞"
     if limit == int(limit) and abs(limit) < 2**53:
         return str(int(limit))
     return f"{limit:g}"
@@ -89,6 +99,10 @@ class Reader:
             raise self.fail(key, f"expected {_expected(kinds)}, got {value!r}")
         return value
 
+    def option(self, option: Option[T]) -> T:
+        """A declared key: its declared default when absent, else checked as declared."""
+        return option.read(self)
+
     def number(self, key: str, default: float, low: float, high: float = math.inf) -> float:
         value = self.get(key, float, default)
         if not (math.isfinite(value) and low <= value <= high):
@@ -104,7 +118,7 @@ class Reader:
         kinds = type(default)
         return kinds(self.choice(key, default.value, tuple(k.value for k in kinds)))
 
-    def choice(self, key: str, default: Choice, choices: tuple[Choice, ...]) -> Choice:
+    def choice(self, key: str, default: C, choices: tuple[C, ...]) -> C:
         value = self.get(key, str, default)
         if value not in choices:
             raise self.fail(key, f"{value!r} is not one of {', '.join(choices)}")
@@ -117,6 +131,126 @@ class Reader:
         unknown = sorted(set(self.table) - self.used)
         if unknown:
             raise self.fail(unknown[0], "unknown key (misspelt?)")
+
+
+@dataclass(frozen=True)
+class Option(Generic[T]):
+    """One key of gmd.toml, declared once: its default and what it means (``help``).
+
+    Declared as an attribute of its section's :class:`Table`, whose name is the key (``key=``
+    names an option made outside a table). ``default`` is what a file that leaves the key out
+    is read as having; the configuration classes take their defaults from it. ``shown`` says
+    the default in words where the docs should not just print ``default`` (it depends on the
+    host, on another key or on the state directory; or a unit helps), and must then hold
+    ``default`` as TOML writes it when that is a TOML value.
+
+    This base class is a key that its parser reads with its own code (a path relative to the
+    file, a default that depends on another key, a table of free keys); the subclasses read
+    themselves, through :meth:`Reader.option`.
+    """
+
+    default: T
+    help: str
+    key: str = field(default="", kw_only=True)
+    shown: str = field(default="", kw_only=True)
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        if self.key and self.key != name:
+            raise TypeError(f"{owner.__name__}.{name} is declared with key {self.key!r}")
+        object.__setattr__(self, "key", name)
+
+    def read(self, r: Reader) -> T:
+        raise TypeError(f"{r.prefix}{self.key} is read by its parser's own code")
+
+
+@dataclass(frozen=True)
+class Number(Option[float]):
+    """A number in [``low``, ``high``] (an integer in the file is read as a float)."""
+
+    low: float
+    high: float = math.inf
+
+    def read(self, r: Reader) -> float:
+        return r.number(self.key, self.default, self.low, self.high)
+
+
+@dataclass(frozen=True)
+class Count(Option[int]):
+    """A whole number in [``low``, ``high``]. A fraction is cut to its integer part, as it
+    always was, unless ``whole``: then it is refused, naming the ``unit`` it counts."""
+
+    low: float
+    high: float = math.inf
+    whole: bool = False
+    unit: str = ""
+
+    def read(self, r: Reader) -> int:
+        value = r.number(self.key, self.default, self.low, self.high)
+        if self.whole and value != int(value):
+            of = f" of {self.unit}" if self.unit else ""
+            raise r.fail(self.key, f"{value!r} is not a whole number{of}")
+        return int(value)
+
+
+@dataclass(frozen=True)
+class Text(Option[str]):
+    """A string."""
+
+    def read(self, r: Reader) -> str:
+        value: str = r.get(self.key, str, self.default)
+        return value
+
+
+@dataclass(frozen=True)
+class Flag(Option[bool]):
+    """true or false."""
+
+    def read(self, r: Reader) -> bool:
+        value: bool = r.get(self.key, bool, self.default)
+        return value
+
+
+@dataclass(frozen=True)
+class Choice(Option[C]):
+    """One of ``choices``, each a string."""
+
+    choices: tuple[C, ...]
+
+    def read(self, r: Reader) -> C:
+        return r.choice(self.key, self.default, self.choices)
+
+
+@dataclass(frozen=True)
+class Kind(Option[K]):
+    """A member of ``default``'s enum, written as its value (see :meth:`Reader.kind`)."""
+
+    def read(self, r: Reader) -> K:
+        return r.kind(self.key, self.default)
+
+
+class Table:
+    """The declared keys of one table of gmd.toml (``name``: ``"daemon.limits"``;
+    ``"hosts.NAME"`` for a table per host): each class attribute that is an :class:`Option`,
+    in the order written, which is the docs' order. The docstring says what the table is for.
+    A subclass is a namespace (``Limits.max_error_chars``), never instantiated; one whose keys
+    are made rather than written sets ``options`` itself."""
+
+    name: ClassVar[str]
+    options: ClassVar[tuple[Option[Any], ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        declared = tuple(v for v in vars(cls).values() if isinstance(v, Option))
+        if declared:
+            cls.options = declared
+
+    @classmethod
+    def option(cls, key: str) -> Option[Any]:
+        """The option declared as ``key`` (KeyError: none)."""
+        for option in cls.options:
+            if option.key == key:
+                return option
+        raise KeyError(f"{cls.name}.{key}")
 
 
 def read_document(
