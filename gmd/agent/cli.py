@@ -20,7 +20,7 @@ import typer
 from prometheus_client import start_http_server
 
 from gmd.agent.apply.state import EnforceBackend
-from gmd.agent.client import DaemonClient
+from gmd.agent.client import DaemonClient, Delivery
 from gmd.agent.collect.base import Collector
 from gmd.agent.config import AgentConfig, CollectorKind, load_agent
 from gmd.agent.loop import Agent, dry_run_batch, new_key
@@ -236,11 +236,11 @@ def _report_restore(config: AgentConfig, results: list[VmApplyResult], *, everyt
                 generated_s=int(time.time()), results=chunk, restore_all=everything and last
             )
             outcome = client.post_report(config.host, report)
-            if outcome.kind != "delivered":
+            if outcome.kind != Delivery.delivered:
                 break
     finally:
         client.close()
-    if outcome.kind == "delivered":
+    if outcome.kind == Delivery.delivered:
         log.info("the restore is recorded in the daemon's enforcement log")
     else:
         log.warning(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Literal
+from enum import StrEnum
 from urllib.parse import quote
 
 import httpx
@@ -29,9 +29,20 @@ log = logging.getLogger(__name__)
 RETRY_STATUSES = frozenset({401, 403, 408, 429})
 
 
+class Delivery(StrEnum):
+    """What became of a post to the daemon."""
+
+    delivered = "delivered"
+    """the daemon took it (stored, or already had it)"""
+    rejected = "rejected"
+    """a 4xx: it will never be acceptable as it is"""
+    unavailable = "unavailable"
+    """the daemon could not be reached or answered 5xx/429: sent again later"""
+
+
 @dataclass(frozen=True, slots=True)
 class PostOutcome:
-    kind: Literal["delivered", "rejected", "unavailable"]
+    kind: Delivery
     status: int | None
     detail: str
     """the daemon's ``status`` (accepted/duplicate) or ``detail``, or the transport error"""
@@ -80,17 +91,17 @@ class DaemonClient:
         try:
             response = self._http.post("/v1/samples", content=body)
         except httpx.HTTPError as exc:
-            return PostOutcome("unavailable", None, f"{type(exc).__name__}: {exc}")
+            return PostOutcome(Delivery.unavailable, None, f"{type(exc).__name__}: {exc}")
         if response.status_code == 200:
             try:
                 status = str(response.json().get("status", "accepted"))
             except ValueError:
                 status = "accepted"
-            return PostOutcome("delivered", 200, status)
+            return PostOutcome(Delivery.delivered, 200, status)
         detail = _detail(response)
         if response.status_code >= 500 or response.status_code in RETRY_STATUSES:
-            return PostOutcome("unavailable", response.status_code, detail)
-        return PostOutcome("rejected", response.status_code, detail)
+            return PostOutcome(Delivery.unavailable, response.status_code, detail)
+        return PostOutcome(Delivery.rejected, response.status_code, detail)
 
     def get_plan(self, host: str) -> HostPlan:
         """``GET /v1/plan/{host}``; raises :class:`PlanUnavailable` for anything but a valid plan
@@ -113,13 +124,13 @@ class DaemonClient:
             body = report.model_dump_json(exclude=None if report.restore_all else {"restore_all"})
             response = self._http.post(f"/v1/plan/{quote(host, safe='')}/report", content=body)
         except httpx.HTTPError as exc:
-            return PostOutcome("unavailable", None, f"{type(exc).__name__}: {exc}")
+            return PostOutcome(Delivery.unavailable, None, f"{type(exc).__name__}: {exc}")
         if response.status_code == 200:
-            return PostOutcome("delivered", 200, "recorded")
+            return PostOutcome(Delivery.delivered, 200, "recorded")
         detail = _detail(response)
         if response.status_code >= 500 or response.status_code in RETRY_STATUSES:
-            return PostOutcome("unavailable", response.status_code, detail)
-        return PostOutcome("rejected", response.status_code, detail)
+            return PostOutcome(Delivery.unavailable, response.status_code, detail)
+        return PostOutcome(Delivery.rejected, response.status_code, detail)
 
     def close(self) -> None:
         self._http.close()

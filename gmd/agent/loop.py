@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
-from gmd.agent.client import PlanUnavailable, PostOutcome
+from gmd.agent.client import Delivery, PlanUnavailable, PostOutcome
 from gmd.agent.collect.aggregate import (
     AgentState,
     ClosedInterval,
@@ -251,7 +251,7 @@ class Agent:
             chunk = [r for g, r in self._unreported if g == generated][:MAX_PENDING_RESULTS]
             report = PlanReport(generated_s=generated, results=chunk)
             outcome = self.plans.post_report(self.config.host, report)
-            if outcome.kind == "unavailable":
+            if outcome.kind == Delivery.unavailable:
                 log.warning(
                     "cannot report %d enforcement result(s) to the daemon (%s): kept for the"
                     " next round",
@@ -259,7 +259,7 @@ class Agent:
                     outcome.detail,
                 )
                 return
-            if outcome.kind == "rejected":
+            if outcome.kind == Delivery.rejected:
                 log.error(
                     "the daemon refused the enforcement report of plan %d (HTTP %s: %s): dropped",
                     generated,

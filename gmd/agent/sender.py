@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gmd.agent.client import DaemonClient
+from gmd.agent.client import DaemonClient, Delivery
 from gmd.agent.spool import Spool
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ class Sender:
                     break
                 first = self._first_post_s.pop(item.key, None) is not None
                 outcome = self.client.post_batch(item.body)
-                if outcome.kind == "unavailable":
+                if outcome.kind == Delivery.unavailable:
                     missed += first
                     status = outcome.status
                     unavailable = (
@@ -101,7 +101,7 @@ class Sender:
                     )
                     break
                 self.spool.remove(item.seq)
-                if outcome.kind == "delivered":
+                if outcome.kind == Delivery.delivered:
                     if outcome.detail == "duplicate":
                         duplicates += 1
                     else:

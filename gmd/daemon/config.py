@@ -35,9 +35,9 @@ from gmd.common.config import (
     default_state_dir,
     read_document,
 )
-from gmd.fairness.cloud import CONSUMER_MODES, ENDOWMENT_MODES, ConsumerMode, EndowmentMode
+from gmd.fairness.cloud import ConsumerMode, EndowmentMode
 from gmd.fairness.decay import DEFAULT_HALF_LIFE_S
-from gmd.fairness.directcontr import UTILITIES
+from gmd.fairness.directcontr import Utility
 from gmd.fairness.interval import IntervalSettings
 from gmd.fairness.policy import CapResource, ContentionPolicy, ThrottlePolicy
 from gmd.wire import RESOURCES_COMBINED, RESOURCES_SPLIT, PlanMode, resource_names
@@ -84,28 +84,25 @@ class Accounting(Table):
     gamma = Number(
         0.5, "γ: how much of the resources a VM cedes is credited (the GM paper: 0.5)", 0.0, 1.0
     )
-    endowment: Choice[EndowmentMode] = Choice(
-        "flavor",
+    endowment = Kind(
+        EndowmentMode.flavor,
         "endowments: ``flavor`` (what each VM was configured with, scaled down on"
         " overcommitted hosts) or ``equal`` (each VM on a host gets the same share)",
-        ENDOWMENT_MODES,
     )
-    consumer: Choice[ConsumerMode] = Choice(
-        "vm",
+    consumer = Kind(
+        ConsumerMode.vm,
         "consumers on a host: ``vm`` (each VM) or ``customer`` (a customer's VMs on a host"
         " together)",
-        CONSUMER_MODES,
     )
     half_life_s = Option(
         DEFAULT_HALF_LIFE_S,
         "balances halve every this many seconds (> 0; 7 days, like Slurm's"
         ' PriorityDecayHalfLife), or ``"none"``: kept for ever',
     )
-    utility = Choice(
-        "psi_double_prime",
+    utility = Kind(
+        Utility.psi_double_prime,
         "DirectContr utility: ``psi_double_prime`` (ψ″, work done), ``psi`` (ψ) or"
         " ``psi_prime`` (ψ′)",
-        UTILITIES,
     )
     split_io = Flag(
         False,
@@ -134,7 +131,7 @@ class AccountingConfig:
     endowment: EndowmentMode = Accounting.endowment.default
     consumer: ConsumerMode = Accounting.consumer.default
     half_life_s: float | None = Accounting.half_life_s.default
-    utility: str = Accounting.utility.default
+    utility: Utility = Accounting.utility.default
     split_io: bool = Accounting.split_io.default
     weights: dict[str, float] = field(
         default_factory=lambda: {

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, ClassVar
 from sqlalchemy import Engine, select, update
 
 from gmd.daemon.enforce.openstack_client import MalformedAnswer, OpenStackClient, checked
-from gmd.daemon.enforce.quotas import QuotaError
+from gmd.daemon.enforce.quotas import QuotaError, QuotaErrorKind
 from gmd.daemon.ledger.migrate import writer
 from gmd.daemon.ledger.models import NameSource
 from gmd.daemon.ledger.tables import customers as _customers
@@ -37,9 +37,9 @@ class ProjectNames(OpenStackClient):
     """Lists the cloud's projects (id → name) with the clouds.yaml account of the quotas."""
 
     subject = "project names"
-    hints: ClassVar[dict[str, str]] = {
-        "forbidden": "not allowed by Keystone's policy: listing every project needs a reader "
-        "or admin role",
+    hints: ClassVar[dict[QuotaErrorKind, str]] = {
+        QuotaErrorKind.forbidden: "not allowed by Keystone's policy: listing every project"
+        " needs a reader or admin role",
     }
 
     def projects(self) -> dict[str, str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from enum import StrEnum
 
 import numpy as np
 
@@ -26,10 +26,27 @@ from gmd.fairness._validate import (
 from gmd.fairness.greediness import normalized_terms, pool_offsets
 from gmd.fairness.segments import segment_count, segment_sum
 
-EndowmentMode = Literal["equal", "flavor"]
-ConsumerMode = Literal["vm", "customer"]
-ENDOWMENT_MODES: tuple[EndowmentMode, ...] = ("equal", "flavor")
-CONSUMER_MODES: tuple[ConsumerMode, ...] = ("vm", "customer")
+
+class EndowmentMode(StrEnum):
+    """What each VM is endowed with on its host (``accounting.endowment``)."""
+
+    equal = "equal"
+    """each consumer on a host the same share"""
+    flavor = "flavor"
+    """what each VM was configured with, scaled down on overcommitted hosts"""
+
+
+class ConsumerMode(StrEnum):
+    """Who consumes on a host (``accounting.consumer``)."""
+
+    vm = "vm"
+    """each VM"""
+    customer = "customer"
+    """a customer's VMs on a host, together"""
+
+
+ENDOWMENT_MODES: tuple[EndowmentMode, ...] = tuple(EndowmentMode)
+CONSUMER_MODES: tuple[ConsumerMode, ...] = tuple(ConsumerMode)
 
 
 @dataclass(frozen=True)
@@ -64,7 +81,7 @@ class CloudGreediness:
     and ``customer_terms`` its per-resource breakdown.
     """
 
-    consumer_mode: str
+    consumer_mode: ConsumerMode
     consumer_of_vm: np.ndarray
     consumer_host: np.ndarray
     consumer_customer: np.ndarray
@@ -84,7 +101,7 @@ class CloudGreediness:
     @property
     def vm_greediness(self) -> np.ndarray:
         """``g_j`` per VM; only defined when VMs are the consumers."""
-        if self.consumer_mode != "vm":
+        if self.consumer_mode != ConsumerMode.vm:
             raise ValueError("per-VM greediness exists only with consumer='vm'")
         return self.greediness
 
@@ -153,8 +170,8 @@ def cloud_greediness(
     interval: CloudInterval,
     *,
     gamma: float = 0.5,
-    endowment: EndowmentMode | object = "flavor",
-    consumer: ConsumerMode = "vm",
+    endowment: EndowmentMode | object = EndowmentMode.flavor,
+    consumer: ConsumerMode = ConsumerMode.vm,
     weights: object | None = None,
     share: object | None = None,
 ) -> CloudGreediness:
@@ -173,7 +190,8 @@ def cloud_greediness(
         )
     if consumer not in CONSUMER_MODES:
         raise ValueError(f"consumer = {consumer!r}; choose one of {', '.join(CONSUMER_MODES)}")
-    c = _check(interval, mode == "flavor")
+    consumer = ConsumerMode(consumer)
+    c = _check(interval, mode == EndowmentMode.flavor)
     g = check_gamma(gamma)
     n, m = c.use.shape
     n_hosts = c.supply.shape[0]
@@ -187,7 +205,7 @@ def cloud_greediness(
         check_shape("share", s, (m,), "one amount per resource")
         check_amounts("share", s, None, c.cols, positive=True)
 
-    if consumer == "vm":
+    if consumer == ConsumerMode.vm:
         consumer_of = np.arange(n, dtype=np.intp)
         consumer_host, consumer_customer = c.host_of, c.customer_of
         use = c.use
@@ -201,18 +219,18 @@ def cloud_greediness(
         use = segment_sum(c.use, consumer_of, uniq.size)
     k = use.shape[0]
 
-    if mode == "equal":
+    if mode == EndowmentMode.equal:
         per_host = segment_count(consumer_host, n_hosts)
         e = (c.supply / np.maximum(per_host, 1)[:, None])[consumer_host]
     else:
-        if mode == "flavor":
+        if mode == EndowmentMode.flavor:
             assert c.configured is not None  # _check asked for it
             vm_e = flavor_endowment(c.configured, c.supply, c.host_of)
         else:
             vm_e = as_float_array("endowment", endowment, 2)
             check_shape("endowment", vm_e, (n, m), "VMs × resources, as use")
             check_amounts("endowment", vm_e, Labels("VM", interval.vms, n), c.cols)
-        e = vm_e if consumer == "vm" else segment_sum(vm_e, consumer_of, k)
+        e = vm_e if consumer == ConsumerMode.vm else segment_sum(vm_e, consumer_of, k)
 
     off = pool_offsets(use, e, consumer_host, n_hosts, g)
     terms = normalized_terms(off.offsets, s, w)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from enum import StrEnum
 
 import numpy as np
 
@@ -36,16 +37,28 @@ from gmd.fairness._validate import (
 from gmd.fairness.decay import decay_factor
 from gmd.fairness.segments import segment_sum
 
-UTILITIES: tuple[str, ...] = ("psi_double_prime", "psi", "psi_prime")
-_ALIASES = {"ψ″": "psi_double_prime", "ψ": "psi", "ψ′": "psi_prime"}
+
+class Utility(StrEnum):
+    """How an organization's utility is valued (``accounting.utility``; DirectContr's ψ)."""
+
+    psi_double_prime = "psi_double_prime"
+    """ψ″: the work done"""
+    psi = "psi"
+    """ψ"""
+    psi_prime = "psi_prime"
+    """ψ′: with a bonus for VMs created in the interval"""
 
 
-def utility_name(name: str) -> str:
-    """The canonical name of a utility, accepting the papers' ψ, ψ′, ψ″."""
+UTILITIES: tuple[Utility, ...] = tuple(Utility)
+_ALIASES = {"ψ″": Utility.psi_double_prime, "ψ": Utility.psi, "ψ′": Utility.psi_prime}
+
+
+def utility_name(name: str) -> Utility:
+    """The utility ``name`` names, accepting the papers' ψ, ψ′, ψ″."""
     canonical = _ALIASES.get(name, name)
     if canonical not in UTILITIES:
         raise ValueError(f"utility = {name!r}; choose one of {', '.join(UTILITIES)}")
-    return canonical
+    return Utility(canonical)
 
 
 def normalized_work(
@@ -75,7 +88,7 @@ def normalized_work(
 class DirectContrBalances:
     """Decayed utility and contribution sums of every account (see the module docstring)."""
 
-    utility_kind: str
+    utility_kind: Utility
     origin_s: float
     utility_work: np.ndarray
     utility_moment: np.ndarray
@@ -94,7 +107,7 @@ class DirectContrBalances:
         return self.utility_work.shape[0]
 
     def _value(self, work: np.ndarray, moment: np.ndarray, at_s: float | None) -> np.ndarray:
-        if self.utility_kind == "psi_double_prime":
+        if self.utility_kind == Utility.psi_double_prime:
             return work.copy()
         if at_s is None:
             raise ValueError(f"utility {self.utility_kind} grows with time: give at_s")
@@ -155,7 +168,7 @@ def directcontr_update(
     d = decay_factor(interval_s, half_life_s)
 
     start = float(interval_start_s) - balances.origin_s
-    if balances.utility_kind == "psi_prime":
+    if balances.utility_kind == Utility.psi_prime:
         if release_s is None:
             raise ValueError("utility psi_prime needs release_s, each VM's creation time")
         r = as_float_array("release_s", release_s, 1)

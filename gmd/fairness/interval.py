@@ -39,8 +39,8 @@ class IntervalSettings:
 
     resources: tuple[str, ...]
     gamma: float = 0.5
-    endowment: EndowmentMode = "flavor"
-    consumer: ConsumerMode = "vm"
+    endowment: EndowmentMode = EndowmentMode.flavor
+    consumer: ConsumerMode = ConsumerMode.vm
     weights: tuple[float, ...] | None = None
     half_life_s: float | None = DEFAULT_HALF_LIFE_S
     utility: str = "psi_double_prime"

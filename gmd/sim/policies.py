@@ -19,6 +19,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from gmd.fairness.directcontr import Utility
 from gmd.sim.utility import UtilityBook, utility_name
 
 
@@ -58,7 +59,7 @@ class DirectContr(Policy):
         super().reset(n_orgs, shares)
         self._utility = UtilityBook(n_orgs, self.utility)
         self._contribution = UtilityBook(n_orgs, self.utility)
-        self._bonus = self.utility == "psi_prime"
+        self._bonus = self.utility == Utility.psi_prime
 
     def keys(self, t: int) -> list[int]:
         at = t + 1

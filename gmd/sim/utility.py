@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gmd.fairness.directcontr import UTILITIES, utility_name
+from gmd.fairness.directcontr import UTILITIES, Utility, utility_name
 
 __all__ = ["UTILITIES", "UtilityBook", "schedule_utility", "utility_name"]
 
@@ -54,7 +54,7 @@ class UtilityBook:
         self._s1[org] -= s
         self._s2[org] -= s * s
         self._a[org] += p
-        if self.kind == "psi_double_prime":
+        if self.kind == Utility.psi_double_prime:
             return
         self._b[org] += 2 * p * bonus - p * (s + e - 1)
         if bonus:
@@ -64,7 +64,7 @@ class UtilityBook:
     def value2(self, org: int, at: int) -> int:
         """Twice the utility of ``org`` at time ``at``."""
         r, s1 = self._r[org], self._s1[org]
-        if self.kind == "psi_double_prime":
+        if self.kind == Utility.psi_double_prime:
             return 2 * (self._a[org] + r * at - s1)
         running = r * at * at + (r - 2 * s1 + 2 * self._c1[org]) * at + self._s2[org] - s1
         return 2 * self._a[org] * at + self._b[org] + running - 2 * self._cs[org]
@@ -87,10 +87,10 @@ def schedule_utility(
     ran = (start >= 0) & (start < at)
     s = start[ran].astype(np.float64)
     n = np.minimum(s + duration[ran], at) - s
-    if kind == "psi_double_prime":
+    if kind == Utility.psi_double_prime:
         per_job = n
     else:
         per_job = n * (at - s) - n * (n - 1) / 2
-        if kind == "psi_prime":
+        if kind == Utility.psi_prime:
             per_job = per_job + n * release[ran]
     return np.bincount(org[ran], weights=per_job, minlength=n_orgs)

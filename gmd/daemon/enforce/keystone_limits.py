@@ -40,6 +40,7 @@ from gmd.daemon.enforce.quotas import (
     RESOURCES,
     UNLIMITED,
     QuotaError,
+    QuotaErrorKind,
     QuotaNotApplied,
     QuotaOriginal,
     QuotaSet,
@@ -95,11 +96,12 @@ class ProjectLimits:
 
 class _Keystone(OpenStackClient):
     subject = "Keystone limits"
-    hints: ClassVar[dict[str, str]] = {
-        "forbidden": "refused by Keystone: writing limits needs an account with the admin "
-        "role, and a registered limit of each resource for the compute service and region",
-        "bad_request": "Keystone refused the request",
-        "conflict": "Keystone already has that project limit (another writer?)",
+    hints: ClassVar[dict[QuotaErrorKind, str]] = {
+        QuotaErrorKind.forbidden: "refused by Keystone: writing limits needs an account with"
+        " the admin role, and a registered limit of each resource for the compute service and"
+        " region",
+        QuotaErrorKind.bad_request: "Keystone refused the request",
+        QuotaErrorKind.conflict: "Keystone already has that project limit (another writer?)",
     }
 
 
@@ -280,7 +282,7 @@ class KeystoneLimits:
     def _check_enabled(self, operation: str, project_id: str) -> None:
         if self._disabled_by is not None:
             raise QuotaError(
-                "disabled",
+                QuotaErrorKind.disabled,
                 f"{operation} of the Keystone limits of project {project_id} on cloud "
                 f"{self.cloud!r} refused: limit writes to this cloud are disabled until it is "
                 f"reconfigured, because: {self._disabled_by}",

@@ -33,6 +33,7 @@ from gmd.daemon.enforce.openstack_client import (
 )
 from gmd.daemon.enforce.quotas import (
     QuotaError,
+    QuotaErrorKind,
     QuotaNotApplied,
     QuotaOriginal,
     QuotaSet,
@@ -65,11 +66,11 @@ class NovaQuotas(OpenStackClient):
     force: ClassVar[bool] = True
     """Always: a quota below usage is what enforcement is for (a test turns it off to show
     Nova's refusal)."""
-    hints: ClassVar[dict[str, str]] = {
-        "forbidden": "not allowed by Nova's policy: writing quotas needs the admin role, "
-        "project-scoped",
-        "bad_request": "Nova refused the request",
-        "not_found": "not found: no such project in Keystone, or no compute API there",
+    hints: ClassVar[dict[QuotaErrorKind, str]] = {
+        QuotaErrorKind.forbidden: "not allowed by Nova's policy: writing quotas needs the admin"
+        " role, project-scoped",
+        QuotaErrorKind.bad_request: "Nova refused the request",
+        QuotaErrorKind.not_found: "not found: no such project in Keystone, or no compute API there",
     }
 
     def __init__(self, cloud: str, **kw: Any) -> None:
@@ -211,7 +212,7 @@ class NovaQuotas(OpenStackClient):
         reason = self._disabled_by
         if reason is not None:
             raise QuotaError(
-                "disabled",
+                QuotaErrorKind.disabled,
                 f"{operation} of the Nova quota of project {project_id} on cloud {self.cloud!r} "
                 f"refused: quota writes to this cloud are disabled until it is reconfigured, "
                 f"because: {reason}",

@@ -97,26 +97,26 @@ def one_line(text: str, limit: int = 400) -> str:
 
 def status_kind(status: int | None, message: str = "") -> QuotaErrorKind:
     if status is None:
-        return "unavailable"
+        return QuotaErrorKind.unavailable
     if status == 401:
-        return "unauthorized"
+        return QuotaErrorKind.unauthorized
     if status == 403:
-        return "forbidden"
+        return QuotaErrorKind.forbidden
     if status == 404:
-        return "not_found"
+        return QuotaErrorKind.not_found
     if status == 400 and "is not a valid project" in message:
-        return "not_found"  # Nova checks the project with Keystone and answers 400
+        return QuotaErrorKind.not_found  # Nova checks the project with Keystone and answers 400
     if status == 406:
-        return "unsupported_version"
+        return QuotaErrorKind.unsupported_version
     if status == 408:
-        return "timeout"
+        return QuotaErrorKind.timeout
     if status == 409:
-        return "conflict"
+        return QuotaErrorKind.conflict
     if status == 429 or status >= 500:
-        return "unavailable"
+        return QuotaErrorKind.unavailable
     if 400 <= status < 500:
-        return "bad_request"
-    return "error"
+        return QuotaErrorKind.bad_request
+    return QuotaErrorKind.error
 
 
 def _classify(exc: BaseException) -> tuple[QuotaErrorKind, int | None, str]:
@@ -134,9 +134,9 @@ def _classify(exc: BaseException) -> tuple[QuotaErrorKind, int | None, str]:
     if isinstance(exc, ksa.HttpError):
         return status_kind(exc.http_status), exc.http_status, describe(exc)
     if isinstance(exc, ksa.ConnectTimeout | requests.Timeout):  # ksa: connect *and* read
-        return "timeout", None, describe(exc)
+        return QuotaErrorKind.timeout, None, describe(exc)
     if isinstance(exc, ksa.ConnectionError | ksa.DiscoveryFailure | requests.ConnectionError):
-        return "unavailable", None, describe(exc)
+        return QuotaErrorKind.unavailable, None, describe(exc)
     if isinstance(
         exc,
         sdk.ConfigException
@@ -146,8 +146,8 @@ def _classify(exc: BaseException) -> tuple[QuotaErrorKind, int | None, str]:
         | ksa.CatalogException
         | ksa.EndpointNotFound,
     ):
-        return "config", None, describe(exc)
-    return "error", None, describe(exc)
+        return QuotaErrorKind.config, None, describe(exc)
+    return QuotaErrorKind.error, None, describe(exc)
 
 
 def describe(exc: BaseException, limit: int = 300) -> str:
@@ -169,7 +169,7 @@ class OpenStackClient:
     """
 
     subject = "quota"
-    hints: ClassVar[dict[str, str]] = {}
+    hints: ClassVar[dict[QuotaErrorKind, str]] = {}
 
     def __init__(
         self,
@@ -276,7 +276,7 @@ class OpenStackClient:
         except _ConfigFailure as failure:
             exc = failure.cause
             raise QuotaError(
-                "config",
+                QuotaErrorKind.config,
                 f"{operation} of the {self.subject} of project {project_id} on cloud "
                 f"{self.cloud!r} failed: cannot connect with the clouds.yaml entry "
                 f"{self.cloud!r}: {describe(exc)}",
@@ -299,17 +299,19 @@ class OpenStackClient:
             ) from exc
 
 
-_HINTS: dict[str, str] = {
-    "unauthorized": "authentication refused: check the credentials of this cloud in clouds.yaml",
-    "forbidden": "not allowed: the policy of the service refused this user",
-    "not_found": "not found: check the project id and the service's endpoint",
-    "bad_request": "the service refused the request",
-    "conflict": "the service reports a conflict (another writer at the same time?)",
-    "unsupported_version": "the service does not support the API version asked for",
-    "unavailable": "the cloud is unavailable",
-    "timeout": "no answer within the timeout",
-    "config": "the cloud's configuration is unusable",
-    "error": "unexpected failure",
+_HINTS: dict[QuotaErrorKind, str] = {
+    QuotaErrorKind.unauthorized: (
+        "authentication refused: check the credentials of this cloud in clouds.yaml"
+    ),
+    QuotaErrorKind.forbidden: "not allowed: the policy of the service refused this user",
+    QuotaErrorKind.not_found: "not found: check the project id and the service's endpoint",
+    QuotaErrorKind.bad_request: "the service refused the request",
+    QuotaErrorKind.conflict: "the service reports a conflict (another writer at the same time?)",
+    QuotaErrorKind.unsupported_version: "the service does not support the API version asked for",
+    QuotaErrorKind.unavailable: "the cloud is unavailable",
+    QuotaErrorKind.timeout: "no answer within the timeout",
+    QuotaErrorKind.config: "the cloud's configuration is unusable",
+    QuotaErrorKind.error: "unexpected failure",
 }
 
 

@@ -27,6 +27,7 @@ from gmd.daemon.enforce.quota_backends import QuotaBackend, build_backend
 from gmd.daemon.enforce.quotas import (
     RESOURCES,
     QuotaError,
+    QuotaErrorKind,
     QuotaOriginal,
     QuotaSet,
     QuotaStep,
@@ -273,7 +274,7 @@ class QuotaReconciler:
             )
 
     def _failed(self, project: str, cid: int, level: int, steps: int, exc: QuotaError) -> None:
-        if exc.kind == "disabled":
+        if exc.kind == QuotaErrorKind.disabled:
             if not self._disabled_said:
                 log.error("quota writes to cloud %s are disabled: %s", self.cloud, exc)
                 self._disabled_said = True

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from enum import StrEnum
 from fractions import Fraction
-from typing import Any, Literal, TypeAlias
+from typing import Any, TypeAlias
 
 from gmd import GmdError
 from gmd.daemon.config import QuotaBackendKind
@@ -31,21 +32,39 @@ from gmd.daemon.config import QuotaBackendKind
 UNLIMITED = -1
 """Nova's and Keystone's value for "no limit"."""
 
-QuotaErrorKind = Literal[
-    "unauthorized",  # 401: the clouds.yaml credentials are wrong or expired
-    "forbidden",  # 403: the user may not read/write quotas (needs an admin role)
-    "not_found",  # 404: no such project, or no quota API at that endpoint
-    "bad_request",  # other 4xx: the service refused the values
-    "conflict",  # 409: another writer created the same limit at the same time
-    "unsupported_version",  # 406: the microversion asked for is not served
-    "unavailable",  # 5xx, 429, connection refused/reset: retried
-    "timeout",  # no answer within the timeout: retried
-    "not_applied",  # the write was accepted but the read-back differs (wrong backend)
-    "disabled",  # the breaker is open after a not_applied: no more writes to this cloud
-    "config",  # the cloud is not in clouds.yaml, or its auth settings are incomplete
-    "error",  # anything else openstacksdk raised (a malformed answer, …)
-]
-RETRYABLE_KINDS: frozenset[str] = frozenset({"unavailable", "timeout"})
+
+class QuotaErrorKind(StrEnum):
+    """Why a quota read or write failed (stored in the enforcement log's reasons)."""
+
+    unauthorized = "unauthorized"
+    """401: the clouds.yaml credentials are wrong or expired"""
+    forbidden = "forbidden"
+    """403: the user may not read/write quotas (needs an admin role)"""
+    not_found = "not_found"
+    """404: no such project, or no quota API at that endpoint"""
+    bad_request = "bad_request"
+    """other 4xx: the service refused the values"""
+    conflict = "conflict"
+    """409: another writer created the same limit at the same time"""
+    unsupported_version = "unsupported_version"
+    """406: the microversion asked for is not served"""
+    unavailable = "unavailable"
+    """5xx, 429, connection refused/reset: retried"""
+    timeout = "timeout"
+    """no answer within the timeout: retried"""
+    not_applied = "not_applied"
+    """the write was accepted but the read-back differs (wrong backend)"""
+    disabled = "disabled"
+    """the breaker is open after a not_applied: no more writes to this cloud"""
+    config = "config"
+    """the cloud is not in clouds.yaml, or its auth settings are incomplete"""
+    error = "error"
+    """anything else openstacksdk raised (a malformed answer, …)"""
+
+
+RETRYABLE_KINDS: frozenset[QuotaErrorKind] = frozenset(
+    {QuotaErrorKind.unavailable, QuotaErrorKind.timeout}
+)
 
 
 # --- pure part ----------------------------------------------------------------------------
@@ -231,7 +250,7 @@ class QuotaNotApplied(QuotaError):
 
     def __init__(self, message: str, write: QuotaWrite) -> None:
         super().__init__(
-            "not_applied",
+            QuotaErrorKind.not_applied,
             message,
             cloud=write.cloud,
             project_id=write.project_id,

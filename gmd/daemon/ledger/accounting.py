@@ -58,6 +58,7 @@ from gmd.daemon.ledger.tables import (
     samples as _samples,
     vms as _vms,
 )
+from gmd.fairness.directcontr import Utility
 from gmd.fairness.interval import (
     Accounts,
     IntervalResult,
@@ -208,7 +209,7 @@ def read_raw_interval(
         ).one()
     start_s, length_s = span
     # Only ψ′ needs when each VM was created (a join to vms); the other utilities do not.
-    created = (_vms.c.created_s,) if config.utility == "psi_prime" else ()
+    created = (_vms.c.created_s,) if config.utility == Utility.psi_prime else ()
     data = read_samples(conn, interval_id, batch_ids, created)
     if not len(data):
         return None

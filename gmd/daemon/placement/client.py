@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from urllib.parse import quote
 
 from gmd.daemon.enforce.openstack_client import MalformedAnswer, OpenStackClient, checked
-from gmd.daemon.enforce.quotas import QuotaError
+from gmd.daemon.enforce.quotas import QuotaError, QuotaErrorKind
 
 if TYPE_CHECKING:
     from openstack.connection import Connection
@@ -50,9 +50,9 @@ class PlacementClient(OpenStackClient):
     """The few reads the Placement view makes; each is one HTTP request."""
 
     subject = "Placement view"
-    hints: ClassVar[dict[str, str]] = {
-        "forbidden": "not allowed by Placement's policy: reading providers and allocations "
-        "needs an admin (or service) role",
+    hints: ClassVar[dict[QuotaErrorKind, str]] = {
+        QuotaErrorKind.forbidden: "not allowed by Placement's policy: reading providers and"
+        " allocations needs an admin (or service) role",
     }
 
     def __init__(
@@ -93,7 +93,7 @@ class PlacementClient(OpenStackClient):
             paused, reason = now < self._paused_until, self._pause_reason
         if paused:
             raise self.error(
-                "unavailable",
+                QuotaErrorKind.unavailable,
                 "read",
                 what,
                 f"not asked again for [placement] miss_s after it failed: {reason}",
