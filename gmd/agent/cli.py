@@ -95,26 +95,22 @@ def _libvirt_collector(config: AgentConfig) -> Collector:
 
 def _replay_collector(config: AgentConfig) -> tuple[ReplayCollector, ReplayClock]:
     """The replay collector and its clock; exit 1 when the traces cannot be used."""
-    from gmd.agent.collect.replay import ReplayError
-    from gmd.agent.replay_run import replay_from_config
-    from gmd.traces import TraceError
+    from gmd.agent.replay_run import REPLAY_FAILURES, replay_from_config
 
     try:
         return replay_from_config(config)
-    except (ReplayError, TraceError) as exc:
+    except REPLAY_FAILURES as exc:
         raise fail(str(exc), ExitCode.UNAVAILABLE) from None
 
 
 def _replay_key(config: AgentConfig, clock: ReplayClock) -> Callable[[str, int], str]:
     """The replay's deterministic batch keys (:func:`gmd.agent.replay_run.replay_key`);
     exit 1 when the traces cannot be read again to tell which replay this is."""
-    from gmd.agent.collect.replay import ReplayError
-    from gmd.agent.replay_run import replay_id, replay_key
-    from gmd.traces import TraceError
+    from gmd.agent.replay_run import REPLAY_FAILURES, replay_id, replay_key
 
     try:
         return replay_key(replay_id(config, clock), clock)
-    except (ReplayError, TraceError) as exc:
+    except REPLAY_FAILURES as exc:
         raise fail(str(exc), ExitCode.UNAVAILABLE) from None
 
 
@@ -381,15 +377,13 @@ def _replay(
     that after a crash or SIGKILL the agent started again resumes where its spool left off; a
     replay an earlier run had finished has nothing left to tick, and exits 0 once the batches
     its spool still held are delivered."""
-    from gmd.agent.collect.replay import ReplayError
-    from gmd.agent.replay_run import replay_run, save_plan
-    from gmd.traces import TraceError
+    from gmd.agent.replay_run import REPLAY_FAILURES, replay_run, save_plan
 
     try:
         if not clock.resumed and not once:
             save_plan(runner.config, clock)
         report = replay_run(runner, clock, stop=stop, resume=clock.resumed)
-    except (ReplayError, TraceError) as exc:
+    except REPLAY_FAILURES as exc:
         raise fail(str(exc), ExitCode.UNAVAILABLE) from None
     if report.finished_before:
         log.info(

@@ -381,6 +381,10 @@ def parse_agent(
         **_replay_keys(a, path),
     )
     a.done()
+    if config.collector == CollectorKind.replay:
+        # A replay's hosts tick in lock step through simulated time, far faster than a live
+        # cloud's intervals end, and its last batches must be delivered when it ends: no spread.
+        config = replace(config, post_jitter_s=0.0)
     return config
 
 

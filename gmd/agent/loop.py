@@ -46,7 +46,7 @@ from gmd.agent.collect.aggregate import (
 )
 from gmd.agent.collect.base import Collector, HostReading
 from gmd.agent.collect.capacity import SYS_CLASS_NET, Bandwidth, Capacity
-from gmd.agent.config import AgentConfig, CollectorKind
+from gmd.agent.config import AgentConfig
 from gmd.agent.metrics import AgentMetrics, ApplyFailure, BatchFate, FetchOutcome
 from gmd.agent.sender import Sender
 from gmd.agent.spool import Spool, Spooled, SpoolError
@@ -281,15 +281,12 @@ class Agent:
         counts from the interval's end, not from the tick, so a tick that ran late does not
         push the post later still.
 
-        A replay posts at once: its hosts tick in lock step through simulated time, far faster
-        than a live cloud's intervals end, and its last batches must be delivered when it ends
-        (their ends can be seconds before the present).
+        A replay posts at once: its configuration's ``post_jitter_s`` is 0
+        (:func:`gmd.agent.config.parse_agent`).
         """
         if self.sender is None:
             return
-        jitter_s = (
-            0.0 if self.config.collector == CollectorKind.replay else self.config.post_jitter_s
-        )
+        jitter_s = self.config.post_jitter_s
         for interval, key in zip(closed, keys, strict=True):
             delay_s = jitter_s * self._rng.random() if jitter_s else 0.0
             self.sender.schedule(key, interval.start_s + interval.interval_s + delay_s)

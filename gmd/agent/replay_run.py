@@ -29,12 +29,16 @@ from gmd.agent.collect.replay import (
 )
 from gmd.agent.config import AgentConfig
 from gmd.common.timespec import iso
-from gmd.traces import read_trace, trace_names, trace_paths, traces_digest
+from gmd.traces import TraceError, read_trace, trace_names, trace_paths, traces_digest
 
 if TYPE_CHECKING:
     from gmd.agent.loop import Agent
 
 log = logging.getLogger(__name__)
+
+REPLAY_FAILURES: tuple[type[Exception], ...] = (ReplayError, TraceError)
+"""What stops a replay, each with a message that says why and where: its plan or its
+traces. gmd-agent turns them into its one-line error."""
 
 
 # -- from the configuration -------------------------------------------------------------------
