@@ -225,6 +225,18 @@ class PlanMode(enum.StrEnum):
     on = "on"
     """decided, recorded and applied"""
 
+    @property
+    def words(self) -> str:
+        """The mode and what it means, as every report and page says it (``dry-run: levels
+        decided and recorded, not applied``)."""
+        return f"{self.value}: {_MODE_MEANING[self]}"
+
+
+_MODE_MEANING = {
+    PlanMode.off: "nothing is decided or applied",
+    PlanMode.dry_run: "levels decided and recorded, not applied",
+    PlanMode.on: "levels decided and applied by the agents and the quota job",
+}
 
 PLAN_MODES: tuple[PlanMode, ...] = tuple(PlanMode)
 

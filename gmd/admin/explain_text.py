@@ -12,13 +12,13 @@ import json
 
 from gmd.common.timespec import iso
 from gmd.daemon.reports.explain import (
-    MODE_WORDS,
     Explanation,
     drivers_words,
     signed,
     summary_lines,
 )
 from gmd.fairness.policy import caps_wanted
+from gmd.wire import PlanMode
 
 # Amounts per interval → the rates people read: cores, GiB, MB/s.
 _UNITS = {
@@ -174,7 +174,7 @@ def render_text(e: Explanation, endowment_mode: str) -> str:
         for c in e.caps:
             window = next(iter(c.decisions.values())).window
             say(f"   - {c.host}: {c.words} (over the last {window} accounted interval(s))")
-    say(f"   ({MODE_WORDS.get(e.mode, e.mode)})")
+    say(f"   (enforcement is {PlanMode(e.mode).words})")
     say("")
     say("5. What was enforced")
     if not e.actions:

@@ -112,10 +112,6 @@ def enforce_command(
     except UnknownHost as exc:
         raise fail(str(exc), ExitCode.NOT_FOUND) from None
     mode = config.enforcement.mode
-    note = {
-        PlanMode.off: "off: nothing is decided",
-        PlanMode.dry_run: "dry-run: recorded, not applied",
-    }
     emit(
         Listing(
             [
@@ -124,10 +120,8 @@ def enforce_command(
                     LEVEL_COLUMNS,
                     title=f"Throttle levels (enforcement.mode = {mode})",
                     notes=[
-                        note.get(
-                            mode,
-                            "on: applied where the hosts report it (gmd-admin standings: Enforced)",
-                        )
+                        PlanMode(mode).words
+                        + (" (gmd-admin standings: Enforced)" if mode == PlanMode.on else "")
                     ],
                     keep=("customer",),
                     name="levels",

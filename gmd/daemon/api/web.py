@@ -82,11 +82,6 @@ STATUS_WORDS: dict[str, str] = {
     ActionStatus.would: "would be done",
     ActionStatus.failed: "failed",
 }
-MODE_WORDS: dict[str, str] = {
-    PlanMode.off: "off: nothing decided",
-    PlanMode.dry_run: "dry-run: decided, not applied",
-    PlanMode.on: "on: applied",
-}
 HEADS = {
     "customer": "The project: its uuid, and its name where gmd knows it",
     "balance": "What it took beyond its fair share, added up over time (fading with age);"
@@ -243,7 +238,7 @@ def standings_page(who: WebReader, services: ServicesDep) -> HTMLResponse:
     return _page(
         "Standings",
         f"<h1>Standings</h1><p>{caption} (UTC). Enforcement is"
-        f" {html.escape(MODE_WORDS.get(mode, mode))}.</p>{whatif}"
+        f" {html.escape(PlanMode(mode).words)}.</p>{whatif}"
         "<div class='scroll'><table id='standings'><tr>"
         + _head("customer", "Customer", "text")
         + _head("balance", "Balance")
@@ -408,7 +403,7 @@ def customer_page(customer: str, who: WebReader, services: ServicesDep) -> HTMLR
         + _number("balance", balance["balance"])
         + f"<td data-key='level' data-value='{level['level']}' class='level-{level['level']}'>"
         f"{level['level']}</td>"
-        + _word("mode", mode, MODE_WORDS.get(mode, mode), "text words")
+        + _word("mode", mode, PlanMode(mode).words, "text words")
         + _number("priority", explained["priority"])
         + "</tr></table></div>"
         "<h2>Balance and level over the last 7 days</h2><figure class='plot'>"

@@ -806,13 +806,6 @@ def signed(x: float) -> str:
     return "0" if x == 0 else f"{x:+.4g}".replace("-", "−")
 
 
-MODE_WORDS: dict[str, str] = {
-    PlanMode.off: "enforcement is off: nothing is decided or applied",
-    PlanMode.dry_run: "enforcement is in dry-run: decided and recorded, not applied",
-    PlanMode.on: "enforcement is on: the agents and the quota job apply it",
-}
-
-
 def _duration(seconds: float) -> str:
     """A duration as a person reads it: 30 s, 90 s, 15 min, 1.5 h, 2.0 days (never "0 min":
     short half-lives and dwells are real settings, a test cloud's or a demo's)."""
@@ -857,7 +850,7 @@ def summary_lines(e: Explanation) -> list[str]:
     level, n = e.level, len(e.enter)
     effect = p.effect(level)
     quantity = "balance" if e.priority_weight == 0 else "score (balance less weighted priority)"
-    mode = MODE_WORDS.get(e.mode, e.mode)
+    mode = f"enforcement is {PlanMode(e.mode).words}"
     if level == 0:
         first = f"Customer {e.who} is not throttled (level 0 of {n}); {mode}."
         why = f"Why: its {quantity}, {e.score:.4g}, is below {e.enter[0]:g}, where level 1 begins."

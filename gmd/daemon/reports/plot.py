@@ -283,12 +283,7 @@ def _levels(ax: Axes, data: CustomerSeries, policy: ThrottlePolicy, mode: str) -
                 lw=1.5 + 1.2 * (len(moving) - 1 - rank),
                 label=label,
             )
-    words: dict[str, str] = {
-        PlanMode.dry_run: "dry-run: decided and recorded, not applied",
-        PlanMode.off: "off: no levels decided",
-        PlanMode.on: "on: applied where hosts report it",
-    }
-    note = words.get(mode, mode)
+    note = PlanMode(mode).words
     ax.set_title(f"Throttle level (enforcement.mode = {note})")
     ax.set_ylabel("level")
     ax.set_yticks(range(policy.levels + 1))
