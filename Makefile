@@ -9,36 +9,37 @@ all: test
 # Everything: every extra (gmd[agent] builds libvirt-python: Debian's libvirt-dev and gcc),
 # and, for `make test`, the tests' PostgreSQL and libvirtd. Needs root for apt on a fresh machine.
 setup:
-	@bash tests/bootstrap.sh
+	@bash tests/scripts/bootstrap.sh
 
 # Only what the demo runs: gmd-daemon, gmd-admin, and gmd-agent replaying traces, which needs no
 # libvirt. No libvirt-python, so no compiler and no libvirt headers: without root, as long as
 # Python's venv module is there (else bootstrap.sh installs python3-venv, as root, and says so).
 # A .venv that `make setup` made already has all of it and is used as it is.
 setup-demo:
-	@GMD_EXTRAS=daemon,admin bash tests/bootstrap.sh
+	@GMD_EXTRAS=daemon,admin bash tests/scripts/bootstrap.sh
 
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy gmd
 
-# The tests use a real PostgreSQL (tests/postgres.sh starts a private cluster and prints its
-# URL) and a streaming replica of it (tests/postgres.sh replica; a replica that does not start
-# fails the tests that need it, which start it again themselves and say why), a real libvirtd
-# with QEMU (tests/libvirt.sh installs and starts them) and real Keystone, Nova and Placement
-# from PyPI (tests/openstack.sh; its venv and seed under var/). Every core runs the tests but
-# those on real VMs, which follow alone: they measure what a guest gets of the machine's CPU.
+# The tests use a real PostgreSQL (tests/scripts/postgres.sh starts a private cluster and prints its
+# URL) and a streaming replica of it (tests/scripts/postgres.sh replica; a replica that does not
+# start fails the tests that need it, which start it again themselves and say why), a real libvirtd
+# with QEMU (tests/scripts/libvirt.sh installs and starts them) and real Keystone, Nova and
+# Placement from PyPI (tests/scripts/openstack.sh; its venv and seed under var/). Every core runs
+# the tests but those on real VMs, which follow alone: they measure what a guest gets of the
+# machine's CPU.
 # Tests of the one real cloud, or of the one replica, run on one worker (xdist_group).
 test: lint
-	@GMD_WITH_POSTGRES=1 bash tests/bootstrap.sh
-	@bash tests/libvirt.sh >/dev/null
-	@cloud=$$(bash tests/openstack.sh) || cloud=; url=$$(bash tests/postgres.sh) && \
-		{ replica=$$(bash tests/postgres.sh replica) || replica=; } && \
+	@GMD_WITH_POSTGRES=1 bash tests/scripts/bootstrap.sh
+	@bash tests/scripts/libvirt.sh >/dev/null
+	@cloud=$$(bash tests/scripts/openstack.sh) || cloud=; url=$$(bash tests/scripts/postgres.sh) && \
+		{ replica=$$(bash tests/scripts/postgres.sh replica) || replica=; } && \
 		export GMD_TEST_OPENSTACK=$$cloud GMD_TEST_POSTGRES_URL=$$url \
 		GMD_TEST_POSTGRES_REPLICA_URL=$$replica; \
 		$(BIN)/pytest -n auto --dist loadgroup -m "not realvm" --durations=15 && $(BIN)/pytest -m realvm; \
-		status=$$?; bash tests/openstack.sh stop; bash tests/nova_cloud.sh stop; \
+		status=$$?; bash tests/scripts/openstack.sh stop; bash tests/scripts/nova_cloud.sh stop; \
 		exit $$status
 
 # The quick loop while editing (about a minute on 2 cores): no PostgreSQL, no real VMs, none of
@@ -52,18 +53,19 @@ test-fast: lint
 demo: setup-demo
 	@$(BIN)/gmd-admin demo
 
-# The same story in a real small OpenStack cloud on this machine (tests/nova_cloud.sh: Keystone,
-# Placement, Glance, RabbitMQ and Nova on libvirt/QEMU; root; about 1.7 GB while it runs):
+# The same story in a real small OpenStack cloud on this machine (tests/scripts/nova_cloud.sh:
+# Keystone, Placement, Glance, RabbitMQ and Nova on libvirt/QEMU; root; about 1.7 GB while it runs):
 # members boot real servers, gmd-agent measures them, gmd-daemon caps the greedy project's guests
 # and lowers its Nova quota, its member's next boot is refused, then both are put back (files
 # under var/cloud-demo). The README says how long it takes. The cloud is stopped at the end.
 cloud-demo: setup
-	@cloud=$$(bash tests/nova_cloud.sh) && $(BIN)/python -m tests.cloud_demo "$$cloud"; \
-		status=$$?; bash tests/nova_cloud.sh stop; exit $$status
+	@cloud=$$(bash tests/scripts/nova_cloud.sh) && \
+		$(BIN)/python -m tests.support.cloud_demo "$$cloud"; \
+		status=$$?; bash tests/scripts/nova_cloud.sh stop; exit $$status
 
 # Each benchmark prints its figures as JSON on its last line; docs/benchmarks.md has the latest.
 bench: setup
-	@GMD_WITH_POSTGRES=1 bash tests/bootstrap.sh
+	@GMD_WITH_POSTGRES=1 bash tests/scripts/bootstrap.sh
 	$(BIN)/python bench/accounting.py --vms 100000 --hosts 5000
 	$(BIN)/python bench/ledger_accounting.py --database postgresql
 	$(BIN)/python bench/ledger_accounting.py --database sqlite
@@ -83,7 +85,7 @@ bench: setup
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
 
-# docs/development.md's map of every module, made again from the tree (tests/test_docs.py
+# docs/development.md's map of every module, made again from the tree (tests/repository/test_docs.py
 # fails while it differs).
 module-map:
-	@$(BIN)/python tests/module_map.py --write
+	@$(BIN)/python tests/support/module_map.py --write

@@ -15,7 +15,7 @@ also makes per-domain calls here; the difference measured is the XML it does not
 ``gmd_tick`` adds what the agent does with a reading (deltas, intervals, the spool commit with
 fsync).
 
-``--qemu N`` measures real QEMU guests instead (under the real libvirtd of tests/libvirt.sh,
+``--qemu N`` measures real QEMU guests instead (under the real libvirtd of tests/scripts/libvirt.sh,
 as root), with the kernel collector and its floor (the ``pread`` of the same files, nothing
 else) beside the two. There the bulk call does **not** win on time: libvirtd answers it by
 asking each QEMU over its monitor, one domain after another, six commands per domain against
@@ -295,7 +295,7 @@ def measure_qemu(n: int, ticks: int, workdir: Path) -> dict[str, Any]:
     during the tick, and the monitor commands sent."""
     sys.path.insert(0, str(REPO))
     from gmd.agent.collect.kernel import KernelCollector
-    from tests.realvm import many_guests
+    from tests.support.realvm import many_guests
 
     with many_guests(workdir, n) as (uri, guests):
         libvirtd = int(LIBVIRTD_PID.read_text())
@@ -374,7 +374,7 @@ def main() -> None:
         "--qemu",
         type=int,
         metavar="N",
-        help="instead: N real QEMU guests under the real libvirtd (tests/libvirt.sh; root),"
+        help="instead: N real QEMU guests under the real libvirtd (tests/scripts/libvirt.sh; root),"
         " read by the kernel collector, the libvirt collector and per-domain polling",
     )
     args = parser.parse_args()

@@ -19,7 +19,7 @@ many came and went), and beside them the physical ceiling: a binary ``COPY`` of 
 sample rows into the same table on one connection. The client is
 plain asyncio on sockets (HTTP/1.1 written by hand) so that it takes as little as possible of
 the CPU the daemon and the database share with it. Without ``--url``, PostgreSQL is
-``$GMD_TEST_POSTGRES_URL`` or the test cluster that ``tests/postgres.sh`` starts. Prints a
+``$GMD_TEST_POSTGRES_URL`` or the test cluster that ``tests/scripts/postgres.sh`` starts. Prints a
 JSON line last.
 """
 

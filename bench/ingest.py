@@ -9,12 +9,12 @@ clients and times each until its last batch is acknowledged. Each host posts one
 interval, as agents do. On PostgreSQL every round is followed by one binary COPY of the rows it
 stored, into the same table: the ceiling, measured beside each round rather than once. The
 figures are the rounds' medians, with the daemon's and the server's CPU per batch. Without
-``--url``, PostgreSQL is the test cluster that ``tests/postgres.sh`` starts. Prints a JSON line
-last.
+``--url``, PostgreSQL is the test cluster that ``tests/scripts/postgres.sh`` starts. Prints a JSON
+line last.
 
 ``--verify``: the daemon checks every batch against Placement (``[placement] verify = "on"``),
-the real one of ``tests/openstack.sh``, seeded first with the bench's hosts (a provider each,
-64 VCPU) and every VM allocated on its host, owned by its customer, as Nova would have them
+the real one of ``tests/scripts/openstack.sh``, seeded first with the bench's hosts (a provider
+each, 64 VCPU) and every VM allocated on its host, owned by its customer, as Nova would have them
 (about 40 ms a VM: that Placement writes to SQLite one at a time, so keep ``--hosts`` small,
 e.g. ``--hosts 8 --batches 200``). Its snapshots are read in the warm-up round and stay fresh
 through the timed ones: what is measured is a batch's check, not Placement's reads.

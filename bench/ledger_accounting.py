@@ -6,7 +6,7 @@ Seeds a fresh ledger with the random cloud of ``bench/accounting.py`` (bulk inse
 API: this measures accounting, not ingest), then times :func:`account_next` on the interval,
 ``--runs`` times (the interval is reopened and its rows deleted between runs), and splits one
 run into read / compute / write. Without ``--url``, PostgreSQL is the test cluster that
-``tests/postgres.sh`` starts. Prints a JSON line last.
+``tests/scripts/postgres.sh`` starts. Prints a JSON line last.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def postgres_url(given: str | None) -> tuple[str, sa.Engine | None, str | None]:
     server = (
         given
         or subprocess.run(
-            ["bash", str(REPO / "tests" / "postgres.sh")],
+            ["bash", str(REPO / "tests" / "scripts" / "postgres.sh")],
             capture_output=True,
             text=True,
             check=True,

@@ -48,7 +48,7 @@ the default ``[daemon] max_late_s`` (7 days) needs ``raw_days`` above 8, which m
 for late batches, and here none is late.
 
 Without ``--url``, PostgreSQL is ``$GMD_TEST_POSTGRES_URL`` or the test cluster that
-``tests/postgres.sh`` starts; a database is created on it and dropped at the end. Progress
+``tests/scripts/postgres.sh`` starts; a database is created on it and dropped at the end. Progress
 goes to stderr; the last line of stdout is one JSON object with every figure.
 """
 

@@ -2,7 +2,7 @@
 
     python bench/placement.py --vms 500 --rounds 2000
 
-Against the real Placement of tests/openstack.sh (started if ``GMD_TEST_OPENSTACK`` does not
+Against the real Placement of tests/scripts/openstack.sh (started if ``GMD_TEST_OPENSTACK`` does not
 name its cloud.json): one compute host's provider with ``--vms`` servers allocated on it (as
 Nova would: a project and user each), then the daemon's Placement view reads it once and
 checks a batch of those VMs ``--rounds`` times against the fresh snapshot, in process (what
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gmd.daemon.config import PlacementConfig
 from gmd.daemon.placement.client import PlacementClient
 from gmd.daemon.placement.view import INVENTORY_EVERY, PlacementView
-from tests.openstack_support import LEGACY, start
+from tests.support.openstack_support import LEGACY, start
 
 
 class Seeded:

@@ -16,8 +16,8 @@ ledger, in the same run:
 
 Target (printed, never asserted): the what-if within 2× of reading its samples alone. Without
 ``--url``, PostgreSQL is ``$GMD_TEST_POSTGRES_URL`` or the test cluster that
-``tests/postgres.sh`` starts; a database is created and dropped. Progress on stderr; the last
-line of stdout is one JSON object with every figure.
+``tests/scripts/postgres.sh`` starts; a database is created and dropped. Progress on stderr; the
+last line of stdout is one JSON object with every figure.
 """
 
 from __future__ import annotations

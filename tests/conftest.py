@@ -1,12 +1,13 @@
 """Shared fixtures: where the tests' read-only data lives (tests/data); and the test tiers.
 
-Every test is marked from what it uses, so no test file names its tier:
-``postgres`` (the PostgreSQL server fixture, or ``database_url`` on PostgreSQL), ``realvm``
-(the real libvirtd/QEMU guests of tests/realvm.py), ``openstack`` (the real Keystone, Nova
-and Placement of tests/openstack_support.py, and the whole cloud with a compute host of
-tests/nova_support.py) and ``slow`` (SLOW below: more than about ten
-seconds on its own). ``make test-fast`` runs the rest: pytest -m "not postgres and not realvm
-and not openstack and not slow"; ``make test`` runs everything.
+Every test, in whichever folder below this one, is marked from what it uses, so no test file
+names its tier and no folder decides it: ``postgres`` (the PostgreSQL server fixture, or
+``database_url`` on PostgreSQL), ``realvm`` (the real libvirtd/QEMU guests of
+tests/support/realvm.py), ``openstack`` (the real Keystone, Nova and Placement of
+tests/support/openstack_support.py, and the whole cloud with a compute host of
+tests/support/nova_support.py) and ``slow`` (SLOW below: more than about ten seconds on its own).
+``make test-fast`` runs the rest: pytest -m "not postgres and not realvm and not openstack and
+not slow"; ``make test`` runs everything.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from pathlib import Path
 
 import pytest
 
-# Test modules import it before they name it in pytest_plugins: rewrite its asserts all the same.
-pytest.register_assert_rewrite("tests.openstack_support", "tests.nova_support")
+# Rewrite the support modules' asserts as a test module's: test modules import the cloud plugins
+# before they name them in pytest_plugins, and the helpers that several test files share assert
+# what they post and read.
+pytest.register_assert_rewrite("tests.support")
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data"
@@ -29,32 +32,36 @@ DATA = REPO / "tests" / "data"
 where and how): the repository holds everything its tests need."""
 
 POSTGRES_FIXTURE = "postgres_server_url"
-REALVM_PLUGIN = "tests.realvm"
+REALVM_PLUGIN = "tests.support.realvm"
 OPENSTACK_FIXTURE = "openstack_info"
 NOVA_FIXTURE = "nova_cloud"
-"""The whole small cloud of tests/nova_support.py: real Nova booting real QEMU guests."""
+"""The whole small cloud of tests/support/nova_support.py: real Nova booting real QEMU guests."""
 # Tests that take more than about ten seconds alone on a busy 2-core machine (measured with
 # `pytest --durations=30`: 10-45 s loaded, 4-17 s idle), and two that start real processes and
 # wait on them (6-7 s loaded), which keeps `make test-fast` under a minute. By node id; a name
 # without "[...]" marks every parametrization.
 SLOW = frozenset(
     {
-        "tests/test_agent_process.py::"
+        "tests/integration/test_agent_process.py::"
         "test_sigkill_with_a_full_spool_then_restart_loses_and_doubles_nothing",
-        "tests/test_bench.py::test_ingest_bench_posts_and_counts_every_sample",
-        "tests/test_demo.py::test_the_demo_replays_accounts_and_reports_what_the_traces_say",
-        "tests/test_demo.py::test_a_bad_trace_stops_the_demo_naming_the_agent_file_and_line",
-        "tests/test_bootstrap.py::test_make_demo_sets_up_without_libvirt_or_apt_and_the_demo_runs",
-        "tests/test_sim_lpc_egee.py::"
+        "tests/integration/test_bench.py::test_ingest_bench_posts_and_counts_every_sample",
+        "tests/integration/test_demo.py::"
+        "test_the_demo_replays_accounts_and_reports_what_the_traces_say",
+        "tests/integration/test_demo.py::"
+        "test_a_bad_trace_stops_the_demo_naming_the_agent_file_and_line",
+        "tests/integration/test_bootstrap.py::"
+        "test_make_demo_sets_up_without_libvirt_or_apt_and_the_demo_runs",
+        "tests/unit/sim/test_lpc_egee.py::"
         "test_roundrobin_least_fair_and_directcontr_not_worse_than_fairshare",
-        "tests/test_daemon_process.py::test_sigkill_during_accounting_leaves_no_partial_interval",
-        "tests/test_explain.py::test_errors_have_exit_codes",
-        "tests/test_enforce_levels.py::test_admin_shows_the_log_and_the_plan",
-        "tests/test_cli.py::test_db_upgrade_and_current",
-        "tests/test_api_fuzz.py::test_no_request_gets_a_5xx_or_an_undocumented_answer",
-        "tests/test_collect_replay.py::"
+        "tests/integration/test_daemon_process.py::"
+        "test_sigkill_during_accounting_leaves_no_partial_interval",
+        "tests/unit/daemon/reports/test_explain.py::test_errors_have_exit_codes",
+        "tests/unit/daemon/enforce/test_levels.py::test_admin_shows_the_log_and_the_plan",
+        "tests/integration/test_cli.py::test_db_upgrade_and_current",
+        "tests/unit/daemon/api/test_fuzz.py::test_no_request_gets_a_5xx_or_an_undocumented_answer",
+        "tests/unit/agent/collect/test_replay.py::"
         "test_a_replaying_agent_killed_mid_replay_resumes_without_counting_twice",
-        "tests/test_wheel_demo.py::"
+        "tests/integration/test_wheel_demo.py::"
         "test_a_wheel_with_daemon_and_admin_runs_the_demo_outside_the_checkout",
     }
 )
@@ -68,7 +75,7 @@ def _uses_postgres(item: pytest.Item) -> bool:
 
 
 def _uses_real_vms(item: pytest.Item) -> bool:
-    """A fixture of tests/realvm.py (``real_guests``) among the test's fixtures, directly or
+    """A fixture of tests/support/realvm.py (``real_guests``) among the test's fixtures, directly or
     through another fixture."""
     info = getattr(item, "_fixtureinfo", None)
     if info is None:
@@ -108,7 +115,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.openstack)
             # One cloud and one compute host, whose guests the tests boot and count: one worker.
             item.add_marker(pytest.mark.xdist_group("nova"))
-        if item.nodeid.startswith("tests/test_read_replica.py"):
+        if item.nodeid.startswith("tests/unit/admin/test_read_replica.py"):
             # One streaming replica, which these tests stop and start again.
             item.add_marker(pytest.mark.xdist_group("replica"))
         slow = {item.nodeid, item.nodeid.split("[")[0]} & SLOW

@@ -6,7 +6,8 @@ the file; the other sections belong to the daemon and are validated by :mod:`gmd
 
 Every key is declared once, in :class:`Agent`: its default, its bounds and what it means.
 docs/configuration.md shows them as a table made from these declarations, and
-``etc/gmd.toml`` shows each with its default (``tests/test_config_defaults.py`` checks both).
+``etc/gmd.toml`` shows each with its default (``tests/unit/common/test_config_defaults.py``
+checks both).
 """
 
 from __future__ import annotations

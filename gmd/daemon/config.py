@@ -7,8 +7,8 @@ errors that name the file and the key.
 Every key is declared once, in the :class:`~gmd.common.config.Table` of its section
 (:data:`TABLES`): its default, its bounds and what it means. The configuration classes take
 their defaults from there, docs/configuration.md shows the declarations as tables, and
-``etc/gmd.toml`` shows each key with its default (``tests/test_config_defaults.py`` checks
-both).
+``etc/gmd.toml`` shows each key with its default
+(``tests/unit/common/test_config_defaults.py`` checks both).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""FALB's placement criteria (``../shared/papers/003``, Chen & Lai): for a request and each
-candidate node, the node's utilisation as if the request ran there, and how balanced the
-cluster would then be.
+"""FALB's placement criteria: for a request and each candidate node, the node's utilisation as
+if the request ran there, and how balanced the cluster would then be (Chen & Lai, "A
+Fairness-aware Load Balancing Strategy in Multi-Tenant Clouds").
 
 For candidate ``i`` the request's use is added to node ``i`` alone and every criterion is a
 cost (smaller is better):

@@ -1,5 +1,5 @@
 """TOPSIS: ranking alternatives by their closeness to the ideal one over several criteria, the
-multi-criteria method FALB places workloads by (``../shared/papers/003``, Eq. 9, Algorithm 2).
+multi-criteria method FALB places workloads by (Chen & Lai's FALB, Eq. 9 and Algorithm 2).
 
 One implementation, for the Nova weigher and the simulator alike. Each criterion's column is
 vector-normalised (divided by its Euclidean norm, so criteria of different units compare) and

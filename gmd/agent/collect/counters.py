@@ -20,7 +20,7 @@ from gmd.wire import USAGE_FIELDS
 @dataclass(frozen=True, slots=True)
 class Usage:
     """Amounts used over a span, in the batch format's units: one per
-    :data:`gmd.wire.USAGE_FIELDS`, in that order (``tests/test_wire.py`` keeps them equal)."""
+    :data:`gmd.wire.USAGE_FIELDS`, in that order (``tests/unit/test_wire.py`` keeps them equal)."""
 
     cpu_s: float = 0.0
     memory_byte_s: float = 0.0

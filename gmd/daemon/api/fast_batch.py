@@ -9,8 +9,8 @@ This is an acceptor, not a second contract: :class:`gmd.wire.SampleBatch` stays 
 format, the OpenAPI schema and the source of every refusal. A body this module does not accept
 — for any reason, including reasons pydantic would accept — goes to pydantic, which accepts it
 or says what is wrong and where. What it accepts, pydantic accepts with the same values: a
-property test (``tests/test_fast_batch.py``) holds the two to that, field by field, on valid
-and hostile bodies.
+property test (``tests/unit/daemon/api/test_fast_batch.py``) holds the two to that, field by
+field, on valid and hostile bodies.
 """
 
 from __future__ import annotations

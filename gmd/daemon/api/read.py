@@ -241,6 +241,33 @@ def get_whatif(
 
 
 @router.get(
+    "/hosts/utilization",
+    summary="Each host's measured utilisation and a project's level (for placement)",
+)
+def get_host_utilization(
+    who: ReaderDep,
+    services: ServicesDep,
+    intervals: Annotated[
+        int, Query(ge=1, le=60, description="how many of the latest accounted intervals to sum")
+    ] = 3,
+    project: Annotated[
+        str | None,
+        Query(max_length=255, description="a project uuid: its throttle level is given too"),
+    ] = None,
+) -> dict[str, Any]:
+    """Per host, what its VMs used of each resource over the latest accounted intervals,
+    over what it offered (:mod:`gmd.daemon.reports.host_utilization`); with ``project``, that
+    project's level now (0 when unknown). Every host's figures: operators only (the Nova
+    scheduler's service account)."""
+    from gmd.daemon.reports.host_utilization import host_utilization
+
+    if not who.everyone:
+        raise Refused(403, f"{who.name}: every host's utilisation is for operators only")
+    with services.engine.connect() as conn:
+        return host_utilization(conn, intervals=intervals, project=project).document()
+
+
+@router.get(
     "/customers/{customer:path}/plot.svg",
     summary="A customer's balance, level and use over time, as SVG",
     response_class=Response,

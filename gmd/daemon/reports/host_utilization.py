@@ -1,0 +1,205 @@
+"""Each host's measured utilisation per resource over the latest accounted intervals, and one
+project's throttle level: what a fairness-aware placement (the Nova weigher of issue 31, FALB's
+criteria in :mod:`gmd.fairness.placement`) places a new server by.
+
+Measured, not allocated: a host's utilisation of a resource is what its VMs' on-time samples
+used in those intervals over what the host offered then (its capacity, as its batches gave it,
+times the intervals' length) — CPU core-seconds over cores × seconds, memory byte-seconds over
+bytes × seconds, disk bytes read and written and network bytes in and out over the configured
+bandwidth × seconds. Nova's own weighers see allocations: a host full of idle flavors looks
+full to them and empty here.
+
+Only accounted intervals count (their samples are all in): the latest ``intervals`` of those
+some host reported in. A host that sent nothing in them is not listed (the weigher treats it
+as unknown). The answer
+changes only when an interval is accounted, so a caller may cache it for that long.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, func, select
+
+from gmd.daemon.ledger.lookup import UnknownCustomer, customer_id
+from gmd.daemon.ledger.models import IntervalState
+from gmd.daemon.ledger.tables import (
+    host_intervals as _host_intervals,
+    hosts as _hosts,
+    intervals as _intervals,
+    levels as _levels,
+    samples as _samples,
+)
+from gmd.wire import visible_name
+
+RESOURCES = ("cpu", "memory", "disk", "network")
+"""The resources measured, in the order of every per-resource tuple here."""
+CAPACITY = ("cpu_cores", "memory_bytes", "disk_bytes_per_s", "network_bytes_per_s")
+"""What a host offers of each resource, as its batches say it."""
+MAX_INTERVALS = 60
+"""The most intervals one answer sums (an hour of minutes): enough to smooth a burst."""
+
+
+@dataclass(frozen=True)
+class HostUse:
+    """One host's capacity and measured utilisation, per resource of :data:`RESOURCES`."""
+
+    host: str
+    capacity: tuple[float, float, float, float]
+    """cores, memory bytes, disk bytes/s, network bytes/s (the latest interval's)"""
+    utilization: tuple[float, float, float, float]
+    """used over offered, each in [0, 1] unless a host's VMs used more than it claimed"""
+
+
+@dataclass(frozen=True)
+class HostUtilization:
+    """The hosts' utilisation over the intervals summed, and the project's level."""
+
+    intervals: tuple[int, ...]
+    """the start of each interval summed, newest first (empty: nothing accounted yet)"""
+    hosts: tuple[HostUse, ...]
+    project: str | None = None
+    level: int | None = None
+    """the project's throttle level now (0 for a project the ledger has not seen)"""
+
+    def document(self) -> dict[str, object]:
+        """The read API's answer (``GET /v1/hosts/utilization``)."""
+        out: dict[str, object] = {
+            "resources": list(RESOURCES),
+            "intervals": list(self.intervals),
+            "hosts": {
+                h.host: {
+                    "capacity": dict(
+                        zip(
+                            (
+                                "cpu_cores",
+                                "memory_bytes",
+                                "disk_bytes_per_s",
+                                "network_bytes_per_s",
+                            ),
+                            h.capacity,
+                            strict=True,
+                        )
+                    ),
+                    "utilization": dict(zip(RESOURCES, h.utilization, strict=True)),
+                }
+                for h in self.hosts
+            },
+        }
+        if self.project is not None:
+            out["project"] = {"id": self.project, "level": self.level}
+        return out
+
+
+def _ratio(used: float | None, offered: float) -> float:
+    return float(used or 0.0) / offered if offered > 0 else 0.0
+
+
+def host_utilization(
+    conn: Connection, *, intervals: int = 3, project: str | None = None
+) -> HostUtilization:
+    """Every host's utilisation over the latest ``intervals`` accounted intervals (1 to
+    :data:`MAX_INTERVALS`), and ``project``'s level when one is named."""
+    if not 1 <= intervals <= MAX_INTERVALS:
+        raise ValueError(f"intervals must be 1 to {MAX_INTERVALS}, not {intervals}")
+    i_ = _intervals.c
+    reported = select(_host_intervals.c.interval_id).where(_host_intervals.c.interval_id == i_.id)
+    latest = conn.execute(
+        select(i_.id, i_.start_s, i_.length_s)
+        .where(i_.state == IntervalState.accounted, reported.exists())
+        .order_by(i_.start_s.desc())
+        .limit(intervals)
+    ).all()
+    ids = [int(r.id) for r in latest]
+    hosts: tuple[HostUse, ...] = ()
+    if ids:
+        hosts = _hosts_use(conn, ids)
+    level = None
+    if project is not None:
+        level = _level(conn, project)
+    return HostUtilization(tuple(int(r.start_s) for r in latest), hosts, project, level)
+
+
+def _hosts_use(conn: Connection, ids: list[int]) -> tuple[HostUse, ...]:
+    h_, i_ = _host_intervals.c, _intervals.c
+    offered = {
+        int(r.host_id): r
+        for r in conn.execute(
+            select(
+                h_.host_id,
+                func.sum(h_.cpu_cores * i_.length_s).label("cpu"),
+                func.sum(h_.memory_bytes * i_.length_s).label("memory"),
+                func.sum(h_.disk_bytes_per_s * i_.length_s).label("disk"),
+                func.sum(h_.network_bytes_per_s * i_.length_s).label("network"),
+            )
+            .join(_intervals, i_.id == h_.interval_id)
+            .where(h_.interval_id.in_(ids))
+            .group_by(h_.host_id)
+        )
+    }
+    if not offered:
+        return ()
+    # the newest capacity of each host: rows in interval order, the last one kept
+    newest = {
+        int(r.host_id): (r.cpu_cores, r.memory_bytes, r.disk_bytes_per_s, r.network_bytes_per_s)
+        for r in conn.execute(
+            select(
+                h_.host_id,
+                h_.cpu_cores,
+                h_.memory_bytes,
+                h_.disk_bytes_per_s,
+                h_.network_bytes_per_s,
+            )
+            .where(h_.interval_id.in_(ids))
+            .order_by(h_.interval_id)
+        )
+    }
+    s_ = _samples.c
+    used = {
+        int(r.host_id): r
+        for r in conn.execute(
+            select(
+                s_.host_id,
+                func.sum(s_.cpu_s).label("cpu"),
+                func.sum(s_.memory_byte_s).label("memory"),
+                func.sum(s_.disk_read_bytes + s_.disk_write_bytes).label("disk"),
+                func.sum(s_.network_rx_bytes + s_.network_tx_bytes).label("network"),
+            )
+            .where(s_.interval_id.in_(ids), s_.late.is_(False))
+            .group_by(s_.host_id)
+        )
+    }
+    names = {
+        int(r.id): str(r.name)
+        for r in conn.execute(select(_hosts.c.id, _hosts.c.name).where(_hosts.c.id.in_(offered)))
+    }
+    out = []
+    for host_id, o in offered.items():
+        u = used.get(host_id)
+        shares = tuple(
+            _ratio(None if u is None else getattr(u, r), float(getattr(o, r))) for r in RESOURCES
+        )
+        c = newest[host_id]
+        out.append(
+            HostUse(
+                names[host_id],
+                (float(c[0]), float(c[1]), float(c[2]), float(c[3])),
+                (shares[0], shares[1], shares[2], shares[3]),
+            )
+        )
+    return tuple(sorted(out, key=lambda h: h.host))
+
+
+def _level(conn: Connection, project: str) -> int:
+    try:
+        visible_name(project)
+    except ValueError:
+        return 0  # a name no batch could have given (and PostgreSQL refuses a NUL)
+    try:
+        cid = customer_id(conn, project)
+    except UnknownCustomer:
+        return 0
+    level = conn.execute(
+        select(_levels.c.level).where(_levels.c.customer_id == cid)
+    ).scalar_one_or_none()
+    return int(level or 0)

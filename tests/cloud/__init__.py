@@ -1,0 +1,1 @@
+"""Tests against the real OpenStack (tests/support/openstack_support.py, nova_support.py)."""

@@ -1,0 +1,1 @@
+"""gmd's processes end to end: the console scripts, the demo, installs, the benchmarks."""

@@ -1,0 +1,414 @@
+"""gmd-daemon as a real process: killed mid-accounting, and two of them on one PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import sqlalchemy as sa
+
+from gmd.common.version import version
+from gmd.daemon.ledger import migrate
+from gmd.daemon.ledger.accounting import compute_rows
+from gmd.daemon.ledger.store import BatchRecord, LedgerStore
+from tests.support.daemon_support import INTERVAL_S, aligned_past, make_config
+
+DAEMON = Path(sys.executable).with_name("gmd-daemon")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_config(path: Path, url: str, port: int) -> Path:
+    path.write_text(
+        f'[database]\nurl = "{url}"\n'
+        f"[accounting]\ninterval_s = {INTERVAL_S}\ngrace_s = 0\n"
+        f'[daemon]\nauth = "none"\nbind = "127.0.0.1"\nport = {port}\naccount_every_s = 0.05\n'
+    )
+    return path
+
+
+@contextmanager
+def daemon_process(config: Path, port: int, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [str(DAEMON), "--config", str(config)], stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"gmd-daemon did not come up:\n{log.read_text()}")
+            time.sleep(0.05)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def seed(url: str, starts: list[int], hosts: int, vms_per_host: int, customers: int) -> None:
+    """Samples written through the store (the API's own write path), without HTTP overhead."""
+    engine = migrate.engine_for(url)
+    migrate.upgrade(engine)
+    store = LedgerStore(engine, lambda h: "operator" if h.endswith(("0", "2", "4")) else "lab")
+    rng = np.random.default_rng(5)
+    for start in starts:
+        for h in range(hosts):
+            n = vms_per_host
+            uuids = [f"vm-{h}-{j}" for j in range(n)]
+            store.ingest(
+                BatchRecord(
+                    key=f"h{h}:{start}",
+                    digest="seeded",
+                    host=f"h{h}",
+                    interval_start_s=start,
+                    interval_s=INTERVAL_S,
+                    capacity=(64.0, 256e9, 1e9, 1.25e9),
+                    vm_uuids=uuids,
+                    customers=[f"proj-{(h * n + j) % customers}" for j in range(n)],
+                    use=rng.uniform(0, 1, (n, 6)) * [60 * 4, 8e9 * 60, 1e9, 1e9, 1e8, 1e8],
+                    flavor=np.tile([2.0, 4e9, np.nan, np.nan], (n, 1)),
+                    created_s=[None] * n,
+                )
+            )
+    engine.dispose()
+
+
+def interval_state(engine: sa.Engine, start: int) -> tuple[str, int]:
+    with engine.connect() as conn:
+        state = conn.execute(
+            sa.text("SELECT state FROM intervals WHERE start_s = :s"), {"s": start}
+        ).scalar_one()
+        rows = conn.execute(
+            sa.text(
+                "SELECT count(*) FROM customer_ledger l JOIN intervals i ON i.id = l.interval_id"
+                " WHERE i.start_s = :s"
+            ),
+            {"s": start},
+        ).scalar_one()
+    return state, rows
+
+
+def accounting_now(engine: sa.Engine) -> bool:
+    """Is a daemon inside an accounting transaction? PostgreSQL: the advisory lock is held;
+    SQLite: the writer lock is (nothing else writes during this test)."""
+    if engine.dialect.name == "postgresql":
+        with engine.connect() as conn:
+            return bool(
+                conn.execute(
+                    sa.text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")
+                ).scalar_one()
+            )
+    path = engine.url.database
+    import sqlite3
+
+    probe = sqlite3.connect(path, timeout=0, isolation_level=None)
+    try:
+        probe.execute("BEGIN IMMEDIATE")
+        probe.execute("ROLLBACK")
+        return False
+    except sqlite3.OperationalError:
+        return True
+    finally:
+        probe.close()
+
+
+def test_sigkill_during_accounting_leaves_no_partial_interval(
+    database_url: str, tmp_path: Path
+) -> None:
+    start = aligned_past(3)
+    seed(database_url, [start], hosts=60, vms_per_host=500, customers=2000)
+    port = free_port()
+    config = write_config(tmp_path / "gmd.toml", database_url, port)
+    engine = migrate.engine_for(database_url)
+    log = tmp_path / "daemon.log"
+    try:
+        with daemon_process(config, port, log) as proc:
+            deadline = time.monotonic() + 60
+            while True:
+                state, _rows = interval_state(engine, start)
+                if state == "closed" and accounting_now(engine):
+                    proc.kill()  # SIGKILL: no cleanup, no rollback by the daemon itself
+                    proc.wait()
+                    break
+                assert state != "accounted", "accounting finished before it could be killed"
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.002)
+        state, rows = interval_state(engine, start)
+        assert (state, rows) == ("closed", 0)
+        with engine.connect() as conn:
+            for table in ("customer_resource_ledger", "organization_ledger"):
+                assert conn.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar_one() == 0
+
+        with daemon_process(config, port, log):
+            deadline = time.monotonic() + 60
+            while interval_state(engine, start)[0] != "accounted":
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.05)
+        with engine.connect() as conn:
+            interval_id = conn.execute(
+                sa.text("SELECT id FROM intervals WHERE start_s = :s"), {"s": start}
+            ).scalar_one()
+            again = compute_rows(conn, interval_id, make_config(database_url).accounting)
+            stored = conn.execute(
+                sa.text("SELECT count(*), sum(greediness) FROM customer_ledger")
+            ).one()
+        assert stored[0] == len(again.customers) == 2000
+        assert stored[1] == pytest.approx(sum(r["greediness"] for r in again.customers))
+    finally:
+        engine.dispose()
+
+
+def metric(port: int, name: str) -> float:
+    for line in httpx.get(f"http://127.0.0.1:{port}/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not exported")
+
+
+def test_two_daemons_on_one_postgresql_account_each_interval_once(
+    postgres_server_url: str, tmp_path: Path
+) -> None:
+    name = f"gmd_two_{os.getpid()}"
+    admin = sa.create_engine(postgres_server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    url = postgres_server_url.rsplit("/", 1)[0] + f"/{name}"
+    starts = [aligned_past(k) for k in range(40, 1, -1)]
+    seed(url, starts, hosts=6, vms_per_host=40, customers=25)
+    ports = [free_port(), free_port()]
+    configs = [write_config(tmp_path / f"gmd{i}.toml", url, p) for i, p in enumerate(ports)]
+    engine = migrate.engine_for(url)
+    try:
+        with (
+            daemon_process(configs[0], ports[0], tmp_path / "d0.log"),
+            daemon_process(configs[1], ports[1], tmp_path / "d1.log"),
+        ):
+            deadline = time.monotonic() + 90
+            while True:
+                with engine.connect() as conn:
+                    left = conn.execute(
+                        sa.text(
+                            "SELECT count(*) FROM intervals WHERE state != 'accounted'"
+                            " AND start_s <= :last"
+                        ),
+                        {"last": starts[-1]},
+                    ).scalar_one()
+                if left == 0:
+                    break
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            time.sleep(0.5)  # let any duplicate attempt surface in the counters
+            with engine.connect() as conn:
+                accounted = conn.execute(
+                    sa.text("SELECT count(*) FROM intervals WHERE state = 'accounted'")
+                ).scalar_one()
+            counts = [metric(p, "gmd_accounting_intervals_total") for p in ports]
+            errors = [metric(p, "gmd_accounting_errors_total") for p in ports]
+        assert accounted >= len(starts)
+        assert sum(counts) == accounted, counts
+        assert errors == [0.0, 0.0]
+        logs = (tmp_path / "d0.log").read_text() + (tmp_path / "d1.log").read_text()
+        assert "Traceback" not in logs
+    finally:
+        engine.dispose()
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def test_sigterm_mid_catch_up_stops_within_seconds_and_exits_0(tmp_path: Path) -> None:
+    """Three days of intervals to catch up on: SIGTERM ends the run after the interval it is
+    on, the daemon exits 0 (not -15), and what was accounted stays accounted."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    seed(url, [aligned_past(3 * 1440), aligned_past(2)], hosts=2, vms_per_host=3, customers=2)
+    port = free_port()
+    config = write_config(tmp_path / "gmd.toml", url, port)
+    log = tmp_path / "daemon.log"
+    engine = migrate.engine_for(url)
+    try:
+        with daemon_process(config, port, log) as proc:
+            deadline = time.monotonic() + 60
+            while True:
+                with engine.connect() as conn:
+                    done = conn.execute(
+                        sa.text("SELECT count(*) FROM intervals WHERE state = 'accounted'")
+                    ).scalar_one()
+                if done >= 5:
+                    break
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.05)
+            asked = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(30)
+            took = time.monotonic() - asked
+        with engine.connect() as conn:
+            states = dict(
+                conn.execute(sa.text("SELECT state, count(*) FROM intervals GROUP BY 1")).all()
+            )
+    finally:
+        engine.dispose()
+    assert code == 0, log.read_text()
+    assert took < 10, f"took {took:.1f} s to stop"
+    assert "Traceback" not in log.read_text()
+    assert states.get("accounted", 0) >= 5
+
+
+def test_an_address_in_use_exits_4_naming_it(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = write_config(tmp_path / "gmd.toml", f"sqlite:///{tmp_path / 'l.db'}", port)
+        done = subprocess.run(
+            [str(DAEMON), "--config", str(config)], capture_output=True, text=True, timeout=60
+        )
+    assert done.returncode == 4, done.stderr
+    assert f"cannot listen on 127.0.0.1 port {port}: Address already in use" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_bogus_log_level_is_an_option_error(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "gmd.toml", f"sqlite:///{tmp_path / 'l.db'}", free_port())
+    done = subprocess.run(
+        [str(DAEMON), "--config", str(config), "--log-level", "bogus"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stderr == (
+        "gmd-daemon: error: invalid value for '--log-level': 'bogus' is not one of debug, info,"
+        " warning, error (see gmd-daemon --help)\n"
+    )
+    assert "Value error" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_version_is_printed_before_the_configuration_is_read(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [str(DAEMON), "--config", str(tmp_path / "missing.toml"), "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, f"gmd-daemon {version()}\n", "")
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ("[daemon]\nport = 99999\n", "daemon.port: 99999 is not in [0, 65535]"),
+        (
+            "[daemon]\nmax_body_bytes = 10\n",
+            "daemon.max_body_bytes: 10 is not in [1024, 2147483648]",
+        ),
+        ("[daemon]\nport = '8470'\n", "daemon.port: expected a number, got '8470'"),
+        ("[accounting]\ngamma = 2\n", "accounting.gamma: 2 is not in [0, 1]"),
+        (
+            "[enforcement]\nenter = [1, 0.5, 4]\nleave = [0.5, 0.25, 3]\n",
+            "enforcement: enter = [1, 0.5, 4] must increase strictly; leave = [0.5, 0.25, 3]"
+            " must increase",
+        ),
+    ],
+)
+def test_configuration_errors_show_numbers_as_written(
+    tmp_path: Path, table: str, message: str
+) -> None:
+    config = tmp_path / "gmd.toml"
+    config.write_text(f'[database]\nurl = "sqlite:///{tmp_path / "l.db"}"\n{table}')
+    done = run_daemon(config)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.splitlines()
+    assert lines == [f"gmd-daemon: error: {config}: {message}"]
+    assert "Value error" not in done.stderr
+
+
+def run_daemon(config: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    """gmd-daemon run to its end (for the ways it refuses to start)."""
+    return subprocess.run(
+        [str(DAEMON), "--config", str(config), *options],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_stops_an_idle_daemon_with_0(tmp_path: Path, stop: signal.Signals) -> None:
+    port = free_port()
+    config = write_config(tmp_path / "gmd.toml", f"sqlite:///{tmp_path / 'l.db'}", port)
+    log = tmp_path / "daemon.log"
+    with daemon_process(config, port, log) as proc:
+        proc.send_signal(stop)
+        code = proc.wait(10)
+    assert code == 0, log.read_text()
+    assert "Traceback" not in log.read_text()
+
+
+def test_an_address_not_on_this_host_exits_4_naming_it(tmp_path: Path) -> None:
+    port = free_port()
+    config = write_config(tmp_path / "gmd.toml", f"sqlite:///{tmp_path / 'l.db'}", port)
+    done = run_daemon(config, "--bind", "192.0.2.1")  # TEST-NET-1: on no host
+    assert done.returncode == 4, done.stderr
+    assert f"cannot listen on 192.0.2.1 port {port}: Cannot assign requested address" in (
+        done.stderr
+    )
+    assert "Traceback" not in done.stderr
+
+
+def test_a_database_that_cannot_be_written_exits_1_not_3(tmp_path: Path) -> None:
+    """Read, but not written (a read-only file, role or standby): the app's start would fail
+    in uvicorn's lifespan, with a traceback and uvicorn's exit 3, which says "cannot listen"."""
+    path = tmp_path / "l.db"
+    engine = migrate.engine_for(f"sqlite:///{path}")
+    migrate.upgrade(engine)
+    engine.dispose()
+    url = f"sqlite:///file:{path}?mode=ro&uri=true"
+    done = run_daemon(write_config(tmp_path / "gmd.toml", url, free_port()))
+    assert done.returncode == 1, done.stderr
+    assert "cannot use the ledger database" in done.stderr
+    assert "attempt to write a readonly database" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_an_unusable_tls_certificate_is_a_configuration_error(tmp_path: Path) -> None:
+    pem = tmp_path / "not-a.pem"
+    pem.write_text("not a certificate\n")
+    config = write_config(tmp_path / "gmd.toml", f"sqlite:///{tmp_path / 'l.db'}", free_port())
+    with config.open("a") as f:  # the [daemon] section is the file's last
+        f.write(f'tls_cert = "{pem}"\ntls_key = "{pem}"\n')
+    done = run_daemon(config)
+    assert done.returncode == 2, done.stderr
+    assert f"cannot use daemon.tls_cert {pem} with daemon.tls_key {pem}" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_port_out_of_range_is_an_option_error(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "gmd.toml", f"sqlite:///{tmp_path / 'l.db'}", free_port())
+    done = run_daemon(config, "--port", "99999")
+    assert done.returncode == 2, done.stderr
+    assert "--port" in done.stderr and "Traceback" not in done.stderr

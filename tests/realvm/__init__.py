@@ -1,0 +1,1 @@
+"""Tests on real QEMU guests under the real libvirtd (tests/support/realvm.py)."""

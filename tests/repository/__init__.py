@@ -1,0 +1,1 @@
+"""Checks of the whole repository: the packages' layout, the docs, self-containment."""

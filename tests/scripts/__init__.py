@@ -1,0 +1,1 @@
+"""The tests' set-up: PostgreSQL, libvirtd, the OpenStack clouds, the development venv."""

@@ -1,0 +1,1 @@
+"""What the tests import: fixture plugins, fakes, builders of ledgers, hosts and guests."""

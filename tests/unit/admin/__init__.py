@@ -1,0 +1,1 @@
+"""Tests of gmd/admin: gmd-admin's output, its terminal, its read-only ledger."""

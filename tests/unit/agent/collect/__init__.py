@@ -1,0 +1,1 @@
+"""Tests of gmd/agent/collect: the collectors, counters, ownership, the replay."""

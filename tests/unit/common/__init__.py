@@ -1,0 +1,1 @@
+"""Tests of gmd/common: the configuration options' declarations."""

@@ -1,0 +1,1 @@
+"""Tests of gmd/daemon: its configuration and the customers' project names."""

@@ -1,0 +1,1 @@
+"""Tests of gmd/daemon/api: ingest, refusals, limits, metrics, the read API."""

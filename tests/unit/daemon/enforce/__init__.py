@@ -1,0 +1,1 @@
+"""Tests of gmd/daemon/enforce: levels, host plans under contention, quotas."""

@@ -1,0 +1,1 @@
+"""Tests of gmd/daemon/ledger: accounting, migrations, retention, rollups."""

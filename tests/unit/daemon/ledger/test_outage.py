@@ -1,0 +1,122 @@
+"""A ledger that cannot write: ingest answers 503, the accountant closes nothing, /healthz says so.
+
+The outage is real: SQLite's ``max_page_count`` makes the file "full" (SQLite's own
+SQLITE_FULL, "database or disk is full", as a full disk gives), and PostgreSQL's
+``default_transaction_read_only`` makes every write fail as a read-only server does. The
+daemon's engine reconnects (``dispose``) so that its new connections meet the outage.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import sqlalchemy as sa
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.daemon_support import (
+    INTERVAL_S,
+    Daemon,
+    HostSpec,
+    aligned_past,
+    auth,
+    batch,
+    cpu_only,
+    full_ledger,
+    make_config,
+    serving,
+)
+
+A = HostSpec("cmp-a", cpu_cores=64, memory_bytes=512e9)
+B = HostSpec("cmp-b", cpu_cores=64, memory_bytes=512e9)
+GRACE_S = 30
+
+
+def post(d: Daemon, body: dict[str, Any], host: HostSpec) -> httpx.Response:
+    return httpx.post(
+        f"{d.url}/v1/samples",
+        content=json.dumps(body),
+        headers={**auth(host.name), "Content-Type": "application/json"},
+    )
+
+
+def many_vms(host: HostSpec, n: int) -> list[dict[str, Any]]:
+    """``n`` VMs of as many customers: enough new rows that no page has room for them all."""
+    return [cpu_only(f"{host.name}-vm-{i}", f"{host.name}-c{i}", 1.0) for i in range(n)]
+
+
+def metric(d: Daemon, name: str) -> float:
+    """The unlabelled sample ``name`` of the daemon's /metrics."""
+    text = httpx.get(f"{d.url}/metrics").text
+    return next(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name
+    )
+
+
+def interval_state(d: Daemon, start_s: int) -> str | None:
+    with d.engine.connect() as conn:
+        return conn.execute(
+            sa.text("SELECT state FROM intervals WHERE start_s = :s"), {"s": start_s}
+        ).scalar()
+
+
+def test_no_interval_closes_while_the_ledger_cannot_write(database_url: str) -> None:
+    """The outage's interval stays open while writes fail and for a grace period after they
+    recover, so the batch the agent spooled during the outage counts on time; /healthz is 503
+    naming the failure meanwhile."""
+    start = aligned_past(3)
+    now = {"s": float(start + INTERVAL_S + 5)}
+    config = make_config(
+        database_url,
+        {A.name: "operator", B.name: "operator"},
+        accounting={"grace_s": GRACE_S},
+    )
+    with serving(config, clock=lambda: now["s"]) as d:
+        accountant = d.app.state.accountant
+        before = batch(A, start - INTERVAL_S, [cpu_only("a-vm", "a", 10.0)])
+        assert post(d, before, A).status_code == 200
+        assert post(d, batch(A, start, [cpu_only("a-vm", "a", 10.0)]), A).status_code == 200
+        accountant.run_once(now["s"])
+        assert interval_state(d, start - INTERVAL_S) == "accounted"
+        assert httpx.get(f"{d.url}/healthz").status_code == 200
+
+        spooled = batch(B, start, many_vms(B, 300))
+        with full_ledger(d, database_url):
+            refused = post(d, spooled, B)
+            assert refused.status_code == 503, refused.text
+            health = httpx.get(f"{d.url}/healthz")
+            assert health.status_code == 503
+            assert health.json()["status"] == "unavailable"
+            assert "ledger cannot write" in health.json()["detail"]
+            assert metric(d, "gmd_ledger_write_failing") == 1
+            assert metric(d, "gmd_ledger_write_failures_total") == 1
+            # Long past the interval's end and grace: an outage holds it open.
+            now["s"] = start + INTERVAL_S + GRACE_S + 600
+            accountant.run_once(now["s"])
+            assert interval_state(d, start) == "open"
+
+        # The ledger writes again: the agent's spool replays the batch, on time.
+        now["s"] += 5
+        replayed = post(d, spooled, B)
+        assert replayed.status_code == 200, replayed.text
+        assert replayed.json()["late"] == 0
+        assert httpx.get(f"{d.url}/healthz").status_code == 200
+        assert metric(d, "gmd_ledger_write_failing") == 0
+        # Within a grace period of the recovery other hosts are still replaying.
+        accountant.run_once(now["s"] + GRACE_S / 2)
+        assert interval_state(d, start) == "open"
+        accountant.run_once(now["s"] + GRACE_S + 1)
+        assert interval_state(d, start) == "accounted"
+        with d.engine.connect() as conn:
+            counted = conn.execute(
+                sa.text(
+                    "SELECT count(*) FROM customer_ledger l JOIN customers c"
+                    " ON c.id = l.customer_id WHERE l.interval_id = :i AND c.name LIKE 'cmp-b-%'"
+                ),
+                {"i": start},
+            ).scalar_one()
+        assert counted == 300

@@ -1,0 +1,1 @@
+"""Tests of gmd/daemon/reports: standings, usage, explain, plot, what-if."""

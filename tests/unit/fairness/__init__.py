@@ -1,0 +1,1 @@
+"""Tests of gmd/fairness: the GM, its baselines, DRF, DirectContr, the policy."""

@@ -1,0 +1,1 @@
+"""Tests of gmd/sim: SWF traces, the scheduler, policies, Shapley and Ref."""
