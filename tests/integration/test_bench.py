@@ -65,6 +65,24 @@ def test_ledger_accounting_bench_accounts_from_the_database() -> None:
     assert figures["seconds_min"] <= figures["seconds_median"] <= figures["seconds_max"]
 
 
+def test_host_utilization_bench_times_the_route_beside_reading_its_samples() -> None:
+    figures = run_bench(
+        "host_utilization.py",
+        "--database",
+        "sqlite",
+        "--vms",
+        "2000",
+        "--hosts",
+        "50",
+        "--customers",
+        "40",
+        "--runs",
+        "2",
+    )
+    assert figures["database"] == "sqlite" and figures["hosts"] == 50
+    assert figures["seconds_median"] > 0 and figures["read_samples_seconds_median"] > 0
+
+
 def test_purge_bench_purges_every_unseen_vm_and_customer() -> None:
     figures = run_bench(
         "purge.py",
