@@ -124,7 +124,11 @@ def balanced_allocation(used: object, capacity: object, request: object) -> np.n
     """Kubernetes' balanced allocation per node: ``1 − std`` of the node's resource fractions
     with the request placed on it (larger is better)."""
     u, c, r = _checked(used, capacity, request)
-    return 1.0 - ((u + r) / c).std(axis=1)
+    return _balanced((u + r) / c)
+
+
+def _balanced(placed: np.ndarray) -> np.ndarray:
+    return 1.0 - placed.std(axis=1)
 
 
 def falb_scores(
@@ -132,9 +136,14 @@ def falb_scores(
 ) -> tuple[np.ndarray, Topsis | None]:
     """Each node's score for ``request`` under ``strategy`` (larger is better: TOPSIS's
     closeness, or the balanced allocation), and the TOPSIS ranking behind it."""
+    return scores(placement_criteria(used, capacity, request), strategy)
+
+
+def scores(criteria: Criteria, strategy: Strategy) -> tuple[np.ndarray, Topsis | None]:
+    """:func:`falb_scores` from criteria already computed (a simulator records them too)."""
     if strategy == Strategy.balanced:
-        return balanced_allocation(used, capacity, request), None
-    ranked = topsis(placement_criteria(used, capacity, request).matrix(strategy.criteria))
+        return _balanced(criteria.utilization), None
+    ranked = topsis(criteria.matrix(strategy.criteria))
     return ranked.closeness, ranked
 
 

@@ -36,10 +36,10 @@ import numpy as np
 
 from gmd.fairness.placement import (
     Strategy,
-    falb_scores,
     fits,
     placement_criteria,
     rrdf_charge,
+    scores,
 )
 
 FALB_NODES: tuple[tuple[str, float, float], ...] = (
@@ -168,10 +168,9 @@ def simulate_placement(
             room = fits(used, cap, request)
             if not room.any():
                 break  # head-of-line: it waits for a completion
-            scores, _ = falb_scores(used, cap, request, policy.strategy)
-            scores = np.where(room, scores, -np.inf)
-            node = int(np.argmax(scores))
             criteria = placement_criteria(used, cap, request)
+            score, _ = scores(criteria, policy.strategy)
+            node = int(np.argmax(np.where(room, score, -np.inf)))
             used[node] += request
             waiting.remove(k)
             starts[k], nodes[k] = now, node
