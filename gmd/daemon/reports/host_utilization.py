@@ -122,38 +122,39 @@ def host_utilization(
 
 def _hosts_use(conn: Connection, ids: list[int]) -> tuple[HostUse, ...]:
     h_, i_ = _host_intervals.c, _intervals.c
-    offered = {
-        int(r.host_id): r
-        for r in conn.execute(
-            select(
-                h_.host_id,
-                func.sum(h_.cpu_cores * i_.length_s).label("cpu"),
-                func.sum(h_.memory_bytes * i_.length_s).label("memory"),
-                func.sum(h_.disk_bytes_per_s * i_.length_s).label("disk"),
-                func.sum(h_.network_bytes_per_s * i_.length_s).label("network"),
-            )
-            .join(_intervals, i_.id == h_.interval_id)
-            .where(h_.interval_id.in_(ids))
-            .group_by(h_.host_id)
+    # One read of the hosts' rows in interval order: their offer summed (capacity × length),
+    # their newest capacity (the last row of each) and their names.
+    offered: dict[int, list[float]] = {}
+    newest: dict[int, tuple[float, float, float, float]] = {}
+    names: dict[int, str] = {}
+    for r in conn.execute(
+        select(
+            h_.host_id,
+            _hosts.c.name,
+            i_.length_s,
+            h_.cpu_cores,
+            h_.memory_bytes,
+            h_.disk_bytes_per_s,
+            h_.network_bytes_per_s,
         )
-    }
+        .join(_intervals, i_.id == h_.interval_id)
+        .join(_hosts, _hosts.c.id == h_.host_id)
+        .where(h_.interval_id.in_(ids))
+        .order_by(h_.interval_id)
+    ):
+        host_id = int(r.host_id)
+        capacity = (
+            float(r.cpu_cores),
+            float(r.memory_bytes),
+            float(r.disk_bytes_per_s),
+            float(r.network_bytes_per_s),
+        )
+        sums = offered.setdefault(host_id, [0.0] * len(RESOURCES))
+        for k, amount in enumerate(capacity):
+            sums[k] += amount * r.length_s
+        newest[host_id], names[host_id] = capacity, str(r.name)
     if not offered:
         return ()
-    # the newest capacity of each host: rows in interval order, the last one kept
-    newest = {
-        int(r.host_id): (r.cpu_cores, r.memory_bytes, r.disk_bytes_per_s, r.network_bytes_per_s)
-        for r in conn.execute(
-            select(
-                h_.host_id,
-                h_.cpu_cores,
-                h_.memory_bytes,
-                h_.disk_bytes_per_s,
-                h_.network_bytes_per_s,
-            )
-            .where(h_.interval_id.in_(ids))
-            .order_by(h_.interval_id)
-        )
-    }
     s_ = _samples.c
     used = {
         int(r.host_id): r
@@ -169,23 +170,14 @@ def _hosts_use(conn: Connection, ids: list[int]) -> tuple[HostUse, ...]:
             .group_by(s_.host_id)
         )
     }
-    names = {
-        int(r.id): str(r.name)
-        for r in conn.execute(select(_hosts.c.id, _hosts.c.name).where(_hosts.c.id.in_(offered)))
-    }
     out = []
     for host_id, o in offered.items():
         u = used.get(host_id)
         shares = tuple(
-            _ratio(None if u is None else getattr(u, r), float(getattr(o, r))) for r in RESOURCES
+            _ratio(None if u is None else getattr(u, r), o[k]) for k, r in enumerate(RESOURCES)
         )
-        c = newest[host_id]
         out.append(
-            HostUse(
-                names[host_id],
-                (float(c[0]), float(c[1]), float(c[2]), float(c[3])),
-                (shares[0], shares[1], shares[2], shares[3]),
-            )
+            HostUse(names[host_id], newest[host_id], (shares[0], shares[1], shares[2], shares[3]))
         )
     return tuple(sorted(out, key=lambda h: h.host))
 
