@@ -11,42 +11,20 @@ query must at least read. Prints a JSON line last.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
-from ledger_accounting import INTERVAL_S, START_S, drop_database, postgres_url, read_only, seed
+from ledger_accounting import INTERVAL_S, START_S, cloud_arguments, read_only, seeded_ledger
 
 from gmd.daemon.config import parse
-from gmd.daemon.ledger import migrate
 from gmd.daemon.ledger.accounting import account_next
 from gmd.daemon.reports.host_utilization import host_utilization
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--database", choices=("sqlite", "postgresql"), default="postgresql")
-    parser.add_argument("--url", help="PostgreSQL server URL (a database is created on it)")
-    parser.add_argument("--vms", type=int, default=100_000)
-    parser.add_argument("--hosts", type=int, default=5_000)
-    parser.add_argument("--customers", type=int, default=2_000)
-    parser.add_argument("--orgs", type=int, default=20)
-    parser.add_argument("--runs", type=int, default=5)
-    args = parser.parse_args()
-
-    admin = name = None
-    tmp = tempfile.TemporaryDirectory()
-    if args.database == "postgresql":
-        url, admin, name = postgres_url(args.url)
-    else:
-        url = f"sqlite:///{Path(tmp.name) / 'ledger.db'}"
-    engine = migrate.engine_for(url)
-    try:
-        migrate.upgrade(engine)
-        interval_id = seed(engine, args.vms, args.hosts, args.customers, args.orgs)
+    args = cloud_arguments(__doc__.splitlines()[0]).parse_args()
+    with seeded_ledger(args) as (engine, interval_id):
         config = parse({"accounting": {"interval_s": int(INTERVAL_S)}}).accounting
         assert account_next(engine, config) == START_S
         times, hosts = [], 0
@@ -70,9 +48,6 @@ def main() -> None:
                 statistics.median(times) / statistics.median(floor), 2
             ),
         }
-    finally:
-        engine.dispose()
-        drop_database(admin, name)
     print(json.dumps(figures))
 
 

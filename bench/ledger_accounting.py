@@ -19,6 +19,8 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -204,8 +206,9 @@ def read_only(engine: sa.Engine, interval_id: int, copy: bool = True) -> float:
         return time.perf_counter() - t0
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def cloud_arguments(description: str) -> argparse.ArgumentParser:
+    """The options of a benchmark on the seeded random cloud (this one, host_utilization.py)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--database", choices=("sqlite", "postgresql"), default="postgresql")
     parser.add_argument("--url", help="PostgreSQL server URL (a database is created on it)")
     parser.add_argument("--vms", type=int, default=100_000)
@@ -213,20 +216,34 @@ def main() -> None:
     parser.add_argument("--customers", type=int, default=2_000)
     parser.add_argument("--orgs", type=int, default=20)
     parser.add_argument("--runs", type=int, default=5)
-    args = parser.parse_args()
+    return parser
 
+
+@contextmanager
+def seeded_ledger(args: argparse.Namespace) -> Iterator[tuple[sa.Engine, int]]:
+    """A fresh ledger on ``args.database`` holding one closed interval of the random cloud
+    (:func:`seed`), and that interval's id; dropped on exit."""
     admin = name = None
-    tmp = tempfile.TemporaryDirectory()
-    if args.database == "postgresql":
-        url, admin, name = postgres_url(args.url)
-    else:
-        url = f"sqlite:///{Path(tmp.name) / 'ledger.db'}"
-    engine = migrate.engine_for(url)
-    try:
-        migrate.upgrade(engine)
-        t0 = time.perf_counter()
-        interval_id = seed(engine, args.vms, args.hosts, args.customers, args.orgs)
-        print(f"seeded {args.vms} samples in {time.perf_counter() - t0:.1f} s")
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.database == "postgresql":
+            url, admin, name = postgres_url(args.url)
+        else:
+            url = f"sqlite:///{Path(tmp) / 'ledger.db'}"
+        engine = migrate.engine_for(url)
+        try:
+            migrate.upgrade(engine)
+            t0 = time.perf_counter()
+            interval_id = seed(engine, args.vms, args.hosts, args.customers, args.orgs)
+            print(f"seeded {args.vms} samples in {time.perf_counter() - t0:.1f} s")
+            yield engine, interval_id
+        finally:
+            engine.dispose()
+            drop_database(admin, name)
+
+
+def main() -> None:
+    args = cloud_arguments(__doc__.splitlines()[0]).parse_args()
+    with seeded_ledger(args) as (engine, interval_id):
         config = parse({"accounting": {"interval_s": int(INTERVAL_S)}}).accounting
 
         times = []
@@ -266,10 +283,6 @@ def main() -> None:
             "target_seconds": 5.0,
             "cpus": os.cpu_count(),
         }
-    finally:
-        engine.dispose()
-        drop_database(admin, name)
-        tmp.cleanup()
     print(json.dumps(figures))
 
 
