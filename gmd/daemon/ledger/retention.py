@@ -140,7 +140,10 @@ def unseen_cutoff_s(conn: Connection, raw_s: int | None) -> int | None:
     """VMs and customers last marked seen before this time are unseen past retention: the raw
     cutoff, or the oldest raw row still held if that is older (a partition waits for its
     whole day, a quarantined batch for its release), less the period in which ingest marks
-    them once (:data:`SEEN_PERIOD_S`), so that no sample of them is left."""
+    them once (:data:`SEEN_PERIOD_S`), so that no sample of them is left: one marked at
+    ``m`` has samples only of intervals before ``m + SEEN_PERIOD_S`` (its host's later
+    batches of that period are not marked), so a mark at exactly the cut is past retention
+    too; hence the ``+ 1``."""
     if raw_s is None:
         return None
     cut = raw_s
@@ -148,7 +151,7 @@ def unseen_cutoff_s(conn: Connection, raw_s: int | None) -> int | None:
         oldest = conn.execute(select(func.min(table.c.interval_id))).scalar()
         if oldest is not None:
             cut = min(cut, int(oldest))
-    return cut - SEEN_PERIOD_S
+    return cut - SEEN_PERIOD_S + 1
 
 
 def purge(

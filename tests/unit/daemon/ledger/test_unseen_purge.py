@@ -302,3 +302,24 @@ def test_a_purge_waiting_on_a_batch_that_marks_its_vm_seen_leaves_the_vm(
         thread.join(60)
         assert len(reports) == 1 and "vms" not in reports[0].rows
         assert names(engine, vms, "uuid") == {as_uuid("vm-a"): vm}
+
+
+def test_a_vm_marked_exactly_a_period_before_the_raw_cutoff_is_purged(
+    database_url: str, clock: tuple[int, int]
+) -> None:
+    """A VM marked at ``m`` has samples only of intervals before ``m`` + a marking period, so
+    one marked exactly a period before the raw cutoff has none left and goes. (Before the
+    cut was inclusive, the test above failed one hour a day: in the hour at which cmp-1's
+    marking period turns between ``old`` and ``old + HOUR``, vm-b's mark sat exactly there.)"""
+    old, _ = clock
+    now = old + 3 * DAY  # raw cutoff old + 1 day; the cut a marking period before: old
+    config = hourly(database_url)
+    with serving(config) as d:
+        engine = d.engine
+        post(d, H1, old, {"vm-a": "a", "vm-b": "b"})
+        post(d, H1, now - HOUR, {"vm-a": "a"})
+        account_due(engine, config.accounting, now_s=now)
+        report = purge(engine, RETENTION, now_s=now)
+        assert report.unseen_before_s == old + 1
+        assert vm_names(engine) == {"vm-a"}
+        assert set(names(engine, customers, "name")) == {"a"}
