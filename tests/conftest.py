@@ -100,6 +100,9 @@ def pytest_runtest_makereport(
     return report
 
 
+# First: xdist's own hook turns the `xdist_group` marks into the node ids its scheduler groups
+# by, and marks added after it are not seen (the cloud's tests ran on two workers).
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     slow_found = set()
     for item in items:
