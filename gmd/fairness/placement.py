@@ -79,6 +79,17 @@ class Criteria:
     utilization_gap: np.ndarray
     deviation: np.ndarray
 
+    def rows(self, index: object) -> Criteria:
+        """The criteria of the nodes ``index`` picks (in its order): the candidates to rank,
+        when the deviation was computed over a whole cluster that holds other nodes too."""
+        i = np.asarray(index, dtype=np.intp)
+        return Criteria(
+            self.utilization[i],
+            self.mean_utilization[i],
+            self.utilization_gap[i],
+            self.deviation[i],
+        )
+
     def matrix(self, criteria: tuple[Criterion, ...]) -> np.ndarray:
         """nodes × len(criteria), in the order given."""
         return np.column_stack([getattr(self, c.value) for c in criteria])

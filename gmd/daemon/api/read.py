@@ -25,7 +25,7 @@ from gmd.daemon.api.deps import ServicesDep
 from gmd.daemon.api.errors import Refused
 from gmd.daemon.ledger.lookup import UnknownCustomer, customer_uuid
 from gmd.daemon.reports.standings import SortKey, standings
-from gmd.wire import Problem
+from gmd.wire import PlanMode, Problem
 
 # 404: an operator asked for a customer the ledger has never seen, or a range with nothing in it.
 # A customer's name may hold any visible character, "/" too: its routes take the rest of the
@@ -263,8 +263,12 @@ def get_host_utilization(
 
     if not who.everyone:
         raise Refused(403, f"{who.name}: every host's utilisation is for operators only")
+    enforcement = services.config.enforcement
+    policy = enforcement.policy if enforcement.mode == PlanMode.on else None
     with services.engine.connect() as conn:
-        return host_utilization(conn, intervals=intervals, project=project).document()
+        return host_utilization(
+            conn, intervals=intervals, project=project, policy=policy
+        ).document()
 
 
 @router.get(

@@ -30,6 +30,7 @@ from gmd.daemon.ledger.tables import (
     levels as _levels,
     samples as _samples,
 )
+from gmd.fairness.policy import ThrottlePolicy
 from gmd.wire import visible_name
 
 RESOURCES = ("cpu", "memory", "disk", "network")
@@ -61,6 +62,10 @@ class HostUtilization:
     project: str | None = None
     level: int | None = None
     """the project's throttle level now (0 for a project the ledger has not seen)"""
+    cpu_cap_fraction: float | None = None
+    """the share of its vCPUs each of the project's VMs may use at that level, when caps are
+    applied (enforcement mode ``on``); None: not capped. A placement expects a new VM of the
+    project to use at most this share of its flavor's vCPUs."""
 
     def document(self) -> dict[str, object]:
         """The read API's answer (``GET /v1/hosts/utilization``)."""
@@ -87,7 +92,11 @@ class HostUtilization:
             },
         }
         if self.project is not None:
-            out["project"] = {"id": self.project, "level": self.level}
+            out["project"] = {
+                "id": self.project,
+                "level": self.level,
+                "cpu_cap_fraction": self.cpu_cap_fraction,
+            }
         return out
 
 
@@ -96,10 +105,15 @@ def _ratio(used: float | None, offered: float) -> float:
 
 
 def host_utilization(
-    conn: Connection, *, intervals: int = 3, project: str | None = None
+    conn: Connection,
+    *,
+    intervals: int = 3,
+    project: str | None = None,
+    policy: ThrottlePolicy | None = None,
 ) -> HostUtilization:
     """Every host's utilisation over the latest ``intervals`` accounted intervals (1 to
-    :data:`MAX_INTERVALS`), and ``project``'s level when one is named."""
+    :data:`MAX_INTERVALS`), and ``project``'s level when one is named, with the CPU cap
+    ``policy`` puts on it at that level (no ``policy``: caps are not applied)."""
     if not 1 <= intervals <= MAX_INTERVALS:
         raise ValueError(f"intervals must be 1 to {MAX_INTERVALS}, not {intervals}")
     i_ = _intervals.c
@@ -114,10 +128,13 @@ def host_utilization(
     hosts: tuple[HostUse, ...] = ()
     if ids:
         hosts = _hosts_use(conn, ids)
-    level = None
+    level = cap = None
     if project is not None:
         level = _level(conn, project)
-    return HostUtilization(tuple(int(r.start_s) for r in latest), hosts, project, level)
+        if policy is not None:
+            # A level above the policy's (it was shortened since) holds its highest level's cap.
+            cap = policy.effect(min(level, policy.levels)).cpu_cap_fraction
+    return HostUtilization(tuple(int(r.start_s) for r in latest), hosts, project, level, cap)
 
 
 def _hosts_use(conn: Connection, ids: list[int]) -> tuple[HostUse, ...]:

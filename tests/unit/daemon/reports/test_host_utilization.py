@@ -8,9 +8,11 @@ from typing import Any
 
 import httpx
 import pytest
+import sqlalchemy as sa
 
 from gmd.daemon.enforce.levels import after_interval
 from gmd.daemon.ledger.accounting import account_due
+from gmd.daemon.ledger.tables import customers, levels
 from tests.support.daemon_support import (
     INTERVAL_S,
     HostSpec,
@@ -85,10 +87,12 @@ def test_utilisation_is_what_the_vms_used_over_what_the_hosts_offered(database_u
     assert three["hosts"][A.name]["utilization"]["cpu"] == pytest.approx(1 / 3)
     assert three["hosts"][B.name]["utilization"]["cpu"] == pytest.approx(0.5)
     level = {r["customer"]: r["level"] for r in standings["customers"]}["acme"]
-    assert three["project"] == {"id": "acme", "level": level}
-    assert stranger.json()["project"] == {"id": "nobody", "level": 0}
+    # dry-run: nothing is capped, so no cap is given
+    assert three["project"] == {"id": "acme", "level": level, "cpu_cap_fraction": None}
+    assert stranger.json()["project"] == {"id": "nobody", "level": 0, "cpu_cap_fraction": None}
     assert [r.status_code for r in odd] == [422, 422, 200]
-    assert odd[2].json()["project"] == {"id": "a\x00b", "level": 0}  # no batch names it
+    # no batch names it
+    assert odd[2].json()["project"] == {"id": "a\x00b", "level": 0, "cpu_cap_fraction": None}
 
 
 def test_nothing_accounted_lists_no_host(database_url: str) -> None:
@@ -105,3 +109,38 @@ def test_nothing_accounted_lists_no_host(database_url: str) -> None:
         "intervals": [],
         "hosts": {},
     }
+
+
+def test_with_enforcement_on_a_capped_projects_cap_is_given_with_its_level(
+    database_url: str,
+) -> None:
+    """A placement expects a capped project's new VM to use at most its cap of its vCPUs: the
+    route gives the cap the project's level puts on it, only when caps are applied."""
+    config = make_config(
+        database_url,
+        {A.name: "operator"},
+        enforcement={"mode": "on", "cap_level": 2, "cpu_cap_fractions": [1.0, 0.6, 0.3]},
+        read_api={"auth": "local"},
+        daemon={"bind": "127.0.0.1"},
+    )
+    with serving(config) as d:
+        start = aligned_past(2)
+        body = batch(A, start, [vm("a1", "acme", 1.0, 1e9, 0.0)])
+        posted = httpx.post(f"{d.url}/v1/samples", json=body, headers=auth(A.name))
+        assert posted.status_code == 200, posted.text
+        answers = {}
+        for level in (1, 2, 3):
+            with d.engine.begin() as conn:
+                cid = conn.execute(
+                    sa.select(customers.c.id).where(customers.c.name == "acme")
+                ).scalar_one()
+                conn.execute(sa.delete(levels).where(levels.c.customer_id == cid))
+                conn.execute(
+                    sa.insert(levels).values(
+                        customer_id=cid, level=level, since_s=start, score=1.0, interval_id=start
+                    )
+                )
+            got = httpx.get(f"{d.url}/v1/hosts/utilization", params={"project": "acme"})
+            answers[level] = got.json()["project"]["cpu_cap_fraction"]
+    # level 1 is below cap_level: not capped; then the policy's fractions
+    assert answers == {1: None, 2: 0.6, 3: 0.3}
