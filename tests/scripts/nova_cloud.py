@@ -68,6 +68,7 @@ PORTS = {
     "nova-api-unified": 26775,
     "neutron-stub": 26696,
 }
+KEYSTONE_URL = f"http://127.0.0.1:{PORTS['keystone']}/v3"
 HTTP = ("keystone", "placement", "glance", "nova-api", "nova-api-unified", "neutron-stub")
 """The services that answer HTTP, in their start order."""
 NOVA = ("nova-conductor", "nova-scheduler", "nova-compute")
@@ -110,8 +111,22 @@ STOP_TIMEOUT_S = 30.0
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--state", type=Path)
-    parser.add_argument("action", choices=("start", "stop", "neutron-stub"), nargs="?")
+    parser.add_argument(
+        "action",
+        choices=("start", "stop", "neutron-stub", "fake-compute", "remove-fakes", "scheduler"),
+        nargs="?",
+    )
     parser.add_argument("--port", type=int, default=PORTS["neutron-stub"])
+    parser.add_argument("--host", help="fake-compute: the compute service's host name")
+    parser.add_argument("--driver", help="fake-compute: Nova's driver, e.g. fake.SmallFakeDriver")
+    parser.add_argument(
+        "--config-file",
+        type=Path,
+        action="append",
+        default=[],
+        help="scheduler: read after nova.conf (restarts nova-scheduler; none: as seeded)",
+    )
+    parser.add_argument("--pythonpath", help="scheduler: PYTHONPATH of the restarted scheduler")
     args = parser.parse_args()
     if args.action == "neutron-stub":
         serve_neutron_stub(args.port)
@@ -119,6 +134,15 @@ def main() -> int:
     state: Path = args.state.resolve()
     if args.action == "stop":
         stop(state / "run")
+        return 0
+    if args.action == "fake-compute":
+        start_fake_compute(state / "run", args.host, args.driver)
+        return 0
+    if args.action == "remove-fakes":
+        remove_fake_computes(state / "run")
+        return 0
+    if args.action == "scheduler":
+        restart_scheduler(state / "run", args.config_file, args.pythonpath)
         return 0
     started = time.monotonic()
     seed = state / "seed"
@@ -549,7 +573,7 @@ def stop(run: Path) -> None:
         delete_servers(run)
     remove_domains(run)
     pids = {}
-    for name in (*NOVA, *HTTP):
+    for name in (*fake_computes(run), *NOVA, *HTTP):
         pidfile = run / f"{name}.pid"
         if pidfile.exists():
             pids[name] = int(pidfile.read_text())
@@ -620,6 +644,131 @@ def stop_privsep(run: Path) -> None:
         time.sleep(0.2)
 
 
+# --- fake compute hosts and the scheduler's configuration (tests/cloud/test_falb_placement.py)
+
+FAKE = "nova-compute-"
+"""A fake compute service's process name (its pid file, log and configuration directory):
+FAKE + its host name."""
+
+
+def fake_computes(run: Path) -> list[str]:
+    return sorted(p.name.removesuffix(".pid") for p in run.glob(f"{FAKE}*.pid"))
+
+
+def start_fake_compute(run: Path, host: str, driver: str) -> None:
+    """Starts a nova-compute with a fake driver (no guests: its servers are ACTIVE at once)
+    as compute host ``host``, and waits until it is up, mapped and has its inventory."""
+    if not re.fullmatch(r"[a-z0-9-]{1,40}", host or "") or not driver:
+        raise SystemExit("fake-compute needs --host (a-z, 0-9, -) and --driver")
+    name = FAKE + host
+    directory = run / name
+    sections = nova_sections(run, KEYSTONE_URL, directory)
+    sections["DEFAULT"].update(host=host, compute_driver=driver, state_path=directory / "state")
+    (directory / "state").mkdir(parents=True, exist_ok=True)
+    conf = ini(directory / "nova.conf", sections)
+    begun = datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
+    spawn(run, name, [str(venv_bin(run) / "nova-compute"), "--config-file", str(conf)])
+    wait_service_ready(run, "nova-compute", host, begun, watch=(name,))
+    say(f"fake compute {host} ({driver}) ready")
+
+
+def wait_service_ready(
+    run: Path, binary: str, host: str, begun: datetime.datetime, watch: tuple[str, ...]
+) -> None:
+    """``binary`` on ``host`` is up with a heartbeat after ``begun``; a compute host is also
+    mapped to the cell and has its resource provider's inventory."""
+    import psycopg2
+
+    conn = connect(run, "admin")
+    try:
+
+        def heartbeat() -> bool:
+            services = conn.compute.get(f"/os-services?binary={binary}").json()["services"]
+            return any(
+                s["host"] == host
+                and s["state"] == "up"
+                and s.get("updated_at")
+                and datetime.datetime.fromisoformat(s["updated_at"].rstrip("Z")) > begun
+                for s in services
+            )
+
+        def mapped() -> bool:
+            with (
+                psycopg2.connect(
+                    host="127.0.0.1", port=PORTS["postgres"], user="postgres", dbname="nova_api"
+                ) as db,
+                db.cursor() as cursor,
+            ):
+                cursor.execute("SELECT 1 FROM host_mappings WHERE host = %s", (host,))
+                return cursor.fetchone() is not None
+
+        def inventory() -> bool:
+            found = conn.placement.get(f"/resource_providers?name={host}").json()
+            for provider in found["resource_providers"]:
+                inv = conn.placement.get(f"/resource_providers/{provider['uuid']}/inventories")
+                if inv.json()["inventories"].get("VCPU"):
+                    return True
+            return False
+
+        wait_for(f"{binary} on {host}: a heartbeat", heartbeat, run, watch=watch)
+        if binary == "nova-compute":
+            wait_for(f"{host}'s cell mapping", mapped, run, watch=watch)
+            wait_for(f"{host}'s inventory in Placement", inventory, run, watch=watch)
+    finally:
+        conn.close()
+
+
+def remove_fake_computes(run: Path) -> None:
+    """Deletes the fake hosts' servers, stops them, and deletes their compute services (with
+    their resource providers), so that the cloud has its one compute host again."""
+    names = fake_computes(run)
+    hosts = [n.removeprefix(FAKE) for n in names]
+    conn = connect(run, "admin")
+    try:
+        for host in hosts:
+            for server in conn.compute.servers(all_projects=True, host=host):
+                conn.compute.delete_server(server, ignore_missing=True)
+        deadline = time.monotonic() + 60
+        while any(list(conn.compute.servers(all_projects=True, host=h)) for h in hosts):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"servers still on {hosts} after 60 s")
+            time.sleep(0.5)
+        terminate({n: int((run / f"{n}.pid").read_text()) for n in names}, run)
+        for n in names:
+            (run / f"{n}.pid").unlink(missing_ok=True)
+        services = conn.compute.get("/os-services?binary=nova-compute").json()["services"]
+        for service in services:
+            if service["host"] in hosts:
+                done = conn.compute.delete(f"/os-services/{service['id']}", microversion="2.53")
+                if done.status_code not in (204, 404):
+                    raise SystemExit(
+                        f"could not delete {service['host']}'s service: {done.status_code}"
+                        f" {done.text}"
+                    )
+    finally:
+        conn.close()
+    say(f"fake computes removed: {', '.join(hosts) or 'none'}")
+
+
+def restart_scheduler(run: Path, extra: list[Path], pythonpath: str | None) -> None:
+    """Restarts nova-scheduler reading ``extra`` configuration files after nova.conf (none:
+    the seeded configuration), and waits until it reports up again."""
+    name = "nova-scheduler"
+    pidfile = run / f"{name}.pid"
+    if pidfile.exists():
+        terminate({name: int(pidfile.read_text())}, run)
+    command = [str(venv_bin(run) / name), "--config-file", str(run / "nova" / "nova.conf")]
+    for path in extra:
+        command += ["--config-file", str(path.resolve())]
+    env = environment(run)
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    begun = datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
+    spawn(run, name, command, env)
+    wait_service_ready(run, name, COMPUTE_HOST, begun, watch=(name,))
+    say(f"nova-scheduler restarted with {[str(p) for p in extra] or 'its seeded configuration'}")
+
+
 def delete_servers(run: Path) -> None:
     """Deletes every server through the Nova API, as a tenant would, and waits them gone."""
     try:
@@ -686,7 +835,7 @@ def build_seed(state: Path) -> None:
     shutil.rmtree(seed, ignore_errors=True)
     run.mkdir(parents=True)
     bin_ = venv_bin(run)
-    keystone_url = f"http://127.0.0.1:{PORTS['keystone']}/v3"
+    keystone_url = KEYSTONE_URL
     say("building the seed (about a minute, once)")
     remove_domains(run)
     start_rabbitmq(run)

@@ -182,6 +182,37 @@ class NovaCloud:
             )
         return dict(response.json()["server"])
 
+    def script(self, *args: str) -> None:
+        """tests/scripts/nova_cloud.py ``args`` on this cloud (under the cloud's own venv):
+        fake compute hosts, the scheduler's configuration."""
+        state = self.run.parent
+        python = state / "venv" / "bin" / "python"
+        done = subprocess.run(
+            [str(python), str(SCRIPT.with_suffix(".py")), "--state", str(state), *args],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        if done.returncode != 0:
+            raise AssertionError(f"nova_cloud.py {' '.join(args)} failed:\n{done.stderr[-3000:]}")
+
+    def host_of(self, server_id: str) -> str:
+        """The compute host Nova placed the server on (an admin-only attribute)."""
+        conn = self.connect("admin")
+        try:
+            return str(self._show(conn, server_id)["OS-EXT-SRV-ATTR:host"])
+        finally:
+            conn.close()
+
+    def hypervisors(self) -> dict[str, dict[str, Any]]:
+        """Each compute host's hypervisor as Nova's API shows it (vcpus, memory_mb, …)."""
+        conn = self.connect("admin")
+        try:
+            found = conn.compute.get("/os-hypervisors/detail", microversion="2.1").json()
+        finally:
+            conn.close()
+        return {str(h["service"]["host"]): h for h in found["hypervisors"]}
+
     def libvirt(self) -> Any:
         """A connection to the libvirtd the cloud's nova-compute uses."""
         import libvirt
