@@ -168,7 +168,10 @@ class Source:
             s = self._state
             s.cluster, s.cluster_at, s.pending = cluster, now, None
             if len(s.projects) >= self.max_projects:
-                s.projects = {k: v for k, v in s.projects.items() if now - v[1] <= self.cache_s}
+                # the newest half stays (a scheduler serving very many projects refetches
+                # the others' levels in the background)
+                newest = sorted(s.projects.items(), key=lambda kv: kv[1][1], reverse=True)
+                s.projects = dict(newest[: self.max_projects // 2])
             s.projects[project.id] = (project, now)
         return View(cluster, project)
 

@@ -171,3 +171,16 @@ def test_the_client_reads_a_real_gmd_daemons_route(database_url: str) -> None:
         conf.set_override("endpoint_override", d.url + "/nowhere", group="gmd")
         with pytest.raises(GmdRefused, match="404"):
             fetcher(conf)("acme")
+
+
+def test_the_projects_kept_are_bounded() -> None:
+    gmd, clock = Gmd(), Clock()
+    source = Source(gmd, max_projects=4, clock=clock)
+    for k in range(10):
+        clock.now += 0.001
+        source.view(f"p{k}")
+        pending = source._state.pending
+        if pending is not None:
+            pending.result(timeout=30)
+        assert len(source._state.projects) <= 4
+    assert "p9" in source._state.projects
