@@ -518,52 +518,11 @@ def wait_compute_ready(run: Path, info: dict[str, Any], begun: datetime.datetime
     """Ready: nova-compute ``up`` with a heartbeat after ``begun`` (after a restart the last
     run's heartbeat still counts as up), the host mapped to the cell (the scheduler's
     discovery) and its resource provider holding an inventory in Placement."""
-    import psycopg2
-
-    conn = connect(run, "admin")
-    try:
-
-        def heartbeat() -> bool:
-            services = conn.compute.get("/os-services?binary=nova-compute").json()["services"]
-            for service in services:
-                updated = service.get("updated_at")
-                if (
-                    service["host"] == COMPUTE_HOST
-                    and service["state"] == "up"
-                    and updated
-                    and datetime.datetime.fromisoformat(updated.rstrip("Z")) > begun
-                ):
-                    return True
-            return False
-
-        def mapped() -> bool:
-            with (
-                psycopg2.connect(
-                    host="127.0.0.1", port=PORTS["postgres"], user="postgres", dbname="nova_api"
-                ) as db,
-                db.cursor() as cursor,
-            ):
-                cursor.execute("SELECT 1 FROM host_mappings WHERE host = %s", (COMPUTE_HOST,))
-                return cursor.fetchone() is not None
-
-        def inventory() -> bool:
-            providers = conn.placement.get("/resource_providers").json()["resource_providers"]
-            for provider in providers:
-                inv = conn.placement.get(f"/resource_providers/{provider['uuid']}/inventories")
-                if inv.json()["inventories"].get("VCPU"):
-                    info["hypervisor_hostname"] = provider["name"]
-                    info["resource_provider"] = provider["uuid"]
-                    return True
-            return False
-
-        watch = ("nova-compute", "nova-conductor", "nova-scheduler")
-        t0 = time.monotonic()
-        wait_for("nova-compute's heartbeat", heartbeat, run, watch=watch)
-        say(f"nova-compute's heartbeat after {time.monotonic() - t0:.1f} s more")
-        wait_for("the compute host's cell mapping", mapped, run, watch=watch)
-        wait_for("the compute node's inventory in Placement", inventory, run, watch=watch)
-    finally:
-        conn.close()
+    watch = ("nova-compute", "nova-conductor", "nova-scheduler")
+    provider = wait_service_ready(run, "nova-compute", COMPUTE_HOST, begun, watch)
+    assert provider is not None
+    info["hypervisor_hostname"] = provider["name"]
+    info["resource_provider"] = provider["uuid"]
     (run / "cloud.json").write_text(json.dumps(info, indent=2))
 
 
@@ -668,15 +627,21 @@ def start_fake_compute(run: Path, host: str, driver: str) -> None:
     conf = ini(directory / "nova.conf", sections)
     begun = datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
     spawn(run, name, [str(venv_bin(run) / "nova-compute"), "--config-file", str(conf)])
-    wait_service_ready(run, "nova-compute", host, begun, watch=(name,))
+    wait_service_ready(run, "nova-compute", host, begun, (name,), provider_name=host)
     say(f"fake compute {host} ({driver}) ready")
 
 
 def wait_service_ready(
-    run: Path, binary: str, host: str, begun: datetime.datetime, watch: tuple[str, ...]
-) -> None:
+    run: Path,
+    binary: str,
+    host: str,
+    begun: datetime.datetime,
+    watch: tuple[str, ...],
+    provider_name: str | None = None,
+) -> dict[str, Any] | None:
     """``binary`` on ``host`` is up with a heartbeat after ``begun``; a compute host is also
-    mapped to the cell and has its resource provider's inventory."""
+    mapped to the cell and has a resource provider with an inventory (the one named
+    ``provider_name``, else the first found), which is returned."""
     import psycopg2
 
     conn = connect(run, "admin")
@@ -702,18 +667,26 @@ def wait_service_ready(
                 cursor.execute("SELECT 1 FROM host_mappings WHERE host = %s", (host,))
                 return cursor.fetchone() is not None
 
+        found: list[dict[str, Any]] = []
+
         def inventory() -> bool:
-            found = conn.placement.get(f"/resource_providers?name={host}").json()
-            for provider in found["resource_providers"]:
+            query = "" if provider_name is None else f"?name={provider_name}"
+            listed = conn.placement.get(f"/resource_providers{query}").json()
+            for provider in listed["resource_providers"]:
                 inv = conn.placement.get(f"/resource_providers/{provider['uuid']}/inventories")
                 if inv.json()["inventories"].get("VCPU"):
+                    found.append(provider)
                     return True
             return False
 
+        t0 = time.monotonic()
         wait_for(f"{binary} on {host}: a heartbeat", heartbeat, run, watch=watch)
-        if binary == "nova-compute":
-            wait_for(f"{host}'s cell mapping", mapped, run, watch=watch)
-            wait_for(f"{host}'s inventory in Placement", inventory, run, watch=watch)
+        say(f"{binary} on {host}: a heartbeat after {time.monotonic() - t0:.1f} s")
+        if binary != "nova-compute":
+            return None
+        wait_for(f"{host}'s cell mapping", mapped, run, watch=watch)
+        wait_for(f"{host}'s inventory in Placement", inventory, run, watch=watch)
+        return found[0]
     finally:
         conn.close()
 
@@ -765,7 +738,7 @@ def restart_scheduler(run: Path, extra: list[Path], pythonpath: str | None) -> N
         env["PYTHONPATH"] = pythonpath
     begun = datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
     spawn(run, name, command, env)
-    wait_service_ready(run, name, COMPUTE_HOST, begun, watch=(name,))
+    wait_service_ready(run, name, COMPUTE_HOST, begun, (name,))
     say(f"nova-scheduler restarted with {[str(p) for p in extra] or 'its seeded configuration'}")
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -23,6 +23,9 @@ from gmd.admin.output import Listing, Output, View, emit, output_options
 from gmd.common.cli import ExitCode, choice, fail
 from gmd.fairness.scenarios import SCENARIOS
 from gmd.sim.placement import Scenario
+
+if TYPE_CHECKING:
+    from gmd.sim.command import Shown
 
 
 @output_options
@@ -311,23 +314,7 @@ def simulate_command(
         )
     except (ValueError, OSError) as exc:
         raise fail(str(exc)) from None
-    table = shown(result)
-    emit(
-        Listing(
-            [
-                View(
-                    table.rows,
-                    table.columns,
-                    title="gmd simulate",
-                    notes=[table.caption],
-                    keep=("policy",),
-                    name="policies",
-                )
-            ],
-            document=lambda views: {**table.document, "policies": views[0]},
-        ),
-        out,
-    )
+    emit_policies(shown(result), "gmd simulate", out)
 
 
 @output_options
@@ -363,16 +350,20 @@ def simulate_placement_command(
     from gmd.sim.command import placement_shown
     from gmd.sim.placement import falb_experiment
 
-    table = placement_shown(
-        falb_experiment(scenario, seeds=seeds, jitter=jitter), scenario, seeds, jitter
-    )
+    results = falb_experiment(scenario, seeds=seeds, jitter=jitter)
+    emit_policies(placement_shown(results, scenario, seeds, jitter), "gmd simulate-placement", out)
+
+
+def emit_policies(table: Shown, title: str, out: Output) -> None:
+    """A simulation's per-policy rows, its caption as the table's note, and its document
+    (configuration and rows) for JSON and YAML."""
     emit(
         Listing(
             [
                 View(
                     table.rows,
                     table.columns,
-                    title="gmd simulate-placement",
+                    title=title,
                     notes=[table.caption],
                     keep=("policy",),
                     name="policies",
