@@ -96,16 +96,17 @@ class GmdRefused(RuntimeError):
     """gmd answered, but not with the document (its status and detail)."""
 
 
-def fetcher(conf: cfg.ConfigOpts) -> Callable[[str], object]:
+def fetcher(conf: cfg.ConfigOpts) -> Callable[[str, bool], object]:
     """A fetch of gmd's route for a project, over the ``[gmd]`` keystoneauth adapter: the
     JSON answer, or :class:`GmdRefused` (keystoneauth's own errors for no answer at all)."""
     adapter = _adapter(conf)
     intervals = conf[GROUP].intervals
 
-    def fetch(project_id: str) -> object:
-        response = adapter.get(
-            ROUTE, params={"intervals": intervals, "project": project_id}, raise_exc=False
-        )
+    def fetch(project_id: str, hosts: bool = True) -> object:
+        params = {"intervals": intervals, "project": project_id}
+        if not hosts:
+            params["hosts"] = "false"
+        response = adapter.get(ROUTE, params=params, raise_exc=False)
         if response.status_code != 200:
             raise GmdRefused(f"GET {ROUTE}: {response.status_code} {response.text[:200]}")
         return response.json()

@@ -10,7 +10,8 @@ only after ``retry_s`` (each request in between is neutral at once, not after a 
 
 The hosts' utilisation changes only when gmd accounts an interval, so it is kept for
 ``cache_s``; a project's level changes as rarely and is kept as long, per project (at most
-``max_projects`` of them). Each fetch names the requesting project, and brings the hosts too.
+``max_projects`` of them). A fetch of the hosts names the requesting project too; a project
+not yet known while the hosts are fresh is asked for alone (``hosts=false``: no host read).
 """
 
 from __future__ import annotations
@@ -26,8 +27,11 @@ from gmd.nova.ranking import BadAnswer, Cluster, Project, read_cluster, read_pro
 
 LOG = logging.getLogger(__name__)
 
-Fetch = Callable[[str], object]
-"""Fetches gmd's answer for a request of the project named: the JSON document, or raises."""
+Fetch = Callable[[str, bool], object]
+"""Fetches gmd's answer for a request of the project named, with the hosts or (False) the
+project alone: the JSON document, or raises."""
+ASKING_AT_MOST = 16
+"""Projects whose level is being fetched in the background at once, at most."""
 
 
 @dataclass
@@ -60,6 +64,8 @@ class _State:
     projects: dict[str, tuple[Project, float]] = field(default_factory=dict)
     failed_at: float = -1e18
     pending: Future[View | None] | None = None
+    asking: set[str] = field(default_factory=set)
+    """projects whose level alone is being fetched"""
 
 
 class Source:
@@ -104,6 +110,17 @@ class Source:
             s.pending = self._pool.submit(self._refresh, project_id)
         return s.pending
 
+    def _ask(self, project_id: str, now: float) -> None:
+        """Fetch ``project_id``'s level alone in the background (the hosts are fresh)."""
+        s = self._state
+        if (
+            project_id not in s.asking
+            and len(s.asking) < ASKING_AT_MOST
+            and now - s.failed_at >= self.retry_s
+        ):
+            s.asking.add(project_id)
+            self._pool.submit(self._refresh_project, project_id)
+
     def view(self, project_id: str) -> View | None:
         """The cluster and the project for one request, or None: weigh it neutrally.
 
@@ -117,7 +134,7 @@ class Source:
             if cluster is not None:
                 project, fresh = self._project(project_id, now)
                 if not fresh:
-                    self._start(project_id, now)
+                    self._ask(project_id, now)
                 return View(cluster, project)
             pending = self._start(project_id, now)
             if pending is None:
@@ -146,7 +163,7 @@ class Source:
         failed)."""
         try:
             self.counters.fetches += 1
-            document = self._fetch(project_id)
+            document = self._fetch(project_id, True)
             cluster = read_cluster(document)
             project = read_project(document, project_id)
         except Exception as exc:  # gmd or the network, whatever failed: fail open
@@ -167,13 +184,33 @@ class Source:
         with self._lock:
             s = self._state
             s.cluster, s.cluster_at, s.pending = cluster, now, None
-            if len(s.projects) >= self.max_projects:
-                # the newest half stays (a scheduler serving very many projects refetches
-                # the others' levels in the background)
-                newest = sorted(s.projects.items(), key=lambda kv: kv[1][1], reverse=True)
-                s.projects = dict(newest[: self.max_projects // 2])
-            s.projects[project.id] = (project, now)
+            self._remember(project, now)
         return View(cluster, project)
+
+    def _refresh_project(self, project_id: str) -> None:
+        """One project's level, on the worker thread (the route without its hosts)."""
+        try:
+            self.counters.fetches += 1
+            project = read_project(self._fetch(project_id, False), project_id)
+        except Exception as exc:  # as for the hosts: fail open, ask again after retry_s
+            self.counters.failures += 1
+            LOG.warning("gmd's level of project %s could not be read: %s", project_id, exc)
+            with self._lock:
+                self._state.failed_at = self._clock()
+                self._state.asking.discard(project_id)
+            return
+        with self._lock:
+            self._remember(project, self._clock())
+            self._state.asking.discard(project_id)
+
+    def _remember(self, project: Project, now: float) -> None:
+        s = self._state
+        if len(s.projects) >= self.max_projects:
+            # the newest half stays (a scheduler serving very many projects refetches the
+            # others' levels in the background)
+            newest = sorted(s.projects.items(), key=lambda kv: kv[1][1], reverse=True)
+            s.projects = dict(newest[: self.max_projects // 2])
+        s.projects[project.id] = (project, now)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

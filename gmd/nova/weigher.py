@@ -131,6 +131,7 @@ def log_ranking(hosts: list[Candidate], ranked: Ranked, project: str, level: int
             detail,
             ranked.weights[position],
         )
+    placed = set(ranked.ranked)
     for position, h in enumerate(hosts):
-        if position not in set(ranked.ranked):
+        if position not in placed:
             LOG.debug("FairnessWeigher: (%s, %s) not ranked: no size known", h.host, h.nodename)

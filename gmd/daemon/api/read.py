@@ -254,6 +254,13 @@ def get_host_utilization(
         str | None,
         Query(max_length=255, description="a project uuid: its throttle level is given too"),
     ] = None,
+    hosts: Annotated[
+        bool,
+        Query(
+            description="false: no host listed, only the project's level (a scheduler that"
+            " holds the hosts already)"
+        ),
+    ] = True,
 ) -> dict[str, Any]:
     """Per host, what its VMs used of each resource over the latest accounted intervals,
     over what it offered (:mod:`gmd.daemon.reports.host_utilization`); with ``project``, that
@@ -267,7 +274,7 @@ def get_host_utilization(
     policy = enforcement.policy if enforcement.mode == PlanMode.on else None
     with services.engine.connect() as conn:
         return host_utilization(
-            conn, intervals=intervals, project=project, policy=policy
+            conn, intervals=intervals, project=project, policy=policy, with_hosts=hosts
         ).document()
 
 

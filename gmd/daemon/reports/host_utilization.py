@@ -110,10 +110,13 @@ def host_utilization(
     intervals: int = 3,
     project: str | None = None,
     policy: ThrottlePolicy | None = None,
+    with_hosts: bool = True,
 ) -> HostUtilization:
     """Every host's utilisation over the latest ``intervals`` accounted intervals (1 to
     :data:`MAX_INTERVALS`), and ``project``'s level when one is named, with the CPU cap
-    ``policy`` puts on it at that level (no ``policy``: caps are not applied)."""
+    ``policy`` puts on it at that level (no ``policy``: caps are not applied). Without
+    ``with_hosts``, the project alone: what a scheduler that holds the hosts asks for a
+    project it has not seen."""
     if not 1 <= intervals <= MAX_INTERVALS:
         raise ValueError(f"intervals must be 1 to {MAX_INTERVALS}, not {intervals}")
     i_ = _intervals.c
@@ -126,7 +129,7 @@ def host_utilization(
     ).all()
     ids = [int(r.id) for r in latest]
     hosts: tuple[HostUse, ...] = ()
-    if ids:
+    if ids and with_hosts:
         hosts = _hosts_use(conn, ids)
     level = cap = None
     if project is not None:

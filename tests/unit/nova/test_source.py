@@ -8,6 +8,7 @@ fetches here are functions that block or raise."""
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import httpx
 import pytest
@@ -38,6 +39,15 @@ DOC = {
 }
 
 
+def wait_until(check: Any) -> None:
+    """Polls the background fetch's effect (at most 30 s)."""
+    for _ in range(3000):
+        if check():
+            return
+        threading.Event().wait(0.01)
+    raise AssertionError("the background fetch never landed")
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 1000.0
@@ -55,12 +65,13 @@ class Gmd:
         self.gate = threading.Event()
         self.gate.set()
 
-    def __call__(self, project: str) -> object:
-        self.calls.append(project)
+    def __call__(self, project: str, hosts: bool) -> object:
+        self.calls.append(project if hosts else f"{project} alone")
         assert self.gate.wait(30)
         if self.fail is not None:
             raise self.fail
-        return {**DOC, "project": {"id": project, "level": 2, "cpu_cap_fraction": 0.5}}
+        level = {"project": {"id": project, "level": 2, "cpu_cap_fraction": 0.5}}
+        return {**DOC, **level} if hosts else {**DOC, "hosts": {}, **level}
 
 
 def test_one_fetch_serves_every_request_for_the_cache_period() -> None:
@@ -77,18 +88,22 @@ def test_one_fetch_serves_every_request_for_the_cache_period() -> None:
     assert gmd.calls == ["p", "p"]
 
 
-def test_a_new_project_is_weighed_at_once_and_fetched_in_the_background() -> None:
+def test_a_new_project_is_weighed_at_once_and_its_level_alone_fetched_behind() -> None:
     gmd, clock = Gmd(), Clock()
     source = Source(gmd, clock=clock)
-    assert source.view("p") is not None
+    first = source.view("p")
+    assert first is not None
     seen = source.view("q")  # hosts fresh: no wait for q's level
     assert seen is not None and seen.project == Project("q")
-    pending = source._state.pending
-    if pending is not None:
-        pending.result(timeout=30)
-    assert gmd.calls == ["p", "q"]
-    known = source.view("q")
-    assert known is not None and known.project == Project("q", 2, 0.5)
+
+    def known() -> bool:
+        view = source.view("q")
+        return view is not None and view.project == Project("q", 2, 0.5)
+
+    wait_until(known)
+    assert gmd.calls == ["p", "q alone"]
+    view = source.view("q")
+    assert view is not None and view.cluster is first.cluster  # the hosts were not re-read
 
 
 def test_a_slow_gmd_is_waited_for_at_most_the_timeout_and_its_answer_serves_later() -> None:
@@ -129,7 +144,7 @@ def test_a_failing_gmd_is_neutral_and_asked_again_only_after_the_retry_pause(
 
 def test_an_answer_that_is_no_document_is_a_failure() -> None:
     clock = Clock()
-    source = Source(lambda project: ["not", "a", "document"], clock=clock)
+    source = Source(lambda project, hosts: ["not", "a", "document"], clock=clock)
     assert source.view("p") is None
     assert source.counters.failures == 1
 
@@ -165,12 +180,18 @@ def test_the_client_reads_a_real_gmd_daemons_route(database_url: str) -> None:
             threading.Event().wait(0.1)
         else:
             raise AssertionError("the interval was never accounted")
-        answer = fetch("acme")
+        answer = fetch("acme", True)
         assert isinstance(answer, dict) and answer["project"]["id"] == "acme"
+        alone = fetch("acme", False)
+        assert (
+            isinstance(alone, dict)
+            and alone["hosts"] == {}
+            and alone["project"] == answer["project"]
+        )
         conf.set_override("intervals", 3, group="gmd")
         conf.set_override("endpoint_override", d.url + "/nowhere", group="gmd")
         with pytest.raises(GmdRefused, match="404"):
-            fetcher(conf)("acme")
+            fetcher(conf)("acme", True)
 
 
 def test_the_projects_kept_are_bounded() -> None:
@@ -179,8 +200,5 @@ def test_the_projects_kept_are_bounded() -> None:
     for k in range(10):
         clock.now += 0.001
         source.view(f"p{k}")
-        pending = source._state.pending
-        if pending is not None:
-            pending.result(timeout=30)
+        wait_until(lambda k=k: f"p{k}" in source._state.projects)
         assert len(source._state.projects) <= 4
-    assert "p9" in source._state.projects
