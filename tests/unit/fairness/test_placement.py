@@ -139,3 +139,12 @@ def test_rrdf_charges_the_product_of_the_requests() -> None:
     make a tenant's RRDF 3·10⁶ (their execution time left at 1)."""
     assert 3 * rrdf_charge([1000, 1000], 1.0) == 3e6
     assert rrdf_charge([2, 8], 50.0) == 800.0  # Table 3's user1: 2 CPU, 8 GB, 50 s
+
+
+def test_rows_picks_the_candidates_criteria_out_of_the_clusters() -> None:
+    """The deviation is the whole cluster's; the candidates' rows keep it as computed there."""
+    whole = placement_criteria([[0.2], [0.6], [1.0]], [[1.0], [1.0], [1.0]], [0.2])
+    picked = whole.rows([1, 0])
+    assert picked.deviation.tolist() == [whole.deviation[1], whole.deviation[0]]
+    assert picked.utilization.tolist() == [[0.8], [0.4]]
+    assert picked.mean_utilization.tolist() == pytest.approx([0.8, 0.4])
