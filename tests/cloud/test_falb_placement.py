@@ -24,13 +24,17 @@ from gmd.daemon.ledger.accounting import account_due
 from tests.support.daemon_support import make_config, serving, token_of
 from tests.support.nova_support import NovaCloud, Server
 
+pytest_plugins = ("tests.support.nova_support",)
+
 REPO = Path(__file__).resolve().parents[2]
 TRACES = REPO / "gmd" / "admin" / "demo_data" / "2013-7"
 INTERVAL_S = 300
 FAKES = {"gmdfake-small": "fake.SmallFakeDriver", "gmdfake-medium": "fake.MediumFakeDriver"}
 """Fake compute hosts: 2 and 10 vCPUs, 8 GiB each (Nova's fake drivers)."""
-REPLAYED = {"gmdnova-compute": [1], "gmdfake-small": [2, 3], "gmdfake-medium": [4, 5, 6, 7]}
-"""The traces each host's agent replays (which VMs it measured)."""
+REPLAYED = {"gmdnova-compute": [96], "gmdfake-small": [9], "gmdfake-medium": [34, 28]}
+"""The traces each host's agent replays (which VMs it measured): the libvirt host's keeps 1.2 of
+its 2 cores busy, the small host's 0.24 of 2, the medium host's 0.5 of 10, so that FALB ranks
+them apart (medium, small, then the libvirt host) whatever this machine's memory."""
 MIB = 1 << 20
 AGGREGATE = "gmd-falb-override"
 

@@ -709,7 +709,10 @@ def remove_fake_computes(run: Path) -> None:
         terminate({n: int((run / f"{n}.pid").read_text()) for n in names}, run)
         for n in names:
             (run / f"{n}.pid").unlink(missing_ok=True)
-        services = conn.compute.get("/os-services?binary=nova-compute").json()["services"]
+        # from 2.53 a service's id is its uuid, which its DELETE wants
+        services = conn.compute.get("/os-services?binary=nova-compute", microversion="2.53").json()[
+            "services"
+        ]
         for service in services:
             if service["host"] in hosts:
                 done = conn.compute.delete(f"/os-services/{service['id']}", microversion="2.53")
