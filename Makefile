@@ -27,7 +27,8 @@ lint: setup
 # URL) and a streaming replica of it (tests/scripts/postgres.sh replica; a replica that does not
 # start fails the tests that need it, which start it again themselves and say why), a real libvirtd
 # with QEMU (tests/scripts/libvirt.sh installs and starts them) and real Keystone, Nova and
-# Placement from PyPI (tests/scripts/openstack.sh; its venv and seed under var/). Every core runs
+# Placement from PyPI (tests/scripts/openstack.sh; its venv and seed under var/), a three-node
+# ZooKeeper ensemble from Debian (tests/scripts/zookeeper.sh). Every core runs
 # the tests but those on real VMs, which follow alone: they measure what a guest gets of the
 # machine's CPU.
 # Tests of the one real cloud, or of the one replica, run on one worker (xdist_group).
@@ -36,16 +37,18 @@ test: lint
 	@bash tests/scripts/libvirt.sh >/dev/null
 	@cloud=$$(bash tests/scripts/openstack.sh) || cloud=; url=$$(bash tests/scripts/postgres.sh) && \
 		{ replica=$$(bash tests/scripts/postgres.sh replica) || replica=; } && \
+		{ zookeeper=$$(bash tests/scripts/zookeeper.sh) || zookeeper=; } && \
 		export GMD_TEST_OPENSTACK=$$cloud GMD_TEST_POSTGRES_URL=$$url \
-		GMD_TEST_POSTGRES_REPLICA_URL=$$replica; \
+		GMD_TEST_POSTGRES_REPLICA_URL=$$replica GMD_TEST_ZOOKEEPER=$$zookeeper; \
 		$(BIN)/pytest -n auto --dist loadgroup -m "not realvm" --durations=15 && $(BIN)/pytest -m realvm; \
 		status=$$?; bash tests/scripts/openstack.sh stop; bash tests/scripts/nova_cloud.sh stop; \
+		bash tests/scripts/zookeeper.sh stop; \
 		exit $$status
 
 # The quick loop while editing (about a minute on 2 cores): no PostgreSQL, no real VMs, none of
 # the slow tests (tests/conftest.py marks them), on every core. `make test` runs everything.
 test-fast: lint
-	$(BIN)/pytest -q -n auto -m "not postgres and not realvm and not openstack and not slow"
+	$(BIN)/pytest -q -n auto -m "not postgres and not realvm and not openstack and not slow and not zookeeper"
 
 # A small cloud on this machine: gmd-daemon on SQLite, one gmd-agent per simulated host
 # replaying real Bitbrains VMs, then standings, reports, explain, enforcement and a plot

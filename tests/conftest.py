@@ -35,6 +35,8 @@ POSTGRES_FIXTURE = "postgres_server_url"
 REALVM_PLUGIN = "tests.support.realvm"
 OPENSTACK_FIXTURE = "openstack_info"
 NOVA_FIXTURE = "nova_cloud"
+ZOOKEEPER_FIXTURE = "zookeeper_hosts"
+"""The shared ZooKeeper ensemble of tests/support/zookeeper_fixtures.py."""
 """The whole small cloud of tests/support/nova_support.py: real Nova booting real QEMU guests."""
 # Tests that take more than about ten seconds alone on a busy 2-core machine (measured with
 # `pytest --durations=30`: 10-45 s loaded, 4-17 s idle), and two that start real processes and
@@ -118,6 +120,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.openstack)
             # One cloud and one compute host, whose guests the tests boot and count: one worker.
             item.add_marker(pytest.mark.xdist_group("nova"))
+        if ZOOKEEPER_FIXTURE in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.zookeeper)
+            # One ensemble, which the session that started it stops: one worker.
+            item.add_marker(pytest.mark.xdist_group("zookeeper"))
         if item.nodeid.startswith("tests/unit/admin/test_read_replica.py"):
             # One streaming replica, which these tests stop and start again.
             item.add_marker(pytest.mark.xdist_group("replica"))

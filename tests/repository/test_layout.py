@@ -7,6 +7,8 @@ gmd is packaged by the process that runs the code (the project's architecture no
   libraries, so a compute host installs only ``gmd[agent]``;
 - the daemon (``gmd/daemon/**`` and what it reaches) reaches nothing of ``gmd.agent`` or
   ``gmd.admin`` and never imports libvirt;
+- the broker (``gmd/broker/**``, a federation's gmd-broker) reaches nothing of ``gmd.agent`` or
+  ``gmd.admin`` and never imports libvirt;
 - ``gmd.fairness`` imports nothing of gmd outside itself, and only numpy and the stdlib;
 - ``gmd.common`` imports only the stdlib, typer (a dependency of all three programs: the
   options their command lines share) and itself;
@@ -449,6 +451,9 @@ def check_layout(root: Path) -> list[str]:
         ),
         *check_process(
             modules, "gmd.daemon", "the daemon", ["gmd.agent", "gmd.admin"], AGENT_LIBRARIES
+        ),
+        *check_process(
+            modules, "gmd.broker", "the broker", ["gmd.agent", "gmd.admin"], AGENT_LIBRARIES
         ),
         *check_own_imports(modules, "gmd.fairness", "gmd.fairness", FAIRNESS_LIBRARIES),
         *check_own_imports(modules, "gmd.common", "gmd.common", COMMON_LIBRARIES),

@@ -1,0 +1,391 @@
+"""The federation's shared state in ZooKeeper, and the moves that change it exactly once.
+
+Layout under ``root`` (``/gmd/federation`` by default)::
+
+    members/<site>           ephemeral: a broker that is up (its session's), JSON of its site
+    queue/req-<seq>          persistent, sequential: a request waiting, JSON :class:`Request`
+    claims/req-<seq>/c-<seq> ephemeral, sequential: brokers about to take that request
+    running/req-<seq>        persistent: a request some site runs, JSON :class:`Running`
+    summaries/<org>          persistent: an organisation's contribution and use so far
+
+**Exactly once.** A request leaves the queue only in :meth:`Federation.consume`'s transaction,
+which deletes ``queue/req-N`` (possible once) and creates ``running/req-N`` together, *and*
+checks that the consumer's claim node still exists. The claim is ephemeral and its path unique
+(sequential), so the check fails once the consumer's session has expired, even if another
+broker has claimed the request since: a broker cut off past its session timeout can never
+consume. (A version check on a fixed claim path would not do: another broker's new claim at
+the same path has the same version.) Of several claimants only the one with the lowest
+sequence goes on; the others withdraw. A request completes only in :meth:`complete`'s
+transaction, which deletes ``running/req-N`` at the version its runner read: a site whose
+running requests were requeued meanwhile (the site-lost rule) cannot complete, so nothing is
+counted twice. Summaries are written in the same transactions, each fenced by its version.
+
+**A failed transaction raises nothing in kazoo**: each operation's result is checked
+(:func:`_failed`). Every call is bounded (``*_async(...).get(timeout)``): during a loss of
+quorum kazoo queues requests, and a plain call would hang until quorum returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NodeExistsError, NoNodeError, NotEmptyError
+from kazoo.protocol.states import ZnodeStat
+
+ROOT = "/gmd/federation"
+CALL_TIMEOUT_S = 10.0
+"""The longest any one ZooKeeper call is waited for."""
+MAX_DATA_BYTES = 64 * 1024
+"""The largest node a broker accepts to read (ZooKeeper's own limit is 1 MB)."""
+
+
+class FederationError(Exception):
+    """What a broker cannot do in the federation's state, said in one line."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """A workload one site could not run and published for the others."""
+
+    id: str
+    """the publishing site's own id of it (unique there)"""
+    org: str
+    """the organisation it belongs to (its priority is that organisation's)"""
+    site: str
+    """the site that published it"""
+    cores: float
+    run_s: float
+    submitted_s: float
+
+    def __post_init__(self) -> None:
+        for name in ("id", "org", "site"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not 0 < len(value) <= 255 or "/" in value:
+                raise FederationError(f"request {name} {value!r}: 1 to 255 characters, no '/'")
+        for name in ("cores", "run_s", "submitted_s"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+                raise FederationError(f"request {name} {value!r}: a finite number ≥ 0")
+
+
+@dataclass(frozen=True)
+class Running:
+    """A request a site took from the queue."""
+
+    request: Request
+    site: str
+    started_s: float
+
+
+@dataclass(frozen=True)
+class Summary:
+    """An organisation's history in the federation, summed: what its sites lent to other
+    organisations' requests and what its requests used of other organisations' sites (in
+    core-seconds)."""
+
+    org: str
+    contributed: float = 0.0
+    used: float = 0.0
+
+    @property
+    def priority(self) -> float:
+        """DirectContr's priority: contribution less utility."""
+        return self.contributed - self.used
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A broker's claim on a queued request: its ephemeral claim node."""
+
+    name: str
+    """the request's node name (``req-<seq>``)"""
+    path: str
+    """the claim node (``claims/req-<seq>/c-<seq>``)"""
+
+
+@dataclass(frozen=True)
+class Queued:
+    name: str
+    request: Request
+
+
+def _failed(results: Sequence[object]) -> bool:
+    return any(isinstance(r, Exception) for r in results)
+
+
+def _dump(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
+
+
+def _load(data: bytes, what: str) -> Any:
+    if len(data) > MAX_DATA_BYTES:
+        raise FederationError(f"{what}: {len(data)} bytes, more than a broker reads")
+    try:
+        return json.loads(data)
+    except ValueError:
+        raise FederationError(f"{what}: not JSON") from None
+
+
+def read_request(data: bytes, what: str) -> Request:
+    doc = _load(data, what)
+    if not isinstance(doc, dict):
+        raise FederationError(f"{what}: not a request")
+    try:
+        return Request(**doc)
+    except TypeError as exc:
+        raise FederationError(f"{what}: {exc}") from None
+
+
+@dataclass
+class Federation:
+    """One site's view of and moves in the federation's state."""
+
+    zk: KazooClient
+    site: str
+    org: str
+    root: str = ROOT
+    timeout_s: float = CALL_TIMEOUT_S
+    _paths: dict[str, str] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._paths = {
+            k: f"{self.root}/{k}" for k in ("members", "queue", "claims", "running", "summaries")
+        }
+
+    def _wait(self, async_result: Any) -> Any:
+        return async_result.get(timeout=self.timeout_s)
+
+    def path(self, kind: str, name: str = "") -> str:
+        base = self._paths[kind]
+        return f"{base}/{name}" if name else base
+
+    def ensure(self) -> None:
+        """The layout's top nodes (idempotent)."""
+        for p in self._paths.values():
+            self.zk.ensure_path(p)
+
+    # -- membership ---------------------------------------------------------------------------
+
+    def join(self, free_cores: float = 0.0) -> None:
+        """Announce this site (ephemeral: it goes with this broker's session). A node left by
+        this site's previous session is replaced; one held by another live session means two
+        brokers claim one site: refused."""
+        path = self.path("members", self.site)
+        data = _dump({"site": self.site, "org": self.org, "free_cores": free_cores})
+        try:
+            self._wait(self.zk.create_async(path, data, ephemeral=True))
+            return
+        except NodeExistsError:
+            pass
+        _, stat = self._wait(self.zk.get_async(path))
+        if stat.ephemeralOwner != self.zk.client_id[0]:
+            raise FederationError(
+                f"site {self.site!r} is already a member (another broker's session holds it)"
+            ) from None
+
+    def members(self) -> dict[str, dict[str, Any]]:
+        out = {}
+        for name in self._wait(self.zk.get_children_async(self.path("members"))):
+            try:
+                data, _ = self._wait(self.zk.get_async(self.path("members", name)))
+            except NoNodeError:
+                continue
+            out[name] = _load(data, f"member {name}")
+        return out
+
+    # -- the queue ----------------------------------------------------------------------------
+
+    def publish(self, request: Request) -> str:
+        """Put ``request`` in the global queue; its node's name."""
+        if request.site != self.site:
+            raise FederationError(f"site {self.site!r} cannot publish {request.site!r}'s request")
+        path = self._wait(
+            self.zk.create_async(self.path("queue", "req-"), _dump(asdict(request)), sequence=True)
+        )
+        return str(path).rsplit("/", 1)[1]
+
+    def queued(self) -> list[Queued]:
+        """The requests waiting, oldest node first; a node that is not a request is skipped
+        (it can stop no broker)."""
+        names = sorted(self._wait(self.zk.get_children_async(self.path("queue"))))
+        out = []
+        for name in names:
+            try:
+                data, _ = self._wait(self.zk.get_async(self.path("queue", name)))
+                out.append(Queued(name, read_request(data, f"queue/{name}")))
+            except (NoNodeError, FederationError):
+                continue
+        return out
+
+    def claim(self, name: str) -> Claim | None:
+        """Claim queued request ``name``: None when another broker's claim came first or the
+        request is gone."""
+        base = self.path("claims", name)
+        try:
+            self._wait(self.zk.ensure_path_async(base))
+            created = self._wait(
+                self.zk.create_async(
+                    f"{base}/c-", self.site.encode(), ephemeral=True, sequence=True
+                )
+            )
+        except NoNodeError:
+            return None
+        mine = str(created).rsplit("/", 1)[1]
+        claimants = sorted(self._wait(self.zk.get_children_async(base)))
+        if claimants and claimants[0] != mine:
+            self._delete_quietly(str(created))
+            return None
+        return Claim(name, str(created))
+
+    def release(self, claim: Claim) -> None:
+        self._delete_quietly(claim.path)
+
+    def consume(self, claim: Claim, now_s: float | None = None) -> Running | None:
+        """Take the claimed request from the queue to run it here: exactly once (see the
+        module's notes). None: the claim was lost (session expired) or the request is gone."""
+        try:
+            data, _ = self._wait(self.zk.get_async(self.path("queue", claim.name)))
+        except NoNodeError:
+            self.release(claim)
+            return None
+        request = read_request(data, f"queue/{claim.name}")
+        running = Running(request, self.site, time.time() if now_s is None else now_s)
+        tx = self.zk.transaction()
+        tx.check(claim.path, 0)
+        tx.delete(self.path("queue", claim.name))
+        tx.create(self.path("running", claim.name), _dump(asdict(running)))
+        tx.delete(claim.path)
+        results = self._wait(tx.commit_async())
+        if _failed(results):
+            self.release(claim)
+            return None
+        self._delete_quietly(self.path("claims", claim.name))
+        return running
+
+    # -- running and done ---------------------------------------------------------------------
+
+    def running(self) -> dict[str, tuple[Running, ZnodeStat]]:
+        out = {}
+        for name in self._wait(self.zk.get_children_async(self.path("running"))):
+            try:
+                data, stat = self._wait(self.zk.get_async(self.path("running", name)))
+            except NoNodeError:
+                continue
+            doc = _load(data, f"running/{name}")
+            try:
+                request = Request(**doc["request"])
+                out[name] = (Running(request, str(doc["site"]), float(doc["started_s"])), stat)
+            except (TypeError, KeyError, ValueError, FederationError):
+                continue
+        return out
+
+    def complete(self, name: str, used_s: float) -> bool:
+        """Record that this site finished running request ``name`` after ``used_s`` seconds:
+        its runner's organisation contributed ``cores × used_s`` and the request's used it
+        (when they differ). False when the request is no longer this site's to complete
+        (requeued as a lost site's); retried on a concurrent summary update."""
+        path = self.path("running", name)
+        for _ in range(20):
+            try:
+                data, stat = self._wait(self.zk.get_async(path))
+            except NoNodeError:
+                return False
+            doc = _load(data, f"running/{name}")
+            if doc.get("site") != self.site:
+                return False
+            request = Request(**doc["request"])
+            amount = request.cores * max(used_s, 0.0)
+            tx = self.zk.transaction()
+            tx.check(path, stat.version)
+            tx.delete(path)
+            if request.org != self.org and amount > 0:
+                self._add_to_summary(tx, self.org, contributed=amount)
+                self._add_to_summary(tx, request.org, used=amount)
+            if not _failed(self._wait(tx.commit_async())):
+                return True
+        raise FederationError(f"completing {name}: the summaries kept changing (20 tries)")
+
+    def _add_to_summary(
+        self, tx: Any, org: str, contributed: float = 0.0, used: float = 0.0
+    ) -> None:
+        path = self.path("summaries", org)
+        try:
+            data, stat = self._wait(self.zk.get_async(path))
+            old = self._summary(org, data)
+        except NoNodeError:
+            self._create_quietly(path, _dump(asdict(Summary(org))))
+            data, stat = self._wait(self.zk.get_async(path))
+            old = self._summary(org, data)
+        new = Summary(org, old.contributed + contributed, old.used + used)
+        tx.set_data(path, _dump(asdict(new)), version=stat.version)
+
+    def _summary(self, org: str, data: bytes) -> Summary:
+        doc = _load(data, f"summaries/{org}")
+        try:
+            return Summary(org, float(doc["contributed"]), float(doc["used"]))
+        except (TypeError, KeyError, ValueError):
+            raise FederationError(f"summaries/{org}: not a summary") from None
+
+    def summaries(self) -> dict[str, Summary]:
+        out = {}
+        for org in self._wait(self.zk.get_children_async(self.path("summaries"))):
+            try:
+                data, _ = self._wait(self.zk.get_async(self.path("summaries", org)))
+                out[org] = self._summary(org, data)
+            except (NoNodeError, FederationError):
+                continue
+        return out
+
+    # -- a site lost --------------------------------------------------------------------------
+
+    def site_lost(self, site: str) -> tuple[list[str], list[str]]:
+        """The paper's rule for a site that left: its running foreign requests go back to the
+        queue (as new nodes, their submission time kept), its queued requests are removed.
+        Each move is one transaction, so two brokers applying the rule at once move each
+        request once. Returns (requeued, removed) request node names."""
+        requeued, removed = [], []
+        for name, (running, stat) in self.running().items():
+            if running.site != site or running.request.site == site:
+                continue
+            tx = self.zk.transaction()
+            tx.check(self.path("running", name), stat.version)
+            tx.delete(self.path("running", name))
+            tx.create(self.path("queue", "req-"), _dump(asdict(running.request)), sequence=True)
+            if not _failed(self._wait(tx.commit_async())):
+                requeued.append(name)
+        for queued in self.queued():
+            if queued.request.site != site:
+                continue
+            try:
+                self._wait(self.zk.delete_async(self.path("queue", queued.name)))
+                removed.append(queued.name)
+            except NoNodeError:
+                continue
+        return requeued, removed
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _delete_quietly(self, path: str) -> None:
+        # gone already, or (a request's claims node) another broker's claim is in it
+        with contextlib.suppress(NoNodeError, NotEmptyError):
+            self._wait(self.zk.delete_async(path))
+
+    def _create_quietly(self, path: str, data: bytes) -> None:
+        with contextlib.suppress(NodeExistsError):
+            self._wait(self.zk.create_async(path, data))
+
+
+def ordered(queued: Iterable[Queued], priorities: dict[str, float]) -> list[Queued]:
+    """The paper's choice order: the organisation of highest priority first (contribution less
+    utility; one never seen has 0), and of its requests the longest waiting."""
+    return sorted(
+        queued,
+        key=lambda q: (-priorities.get(q.request.org, 0.0), q.request.submitted_s, q.name),
+    )

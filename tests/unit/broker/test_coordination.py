@@ -1,0 +1,198 @@
+"""The federation's shared state on a real ZooKeeper ensemble (gmd.broker.coordination):
+requests published, claimed and consumed exactly once by concurrent brokers, a broker whose
+session expired unable to consume, the priority order, completion into the summaries, and the
+site-lost rule."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kazoo.client import KazooClient
+
+from gmd.broker.coordination import (
+    Federation,
+    FederationError,
+    Queued,
+    Request,
+    ordered,
+)
+from tests.support.zookeeper_fixtures import client
+
+pytest_plugins = ("tests.support.zookeeper_fixtures",)
+
+
+@pytest.fixture
+def brokers(zookeeper_hosts: str, zk_root: str) -> Iterator[Any]:
+    """A factory of Federation views, one kazoo client (session) each, closed afterwards."""
+    made: list[KazooClient] = []
+
+    def make(site: str, org: str | None = None) -> Federation:
+        zk = client(zookeeper_hosts)
+        made.append(zk)
+        federation = Federation(zk, site, org or f"org-{site}", root=zk_root)
+        federation.ensure()
+        return federation
+
+    yield make
+    for zk in made:
+        zk.stop()
+        zk.close()
+
+
+def request(site: str, k: int, org: str | None = None, submitted_s: float = 0.0) -> Request:
+    return Request(f"{site}-{k}", org or f"org-{site}", site, 1.0, 60.0, submitted_s or k)
+
+
+def test_three_brokers_racing_consume_each_request_exactly_once(brokers: Any) -> None:
+    a = brokers("a")
+    names = [a.publish(request("a", k)) for k in range(30)]
+    racers = [brokers(s) for s in ("b", "c", "d")]
+    taken: dict[str, list[str]] = {r.site: [] for r in racers}
+
+    def race(f: Federation) -> None:
+        while True:
+            waiting = f.queued()
+            if not waiting:
+                return
+            for q in waiting:
+                claim = f.claim(q.name)
+                if claim is not None and f.consume(claim) is not None:
+                    taken[f.site].append(q.name)
+
+    threads = [threading.Thread(target=race, args=(f,)) for f in racers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    everyone = [n for got in taken.values() for n in got]
+    assert sorted(everyone) == sorted(names)  # each once: none lost, none twice
+    running = a.running()
+    assert set(running) == set(names)
+    assert {running[n][0].site for n in taken["b"]} <= {"b"}
+    assert a.queued() == []
+
+
+def test_a_broker_whose_session_expired_cannot_consume_its_claim(
+    brokers: Any, zookeeper_hosts: str
+) -> None:
+    a, b = brokers("a"), brokers("b")
+    name = brokers("p").publish(request("p", 1))
+    claim = a.claim(name)
+    assert claim is not None
+    assert b.claim(name) is None  # a's claim came first
+    # Expire a's session as the ensemble would after a partition: another connection with its
+    # id and password, closed (ZooKeeper ends the session, its ephemeral claim goes).
+    session_id, password = a.zk.client_id
+    twin = KazooClient(hosts=zookeeper_hosts, client_id=(session_id, password))
+    twin.start(timeout=30)
+    twin.stop()
+    twin.close()
+    b_claim = None
+    for _ in range(200):
+        b_claim = b.claim(name)
+        if b_claim is not None:
+            break
+        threading.Event().wait(0.05)
+    assert b_claim is not None, "a's claim never went with its session"
+    # a's client reconnects with a new session; its old claim path is gone: no consume.
+    for _ in range(200):
+        if a.zk.connected:
+            break
+        threading.Event().wait(0.05)
+    assert a.consume(claim) is None
+    taken = b.consume(b_claim)
+    assert taken is not None and taken.site == "b"
+    assert set(a.running()) == {name}
+
+
+def test_the_highest_priority_organisation_first_then_the_longest_waiting() -> None:
+    def q(name: str, org: str, submitted_s: float) -> Queued:
+        return Queued(name, Request(name, org, "s", 1.0, 1.0, submitted_s))
+
+    waiting = [q("r1", "low", 1), q("r2", "high", 5), q("r3", "high", 2), q("r4", "new", 0)]
+    chosen = ordered(waiting, {"low": -10.0, "high": 3.0})
+    assert [x.name for x in chosen] == ["r3", "r2", "r4", "r1"]
+
+
+def test_completion_sums_what_one_organisation_lent_and_the_other_used(brokers: Any) -> None:
+    home, lender = brokers("home", "org-home"), brokers("lender", "org-lender")
+    name = home.publish(Request("job", "org-home", "home", 2.0, 100.0, 1.0))
+    claim = lender.claim(name)
+    assert claim is not None and lender.consume(claim) is not None
+    assert home.complete(name, 50.0) is False  # not home's to complete
+    assert lender.complete(name, 50.0) is True
+    assert lender.complete(name, 50.0) is False  # once only
+    sums = home.summaries()
+    assert (sums["org-lender"].contributed, sums["org-lender"].used) == (100.0, 0.0)
+    assert (sums["org-home"].contributed, sums["org-home"].used) == (0.0, 100.0)
+    assert sums["org-home"].priority == -100.0
+    # A site running its own organisation's request lends nothing.
+    own = home.publish(Request("own", "org-home", "home", 1.0, 10.0, 2.0))
+    claim = home.claim(own)
+    assert claim is not None and home.consume(claim) is not None
+    assert home.complete(own, 10.0) is True
+    assert home.summaries()["org-home"].used == 100.0
+
+
+def test_a_lost_sites_foreign_work_is_requeued_and_its_queue_removed(brokers: Any) -> None:
+    lost, other, watcher = brokers("lost"), brokers("other"), brokers("watcher")
+    foreign = other.publish(request("other", 1))
+    claim = lost.claim(foreign)
+    assert claim is not None and lost.consume(claim) is not None
+    queued_by_lost = lost.publish(request("lost", 2))
+    kept = other.publish(request("other", 3))
+    # Two brokers apply the rule at once: each request moves once.
+    results: list[tuple[list[str], list[str]]] = []
+    appliers = [brokers("x"), watcher]
+    threads = [
+        threading.Thread(target=lambda f=f: results.append(f.site_lost("lost"))) for f in appliers
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    requeued = [n for r, _ in results for n in r]
+    removed = [n for _, r in results for n in r]
+    assert requeued == [foreign] and removed == [queued_by_lost]
+    waiting = watcher.queued()
+    assert {q.request.id for q in waiting} == {"other-1", "other-3"}
+    assert kept in {q.name for q in waiting}
+    assert watcher.running() == {}
+    assert lost.complete(foreign, 10.0) is False  # the lost site cannot count it any more
+    # The requeued request keeps its submission time: it is still the longest waiting.
+    assert ordered(waiting, {})[0].request.id == "other-1"
+
+
+def test_garbage_in_the_queue_stops_no_broker_and_bad_requests_are_refused(
+    brokers: Any,
+) -> None:
+    f = brokers("a")
+    f.zk.create(f.path("queue", "req-"), b"\xff not json", sequence=True)
+    f.zk.create(f.path("queue", "req-"), b'{"id": "x"}', sequence=True)
+    f.zk.create(f.path("queue", "req-"), b"[1, 2]", sequence=True)
+    good = f.publish(request("a", 1))
+    assert [q.name for q in f.queued()] == [good]
+    for bad in (
+        {"id": "a/b"},
+        {"cores": float("nan")},
+        {"run_s": -1.0},
+        {"org": ""},
+        {"submitted_s": "soon"},
+    ):
+        fields = {"id": "r", "org": "o", "site": "a", "cores": 1.0, "run_s": 1.0}
+        with pytest.raises(FederationError):
+            Request(**{**fields, "submitted_s": 0.0, **bad})
+    with pytest.raises(FederationError, match="cannot publish"):
+        f.publish(request("b", 1))
+
+
+def test_one_site_one_broker(brokers: Any) -> None:
+    first, second = brokers("a"), brokers("a")
+    first.join(4.0)
+    first.join(4.0)  # its own node: fine
+    with pytest.raises(FederationError, match="already a member"):
+        second.join(4.0)
+    assert first.members()["a"]["free_cores"] == 4.0
