@@ -347,19 +347,24 @@ class Federation:
 
     def site_lost(self, site: str) -> tuple[list[str], list[str]]:
         """The paper's rule for a site that left: its running foreign requests go back to the
-        queue (as new nodes, their submission time kept), its queued requests are removed.
+        queue (as new nodes, their submission time kept), its queued requests are removed (and
+        the records of its own requests it ran itself, which went with it).
         Each move is one transaction, so two brokers applying the rule at once move each
         request once. Returns (requeued, removed) request node names."""
         requeued, removed = [], []
         for name, (running, stat) in self.running().items():
-            if running.site != site or running.request.site == site:
+            if running.site != site:
                 continue
+            if running.request.site != site:
+                if self.requeue(name, running, stat):
+                    requeued.append(name)
+                continue
+            # its own request it ran itself went with it: the record goes too
             tx = self.zk.transaction()
             tx.check(self.path("running", name), stat.version)
             tx.delete(self.path("running", name))
-            tx.create(self.path("queue", "req-"), _dump(asdict(running.request)), sequence=True)
             if not _failed(self._wait(tx.commit_async())):
-                requeued.append(name)
+                removed.append(name)
         for queued in self.queued():
             if queued.request.site != site:
                 continue
@@ -369,6 +374,16 @@ class Federation:
             except NoNodeError:
                 continue
         return requeued, removed
+
+    def requeue(self, name: str, running: Running, stat: ZnodeStat) -> bool:
+        """Put a running request back in the queue (a new node, its submission time kept), if
+        its running node is still at the version read: one transaction, so that it moves once
+        however many brokers try."""
+        tx = self.zk.transaction()
+        tx.check(self.path("running", name), stat.version)
+        tx.delete(self.path("running", name))
+        tx.create(self.path("queue", "req-"), _dump(asdict(running.request)), sequence=True)
+        return not _failed(self._wait(tx.commit_async()))
 
     # -- helpers ------------------------------------------------------------------------------
 

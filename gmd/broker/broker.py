@@ -1,0 +1,303 @@
+"""One cloud's broker: CloudShare's five events, handled one at a time on one thread.
+
+- **local submit**: a request of this site runs here if it fits now, else it is published to
+  the federation's queue;
+- **federation submit**: a request appeared in the queue;
+- **local resource ready**: capacity was freed here;
+- **completion**: a request finished here; it is completed in the federation's state (counted
+  once, into the organisations' summaries);
+- **site lost**: a member left; its running foreign requests are requeued and its queued ones
+  removed (:meth:`~gmd.broker.coordination.Federation.site_lost`).
+
+After federation submit and resource ready, the broker takes work while its reservation (the
+share of its federation capacity in use) is below ``threshold``: of the queued requests that fit
+its free cores, the one of the organisation with the highest priority (contribution less
+utility, from the summaries), and of that organisation's the longest waiting
+(:func:`~gmd.broker.coordination.ordered`).
+
+**Connection states.** ZooKeeper's watches and kazoo's state changes only put events on the
+queue (a listener must never block). While the session is SUSPENDED the broker starts nothing
+(its claims may be expiring). After LOST kazoo opens a new session: the broker joins again and
+reconciles: a request this site's state says it runs but the handler does not (the broker was
+restarted) is requeued; one the handler runs whose running node is no longer this site's (it
+was requeued as a lost site's while this broker was cut off) is stopped.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.protocol.states import KazooState
+
+from gmd.broker.coordination import ROOT, Federation, FederationError, Request, ordered
+from gmd.broker.handlers import ResourceHandler
+
+LOG = logging.getLogger(__name__)
+
+
+class Event(enum.StrEnum):
+    """CloudShare's five events, and the broker's own upkeep."""
+
+    local_submit = "local-submit"
+    federation_submit = "federation-submit"
+    resource_ready = "resource-ready"
+    completion = "completion"
+    site_lost = "site-lost"
+    rejoin = "rejoin"
+    """the session was lost and a new one opened: join again and reconcile"""
+
+
+class Choice(enum.StrEnum):
+    """What the broker decided, as the decision log says it."""
+
+    ran_locally = "ran-locally"
+    published = "published"
+    took = "took"
+    completed = "completed"
+    requeued = "requeued"
+    removed = "removed"
+    stopped = "stopped"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One line of the broker's decision log (what the simulator's run is compared with)."""
+
+    choice: Choice
+    request: str
+    """the request's id"""
+    org: str
+    site: str
+    """the site that published it"""
+    at_s: float
+
+
+@dataclass
+class BrokerSettings:
+    site: str
+    org: str
+    threshold: float = 1.0
+    """take federation work while the reservation is below this share of capacity"""
+    root: str = ROOT
+    tick_s: float = 0.5
+    """how often finished requests and missed events are looked for"""
+
+
+@dataclass
+class Broker:
+    zk: KazooClient
+    settings: BrokerSettings
+    handler: ResourceHandler
+    clock: Callable[[], float] = time.time
+    decisions: list[Decision] = field(default_factory=list)
+    _events: queue.Queue[tuple[Event, Any]] = field(default_factory=queue.Queue)
+    _suspended: threading.Event = field(default_factory=threading.Event)
+    _stopping: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    _members: set[str] = field(default_factory=set)
+    _local: int = 0
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        self.federation = Federation(self.zk, s.site, s.org, root=s.root)
+
+    # -- life ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Join the federation, watch the queue and the members, and handle events."""
+        self.federation.ensure()
+        self._join()
+        self.zk.add_listener(self._on_state)
+        self.zk.ChildrenWatch(self.federation.path("queue"), self._on_queue)
+        self.zk.ChildrenWatch(self.federation.path("members"), self._on_members)
+        self._thread = threading.Thread(
+            target=self._loop, name=f"broker-{self.settings.site}", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(30)
+
+    def submit(self, request: Request) -> None:
+        """A local submit (any thread)."""
+        self._events.put((Event.local_submit, request))
+
+    def idle(self) -> bool:
+        """Nothing waits on this broker's queue and nothing runs here."""
+        return self._events.empty() and not self.handler.running()
+
+    # -- kazoo's callbacks: never block, only queue -------------------------------------------
+
+    def _on_state(self, state: str) -> None:
+        if state == KazooState.SUSPENDED:
+            self._suspended.set()
+        elif state == KazooState.LOST:
+            self._suspended.set()
+            self._events.put((Event.rejoin, None))
+        else:
+            self._suspended.clear()
+
+    def _on_queue(self, children: list[str]) -> bool:
+        self._events.put((Event.federation_submit, len(children)))
+        return not self._stopping.is_set()
+
+    def _on_members(self, children: list[str]) -> bool:
+        gone = self._members - set(children)
+        self._members = set(children)
+        for site in sorted(gone):
+            if site != self.settings.site:
+                self._events.put((Event.site_lost, site))
+        return not self._stopping.is_set()
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                event, detail = self._events.get(timeout=self.settings.tick_s)
+            except queue.Empty:
+                event, detail = None, None
+            try:
+                if event is not None:
+                    self._handle(event, detail)
+                self._collect()
+                self._take()
+            except Exception:  # a broker keeps going: the next tick tries again
+                LOG.exception("%s: event %s failed", self.settings.site, event)
+
+    def _handle(self, event: Event, detail: Any) -> None:
+        if event == Event.local_submit:
+            self._local_submit(detail)
+        elif event == Event.site_lost:
+            self._site_lost(detail)
+        elif event == Event.rejoin:
+            self._join()
+            self._reconcile()
+        # federation submit and resource ready: _take, after every event
+
+    def _local_submit(self, request: Request) -> None:
+        if request.cores <= self.handler.free_cores():
+            self._local += 1
+            self.handler.start(f"local-{self._local}-{request.id}", request)
+            self._decide(Choice.ran_locally, request)
+            return
+        if self._suspended.is_set():
+            self._events.put((Event.local_submit, request))  # again once connected
+            time.sleep(self.settings.tick_s)
+            return
+        self.federation.publish(request)
+        self._decide(Choice.published, request)
+
+    def _take(self) -> None:
+        """While the reservation is below the threshold, take the queued request of the
+        highest priority organisation that fits."""
+        if self._suspended.is_set():
+            return
+        capacity = self.handler.capacity_cores()
+        while not self._stopping.is_set():
+            free = self.handler.free_cores()
+            if capacity <= 0 or (capacity - free) / capacity >= self.settings.threshold:
+                return
+            fitting = [q for q in self.federation.queued() if q.request.cores <= free]
+            if not fitting:
+                return
+            priorities = {o: s.priority for o, s in self.federation.summaries().items()}
+            for candidate in ordered(fitting, priorities):
+                claim = self.federation.claim(candidate.name)
+                if claim is None:
+                    continue
+                running = self.federation.consume(claim, self.clock())
+                if running is None:
+                    continue
+                self.handler.start(candidate.name, running.request)
+                self._decide(Choice.took, running.request)
+                break
+            else:
+                return
+
+    def _collect(self) -> None:
+        """Completions: a finished federation request is completed in the shared state."""
+        for done in self.handler.finished():
+            if done.name.startswith("local-"):
+                continue
+            if not done.completed:
+                continue  # stopped: it was requeued elsewhere
+            try:
+                completed = self.federation.complete(done.name, done.ran_s)
+            except FederationError:
+                LOG.exception("%s: completing %s", self.settings.site, done.name)
+                continue
+            if completed:
+                self._decide_name(Choice.completed, done.name)
+            self._events.put((Event.resource_ready, done.name))
+
+    def _site_lost(self, site: str) -> None:
+        requeued, removed = self.federation.site_lost(site)
+        for name in requeued:
+            self._decide_name(Choice.requeued, name, site)
+        for name in removed:
+            self._decide_name(Choice.removed, name, site)
+
+    # -- membership and reconciliation --------------------------------------------------------
+
+    def _join(self) -> None:
+        """Join, waiting out a member node a previous session of this site left (it goes when
+        the ensemble expires that session)."""
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                self.federation.join(self.handler.free_cores())
+                self._members = set(self.federation.members())
+                return
+            except FederationError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    def _reconcile(self) -> None:
+        mine = {
+            name: (running, stat)
+            for name, (running, stat) in self.federation.running().items()
+            if running.site == self.settings.site
+        }
+        here = self.handler.running()
+        for name, (running, stat) in mine.items():
+            if name not in here and self.federation.requeue(name, running, stat):
+                self._decide(Choice.requeued, running.request)
+        for name in here:
+            if not name.startswith("local-") and name not in mine:
+                self.handler.stop(name)
+                self._decide_name(Choice.stopped, name)
+        # sites that left while this broker was cut off
+        members = set(self.federation.members())
+        for running, _ in self.federation.running().values():
+            if running.site not in members:
+                self._site_lost(running.site)
+
+    # -- the log ------------------------------------------------------------------------------
+
+    def _decide(self, choice: Choice, request: Request) -> None:
+        decision = Decision(choice, request.id, request.org, request.site, self.clock())
+        self.decisions.append(decision)
+        LOG.info(
+            "%s: %s %s (%s of %s)",
+            self.settings.site,
+            choice,
+            request.id,
+            request.org,
+            request.site,
+        )
+
+    def _decide_name(self, choice: Choice, name: str, site: str = "") -> None:
+        self.decisions.append(Decision(choice, name, "", site or self.settings.site, self.clock()))
+        LOG.info("%s: %s %s", self.settings.site, choice, name)

@@ -1,0 +1,146 @@
+"""Brokers handling CloudShare's events on a real ZooKeeper ensemble, each with its own
+session and local processes: work that does not fit is published and run by the others, each
+request started once and completed once, the priority rule, and a broker that leaves."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kazoo.client import KazooClient
+
+from gmd.broker.broker import Broker, BrokerSettings, Choice
+from gmd.broker.coordination import Request
+from gmd.broker.handlers import LocalProcesses
+from tests.support.zookeeper_fixtures import client
+
+pytest_plugins = ("tests.support.zookeeper_fixtures",)
+
+
+def wait_until(what: str, check: Callable[[], bool], timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def federation(zookeeper_hosts: str, zk_root: str, tmp_path: Path) -> Iterator[Any]:
+    """A factory of started brokers (site, org, cores), stopped afterwards; the journal file
+    their processes write ``site request start|end`` lines to."""
+    journal = tmp_path / "journal"
+    made: list[tuple[Broker, KazooClient, LocalProcesses]] = []
+
+    def make(site: str, cores: float, org: str | None = None, threshold: float = 1.0) -> Broker:
+        zk = client(zookeeper_hosts)
+        handler = LocalProcesses(site, cores, journal=journal)
+        broker = Broker(
+            zk,
+            BrokerSettings(site, org or f"org-{site}", threshold, root=zk_root, tick_s=0.1),
+            handler,
+        )
+        broker.start()
+        made.append((broker, zk, handler))
+        return broker
+
+    make.journal = journal  # type: ignore[attr-defined]
+    yield make
+    for broker, zk, handler in made:
+        broker.stop()
+        handler.close()
+        zk.stop()
+        zk.close()
+
+
+def journal_lines(path: Path) -> list[tuple[str, str, str]]:
+    if not path.exists():
+        return []
+    return [tuple(line.split()) for line in path.read_text().splitlines()]  # type: ignore[misc]
+
+
+def test_work_that_does_not_fit_is_published_run_elsewhere_and_completed_once(
+    federation: Any,
+) -> None:
+    a = federation("a", 2)
+    b, c = federation("b", 2), federation("c", 2)
+    requests = [Request(f"job{k}", "org-a", "a", 1.0, 0.6, float(k)) for k in range(6)]
+    for r in requests:
+        a.submit(r)
+
+    def all_ended() -> bool:
+        ends = [line for line in journal_lines(federation.journal) if line[2] == "end"]
+        return len(ends) == 6
+
+    wait_until("every request to end", all_ended)
+    lines = journal_lines(federation.journal)
+    starts = Counter(rid for _, rid, what in lines if what == "start")
+    assert starts == Counter({r.id: 1 for r in requests})  # each started once
+    wait_until(
+        "the completions",
+        lambda: sum(1 for d in b.decisions + c.decisions if d.choice == Choice.completed) == 4,
+    )
+    ran_at = {rid: site for site, rid, what in lines if what == "start"}
+    assert sum(1 for site in ran_at.values() if site == "a") == 2  # what fitted at a
+    published = [d.request for d in a.decisions if d.choice == Choice.published]
+    assert len(published) == 4
+    assert {ran_at[r] for r in published} <= {"b", "c"}
+    sums = a.federation.summaries()
+    lent = sums["org-b"].contributed + sums["org-c"].contributed
+    assert sums["org-a"].used == pytest.approx(lent)
+    assert lent >= 4 * 0.6  # four requests of one core for 0.6 s at least
+    assert a.federation.running() == {} and a.federation.queued() == []
+
+
+def test_the_organisation_with_the_highest_priority_is_served_first(federation: Any) -> None:
+    """One free core at the lender, two waiting requests: the one of the organisation that
+    contributed more than it used goes first, though it waited less."""
+    publisher = federation("p", 0)
+    # org-rich lent before (contributed 100), org-poor used (used 100)
+    f = publisher.federation
+    f.zk.create(f.path("summaries", "org-rich"), b'{"contributed": 100.0, "used": 0.0}')
+    f.zk.create(f.path("summaries", "org-poor"), b'{"contributed": 0.0, "used": 100.0}')
+    poor = Request("poor", "org-poor", "p", 1.0, 0.3, 1.0)
+    rich = Request("rich", "org-rich", "p", 1.0, 0.3, 2.0)
+    f.publish(poor)
+    f.publish(rich)
+    lender = federation("lender", 1)
+    wait_until(
+        "both requests taken",
+        lambda: sum(1 for d in lender.decisions if d.choice == Choice.took) == 2,
+    )
+    took = [d.request for d in lender.decisions if d.choice == Choice.took]
+    assert took == ["rich", "poor"]
+
+
+def test_a_broker_that_leaves_has_its_foreign_work_requeued_and_run_by_another(
+    federation: Any, zookeeper_hosts: str
+) -> None:
+    home = federation("home", 0)
+    leaver = federation("leaver", 1)
+    home.submit(Request("long", "org-home", "home", 1.0, 30.0, 1.0))
+    wait_until(
+        "the leaver to take it",
+        lambda: any(d.choice == Choice.took for d in leaver.decisions),
+    )
+    # The leaver's broker goes (its session closes: its member node goes at once).
+    leaver.stop()
+    leaver.handler.close()  # type: ignore[attr-defined]
+    leaver.zk.stop()
+    taker = federation("taker", 1)
+    wait_until(
+        "home to requeue it",
+        lambda: any(d.choice == Choice.requeued for d in home.decisions + taker.decisions),
+    )
+    wait_until(
+        "the taker to take it",
+        lambda: any(d.choice == Choice.took and d.request == "long" for d in taker.decisions),
+    )
+    starts = [
+        (site, rid) for site, rid, what in journal_lines(federation.journal) if what == "start"
+    ]
+    assert starts == [("leaver", "long"), ("taker", "long")]
