@@ -62,6 +62,8 @@ class Choice(enum.StrEnum):
     published = "published"
     took = "took"
     completed = "completed"
+    not_counted = "not-counted"
+    """finished here, but no longer this site's to complete (requeued as a lost site's)"""
     requeued = "requeued"
     removed = "removed"
     stopped = "stopped"
@@ -237,8 +239,10 @@ class Broker:
             except FederationError:
                 LOG.exception("%s: completing %s", self.settings.site, done.name)
                 continue
-            if completed:
-                self._decide_name(Choice.completed, done.name)
+            if completed is not None:
+                self._decide(Choice.completed, completed)
+            else:
+                self._decide_name(Choice.not_counted, done.name)
             self._events.put((Event.resource_ready, done.name))
 
     def _site_lost(self, site: str) -> None:

@@ -286,20 +286,20 @@ class Federation:
                 continue
         return out
 
-    def complete(self, name: str, used_s: float) -> bool:
+    def complete(self, name: str, used_s: float) -> Request | None:
         """Record that this site finished running request ``name`` after ``used_s`` seconds:
         its runner's organisation contributed ``cores × used_s`` and the request's used it
-        (when they differ). False when the request is no longer this site's to complete
-        (requeued as a lost site's); retried on a concurrent summary update."""
+        (when they differ); the request completed. None when it is no longer this site's to
+        complete (requeued as a lost site's); retried on a concurrent summary update."""
         path = self.path("running", name)
         for _ in range(20):
             try:
                 data, stat = self._wait(self.zk.get_async(path))
             except NoNodeError:
-                return False
+                return None
             doc = _load(data, f"running/{name}")
             if doc.get("site") != self.site:
-                return False
+                return None
             request = Request(**doc["request"])
             amount = request.cores * max(used_s, 0.0)
             tx = self.zk.transaction()
@@ -309,7 +309,7 @@ class Federation:
                 self._add_to_summary(tx, self.org, contributed=amount)
                 self._add_to_summary(tx, request.org, used=amount)
             if not _failed(self._wait(tx.commit_async())):
-                return True
+                return request
         raise FederationError(f"completing {name}: the summaries kept changing (20 tries)")
 
     def _add_to_summary(

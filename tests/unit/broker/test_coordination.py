@@ -122,9 +122,10 @@ def test_completion_sums_what_one_organisation_lent_and_the_other_used(brokers: 
     name = home.publish(Request("job", "org-home", "home", 2.0, 100.0, 1.0))
     claim = lender.claim(name)
     assert claim is not None and lender.consume(claim) is not None
-    assert home.complete(name, 50.0) is False  # not home's to complete
-    assert lender.complete(name, 50.0) is True
-    assert lender.complete(name, 50.0) is False  # once only
+    assert home.complete(name, 50.0) is None  # not home's to complete
+    done = lender.complete(name, 50.0)
+    assert done is not None and done.id == "job"
+    assert lender.complete(name, 50.0) is None  # once only
     sums = home.summaries()
     assert (sums["org-lender"].contributed, sums["org-lender"].used) == (100.0, 0.0)
     assert (sums["org-home"].contributed, sums["org-home"].used) == (0.0, 100.0)
@@ -133,7 +134,7 @@ def test_completion_sums_what_one_organisation_lent_and_the_other_used(brokers: 
     own = home.publish(Request("own", "org-home", "home", 1.0, 10.0, 2.0))
     claim = home.claim(own)
     assert claim is not None and home.consume(claim) is not None
-    assert home.complete(own, 10.0) is True
+    assert home.complete(own, 10.0) is not None
     assert home.summaries()["org-home"].used == 100.0
 
 
@@ -161,7 +162,7 @@ def test_a_lost_sites_foreign_work_is_requeued_and_its_queue_removed(brokers: An
     assert {q.request.id for q in waiting} == {"other-1", "other-3"}
     assert kept in {q.name for q in waiting}
     assert watcher.running() == {}
-    assert lost.complete(foreign, 10.0) is False  # the lost site cannot count it any more
+    assert lost.complete(foreign, 10.0) is None  # the lost site cannot count it any more
     # The requeued request keeps its submission time: it is still the longest waiting.
     assert ordered(waiting, {})[0].request.id == "other-1"
 

@@ -1,0 +1,143 @@
+"""gmd-broker: this cloud's broker in a federation of clouds that lend each other capacity.
+
+Wiring only: the loop is :class:`gmd.broker.broker.Broker`, the shared state
+:mod:`gmd.broker.coordination`, what requests run on :mod:`gmd.broker.handlers`.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gmd.broker import inbox
+from gmd.broker.config import BrokerConfig, HandlerKind, load_broker
+from gmd.broker.coordination import FederationError, Request
+from gmd.common import logs
+from gmd.common.cli import ExitCode, LogLevelOption, fail, run, version_option
+from gmd.common.config import ConfigError
+
+log = logging.getLogger("gmd.broker")
+
+app = typer.Typer(add_completion=False, rich_markup_mode=None, no_args_is_help=True)
+
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        envvar="GMD_CONFIG",
+        metavar="FILE",
+        help="Configuration file (default /etc/gmd/gmd.toml); the [broker] section.",
+    ),
+]
+
+
+@app.callback()
+def main_options(_version: Annotated[bool, version_option("gmd-broker")] = False) -> None:
+    """This cloud's broker in a federation of clouds lending each other capacity (CloudShare),
+    coordinated over ZooKeeper. Exit codes: 0 stopped cleanly, 1 ZooKeeper or the handler
+    cannot be used, 2 bad configuration or option."""
+
+
+def _config(path: Path | None) -> BrokerConfig:
+    try:
+        return load_broker(path)
+    except ConfigError as exc:
+        raise fail(str(exc), ExitCode.USAGE) from None
+
+
+@app.command("run")
+def run_command(
+    config_path: ConfigOption = None, log_level: LogLevelOption = logs.LogLevel.info
+) -> None:
+    """Join the federation and broker until stopped (SIGTERM or SIGINT).
+
+    Local requests (gmd-broker submit) run here when they fit, else go to the federation's
+    queue; this site takes queued requests by their organisation's priority while its
+    reservation is below broker.threshold; a site that leaves has its foreign work requeued.
+    """
+    logs.setup(log_level.value, quiet=("kazoo.client",))
+    config = _config(config_path)
+    from kazoo.client import KazooClient
+    from kazoo.handlers.threading import KazooTimeoutError
+
+    from gmd.broker.broker import Broker, BrokerSettings
+    from gmd.broker.handlers import LocalProcesses
+
+    if config.handler != HandlerKind.local:  # pragma: no cover - one kind so far
+        raise fail(f"broker.handler {config.handler} is not built yet")
+    handler = LocalProcesses(config.site, config.cores, config.journal, config.speed)
+    zk = KazooClient(
+        hosts=config.zookeeper,
+        timeout=config.session_timeout_s,
+        connection_retry={"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 1.0},
+    )
+    try:
+        zk.start(timeout=30)
+    except KazooTimeoutError:
+        message = f"ZooKeeper at {config.zookeeper} did not answer in 30 s"
+        raise fail(message, ExitCode.UNAVAILABLE) from None
+    settings = BrokerSettings(
+        config.site, config.org, config.threshold, root=config.root, tick_s=config.tick_s
+    )
+    broker = Broker(zk, settings, handler)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        broker.start()
+        log.info(
+            "%s (%s) brokering: %g cores, threshold %g, ZooKeeper %s%s",
+            config.site,
+            config.org,
+            config.cores,
+            config.threshold,
+            config.zookeeper,
+            config.root,
+        )
+        config.inbox.mkdir(parents=True, exist_ok=True)
+        while not stop.is_set():
+            for request in inbox.take(config.inbox, config.site, config.org):
+                broker.submit(request)
+            stop.wait(config.tick_s)
+    except FederationError as exc:
+        raise fail(str(exc), ExitCode.UNAVAILABLE) from None
+    finally:
+        broker.stop()
+        handler.close()
+        zk.stop()
+        zk.close()
+    log.info("%s stopped", config.site)
+
+
+@app.command("submit")
+def submit_command(
+    request_id: Annotated[str, typer.Option("--id", help="The request's id, unique at this site.")],
+    cores: Annotated[float, typer.Option(min=0, help="Cores it needs.")] = 1.0,
+    run_s: Annotated[float, typer.Option(min=0, help="Seconds it runs.")] = 60.0,
+    org: Annotated[str | None, typer.Option(help="Its organisation (default: broker.org).")] = None,
+    config_path: ConfigOption = None,
+) -> None:
+    """Submit a local request to this site's running broker (through its inbox)."""
+    config = _config(config_path)
+    try:
+        request = Request(request_id, org or config.org, config.site, cores, run_s, time.time())
+        path = inbox.write(config.inbox, request)
+    except FederationError as exc:
+        raise fail(str(exc)) from None
+    except OSError as exc:
+        raise fail(f"{config.inbox}: {exc.strerror}", ExitCode.UNAVAILABLE) from None
+    typer.echo(str(path))
+
+
+def main() -> None:
+    run(app, "gmd-broker")
+
+
+if __name__ == "__main__":
+    main()
