@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import enum
 import re
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,8 +40,16 @@ class Broker(Table):
 
     name = "broker"
 
-    site = Text("", "this cloud's name in the federation (letters, digits, ``.``, ``_``, ``-``)")
-    org = Text("", "the organisation this cloud belongs to (its priority is the organisation's)")
+    site: Option[str | None] = Option(
+        None,
+        "this cloud's name in the federation (letters, digits, ``.``, ``_``, ``-``)",
+        shown="this machine's host name",
+    )
+    org: Option[str | None] = Option(
+        None,
+        "the organisation this cloud belongs to (its priority is the organisation's)",
+        shown="the site's name",
+    )
     zookeeper = Text(
         "127.0.0.1:2181",
         "the ZooKeeper ensemble, as kazoo takes it: ``HOST:PORT,HOST:PORT,…`` (``/chroot``)",
@@ -107,10 +116,11 @@ def parse_broker(
     if not isinstance(table, dict):
         raise ConfigError(f"{source}: broker: expected a table, got {table!r}")
     r = Reader(source, "broker.", table)
-    site, org = r.option(Broker.site), r.option(Broker.org)
+    site = r.get("site", str, None) or socket.gethostname().split(".")[0]
+    org = r.get("org", str, None) or site
     for key, value in (("site", site), ("org", org)):
         if not _NAME.match(value):
-            raise r.fail(key, f"{value!r}: 1–255 letters, digits, '.', '_' or '-' (required)")
+            raise r.fail(key, f"{value!r}: 1–255 letters, digits, '.', '_' or '-'")
     zookeeper = r.option(Broker.zookeeper)
     if not _HOSTS.match(zookeeper):
         raise r.fail("zookeeper", f"{zookeeper!r}: HOST:PORT[,HOST:PORT…][/chroot]")

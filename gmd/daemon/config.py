@@ -823,9 +823,10 @@ def parse(document: dict[str, Any], source: str = "<config>", path: Path | None 
         hosts[name] = HostConfig(name, h.get("owner", str, default_owner), token)
         h.done()
     hosts_reader.done()
-    # [agent] belongs to gmd-agent, which validates it (gmd.agent.config); one file can serve
-    # a host that runs both.
+    # [agent] belongs to gmd-agent, which validates it (gmd.agent.config), and [broker] to
+    # gmd-broker (gmd.broker.config); one file can serve a host that runs several of them.
     root.get("agent", dict, {})
+    root.get("broker", dict, {})
     root.done()
     return Config(
         path,

@@ -2,7 +2,8 @@
 
 Each key is declared once, as an :class:`~gmd.common.config.Option` of its section's
 :class:`~gmd.common.config.Table` (:data:`gmd.daemon.config.TABLES`,
-:data:`gmd.agent.config.TABLES`): its default, its bounds and what it means. The page holds a
+:data:`gmd.agent.config.TABLES`, :data:`gmd.broker.config.TABLES`): its default, its bounds and
+what it means. The page holds a
 copy of them as tables between two markers, which ``tests/unit/common/test_config_defaults.py``
 compares with what this makes, so that an option added, changed or described anew shows up as a
 difference to regenerate:
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gmd.agent import config as agent_config
+from gmd.broker import config as broker_config
 from gmd.common.config import Choice, Count, Flag, Kind, Number, Option, Table, _bound
 from gmd.daemon import config as daemon_config
 
@@ -28,7 +30,11 @@ REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "docs" / "configuration.md"
 BEGIN = "<!-- every key: made by tests/support/config_reference.py, do not edit by hand -->"
 END = "<!-- end of every key -->"
-TABLES: tuple[type[Table], ...] = (*daemon_config.TABLES, *agent_config.TABLES)
+TABLES: tuple[type[Table], ...] = (
+    *daemon_config.TABLES,
+    *agent_config.TABLES,
+    *broker_config.TABLES,
+)
 """Every table of gmd.toml, in etc/gmd.toml's order."""
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from gmd.agent.config import AgentConfig, parse_agent
+from gmd.broker.config import parse_broker
 from gmd.common import config as common
 from gmd.common.config import Option, Table
 from gmd.daemon.config import Config, parse
@@ -65,6 +66,7 @@ def options_read(monkeypatch: pytest.MonkeyPatch) -> tuple[set[str], set[str]]:
     for document in NOTHING_ELSE:
         parse(document, "test.toml")
         parse_agent(document, "test.toml")
+        parse_broker(document, "test.toml")
     monkeypatch.undo()
     tables = {generic(r.prefix.rstrip(".")) for r in readers}
     keys = {generic(r.prefix + k) for r in readers for k in r.used}
