@@ -11,6 +11,7 @@ from typing import Any
 from keystoneauth1 import loading as ks_loading
 from oslo_config import cfg
 
+from gmd import GmdError
 from gmd.fairness.placement import Strategy
 
 GROUP = "gmd"
@@ -92,7 +93,7 @@ def _adapter(conf: cfg.ConfigOpts) -> Any:
     return ks_loading.load_adapter_from_conf_options(conf, GROUP, session=session, auth=auth)
 
 
-class GmdRefused(RuntimeError):
+class GmdRefused(GmdError, RuntimeError):
     """gmd answered, but not with the document (its status and detail)."""
 
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gmd import GmdError
 from gmd.fairness.placement import Criteria, Strategy, placement_criteria, scores
 from gmd.fairness.topsis import Topsis
 
@@ -47,7 +48,7 @@ UNRANKED = 0.0
 """The weight of a candidate that cannot be ranked (neither gmd nor Nova knows its size)."""
 
 
-class BadAnswer(ValueError):
+class BadAnswer(GmdError, ValueError):
     """gmd's answer is not the document the route promises."""
 
 

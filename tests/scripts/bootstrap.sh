@@ -10,7 +10,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 
 VENV=${VENV:-.venv}
-EXTRAS=${GMD_EXTRAS:-dev,postgres,agent,daemon,admin,openstack,keystone,osc,broker}
+EXTRAS=${GMD_EXTRAS:-dev,postgres,agent,daemon,admin,openstack,keystone,osc,broker,nova}
 PYTHON=${PYTHON:-python3}
 
 die() {

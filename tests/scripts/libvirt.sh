@@ -30,6 +30,26 @@ fix_kvm() {
     return 0
 }
 
+# A daemon another checkout started, whose directory is gone since (a CI clone removed),
+# answers but cannot start guests: QEMU inherits its LIBVIRT_LOG_OUTPUTS and exits 125 when
+# that file cannot be opened. Such daemons are stopped here; the code below starts ours.
+orphaned() { # $1: the daemon's program name
+    local pid log
+    pid=$(pidof "$1") || return 1
+    log=$(tr '\0' '\n' <"/proc/${pid%% *}/environ" 2>/dev/null |
+        sed -n 's/^LIBVIRT_LOG_OUTPUTS=[0-9]*:file://p')
+    [ -n "$log" ] && [ ! -d "$(dirname "$log")" ]
+}
+for daemon in libvirtd virtlogd; do
+    orphaned "$daemon" || continue
+    [ "$(id -u)" -eq 0 ] || die "the running $daemon logs to a directory that is gone: restart it as root"
+    pids=$(pidof "$daemon")
+    # shellcheck disable=SC2086 # one pid or several
+    kill $pids 2>/dev/null || true
+    for _ in $(seq 100); do pidof "$daemon" >/dev/null || break; sleep 0.1; done
+    echo "gmd libvirt: stopped $daemon ($pids): its log directory is gone (a removed checkout's)" >&2
+done
+
 # Fast path: everything installed and the daemon answers.
 if command -v virsh >/dev/null && answers; then
     if fix_kvm; then

@@ -22,10 +22,20 @@ def gmd_modules() -> list[str]:
     )
 
 
+NOVA_ONLY = frozenset({"gmd.nova.weigher"})
+"""Modules that run inside nova-scheduler's environment (they import Nova, not a dependency of
+gmd): read where Nova is importable, skipped elsewhere."""
+
+
 def test_every_exception_class_of_gmd_derives_from_the_root() -> None:
     found, rootless = [], []
     for name in gmd_modules():
-        module = importlib.import_module(name)
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if name in NOVA_ONLY and exc.name == "nova":
+                continue
+            raise
         for _, cls in inspect.getmembers(module, inspect.isclass):
             if cls.__module__ != name or not issubclass(cls, BaseException):
                 continue

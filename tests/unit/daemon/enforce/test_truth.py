@@ -69,13 +69,18 @@ def config_for(database_url: str, mode: str) -> Config:
 
 
 @contextmanager
-def cloud(database_url: str, mode: str, intervals: list[list[Use]]) -> Iterator[Daemon]:
-    """The daemon, after the hosts posted ``intervals`` (the last one ending before the
-    current interval) and the accountant decided levels after each."""
+def cloud(
+    database_url: str, mode: str, intervals: list[list[Use]], starts: list[int] | None = None
+) -> Iterator[Daemon]:
+    """The daemon, after the hosts posted ``intervals`` (at ``starts``; by default the last one
+    ending before the current interval) and the accountant decided levels after each. The
+    starts are taken once: a test that names intervals passes its own, so that a minute
+    turning meanwhile cannot shift them (CI failed on it)."""
     config = config_for(database_url, mode)
+    if starts is None:
+        starts = [aligned_past(len(intervals) + 1 - k) for k in range(len(intervals))]
     with serving(config) as d:
-        for k, uses in enumerate(intervals):
-            start = aligned_past(len(intervals) + 1 - k)
+        for uses, start in zip(intervals, starts, strict=True):
             for host in sorted({u[0] for u in uses}):
                 vms = [cpu_only(vm, c, cpu, vcpus=2) for h, vm, c, cpu in uses if h == host]
                 body = batch(HOSTS[host], start, vms)
@@ -343,7 +348,7 @@ def test_history_says_what_the_hosts_applied_per_interval(database_url: str) -> 
     now say what the hosts reported: dry-run before the apply, applied from it on."""
     greedy: list[Use] = [("cmp-1", "a1", "a", 90.0), ("cmp-1", "b1", "b", 30.0)]
     starts = [aligned_past(6 - k) for k in range(5)]
-    with cloud(database_url, "dry-run", [greedy] * 5) as d:
+    with cloud(database_url, "dry-run", [greedy] * 5, starts) as d:
         url = str(d.engine.url.render_as_string(hide_password=False))
     config = config_for(url, "on")
     with serving(config, clock=lambda: starts[2] + 30) as d:
