@@ -35,12 +35,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kazoo.client import KazooClient
+from kazoo.exceptions import KazooException
+from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import KazooState
 
 from gmd.broker.coordination import ROOT, Federation, FederationError, Request, ordered
-from gmd.broker.handlers import ResourceHandler
+from gmd.broker.handlers import Finished, ResourceHandler
 
 LOG = logging.getLogger(__name__)
+UNREACHABLE: tuple[type[Exception], ...] = (KazooException, KazooTimeoutError)
+"""ZooKeeper did not answer (a lost connection, a timeout, an expired session): what a broker
+waits out rather than treats as a bug."""
 
 
 class Event(enum.StrEnum):
@@ -106,6 +111,11 @@ class Broker:
     _thread: threading.Thread | None = None
     _members: set[str] = field(default_factory=set)
     _local: int = 0
+    _uncompleted: list[Finished] = field(default_factory=list)
+    """requests that finished here whose completion ZooKeeper has not taken yet"""
+    _unpublished: list[Request] = field(default_factory=list)
+    """local requests whose publish failed (ZooKeeper unreachable): published once it is back,
+    unless ZooKeeper holds them already (the answer was lost, not the request)"""
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -141,13 +151,13 @@ class Broker:
     # -- kazoo's callbacks: never block, only queue -------------------------------------------
 
     def _on_state(self, state: str) -> None:
-        if state == KazooState.SUSPENDED:
+        if state in (KazooState.SUSPENDED, KazooState.LOST):
             self._suspended.set()
-        elif state == KazooState.LOST:
-            self._suspended.set()
-            self._events.put((Event.rejoin, None))
-        else:
+        elif self._suspended.is_set():
+            # connected again, in the same session or (after LOST) a new one: join (again) and
+            # reconcile what this site runs with what ZooKeeper says it runs
             self._suspended.clear()
+            self._events.put((Event.rejoin, None))
 
     def _on_queue(self, children: list[str]) -> bool:
         self._events.put((Event.federation_submit, len(children)))
@@ -172,8 +182,11 @@ class Broker:
             try:
                 if event is not None:
                     self._handle(event, detail)
+                self._publish_again()
                 self._collect()
                 self._take()
+            except UNREACHABLE as exc:  # the next tick tries again
+                LOG.warning("%s: ZooKeeper unreachable (%s): waiting", self.settings.site, exc)
             except Exception:  # a broker keeps going: the next tick tries again
                 LOG.exception("%s: event %s failed", self.settings.site, event)
 
@@ -193,12 +206,26 @@ class Broker:
             self.handler.start(f"local-{self._local}-{request.id}", request)
             self._decide(Choice.ran_locally, request)
             return
-        if self._suspended.is_set():
-            self._events.put((Event.local_submit, request))  # again once connected
-            time.sleep(self.settings.tick_s)
-            return
-        self.federation.publish(request)
-        self._decide(Choice.published, request)
+        self._unpublished.append(request)
+        self._publish_again()
+
+    def _publish_again(self) -> None:
+        """Publish the local requests not yet published (in order), while connected."""
+        while self._unpublished and not self._suspended.is_set():
+            request = self._unpublished[0]
+            try:
+                if not self.federation.holds(request):
+                    self.federation.publish(request)
+            except UNREACHABLE as exc:
+                LOG.warning(
+                    "%s: publishing %s: ZooKeeper unreachable (%s): later",
+                    self.settings.site,
+                    request.id,
+                    exc,
+                )
+                return
+            self._unpublished.pop(0)
+            self._decide(Choice.published, request)
 
     def _take(self) -> None:
         """While the reservation is below the threshold, take the queued request of the
@@ -228,17 +255,22 @@ class Broker:
                 return
 
     def _collect(self) -> None:
-        """Completions: a finished federation request is completed in the shared state."""
-        for done in self.handler.finished():
-            if done.name.startswith("local-"):
-                continue
-            if not done.completed:
-                continue  # stopped: it was requeued elsewhere
+        """Completions: a finished federation request is completed in the shared state (kept
+        and tried again while ZooKeeper is unreachable)."""
+        self._uncompleted += [
+            done
+            for done in self.handler.finished()
+            # a local request is this site's own business; a stopped one was requeued
+            if not done.name.startswith("local-") and done.completed
+        ]
+        while self._uncompleted and not self._suspended.is_set():
+            done = self._uncompleted[0]
             try:
                 completed = self.federation.complete(done.name, done.ran_s)
             except FederationError:
                 LOG.exception("%s: completing %s", self.settings.site, done.name)
-                continue
+                completed = None
+            self._uncompleted.pop(0)
             if completed is not None:
                 self._decide(Choice.completed, completed)
             else:
@@ -274,7 +306,7 @@ class Broker:
             for name, (running, stat) in self.federation.running().items()
             if running.site == self.settings.site
         }
-        here = self.handler.running()
+        here = self.handler.running() | {done.name for done in self._uncompleted}
         for name, (running, stat) in mine.items():
             if name not in here and self.federation.requeue(name, running, stat):
                 self._decide(Choice.requeued, running.request)

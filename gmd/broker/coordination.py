@@ -39,6 +39,8 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError, NotEmptyError
 from kazoo.protocol.states import ZnodeStat
 
+from gmd import GmdError
+
 ROOT = "/gmd/federation"
 CALL_TIMEOUT_S = 10.0
 """The longest any one ZooKeeper call is waited for."""
@@ -46,7 +48,7 @@ MAX_DATA_BYTES = 64 * 1024
 """The largest node a broker accepts to read (ZooKeeper's own limit is 1 MB)."""
 
 
-class FederationError(Exception):
+class FederationError(GmdError):
     """What a broker cannot do in the federation's state, said in one line."""
 
 
@@ -210,6 +212,18 @@ class Federation:
             self.zk.create_async(self.path("queue", "req-"), _dump(asdict(request)), sequence=True)
         )
         return str(path).rsplit("/", 1)[1]
+
+    def holds(self, request: Request) -> bool:
+        """Whether ``request`` (by its site and id) is queued or running: a publish whose answer
+        was lost (the connection dropped after ZooKeeper created the node) is not repeated."""
+        if any(
+            q.request.site == request.site and q.request.id == request.id for q in self.queued()
+        ):
+            return True
+        return any(
+            r.request.site == request.site and r.request.id == request.id
+            for r, _ in self.running().values()
+        )
 
     def queued(self) -> list[Queued]:
         """The requests waiting, oldest node first; a node that is not a request is skipped

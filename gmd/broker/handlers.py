@@ -9,6 +9,7 @@ federation's project. The broker asks a handler only these four things, from one
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import signal
 import subprocess
 import sys
@@ -18,6 +19,19 @@ from pathlib import Path
 from typing import Protocol
 
 from gmd.broker.coordination import Request
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _end_with_parent() -> None:
+    """In the child, before it runs: SIGTERM when the broker dies. A broker that is killed is
+    a lost site, whose foreign work the others requeue and run: its own copies must not run on
+    (Linux's prctl; elsewhere the child outlives it)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 @dataclass(frozen=True)
@@ -100,6 +114,7 @@ class LocalProcesses:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            preexec_fn=_end_with_parent,
         )
         self._jobs[name] = _Job(process, time.monotonic(), request.cores)
 
