@@ -144,10 +144,6 @@ class Broker:
         """A local submit (any thread)."""
         self._events.put((Event.local_submit, request))
 
-    def idle(self) -> bool:
-        """Nothing waits on this broker's queue and nothing runs here."""
-        return self._events.empty() and not self.handler.running()
-
     # -- kazoo's callbacks: never block, only queue -------------------------------------------
 
     def _on_state(self, state: str) -> None:
@@ -187,8 +183,17 @@ class Broker:
                 self._take()
             except UNREACHABLE as exc:  # the next tick tries again
                 LOG.warning("%s: ZooKeeper unreachable (%s): waiting", self.settings.site, exc)
+                self._again(event, detail)
             except Exception:  # a broker keeps going: the next tick tries again
                 LOG.exception("%s: event %s failed", self.settings.site, event)
+                self._again(event, detail)
+
+    def _again(self, event: Event | None, detail: Any) -> None:
+        """A rejoin or a lost site not handled is handled later (the others are redone by
+        every tick anyway, or kept: unpublished requests, uncompleted work)."""
+        if event in (Event.rejoin, Event.site_lost) and not self._stopping.is_set():
+            time.sleep(self.settings.tick_s)
+            self._events.put((event, detail))
 
     def _handle(self, event: Event, detail: Any) -> None:
         if event == Event.local_submit:
