@@ -39,6 +39,7 @@ from gmd.common.config import (
     Text,
     default_state_dir,
     read_document,
+    relative_to_file,
 )
 from gmd.common.timespec import parse_time
 from gmd.traces import TraceError, trace_file, trace_ranges
@@ -286,13 +287,6 @@ class AgentConfig:
     replay_host_memory_bytes: float | None = Agent.replay_host_memory_bytes.default
 
 
-def _relative(path: Path | None, value: str) -> Path:
-    p = Path(value)
-    if not p.is_absolute() and path is not None:
-        p = path.parent / p
-    return p
-
-
 def parse_agent(
     document: dict[str, Any], source: str = "<config>", path: Path | None = None
 ) -> AgentConfig:
@@ -313,7 +307,7 @@ def parse_agent(
     key = "token"
     if token_file is not None:
         key = "token_file"
-        p = _relative(path, token_file)
+        p = relative_to_file(path, token_file)
         try:
             token = p.read_text().strip()
         except OSError as exc:
@@ -352,7 +346,9 @@ def parse_agent(
     config = AgentConfig(
         path=path,
         host=host,
-        spool_path=(_relative(path, spool) if spool else default_state_dir() / "agent-spool.db"),
+        spool_path=(
+            relative_to_file(path, spool) if spool else default_state_dir() / "agent-spool.db"
+        ),
         daemon_url=url.rstrip("/") if url else None,
         token=token,
         libvirt_uri=a.option(Agent.libvirt_uri),
@@ -373,11 +369,11 @@ def parse_agent(
         enforce_backend=a.option(Agent.enforce_backend),
         plan_every_s=a.option(Agent.plan_every_s),
         enforcement_state_path=(
-            _relative(path, state_path)
+            relative_to_file(path, state_path)
             if state_path
             else default_state_dir() / "agent-enforcement.json"
         ),
-        cgroup_root=_relative(path, a.option(Agent.cgroup_root)),
+        cgroup_root=relative_to_file(path, a.option(Agent.cgroup_root)),
         cgroup_template=template,
         **_replay_keys(a, path),
     )
@@ -403,7 +399,7 @@ def _replay_keys(a: Reader, path: Path | None) -> dict[str, Any]:
     when the collector is ``"replay"``; the files themselves are read when the replay starts."""
     collector = a.option(Agent.collector)
     directory = a.get("replay_dir", str, None)
-    replay_dir = None if directory is None else _relative(path, directory)
+    replay_dir = None if directory is None else relative_to_file(path, directory)
     if collector == CollectorKind.replay:
         if replay_dir is None:
             raise a.fail("replay_dir", 'required with collector = "replay"')

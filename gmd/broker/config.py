@@ -22,6 +22,7 @@ from gmd.common.config import (
     Text,
     default_state_dir,
     read_document,
+    relative_to_file,
 )
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")
@@ -103,11 +104,6 @@ class BrokerConfig:
     tick_s: float
 
 
-def _relative(path: Path | None, value: str) -> Path:
-    p = Path(value)
-    return p if p.is_absolute() or path is None else path.parent / p
-
-
 def parse_broker(
     document: dict[str, Any], source: str = "<config>", path: Path | None = None
 ) -> BrokerConfig:
@@ -139,8 +135,8 @@ def parse_broker(
         handler=r.option(Broker.handler),
         cores=r.option(Broker.cores),
         speed=r.option(Broker.speed),
-        journal=_relative(path, journal) if journal else None,
-        inbox=_relative(path, inbox) if inbox else default_state_dir() / "broker-inbox",
+        journal=relative_to_file(path, journal) if journal else None,
+        inbox=relative_to_file(path, inbox) if inbox else default_state_dir() / "broker-inbox",
         tick_s=r.option(Broker.tick_s),
     )
     r.done()

@@ -62,6 +62,15 @@ class ConfigError(GmdError, ValueError):
     """A configuration value is wrong; the message names the file and the key."""
 
 
+def relative_to_file(path: Path | None, value: str) -> Path:
+    """A path a configuration file names: relative ones are relative to that file (``path``;
+    None: the default file is absent, and the path is taken as written)."""
+    p = Path(value)
+    if not p.is_absolute() and path is not None:
+        p = path.parent / p
+    return p
+
+
 def default_state_dir() -> Path:
     """Where the ledger, spool and enforcement state go when the configuration does not say.
 

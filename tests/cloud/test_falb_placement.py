@@ -21,6 +21,7 @@ import httpx
 import numpy as np
 
 from gmd.daemon.ledger.accounting import account_due
+from tests.support.cloud_story import toml_document
 from tests.support.daemon_support import make_config, serving, token_of
 from tests.support.nova_support import NovaCloud, Server
 
@@ -88,15 +89,8 @@ def agent_config(tmp: Path, host: str, url: str, cores: float, memory: float, st
         "replay_host_memory_bytes": memory,
     }
 
-    def toml(v: object) -> str:
-        if isinstance(v, str):
-            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-        if isinstance(v, list):
-            return "[" + ", ".join(toml(x) for x in v) + "]"
-        return str(v)
-
     path = tmp / f"agent-{host}.toml"
-    path.write_text("[agent]\n" + "\n".join(f"{k} = {toml(v)}" for k, v in values.items()))
+    path.write_text(toml_document({"agent": values}))
     return path
 
 

@@ -11,6 +11,7 @@ submitted with ``gmd-broker submit``; what each broker decided is read from its 
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import signal
@@ -23,19 +24,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.broker_support import journal_lines
+from tests.support.polling import wait_until as poll
 from tests.support.zookeeper import Ensemble, private_ensemble
 
 GMD_BROKER = str(Path(sys.executable).with_name("gmd-broker"))
 SESSION_S = 2.0
+wait_until = functools.partial(poll, timeout_s=90.0)
+"""Processes and a JVM ensemble on a busy 2-core machine: more patience than in-process tests."""
 COMPLETED = re.compile(r"(\S+): completed (\S+) \(")
-
-
-def wait_until(what: str, check: Callable[[], bool], timeout_s: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 class Site:
@@ -121,10 +118,7 @@ def completions(sites: list[Site]) -> Counter[str]:
 
 
 def journal(tmp_path: Path) -> list[tuple[str, str, str]]:
-    path = tmp_path / "journal"
-    if not path.exists():
-        return []
-    return [tuple(line.split()) for line in path.read_text().splitlines()]  # type: ignore[misc]
+    return journal_lines(tmp_path / "journal")
 
 
 def test_a_broker_frozen_past_its_session_is_a_lost_site_and_nothing_is_counted_twice(
@@ -190,7 +184,11 @@ def test_work_flows_through_a_follower_stopped_and_then_the_leader_stopped(
     ensemble.start(follower)
     ensemble.wait_serving()
     try:
-        wait_until("every request completed", lambda: set(completions(everyone)) == set(ids), 120)
+        wait_until(
+            "every request completed",
+            lambda: set(completions(everyone)) == set(ids),
+            timeout_s=120,
+        )
     except AssertionError as exc:
         logs = "\n".join(f"--- {s.name}\n{s.text()[-3000:]}" for s in everyone)
         raise AssertionError(f"{exc}\n{logs}") from None

@@ -4,9 +4,8 @@ request started once and completed once, the priority rule, and a broker that le
 
 from __future__ import annotations
 
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,17 +15,11 @@ from kazoo.client import KazooClient
 from gmd.broker.broker import Broker, BrokerSettings, Choice
 from gmd.broker.coordination import Request
 from gmd.broker.handlers import LocalProcesses
+from tests.support.broker_support import journal_lines
+from tests.support.polling import wait_until
 from tests.support.zookeeper_fixtures import client
 
 pytest_plugins = ("tests.support.zookeeper_fixtures",)
-
-
-def wait_until(what: str, check: Callable[[], bool], timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -55,12 +48,6 @@ def federation(zookeeper_hosts: str, zk_root: str, tmp_path: Path) -> Iterator[A
         handler.close()
         zk.stop()
         zk.close()
-
-
-def journal_lines(path: Path) -> list[tuple[str, str, str]]:
-    if not path.exists():
-        return []
-    return [tuple(line.split()) for line in path.read_text().splitlines()]  # type: ignore[misc]
 
 
 def test_work_that_does_not_fit_is_published_run_elsewhere_and_completed_once(

@@ -8,7 +8,6 @@ fetches here are functions that block or raise."""
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 import httpx
 import pytest
@@ -26,6 +25,7 @@ from tests.support.daemon_support import (
     make_config,
     serving,
 )
+from tests.support.polling import wait_until
 
 DOC = {
     "resources": ["cpu", "memory", "disk", "network"],
@@ -37,15 +37,6 @@ DOC = {
         }
     },
 }
-
-
-def wait_until(check: Any) -> None:
-    """Polls the background fetch's effect (at most 30 s)."""
-    for _ in range(3000):
-        if check():
-            return
-        threading.Event().wait(0.01)
-    raise AssertionError("the background fetch never landed")
 
 
 class Clock:
@@ -100,7 +91,7 @@ def test_a_new_project_is_weighed_at_once_and_its_level_alone_fetched_behind() -
         view = source.view("q")
         return view is not None and view.project == Project("q", 2, 0.5)
 
-    wait_until(known)
+    wait_until("q's level fetched behind", known, timeout_s=30)
     assert gmd.calls == ["p", "q alone"]
     view = source.view("q")
     assert view is not None and view.cluster is first.cluster  # the hosts were not re-read
@@ -200,5 +191,5 @@ def test_the_projects_kept_are_bounded() -> None:
     for k in range(10):
         clock.now += 0.001
         source.view(f"p{k}")
-        wait_until(lambda k=k: f"p{k}" in source._state.projects)
+        wait_until(f"p{k}'s level", lambda k=k: f"p{k}" in source._state.projects, 30)
         assert len(source._state.projects) <= 4
