@@ -19,6 +19,7 @@ from gmd.broker.coordination import (
     Request,
     ordered,
 )
+from tests.support.polling import wait_until
 from tests.support.zookeeper_fixtures import client
 
 pytest_plugins = ("tests.support.zookeeper_fixtures",)
@@ -97,11 +98,13 @@ def test_a_broker_whose_session_expired_cannot_consume_its_claim(
             break
         threading.Event().wait(0.05)
     assert b_claim is not None, "a's claim never went with its session"
-    # a's client reconnects with a new session; its old claim path is gone: no consume.
-    for _ in range(200):
-        if a.zk.connected:
-            break
-        threading.Event().wait(0.05)
+    # a's client reconnects with a new session; its old claim path is gone: no consume. (Polled
+    # for the new session, not for "connected": a client still on its expired session until
+    # the server drops it would raise SessionExpiredError here, which flaked under load.)
+    wait_until(
+        "a's new session",
+        lambda: a.zk.connected and a.zk.client_id and a.zk.client_id[0] != session_id,
+    )
     assert a.consume(claim) is None
     taken = b.consume(b_claim)
     assert taken is not None and taken.site == "b"
