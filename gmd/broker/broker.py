@@ -41,6 +41,7 @@ from kazoo.protocol.states import KazooState
 
 from gmd.broker.coordination import ROOT, Federation, FederationError, Request, ordered
 from gmd.broker.handlers import Finished, ResourceHandler
+from gmd.fairness.federation import takes_work
 
 LOG = logging.getLogger(__name__)
 UNREACHABLE: tuple[type[Exception], ...] = (KazooException, KazooTimeoutError)
@@ -240,7 +241,7 @@ class Broker:
         capacity = self.handler.capacity_cores()
         while not self._stopping.is_set():
             free = self.handler.free_cores()
-            if capacity <= 0 or (capacity - free) / capacity >= self.settings.threshold:
+            if not takes_work(capacity, free, self.settings.threshold):
                 return
             fitting = [q for q in self.federation.queued() if q.request.cores <= free]
             if not fitting:

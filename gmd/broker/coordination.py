@@ -40,6 +40,7 @@ from kazoo.exceptions import NodeExistsError, NoNodeError, NotEmptyError
 from kazoo.protocol.states import ZnodeStat
 
 from gmd import GmdError
+from gmd.fairness.federation import choice_order, priority
 
 ROOT = "/gmd/federation"
 CALL_TIMEOUT_S = 10.0
@@ -99,7 +100,7 @@ class Summary:
     @property
     def priority(self) -> float:
         """DirectContr's priority: contribution less utility."""
-        return self.contributed - self.used
+        return priority(self.contributed, self.used)
 
 
 @dataclass(frozen=True)
@@ -412,9 +413,5 @@ class Federation:
 
 
 def ordered(queued: Iterable[Queued], priorities: dict[str, float]) -> list[Queued]:
-    """The paper's choice order: the organisation of highest priority first (contribution less
-    utility; one never seen has 0), and of its requests the longest waiting."""
-    return sorted(
-        queued,
-        key=lambda q: (-priorities.get(q.request.org, 0.0), q.request.submitted_s, q.name),
-    )
+    """The paper's choice order (:func:`gmd.fairness.federation.choice_order`)."""
+    return choice_order(queued, priorities, lambda q: q.request, lambda q: q.name)
