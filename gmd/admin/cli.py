@@ -13,7 +13,14 @@ from typing import Annotated
 
 import typer
 
-from gmd.admin.commands import accounting, batches, database, enforcement, simulation
+from gmd.admin.commands import (
+    accounting,
+    batches,
+    database,
+    enforcement,
+    federation,
+    simulation,
+)
 from gmd.admin.common import Options
 from gmd.common.cli import exit_codes_help, run, version_option
 
@@ -80,6 +87,7 @@ app.command("plot")(accounting.plot_command)
 app.command("demo")(simulation.demo_command)
 app.add_typer(database.db_app, name="db")
 app.add_typer(batches.batches_app, name="batches")
+app.add_typer(federation.federation_app, name="federation")
 
 
 def main() -> None:

@@ -26,6 +26,7 @@ was requeued as a lost site's while this broker was cut off) is stopped.
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import queue
 import threading
@@ -38,9 +39,18 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import KazooState
+from sqlalchemy.exc import SQLAlchemyError
 
-from gmd.broker.coordination import ROOT, Federation, FederationError, Request, ordered
+from gmd.broker.coordination import (
+    ROOT,
+    Completion,
+    Federation,
+    FederationError,
+    Request,
+    ordered,
+)
 from gmd.broker.handlers import Finished, ResourceHandler
+from gmd.broker.history import Entry, History, Reconciled
 from gmd.fairness.federation import takes_work
 
 LOG = logging.getLogger(__name__)
@@ -97,6 +107,8 @@ class BrokerSettings:
     root: str = ROOT
     tick_s: float = 0.5
     """how often finished requests and missed events are looked for"""
+    standings_s: float = 5.0
+    """how often the federation's standings are read into the ledger (with a history)"""
 
 
 @dataclass
@@ -117,6 +129,9 @@ class Broker:
     _unpublished: list[Request] = field(default_factory=list)
     """local requests whose publish failed (ZooKeeper unreachable): published once it is back,
     unless ZooKeeper holds them already (the answer was lost, not the request)"""
+    history: History | None = None
+    """this cloud's ledger, where the decisions are filed (none: only :attr:`decisions`)"""
+    _standings_due: float = 0.0
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -128,6 +143,7 @@ class Broker:
         """Join the federation, watch the queue and the members, and handle events."""
         self.federation.ensure()
         self._join()
+        self._reconcile_history()
         self.zk.add_listener(self._on_state)
         self.zk.ChildrenWatch(self.federation.path("queue"), self._on_queue)
         self.zk.ChildrenWatch(self.federation.path("members"), self._on_members)
@@ -182,6 +198,7 @@ class Broker:
                 self._publish_again()
                 self._collect()
                 self._take()
+                self._file()
             except UNREACHABLE as exc:  # the next tick tries again
                 LOG.warning("%s: ZooKeeper unreachable (%s): waiting", self.settings.site, exc)
                 self._again(event, detail)
@@ -203,6 +220,7 @@ class Broker:
             self._site_lost(detail)
         elif event == Event.rejoin:
             self._join()
+            self._reconcile_history()
             self._reconcile()
         # federation submit and resource ready: _take, after every event
 
@@ -255,7 +273,7 @@ class Broker:
                 if running is None:
                     continue
                 self.handler.start(candidate.name, running.request)
-                self._decide(Choice.took, running.request)
+                self._decide(Choice.took, running.request, candidate.name)
                 break
             else:
                 return
@@ -271,17 +289,64 @@ class Broker:
         ]
         while self._uncompleted and not self._suspended.is_set():
             done = self._uncompleted[0]
+            filed: list[Completion] = []
             try:
-                completed = self.federation.complete(done.name, done.ran_s)
+                completed = self.federation.complete(
+                    done.name, done.ran_s, functools.partial(self._file_completion, filed=filed)
+                )
+            except SQLAlchemyError as exc:  # the ledger first: the completion waits for it
+                LOG.warning(
+                    "%s: completing %s: the ledger: %s: later",
+                    self.settings.site,
+                    done.name,
+                    type(exc).__name__,
+                )
+                return
             except FederationError:
                 LOG.exception("%s: completing %s", self.settings.site, done.name)
                 completed = None
             self._uncompleted.pop(0)
             if completed is not None:
-                self._decide(Choice.completed, completed)
+                self._decide(Choice.completed, completed.request, completed.name)
             else:
                 self._decide_name(Choice.not_counted, done.name)
+            if self.history is not None and filed:
+                try:
+                    self.history.settle(filed[-1].seq, completed is not None)
+                except SQLAlchemyError as exc:  # settled when the broker next reconciles
+                    LOG.warning(
+                        "%s: settling %s: the ledger: %s",
+                        self.settings.site,
+                        done.name,
+                        type(exc).__name__,
+                    )
             self._events.put((Event.resource_ready, done.name))
+
+    def _file_completion(self, completion: Completion, filed: list[Completion]) -> None:
+        if self.history is not None:
+            self.history.begin(completion, self.clock())
+            filed.append(completion)
+
+    def _file(self) -> None:
+        """The decisions into the ledger, and now and then the standings."""
+        if self.history is None:
+            return
+        self.history.flush()
+        now = time.monotonic()
+        if now >= self._standings_due and not self._suspended.is_set():
+            self._standings_due = now + self.settings.standings_s
+            self.history.write_standings(self.federation.standings(), self.clock())
+
+    def _reconcile_history(self) -> None:
+        """Settle the ledger's unsettled completions from ZooKeeper's record of this site, and
+        put back into ZooKeeper what it lost (:meth:`History.reconcile`)."""
+        if self.history is None:
+            return
+        found = self.history.reconcile(
+            self.federation.site_record(), self.federation.reseed, self.clock()
+        )
+        if found != Reconciled():
+            LOG.info("%s: ledger and ZooKeeper reconciled: %s", self.settings.site, found)
 
     def _site_lost(self, site: str) -> None:
         requeued, removed = self.federation.site_lost(site)
@@ -315,7 +380,7 @@ class Broker:
         here = self.handler.running() | {done.name for done in self._uncompleted}
         for name, (running, stat) in mine.items():
             if name not in here and self.federation.requeue(name, running, stat):
-                self._decide(Choice.requeued, running.request)
+                self._decide(Choice.requeued, running.request, name)
         for name in here:
             if not name.startswith("local-") and name not in mine:
                 self.handler.stop(name)
@@ -328,9 +393,21 @@ class Broker:
 
     # -- the log ------------------------------------------------------------------------------
 
-    def _decide(self, choice: Choice, request: Request) -> None:
+    def _decide(self, choice: Choice, request: Request, node: str | None = None) -> None:
         decision = Decision(choice, request.id, request.org, request.site, self.clock())
         self.decisions.append(decision)
+        if self.history is not None and choice not in (Choice.completed, Choice.not_counted):
+            self.history.record(
+                Entry(
+                    decision.at_s,
+                    choice,
+                    request.id,
+                    request.org,
+                    request.site,
+                    node,
+                    request.cores,
+                )
+            )
         LOG.info(
             "%s: %s %s (%s of %s)",
             self.settings.site,
@@ -341,5 +418,8 @@ class Broker:
         )
 
     def _decide_name(self, choice: Choice, name: str, site: str = "") -> None:
-        self.decisions.append(Decision(choice, name, "", site or self.settings.site, self.clock()))
+        decision = Decision(choice, name, "", site or self.settings.site, self.clock())
+        self.decisions.append(decision)
+        if self.history is not None and choice != Choice.not_counted:
+            self.history.record(Entry(decision.at_s, choice, name, "", decision.site, name))
         LOG.info("%s: %s %s", self.settings.site, choice, name)

@@ -7,6 +7,7 @@ Layout under ``root`` (``/gmd/federation`` by default)::
     claims/req-<seq>/c-<seq> ephemeral, sequential: brokers about to take that request
     running/req-<seq>        persistent: a request some site runs, JSON :class:`Running`
     summaries/<org>          persistent: an organisation's contribution and use so far
+    sites/<site>             persistent: how many completions a site made, and its last one
 
 **Exactly once.** A request leaves the queue only in :meth:`Federation.consume`'s transaction,
 which deletes ``queue/req-N`` (possible once) and creates ``running/req-N`` together, *and*
@@ -18,7 +19,10 @@ the same path has the same version.) Of several claimants only the one with the 
 sequence goes on; the others withdraw. A request completes only in :meth:`complete`'s
 transaction, which deletes ``running/req-N`` at the version its runner read: a site whose
 running requests were requeued meanwhile (the site-lost rule) cannot complete, so nothing is
-counted twice. Summaries are written in the same transactions, each fenced by its version.
+counted twice. Summaries are written in the same transactions, each fenced by its version,
+and so is the site's completion count (``sites/<site>``), the number its cloud's ledger files
+the completion under before it is made: a broker that stopped between the two learns from it
+whether its last completion counted (:mod:`gmd.broker.history`).
 
 **A failed transaction raises nothing in kazoo**: each operation's result is checked
 (:func:`_failed`). Every call is bounded (``*_async(...).get(timeout)``): during a loss of
@@ -31,7 +35,7 @@ import contextlib
 import json
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -85,6 +89,30 @@ class Running:
     request: Request
     site: str
     started_s: float
+    org: str = ""
+    """the running site's organisation (what it lends)"""
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A completion a site made: its number among the site's completions, and what it counted
+    into the summaries (``core_seconds`` lent by the site's organisation to the request's; 0
+    when they are the same organisation)."""
+
+    seq: int
+    name: str
+    request: Request
+    core_seconds: float
+
+
+@dataclass(frozen=True)
+class SiteRecord:
+    """What ZooKeeper keeps of one site's completions: how many, and the last."""
+
+    seq: int
+    last: Completion | None
+    version: int | None
+    """the node's version (None: no node yet)"""
 
 
 @dataclass(frozen=True)
@@ -101,6 +129,23 @@ class Summary:
     def priority(self) -> float:
         """DirectContr's priority: contribution less utility."""
         return priority(self.contributed, self.used)
+
+
+@dataclass(frozen=True)
+class Standing:
+    """One organisation in the federation now: its summary, its priority, and its requests
+    queued, running anywhere, lent (other organisations' requests its sites run) and borrowed
+    (its requests other organisations' sites run); its sites that are members."""
+
+    org: str
+    contributed: float
+    used: float
+    priority: float
+    queued: int
+    running: int
+    lent: int
+    borrowed: int
+    sites: int
 
 
 @dataclass(frozen=True)
@@ -159,7 +204,8 @@ class Federation:
 
     def __post_init__(self) -> None:
         self._paths = {
-            k: f"{self.root}/{k}" for k in ("members", "queue", "claims", "running", "summaries")
+            k: f"{self.root}/{k}"
+            for k in ("members", "queue", "claims", "running", "summaries", "sites")
         }
 
     def _wait(self, async_result: Any) -> Any:
@@ -271,7 +317,7 @@ class Federation:
             self.release(claim)
             return None
         request = read_request(data, f"queue/{claim.name}")
-        running = Running(request, self.site, time.time() if now_s is None else now_s)
+        running = Running(request, self.site, time.time() if now_s is None else now_s, self.org)
         tx = self.zk.transaction()
         tx.check(claim.path, 0)
         tx.delete(self.path("queue", claim.name))
@@ -296,16 +342,27 @@ class Federation:
             doc = _load(data, f"running/{name}")
             try:
                 request = Request(**doc["request"])
-                out[name] = (Running(request, str(doc["site"]), float(doc["started_s"])), stat)
+                running = Running(
+                    request, str(doc["site"]), float(doc["started_s"]), str(doc.get("org", ""))
+                )
+                out[name] = (running, stat)
             except (TypeError, KeyError, ValueError, FederationError):
                 continue
         return out
 
-    def complete(self, name: str, used_s: float) -> Request | None:
+    def complete(
+        self,
+        name: str,
+        used_s: float,
+        before: Callable[[Completion], None] | None = None,
+    ) -> Completion | None:
         """Record that this site finished running request ``name`` after ``used_s`` seconds:
         its runner's organisation contributed ``cores × used_s`` and the request's used it
-        (when they differ); the request completed. None when it is no longer this site's to
-        complete (requeued as a lost site's); retried on a concurrent summary update."""
+        (when they differ); the request completed, as this site's next completion. ``before``
+        is called with the completion about to be made (the ledger files it first); it may be
+        called again with the same number if the transaction is retried. None when it is no
+        longer this site's to complete (requeued as a lost site's); retried on a concurrent
+        summary update."""
         path = self.path("running", name)
         for _ in range(20):
             try:
@@ -316,16 +373,71 @@ class Federation:
             if doc.get("site") != self.site:
                 return None
             request = Request(**doc["request"])
-            amount = request.cores * max(used_s, 0.0)
+            amount = request.cores * max(used_s, 0.0) if request.org != self.org else 0.0
+            record = self.site_record()
+            completion = Completion(record.seq + 1, name, request, amount)
+            if before is not None:
+                before(completion)
             tx = self.zk.transaction()
             tx.check(path, stat.version)
             tx.delete(path)
-            if request.org != self.org and amount > 0:
+            if amount > 0:
                 self._add_to_summary(tx, self.org, contributed=amount)
                 self._add_to_summary(tx, request.org, used=amount)
+            self._write_site_record(tx, completion, record.version)
             if not _failed(self._wait(tx.commit_async())):
-                return request
+                return completion
         raise FederationError(f"completing {name}: the summaries kept changing (20 tries)")
+
+    def site_record(self) -> SiteRecord:
+        """This site's completion count and last completion, as ZooKeeper keeps them."""
+        try:
+            data, stat = self._wait(self.zk.get_async(self.path("sites", self.site)))
+        except NoNodeError:
+            return SiteRecord(0, None, None)
+        doc = _load(data, f"sites/{self.site}")
+        try:
+            last = doc.get("last")
+            completion = None
+            if last is not None:
+                completion = Completion(
+                    int(last["seq"]),
+                    str(last["name"]),
+                    Request(**last["request"]),
+                    float(last["core_seconds"]),
+                )
+            return SiteRecord(int(doc["seq"]), completion, stat.version)
+        except (TypeError, KeyError, ValueError, AttributeError):
+            raise FederationError(f"sites/{self.site}: not a site record") from None
+
+    def _write_site_record(
+        self, tx: Any, completion: Completion | None, version: int | None, seq: int | None = None
+    ) -> None:
+        doc = {
+            "seq": completion.seq if completion is not None else seq,
+            "last": None if completion is None else asdict(completion),
+        }
+        path = self.path("sites", self.site)
+        if version is None:
+            tx.create(path, _dump(doc))
+        else:
+            tx.set_data(path, _dump(doc), version=version)
+
+    def reseed(self, seq: int, lent: dict[str, float], contributed: float) -> bool:
+        """Put back what this site's ledger says it counted, into a ZooKeeper that has no
+        record of the site (its data was lost, or the federation was started anew): the
+        site's organisation contributed ``contributed`` core-seconds, each organisation of
+        ``lent`` used its figure, and the site made ``seq`` completions. One transaction that
+        creates the site's record, so that it is done once. False: the record exists (or a
+        summary changed meanwhile: try again)."""
+        tx = self.zk.transaction()
+        self._write_site_record(tx, None, None, seq=seq)
+        if contributed > 0:
+            self._add_to_summary(tx, self.org, contributed=contributed)
+        for org, amount in sorted(lent.items()):
+            if amount > 0:
+                self._add_to_summary(tx, org, used=amount)
+        return not _failed(self._wait(tx.commit_async()))
 
     def _add_to_summary(
         self, tx: Any, org: str, contributed: float = 0.0, used: float = 0.0
@@ -357,6 +469,36 @@ class Federation:
             except (NoNodeError, FederationError):
                 continue
         return out
+
+    def standings(self) -> list[Standing]:
+        """Every organisation the federation knows now (by summary, member, or request), by
+        priority, highest first."""
+        summaries = self.summaries()
+        members = self.members()
+        site_org = {site: str(doc.get("org", "")) for site, doc in members.items()}
+        queued = [q.request for q in self.queued()]
+        running = [r for r, _ in self.running().values()]
+        orgs = set(summaries) | set(site_org.values()) | {r.org for r in queued}
+        orgs |= {r.request.org for r in running} | {r.org for r in running if r.org}
+        orgs.discard("")
+        pairs = [(r.request.org, r.org or site_org.get(r.site, "")) for r in running]
+        rows = []
+        for org in orgs:
+            s = summaries.get(org, Summary(org))
+            rows.append(
+                Standing(
+                    org=org,
+                    contributed=s.contributed,
+                    used=s.used,
+                    priority=s.priority,
+                    queued=sum(1 for r in queued if r.org == org),
+                    running=sum(1 for r in running if r.request.org == org),
+                    lent=sum(1 for owner, runner in pairs if runner == org != owner),
+                    borrowed=sum(1 for owner, runner in pairs if owner == org != runner),
+                    sites=sum(1 for o in site_org.values() if o == org),
+                )
+            )
+        return sorted(rows, key=lambda r: (-r.priority, r.org))
 
     # -- a site lost --------------------------------------------------------------------------
 

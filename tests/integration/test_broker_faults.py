@@ -7,7 +7,8 @@ and none is lost; the lost site's running foreign requests are requeued and run 
 
 Each broker is a real ``gmd-broker run`` with the local process handler; requests are
 submitted with ``gmd-broker submit``; what each broker decided is read from its log
-(``SITE: completed ID (ORG of SITE)``)."""
+(``SITE: completed ID (ORG of SITE)``), and the completions from each broker's own ledger
+(a SQLite file each), which must agree."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.broker_support import journal_lines
+from tests.support.broker_support import counted_completions, journal_lines
 from tests.support.polling import wait_until as poll
 from tests.support.zookeeper import Ensemble, private_ensemble
 
@@ -42,7 +43,9 @@ class Site:
         self.name, self.dir = name, base / name
         self.dir.mkdir(parents=True)
         self.config = self.dir / "gmd.toml"
+        self.ledger = f"sqlite:///{self.dir / 'ledger.db'}"  # each cloud its own
         self.config.write_text(
+            f'[database]\nurl = "{self.ledger}"\n'
             "[broker]\n"
             f'site = "{name}"\norg = "org-{name}"\nzookeeper = "{hosts}"\n'
             f'root = "/fed"\nsession_timeout_s = {SESSION_S}\ncores = {cores}\n'
@@ -114,7 +117,13 @@ def sites(tmp_path: Path, ensemble: Ensemble) -> Iterator[Callable[[str, float],
 
 
 def completions(sites: list[Site]) -> Counter[str]:
+    """The completions the brokers' logs say."""
     return Counter(m.group(2) for s in sites for m in COMPLETED.finditer(s.text()))
+
+
+def filed(sites: list[Site]) -> Counter[str]:
+    """The completions the brokers' ledgers hold as counted."""
+    return counted_completions([s.ledger for s in sites])
 
 
 def journal(tmp_path: Path) -> list[tuple[str, str, str]]:
@@ -143,6 +152,7 @@ def test_a_broker_frozen_past_its_session_is_a_lost_site_and_nothing_is_counted_
     wait_until("r1 to be completed", lambda: completions([home, frozen, other])["r1"] >= 1)
     time.sleep(SESSION_S * 2)  # the victim's stale copy, if it finishes, must not count
     assert completions([home, frozen, other]) == Counter({"r1": 1})
+    wait_until("the ledgers to agree", lambda: filed([home, frozen, other]) == Counter({"r1": 1}))
     assert f"{survivor.name}: completed r1" in survivor.text()
 
 
@@ -193,3 +203,4 @@ def test_work_flows_through_a_follower_stopped_and_then_the_leader_stopped(
         logs = "\n".join(f"--- {s.name}\n{s.text()[-3000:]}" for s in everyone)
         raise AssertionError(f"{exc}\n{logs}") from None
     assert completions(everyone) == Counter(dict.fromkeys(ids, 1))
+    wait_until("the ledgers to agree", lambda: filed(everyone) == Counter(dict.fromkeys(ids, 1)))

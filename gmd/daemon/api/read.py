@@ -205,6 +205,43 @@ def get_enforcement(
     return {"actions": rows}
 
 
+@router.get("/federation", summary="The federation's standings (gmd-admin federation)")
+def get_federation(who: ReaderDep, services: ServicesDep) -> dict[str, Any]:
+    """Every organisation of the federation this cloud's gmd-broker belongs to, by priority:
+    what its sites lent and its requests borrowed (core-seconds), and its requests queued,
+    running, lent and borrowed now, as the broker last read them (``as_of``). Operators'."""
+    from gmd.daemon.reports.federation import standings as federation_standings
+
+    _operator(who, "the federation's standings")
+    with services.engine.connect() as conn:
+        return federation_standings(conn)
+
+
+@router.get("/federation/events", summary="The broker's decisions (gmd-admin federation log)")
+def get_federation_events(
+    who: ReaderDep,
+    services: ServicesDep,
+    org: Annotated[str | None, Query(description="only this organisation's requests")] = None,
+    from_: Annotated[str | None, Query(alias="from", description=TIME_HELP)] = None,
+    to: Annotated[str | None, Query(description=TIME_HELP)] = None,
+    limit: Annotated[int | None, Query(ge=1, le=100_000, description="the newest N")] = None,
+) -> dict[str, Any]:
+    """This cloud's broker's decisions, oldest first: what it published, took, completed
+    (and whether ZooKeeper counted it), requeued and removed. Operators'."""
+    from gmd.daemon.reports.federation import events as federation_events
+
+    _operator(who, "the federation's history")
+    from_s, to_s = _times(services, ("from", from_), ("to", to))
+    with services.engine.connect() as conn:
+        rows = federation_events(conn, from_s=from_s, to_s=to_s, org=org, limit=limit)
+    return {"events": rows}
+
+
+def _operator(who: Reader, what: str) -> None:
+    if not who.everyone:
+        raise Refused(403, f"{who.name} may not read {what}: it is the operators'")
+
+
 @router.get("/whatif", summary="The record replayed under other settings (gmd-admin whatif)")
 def get_whatif(
     who: ReaderDep,

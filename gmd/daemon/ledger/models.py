@@ -541,3 +541,59 @@ class OrganizationRollup(Base):
     cpu_used_core_s: Mapped[float] = mapped_column(Double)
     customers_max: Mapped[int] = mapped_column(Integer)
     """the most customers its hosts served in one interval"""
+
+
+class FederationEvent(Base):
+    """A decision of this cloud's gmd-broker in a federation (docs/federation.md): the
+    authoritative history of what the cloud lent and borrowed, which ZooKeeper only sums.
+
+    A completion is written *before* it is made in ZooKeeper, with ``seq`` (this site's
+    completion count in ZooKeeper after it) and ``counted`` unknown; once ZooKeeper answers it
+    is settled true (counted: ``core_seconds`` went into the summaries) or false (refused: the
+    request was no longer this site's). A broker that stopped in between settles it when it
+    comes back, from the last completion ZooKeeper records for the site
+    (:mod:`gmd.broker.history`)."""
+
+    __tablename__ = "federation_events"
+    __table_args__ = (UniqueConstraint("site", "seq"),)
+    id: Mapped[int] = mapped_column(ID64, primary_key=True)
+    at_s: Mapped[float] = mapped_column(Double, index=True)
+    site: Mapped[str] = mapped_column(String(255))
+    """the site whose broker decided (this cloud's)"""
+    choice: Mapped[str] = mapped_column(String(16))
+    request: Mapped[str] = mapped_column(String(255))
+    """the request's id at the site that published it"""
+    org: Mapped[str] = mapped_column(String(255))
+    """the request's organisation"""
+    request_site: Mapped[str] = mapped_column(String(255))
+    """the site that published it"""
+    node: Mapped[str | None] = mapped_column(String(64))
+    """its node in ZooKeeper's queue (``req-<seq>``), where it had one"""
+    cores: Mapped[float] = mapped_column(Double)
+    core_seconds: Mapped[float] = mapped_column(Double)
+    """a counted completion's amount: lent by this site's organisation to the request's"""
+    seq: Mapped[int | None] = mapped_column(Integer)
+    counted: Mapped[bool | None] = mapped_column(Boolean)
+
+
+class FederationStanding(Base):
+    """An organisation's standing in the federation as this cloud's broker last read it from
+    ZooKeeper: what its sites lent and its requests borrowed (core-seconds), its priority, and
+    its requests queued, running, lent and borrowed now. Replaced whole at every reading."""
+
+    __tablename__ = "federation_standings"
+    org: Mapped[str] = mapped_column(String(255), primary_key=True)
+    contributed: Mapped[float] = mapped_column(Double)
+    used: Mapped[float] = mapped_column(Double)
+    priority: Mapped[float] = mapped_column(Double)
+    queued: Mapped[int] = mapped_column(Integer)
+    running: Mapped[int] = mapped_column(Integer)
+    lent: Mapped[int] = mapped_column(Integer)
+    """requests of other organisations its sites run now"""
+    borrowed: Mapped[int] = mapped_column(Integer)
+    """its requests other organisations' sites run now"""
+    sites: Mapped[int] = mapped_column(Integer)
+    """its sites that are members now"""
+    as_of_s: Mapped[float] = mapped_column(Double)
+    observer: Mapped[str] = mapped_column(String(255))
+    """the site whose broker read it"""

@@ -21,6 +21,8 @@ from gmd.daemon.ledger.models import (
     CustomerResourceRollup,
     CustomerRollup,
     EnforcementAction,
+    FederationEvent,
+    FederationStanding,
     Host,
     HostInterval,
     HostRollup,
@@ -56,3 +58,5 @@ customer_rollups = cast(Table, CustomerRollup.__table__)
 resource_rollups = cast(Table, CustomerResourceRollup.__table__)
 host_rollups = cast(Table, HostRollup.__table__)
 organization_rollups = cast(Table, OrganizationRollup.__table__)
+federation_events = cast(Table, FederationEvent.__table__)
+federation_standings = cast(Table, FederationStanding.__table__)

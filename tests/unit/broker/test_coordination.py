@@ -127,8 +127,11 @@ def test_completion_sums_what_one_organisation_lent_and_the_other_used(brokers: 
     assert claim is not None and lender.consume(claim) is not None
     assert home.complete(name, 50.0) is None  # not home's to complete
     done = lender.complete(name, 50.0)
-    assert done is not None and done.id == "job"
+    assert done is not None and done.request.id == "job"
+    assert (done.seq, done.core_seconds) == (1, 100.0)  # the lender's first completion
     assert lender.complete(name, 50.0) is None  # once only
+    record = lender.site_record()
+    assert (record.seq, record.last) == (1, done)
     sums = home.summaries()
     assert (sums["org-lender"].contributed, sums["org-lender"].used) == (100.0, 0.0)
     assert (sums["org-home"].contributed, sums["org-home"].used) == (0.0, 100.0)
@@ -137,7 +140,8 @@ def test_completion_sums_what_one_organisation_lent_and_the_other_used(brokers: 
     own = home.publish(Request("own", "org-home", "home", 1.0, 10.0, 2.0))
     claim = home.claim(own)
     assert claim is not None and home.consume(claim) is not None
-    assert home.complete(own, 10.0) is not None
+    own_done = home.complete(own, 10.0)
+    assert own_done is not None and (own_done.seq, own_done.core_seconds) == (1, 0.0)
     assert home.summaries()["org-home"].used == 100.0
 
 

@@ -131,6 +131,8 @@ READ_PATHS = (
     "/v1/customers/{customer}/report",
     "/v1/customers/{customer}/plot.svg",
     "/v1/whatif",
+    "/v1/federation",
+    "/v1/federation/events",
 )
 READ_CHECKS = [c for c in CHECKS if c is not positive_data_acceptance]
 

@@ -354,6 +354,10 @@ def test_a_member_reads_its_own_project_and_nothing_of_another(keystone_daemon: 
     assert initech not in json.dumps(log)
     other_log = get(f"{d.url}/v1/enforcement", params={"customer": initech}, headers=headers)
     assert other_log.status_code == 403
+    # The federation's figures are clouds', not a project's: operators' only.
+    for path in ("federation", "federation/events"):
+        refused = get(f"{d.url}/v1/{path}", headers=headers)
+        assert refused.status_code == 403 and "operators'" in refused.text, refused.text
     for path in ("explain", "report", "plot.svg"):
         other = get(f"{d.url}/v1/customers/{initech}/{path}", headers=headers)
         assert other.status_code == 403, (path, other.text)
