@@ -116,14 +116,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.openstack)
             # One real cloud, whose projects' quotas the tests change: one worker runs them all.
             item.add_marker(pytest.mark.xdist_group("openstack"))
-        if NOVA_FIXTURE in getattr(item, "fixturenames", ()):
+        nova = NOVA_FIXTURE in getattr(item, "fixturenames", ())
+        if nova:
             item.add_marker(pytest.mark.openstack)
             # One cloud and one compute host, whose guests the tests boot and count: one worker.
             item.add_marker(pytest.mark.xdist_group("nova"))
         if ZOOKEEPER_FIXTURE in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.zookeeper)
-            # One ensemble, which the session that started it stops: one worker.
-            item.add_marker(pytest.mark.xdist_group("zookeeper"))
+            # One ensemble, which the session that started it stops: one worker. Not for a
+            # test of the cloud's too: xdist would join both marks into a group of their own,
+            # on a worker that waits for the cloud's session to end and starts the cloud again.
+            # Under `make test` the ensemble is make's (GMD_TEST_ZOOKEEPER): any worker uses it.
+            if not nova:
+                item.add_marker(pytest.mark.xdist_group("zookeeper"))
         if item.nodeid.startswith("tests/unit/admin/test_read_replica.py"):
             # One streaming replica, which these tests stop and start again.
             item.add_marker(pytest.mark.xdist_group("replica"))

@@ -49,7 +49,7 @@ from gmd.broker.coordination import (
     Request,
     ordered,
 )
-from gmd.broker.handlers import Finished, ResourceHandler
+from gmd.broker.handlers import Finished, HandlerUnavailable, ResourceHandler
 from gmd.broker.history import Entry, History, Reconciled
 from gmd.fairness.federation import takes_work
 
@@ -129,6 +129,8 @@ class Broker:
     _unpublished: list[Request] = field(default_factory=list)
     """local requests whose publish failed (ZooKeeper unreachable): published once it is back,
     unless ZooKeeper holds them already (the answer was lost, not the request)"""
+    _failed: list[str] = field(default_factory=list)
+    """requests that failed here, to requeue (kept while ZooKeeper is unreachable)"""
     history: History | None = None
     """this cloud's ledger, where the decisions are filed (none: only :attr:`decisions`)"""
     _standings_due: float = 0.0
@@ -143,10 +145,13 @@ class Broker:
         """Join the federation, watch the queue and the members, and handle events."""
         self.federation.ensure()
         self._join()
-        self._reconcile_history()
         self.zk.add_listener(self._on_state)
         self.zk.ChildrenWatch(self.federation.path("queue"), self._on_queue)
         self.zk.ChildrenWatch(self.federation.path("members"), self._on_members)
+        # What this site runs (a broker restarted after a crash: work the site-lost rule has
+        # requeued since, or work no longer running here) is reconciled as after a rejoin,
+        # through the loop, which waits out a handler that cannot tell yet.
+        self._events.put((Event.rejoin, None))
         self._thread = threading.Thread(
             target=self._loop, name=f"broker-{self.settings.site}", daemon=True
         )
@@ -202,6 +207,9 @@ class Broker:
             except UNREACHABLE as exc:  # the next tick tries again
                 LOG.warning("%s: ZooKeeper unreachable (%s): waiting", self.settings.site, exc)
                 self._again(event, detail)
+            except HandlerUnavailable as exc:
+                LOG.warning("%s: %s: waiting", self.settings.site, exc)
+                self._again(event, detail)
             except Exception:  # a broker keeps going: the next tick tries again
                 LOG.exception("%s: event %s failed", self.settings.site, event)
                 self._again(event, detail)
@@ -225,13 +233,30 @@ class Broker:
         # federation submit and resource ready: _take, after every event
 
     def _local_submit(self, request: Request) -> None:
-        if request.cores <= self.handler.free_cores():
+        """The paper's event 1: "if there is enough capacity and no other tasks are waiting
+        then the task is delegated to a free machine directly. Otherwise the broker publishes
+        the task". Waiting: a local request not yet published, or a queued request that would
+        fit here now (the free capacity is then the federation's to give by priority; this
+        site may take its own request back). While ZooKeeper cannot say, nothing is known to
+        wait: local work does not wait for ZooKeeper."""
+        free = self.handler.free_cores()
+        if request.cores <= free and not self._waiting(free):
             self._local += 1
             self.handler.start(f"local-{self._local}-{request.id}", request)
             self._decide(Choice.ran_locally, request)
             return
         self._unpublished.append(request)
         self._publish_again()
+
+    def _waiting(self, free: float) -> bool:
+        if self._unpublished:
+            return True
+        if self._suspended.is_set():
+            return False
+        try:
+            return any(q.request.cores <= free for q in self.federation.queued())
+        except UNREACHABLE:
+            return False
 
     def _publish_again(self) -> None:
         """Publish the local requests not yet published (in order), while connected."""
@@ -281,12 +306,14 @@ class Broker:
     def _collect(self) -> None:
         """Completions: a finished federation request is completed in the shared state (kept
         and tried again while ZooKeeper is unreachable)."""
-        self._uncompleted += [
-            done
-            for done in self.handler.finished()
-            # a local request is this site's own business; a stopped one was requeued
-            if not done.name.startswith("local-") and done.completed
-        ]
+        for done in self.handler.finished():
+            if done.name.startswith("local-"):
+                continue  # a local request is this site's own business
+            if done.completed:
+                self._uncompleted.append(done)
+            else:
+                self._failed.append(done.name)
+        self._requeue_failed()
         while self._uncompleted and not self._suspended.is_set():
             done = self._uncompleted[0]
             filed: list[Completion] = []
@@ -322,6 +349,20 @@ class Broker:
                     )
             self._events.put((Event.resource_ready, done.name))
 
+    def _requeue_failed(self) -> None:
+        """A request that failed here (its server went to ERROR, its process exited non-zero)
+        goes back to the queue for another site, if it is still this site's (kept and tried
+        again while ZooKeeper is unreachable)."""
+        while self._failed and not self._suspended.is_set():
+            name = self._failed[0]
+            found = self.federation.running().get(name)
+            if found is not None and found[0].site == self.settings.site:
+                running, stat = found
+                if self.federation.requeue(name, running, stat, self.clock()):
+                    self._decide(Choice.requeued, running.request, name)
+            self._failed.pop(0)
+            self._events.put((Event.resource_ready, name))
+
     def _file_completion(self, completion: Completion, filed: list[Completion]) -> None:
         if self.history is not None:
             self.history.begin(completion, self.clock())
@@ -349,11 +390,11 @@ class Broker:
             LOG.info("%s: ledger and ZooKeeper reconciled: %s", self.settings.site, found)
 
     def _site_lost(self, site: str) -> None:
-        requeued, removed = self.federation.site_lost(site)
-        for name in requeued:
-            self._decide_name(Choice.requeued, name, site)
-        for name in removed:
-            self._decide_name(Choice.removed, name, site)
+        requeued, removed = self.federation.site_lost(site, self.clock())
+        for moved in requeued:
+            self._decide(Choice.requeued, moved.request, moved.name)
+        for moved in removed:
+            self._decide(Choice.removed, moved.request, moved.name)
 
     # -- membership and reconciliation --------------------------------------------------------
 
@@ -377,9 +418,11 @@ class Broker:
             for name, (running, stat) in self.federation.running().items()
             if running.site == self.settings.site
         }
-        here = self.handler.running() | {done.name for done in self._uncompleted}
+        here = (
+            self.handler.running() | {done.name for done in self._uncompleted} | set(self._failed)
+        )
         for name, (running, stat) in mine.items():
-            if name not in here and self.federation.requeue(name, running, stat):
+            if name not in here and self.federation.requeue(name, running, stat, self.clock()):
                 self._decide(Choice.requeued, running.request, name)
         for name in here:
             if not name.startswith("local-") and name not in mine:

@@ -11,7 +11,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -21,6 +21,9 @@ from gmd.broker.coordination import FederationError, Request
 from gmd.common import logs
 from gmd.common.cli import ExitCode, LogLevelOption, fail, run, version_option
 from gmd.common.config import ConfigError
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
 
 log = logging.getLogger("gmd.broker")
 
@@ -51,6 +54,35 @@ def _config(path: Path | None) -> BrokerConfig:
         raise fail(str(exc), ExitCode.USAGE) from None
 
 
+def _ledger(config: BrokerConfig) -> Engine:
+    """The cloud's ledger, at this gmd's schema (an empty database gets it, as gmd-daemon
+    does); else exit 1 in one line."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from gmd.daemon.ledger import migrate
+
+    try:
+        engine = migrate.engine_for(config.database_url)
+    except (SQLAlchemyError, OSError) as exc:
+        raise fail(f"database url: {exc}", ExitCode.USAGE) from None
+    shown = engine.url.render_as_string(hide_password=True)
+    try:
+        revision = migrate.current(engine)
+        if revision is None:
+            log.info("empty ledger database: creating the schema (%s)", migrate.head())
+            migrate.upgrade(engine)
+        elif revision != migrate.head():
+            raise fail(
+                f"the ledger {shown} is at schema {revision}, this gmd needs {migrate.head()}:"
+                " run `gmd-admin db upgrade`",
+                ExitCode.UNAVAILABLE,
+            )
+    except SQLAlchemyError as exc:
+        message = f"cannot use the ledger {shown}: {type(exc).__name__}: {exc.args[0]}"
+        raise fail(message.splitlines()[0], ExitCode.UNAVAILABLE) from None
+    return engine
+
+
 @app.command("run")
 def run_command(
     config_path: ConfigOption = None, log_level: LogLevelOption = logs.LogLevel.info
@@ -65,13 +97,26 @@ def run_command(
     config = _config(config_path)
     from kazoo.client import KazooClient
     from kazoo.handlers.threading import KazooTimeoutError
+    from sqlalchemy.exc import SQLAlchemyError
 
     from gmd.broker.broker import Broker, BrokerSettings
-    from gmd.broker.handlers import LocalProcesses
+    from gmd.broker.handlers import LocalProcesses, ResourceHandler
+    from gmd.broker.history import History
 
-    if config.handler != HandlerKind.local:  # pragma: no cover - one kind so far
-        raise fail(f"broker.handler {config.handler} is not built yet")
-    handler = LocalProcesses(config.site, config.cores, config.journal, config.speed)
+    if config.handler == HandlerKind.openstack:
+        from gmd.broker.handlers import HandlerUnavailable
+        from gmd.broker.openstack import OpenStackHandler
+
+        cloud = OpenStackHandler(config.site, config.cores, config.openstack)
+        try:
+            cloud.check()
+        except HandlerUnavailable as exc:
+            cloud.close(delete=False)
+            raise fail(str(exc), ExitCode.UNAVAILABLE) from None
+        handler: ResourceHandler = cloud
+    else:
+        handler = LocalProcesses(config.site, config.cores, config.journal, config.speed)
+    ledger = _ledger(config)
     zk = KazooClient(
         hosts=config.zookeeper,
         timeout=config.session_timeout_s,
@@ -85,7 +130,7 @@ def run_command(
     settings = BrokerSettings(
         config.site, config.org, config.threshold, root=config.root, tick_s=config.tick_s
     )
-    broker = Broker(zk, settings, handler)
+    broker = Broker(zk, settings, handler, history=History(ledger, config.site))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -107,6 +152,9 @@ def run_command(
             stop.wait(config.tick_s)
     except FederationError as exc:
         raise fail(str(exc), ExitCode.UNAVAILABLE) from None
+    except SQLAlchemyError as exc:
+        message = f"the ledger: {type(exc).__name__}: {exc.args[0] if exc.args else ''}"
+        raise fail(message.splitlines()[0], ExitCode.UNAVAILABLE) from None
     finally:
         broker.stop()
         handler.close()

@@ -36,7 +36,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from kazoo.client import KazooClient
@@ -156,6 +156,14 @@ class Claim:
     """the request's node name (``req-<seq>``)"""
     path: str
     """the claim node (``claims/req-<seq>/c-<seq>``)"""
+
+
+@dataclass(frozen=True)
+class Moved:
+    """A request the site-lost rule moved: its node's name then, and the request."""
+
+    name: str
+    request: Request
 
 
 @dataclass(frozen=True)
@@ -502,44 +510,48 @@ class Federation:
 
     # -- a site lost --------------------------------------------------------------------------
 
-    def site_lost(self, site: str) -> tuple[list[str], list[str]]:
-        """The paper's rule for a site that left: its running foreign requests go back to the
-        queue (as new nodes, their submission time kept), its queued requests are removed (and
-        the records of its own requests it ran itself, which went with it).
+    def site_lost(self, site: str, now_s: float) -> tuple[list[Moved], list[Moved]]:
+        """The paper's rule for a site that left: "jobs that were computed by the disconnected
+        organization are treated as if they were just submitted" (its running foreign requests
+        go back to the queue, as new nodes submitted at ``now_s``); "jobs submitted by the
+        lost site are removed, apart from those which are already being executed" (its queued
+        requests; and the records of its own requests it ran itself, which went with it).
         Each move is one transaction, so two brokers applying the rule at once move each
-        request once. Returns (requeued, removed) request node names."""
+        request once; in node order, so that requests requeued together keep their order.
+        Returns the (requeued, removed) requests."""
         requeued, removed = [], []
-        for name, (running, stat) in self.running().items():
+        for name, (running, stat) in sorted(self.running().items()):
             if running.site != site:
                 continue
             if running.request.site != site:
-                if self.requeue(name, running, stat):
-                    requeued.append(name)
+                if self.requeue(name, running, stat, now_s):
+                    requeued.append(Moved(name, running.request))
                 continue
             # its own request it ran itself went with it: the record goes too
             tx = self.zk.transaction()
             tx.check(self.path("running", name), stat.version)
             tx.delete(self.path("running", name))
             if not _failed(self._wait(tx.commit_async())):
-                removed.append(name)
+                removed.append(Moved(name, running.request))
         for queued in self.queued():
             if queued.request.site != site:
                 continue
             try:
                 self._wait(self.zk.delete_async(self.path("queue", queued.name)))
-                removed.append(queued.name)
+                removed.append(Moved(queued.name, queued.request))
             except NoNodeError:
                 continue
         return requeued, removed
 
-    def requeue(self, name: str, running: Running, stat: ZnodeStat) -> bool:
-        """Put a running request back in the queue (a new node, its submission time kept), if
-        its running node is still at the version read: one transaction, so that it moves once
-        however many brokers try."""
+    def requeue(self, name: str, running: Running, stat: ZnodeStat, now_s: float) -> bool:
+        """Put a running request back in the queue as if just submitted (a new node, submitted
+        at ``now_s``), if its running node is still at the version read: one transaction, so
+        that it moves once however many brokers try."""
+        again = replace(running.request, submitted_s=now_s)
         tx = self.zk.transaction()
         tx.check(self.path("running", name), stat.version)
         tx.delete(self.path("running", name))
-        tx.create(self.path("queue", "req-"), _dump(asdict(running.request)), sequence=True)
+        tx.create(self.path("queue", "req-"), _dump(asdict(again)), sequence=True)
         return not _failed(self._wait(tx.commit_async()))
 
     # -- helpers ------------------------------------------------------------------------------

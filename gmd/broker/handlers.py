@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from gmd import GmdError
 from gmd.broker.coordination import Request
 
 _PR_SET_PDEATHSIG = 1
@@ -32,6 +33,11 @@ def _end_with_parent() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     except (OSError, AttributeError):
         pass
+
+
+class HandlerUnavailable(GmdError):
+    """The handler cannot say yet what runs here (its cloud has not answered since the start):
+    the broker waits it out, as it waits out ZooKeeper."""
 
 
 @dataclass(frozen=True)
@@ -65,7 +71,12 @@ class ResourceHandler(Protocol):
         ...
 
     def finished(self) -> list[Finished]:
-        """The requests that stopped since the last call (each once)."""
+        """The requests that stopped since the last call (each once): ``completed`` false
+        when one failed here (it goes back to the queue)."""
+        ...
+
+    def close(self) -> None:
+        """Stop what runs here (the broker is stopping)."""
         ...
 
 

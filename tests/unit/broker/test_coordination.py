@@ -6,6 +6,7 @@ site-lost rule."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,6 +16,7 @@ from kazoo.client import KazooClient
 from gmd.broker.coordination import (
     Federation,
     FederationError,
+    Moved,
     Queued,
     Request,
     ordered,
@@ -153,25 +155,28 @@ def test_a_lost_sites_foreign_work_is_requeued_and_its_queue_removed(brokers: An
     queued_by_lost = lost.publish(request("lost", 2))
     kept = other.publish(request("other", 3))
     # Two brokers apply the rule at once: each request moves once.
-    results: list[tuple[list[str], list[str]]] = []
+    results: list[tuple[list[Moved], list[Moved]]] = []
     appliers = [brokers("x"), watcher]
+    now = time.time()
     threads = [
-        threading.Thread(target=lambda f=f: results.append(f.site_lost("lost"))) for f in appliers
+        threading.Thread(target=lambda f=f: results.append(f.site_lost("lost", now)))
+        for f in appliers
     ]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
-    requeued = [n for r, _ in results for n in r]
-    removed = [n for _, r in results for n in r]
+    requeued = [m.name for r, _ in results for m in r]
+    removed = [m.name for _, r in results for m in r]
     assert requeued == [foreign] and removed == [queued_by_lost]
     waiting = watcher.queued()
     assert {q.request.id for q in waiting} == {"other-1", "other-3"}
     assert kept in {q.name for q in waiting}
     assert watcher.running() == {}
     assert lost.complete(foreign, 10.0) is None  # the lost site cannot count it any more
-    # The requeued request keeps its submission time: it is still the longest waiting.
-    assert ordered(waiting, {})[0].request.id == "other-1"
+    # The requeued request is "treated as if just submitted": it waits behind other-3 now.
+    assert [q.request.id for q in ordered(waiting, {})] == ["other-3", "other-1"]
+    assert next(q for q in waiting if q.request.id == "other-1").request.submitted_s == now
 
 
 def test_garbage_in_the_queue_stops_no_broker_and_bad_requests_are_refused(
