@@ -54,6 +54,9 @@ from gmd.broker.history import Entry, History, Reconciled
 from gmd.fairness.federation import takes_work
 
 LOG = logging.getLogger(__name__)
+TAKE_EVERY_S = 5.0
+"""How often the queue is looked at without an event or a change of free capacity (a missed
+watch, a priority that changed)."""
 UNREACHABLE: tuple[type[Exception], ...] = (KazooException, KazooTimeoutError)
 """ZooKeeper did not answer (a lost connection, a timeout, an expired session): what a broker
 waits out rather than treats as a bug."""
@@ -129,6 +132,11 @@ class Broker:
     _unpublished: list[Request] = field(default_factory=list)
     """local requests whose publish failed (ZooKeeper unreachable): published once it is back,
     unless ZooKeeper holds them already (the answer was lost, not the request)"""
+    _attempted: set[tuple[str, str]] = field(default_factory=set)
+    """local requests (site, id) a publish was tried for whose answer never came"""
+    _take_wanted: bool = True
+    _free_seen: float = -1.0
+    _take_due: float = 0.0
     _failed: list[str] = field(default_factory=list)
     """requests that failed here, to requeue (kept while ZooKeeper is unreachable)"""
     history: History | None = None
@@ -199,6 +207,7 @@ class Broker:
                 event, detail = None, None
             try:
                 if event is not None:
+                    self._take_wanted = True
                     self._handle(event, detail)
                 self._publish_again()
                 self._collect()
@@ -262,8 +271,11 @@ class Broker:
         """Publish the local requests not yet published (in order), while connected."""
         while self._unpublished and not self._suspended.is_set():
             request = self._unpublished[0]
+            key = (request.site, request.id)
             try:
-                if not self.federation.holds(request):
+                # Only a publish whose answer was lost may have been made: only then look.
+                if key not in self._attempted or not self.federation.holds(request):
+                    self._attempted.add(key)
                     self.federation.publish(request)
             except UNREACHABLE as exc:
                 LOG.warning(
@@ -274,6 +286,7 @@ class Broker:
                 )
                 return
             self._unpublished.pop(0)
+            self._attempted.discard(key)
             self._decide(Choice.published, request)
 
     def _take(self) -> None:
@@ -281,6 +294,14 @@ class Broker:
         highest priority organisation that fits."""
         if self._suspended.is_set():
             return
+        free = self.handler.free_cores()
+        now = time.monotonic()
+        # Nothing to look at unless an event came, the free capacity changed, or a while
+        # passed: a queue of thousands is not read every tick for nothing.
+        if not self._take_wanted and free == self._free_seen and now < self._take_due:
+            return
+        self._take_wanted, self._free_seen = False, free
+        self._take_due = now + TAKE_EVERY_S
         capacity = self.handler.capacity_cores()
         while not self._stopping.is_set():
             free = self.handler.free_cores()
@@ -294,7 +315,7 @@ class Broker:
                 claim = self.federation.claim(candidate.name)
                 if claim is None:
                     continue
-                running = self.federation.consume(claim, self.clock())
+                running = self.federation.consume(claim, self.clock(), candidate.request)
                 if running is None:
                     continue
                 self.handler.start(candidate.name, running.request)
@@ -355,7 +376,7 @@ class Broker:
         again while ZooKeeper is unreachable)."""
         while self._failed and not self._suspended.is_set():
             name = self._failed[0]
-            found = self.federation.running().get(name)
+            found = self.federation.running_one(name)
             if found is not None and found[0].site == self.settings.site:
                 running, stat = found
                 if self.federation.requeue(name, running, stat, self.clock()):

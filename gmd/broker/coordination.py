@@ -4,7 +4,7 @@ Layout under ``root`` (``/gmd/federation`` by default)::
 
     members/<site>           ephemeral: a broker that is up (its session's), JSON of its site
     queue/req-<seq>          persistent, sequential: a request waiting, JSON :class:`Request`
-    claims/req-<seq>/c-<seq> ephemeral, sequential: brokers about to take that request
+    claims/req-<seq>-c-<seq> ephemeral, sequential: brokers about to take that request
     running/req-<seq>        persistent: a request some site runs, JSON :class:`Running`
     summaries/<org>          persistent: an organisation's contribution and use so far
     sites/<site>             persistent: how many completions a site made, and its last one
@@ -155,7 +155,7 @@ class Claim:
     name: str
     """the request's node name (``req-<seq>``)"""
     path: str
-    """the claim node (``claims/req-<seq>/c-<seq>``)"""
+    """the claim node (``claims/req-<seq>-c-<seq>``)"""
 
 
 @dataclass(frozen=True)
@@ -189,6 +189,16 @@ def _load(data: bytes, what: str) -> Any:
         raise FederationError(f"{what}: not JSON") from None
 
 
+def _running(data: bytes, name: str) -> Running | None:
+    """A running node's record; None for one that is not (it can stop no broker)."""
+    try:
+        doc = _load(data, f"running/{name}")
+        request = Request(**doc["request"])
+        return Running(request, str(doc["site"]), float(doc["started_s"]), str(doc.get("org", "")))
+    except (TypeError, KeyError, ValueError, FederationError):
+        return None
+
+
 def read_request(data: bytes, what: str) -> Request:
     doc = _load(data, what)
     if not isinstance(doc, dict):
@@ -209,6 +219,8 @@ class Federation:
     root: str = ROOT
     timeout_s: float = CALL_TIMEOUT_S
     _paths: dict[str, str] = field(init=False, repr=False)
+    _queue_cache: dict[str, Request | None] = field(init=False, repr=False, default_factory=dict)
+    _running_cache: dict[str, Running | None] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self._paths = {
@@ -271,43 +283,66 @@ class Federation:
     def holds(self, request: Request) -> bool:
         """Whether ``request`` (by its site and id) is queued or running: a publish whose answer
         was lost (the connection dropped after ZooKeeper created the node) is not repeated."""
-        if any(
-            q.request.site == request.site and q.request.id == request.id for q in self.queued()
-        ):
+        same = (request.site, request.id)
+        if any((q.request.site, q.request.id) == same for q in self.queued()):
             return True
-        return any(
-            r.request.site == request.site and r.request.id == request.id
-            for r, _ in self.running().values()
-        )
+        return any((r.request.site, r.request.id) == same for r in self.running_requests())
 
-    def queued(self) -> list[Queued]:
+    def queued(self, names: Iterable[str] | None = None) -> list[Queued]:
         """The requests waiting, oldest node first; a node that is not a request is skipped
-        (it can stop no broker)."""
-        names = sorted(self._wait(self.zk.get_children_async(self.path("queue"))))
-        out = []
-        for name in names:
+        (it can stop no broker). ``names``: the queue's children as a watch last gave them
+        (else they are listed). A queue node is never changed (a requeue makes a new one), so
+        each is read once: only names not seen before are read, all at once."""
+        if names is None:
+            names = self._wait(self.zk.get_children_async(self.path("queue")))
+        listed = sorted(names)
+        cache = self._queue_cache
+        new = [n for n in listed if n not in cache]
+        for name, doc in zip(new, self._read_many("queue", new), strict=True):
             try:
-                data, _ = self._wait(self.zk.get_async(self.path("queue", name)))
-                out.append(Queued(name, read_request(data, f"queue/{name}")))
-            except (NoNodeError, FederationError):
-                continue
+                cache[name] = None if doc is None else read_request(doc, f"queue/{name}")
+            except FederationError:
+                cache[name] = None
+        for gone in set(cache) - set(listed):
+            del cache[gone]
+        return [Queued(n, r) for n in listed if (r := cache.get(n)) is not None]
+
+    def _read_many(self, kind: str, names: Sequence[str]) -> list[bytes | None]:
+        return [None if got is None else got[0] for got in self._get_many(kind, names)]
+
+    def _get_many(self, kind: str, names: Sequence[str]) -> list[tuple[bytes, ZnodeStat] | None]:
+        """Each node's data and stat (None: gone), the reads sent together (pipelined, in
+        slices), each bounded."""
+        out: list[tuple[bytes, ZnodeStat] | None] = []
+        for at in range(0, len(names), 1000):
+            pending = [self.zk.get_async(self.path(kind, n)) for n in names[at : at + 1000]]
+            for result in pending:
+                try:
+                    data, stat = self._wait(result)
+                    out.append((data, stat))
+                except NoNodeError:
+                    out.append(None)
         return out
 
     def claim(self, name: str) -> Claim | None:
-        """Claim queued request ``name``: None when another broker's claim came first or the
-        request is gone."""
-        base = self.path("claims", name)
-        try:
-            self._wait(self.zk.ensure_path_async(base))
-            created = self._wait(
-                self.zk.create_async(
-                    f"{base}/c-", self.site.encode(), ephemeral=True, sequence=True
-                )
+        """Claim queued request ``name``: None when another broker's claim came first. The
+        claims are flat (``claims/<name>-c-<seq>``): a claim is one create and one listing,
+        and no per-request node is left behind by a claim that came late."""
+        created = self._wait(
+            self.zk.create_async(
+                self.path("claims", f"{name}-c-"),
+                self.site.encode(),
+                ephemeral=True,
+                sequence=True,
             )
-        except NoNodeError:
-            return None
+        )
         mine = str(created).rsplit("/", 1)[1]
-        claimants = sorted(self._wait(self.zk.get_children_async(base)))
+        prefix = f"{name}-c-"
+        claimants = sorted(
+            c
+            for c in self._wait(self.zk.get_children_async(self.path("claims")))
+            if c.startswith(prefix)
+        )
         if claimants and claimants[0] != mine:
             self._delete_quietly(str(created))
             return None
@@ -316,15 +351,20 @@ class Federation:
     def release(self, claim: Claim) -> None:
         self._delete_quietly(claim.path)
 
-    def consume(self, claim: Claim, now_s: float | None = None) -> Running | None:
+    def consume(
+        self, claim: Claim, now_s: float | None = None, request: Request | None = None
+    ) -> Running | None:
         """Take the claimed request from the queue to run it here: exactly once (see the
-        module's notes). None: the claim was lost (session expired) or the request is gone."""
-        try:
-            data, _ = self._wait(self.zk.get_async(self.path("queue", claim.name)))
-        except NoNodeError:
-            self.release(claim)
-            return None
-        request = read_request(data, f"queue/{claim.name}")
+        module's notes). ``request``: the queue node's request, when the caller read it
+        already (a queue node never changes). None: the claim was lost (session expired) or
+        the request is gone."""
+        if request is None:
+            try:
+                data, _ = self._wait(self.zk.get_async(self.path("queue", claim.name)))
+            except NoNodeError:
+                self.release(claim)
+                return None
+            request = read_request(data, f"queue/{claim.name}")
         running = Running(request, self.site, time.time() if now_s is None else now_s, self.org)
         tx = self.zk.transaction()
         tx.check(claim.path, 0)
@@ -335,28 +375,37 @@ class Federation:
         if _failed(results):
             self.release(claim)
             return None
-        self._delete_quietly(self.path("claims", claim.name))
         return running
 
     # -- running and done ---------------------------------------------------------------------
 
     def running(self) -> dict[str, tuple[Running, ZnodeStat]]:
+        """Every running request with its node's stat (what a requeue is fenced by), read
+        now."""
+        names = self._wait(self.zk.get_children_async(self.path("running")))
         out = {}
-        for name in self._wait(self.zk.get_children_async(self.path("running"))):
-            try:
-                data, stat = self._wait(self.zk.get_async(self.path("running", name)))
-            except NoNodeError:
-                continue
-            doc = _load(data, f"running/{name}")
-            try:
-                request = Request(**doc["request"])
-                running = Running(
-                    request, str(doc["site"]), float(doc["started_s"]), str(doc.get("org", ""))
-                )
-                out[name] = (running, stat)
-            except (TypeError, KeyError, ValueError, FederationError):
-                continue
+        for name, got in zip(names, self._get_many("running", names), strict=True):
+            if got is not None and (running := _running(got[0], name)) is not None:
+                out[name] = (running, got[1])
         return out
+
+    def running_one(self, name: str) -> tuple[Running, ZnodeStat] | None:
+        (got,) = self._get_many("running", [name])
+        if got is None or (running := _running(got[0], name)) is None:
+            return None
+        return running, got[1]
+
+    def running_requests(self) -> list[Running]:
+        """What runs now, for the standings: as :meth:`queued`, each node read once (a
+        running node is never changed: a requeue or a completion deletes it)."""
+        names = self._wait(self.zk.get_children_async(self.path("running")))
+        cache = self._running_cache
+        new = [n for n in names if n not in cache]
+        for name, got in zip(new, self._get_many("running", new), strict=True):
+            cache[name] = None if got is None else _running(got[0], name)
+        for gone in set(cache) - set(names):
+            del cache[gone]
+        return [r for n in sorted(names) if (r := cache.get(n)) is not None]
 
     def complete(
         self,
@@ -485,7 +534,7 @@ class Federation:
         members = self.members()
         site_org = {site: str(doc.get("org", "")) for site, doc in members.items()}
         queued = [q.request for q in self.queued()]
-        running = [r for r, _ in self.running().values()]
+        running = self.running_requests()
         orgs = set(summaries) | set(site_org.values()) | {r.org for r in queued}
         orgs |= {r.request.org for r in running} | {r.org for r in running if r.org}
         orgs.discard("")
