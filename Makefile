@@ -84,6 +84,7 @@ bench: setup
 	$(BIN)/python bench/agent.py
 	$(BIN)/python bench/replay.py --vms 1-100 --days 3 --tick 300 --interval 900
 	$(BIN)/python bench/demo.py
+	$(BIN)/python bench/broker.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -65,6 +65,7 @@ SLOW = frozenset(
         "test_a_replaying_agent_killed_mid_replay_resumes_without_counting_twice",
         "tests/integration/test_wheel_demo.py::"
         "test_a_wheel_with_daemon_and_admin_runs_the_demo_outside_the_checkout",
+        "tests/integration/test_broker_bench.py::test_broker_bench_claims_probes_and_measures_a_month",
     }
 )
 
