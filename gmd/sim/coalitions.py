@@ -15,6 +15,9 @@ Rand (SPAA Fig. 6) keeps, for each organization o, N coalitions S of o's predece
 orders and S ∪ {o}, schedules them with a plain greedy (FCFS), and lets the grand coalition use
 the mean marginal contribution as o's contribution. Its guarantee holds for unit jobs only;
 with real job sizes it is the paper's heuristic.
+
+Neither models background load (Scenario 3's local jobs): they would need every coalition's
+placement per organization, which Ref's books do without. A workload with background is refused.
 """
 
 from __future__ import annotations
@@ -87,6 +90,11 @@ class _Engine:
         horizon: int | None,
         rand_preds: list[list[int]] | None = None,
     ) -> None:
+        if workload.background is not None and workload.background.n_jobs:
+            raise ValueError(
+                "Ref and Rand do not model background load: simulate it with other policies "
+                "and without Ref (--no-ref)"
+            )
         self.w = workload
         self.k = workload.n_orgs
         self.coalitions = sorted(coalitions, key=lambda c: (c.bit_count(), c))

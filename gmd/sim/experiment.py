@@ -5,6 +5,12 @@ split. Each sample runs Ref (the reference of Δψ/p) and every chosen policy, a
 CloudShare's scoring (every coalition under every policy, waits compared to their Shapley
 values). Samples are independent, so they go to a process pool; each draws its randomness
 from ``(seed, sample index)`` alone, so results do not depend on the number of workers.
+
+With ``background`` > 0 (CloudShare's Scenario 3, :mod:`gmd.sim.workload`) each user of a
+sample is local with that probability, drawn from a stream of its own, ``(seed, sample index,
+1)``, so the windows and the organizations' users are those of the same run without background
+load. Every sample also records how long it is contended
+(:func:`~gmd.sim.measures.overload_s`), for :mod:`gmd.sim.bootstrap`'s orderings.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from gmd.sim.coalitions import CoalitionRun, simulate_rand, simulate_ref
 from gmd.sim.measures import (
     cloudshare_unfairness,
     coalition_wait_values,
+    overload_s,
     pairwise_scores,
     unfairness,
     unit_parts,
@@ -33,7 +40,13 @@ from gmd.sim.policies import PolicySpec, parse_policy
 from gmd.sim.scheduler import Schedule, simulate
 from gmd.sim.shapley import shapley_float
 from gmd.sim.swf import Trace, peak_processors, read_swf
-from gmd.sim.workload import Workload, assign_users, build_workload, processor_counts
+from gmd.sim.workload import (
+    Workload,
+    assign_users,
+    build_workload,
+    local_users,
+    processor_counts,
+)
 
 MAX_REF_ORGS = 12  # 2^12 coalitions: beyond this Ref, the reference of Δψ/p, is impractical
 
@@ -52,6 +65,7 @@ class ExperimentConfig:
     cloudshare: bool = False  # also score by CloudShare's pairwise wait-time fairness
     org_of_user: dict[int, int] | None = None  # fixed assignment (else random per sample)
     reference: bool = True  # run Ref for Δψ/p (exponential in k; CloudShare scoring needs none)
+    background: float = 0.0  # share of each organization's users that are local (Scenario 3)
 
 
 @dataclass(frozen=True)
@@ -73,6 +87,8 @@ class SampleResult:
     shapley: list[float]  # Shapley values of ψ at T from Ref's coalition schedules
     outcomes: dict[str, PolicyOutcome]
     scores: dict[str, int] = field(default_factory=dict)
+    overload_s: int = 0  # how long its jobs need more processors than there are (contention)
+    background_work: float = 0.0  # local work's share of all work (Scenario 3), 0 without
 
 
 @dataclass(frozen=True)
@@ -146,6 +162,11 @@ def sample_workloads(config: ExperimentConfig, trace: Trace) -> list[Workload]:
         mapping = config.org_of_user
         if mapping is None:
             mapping = assign_users(trace.user[lo:hi], config.n_orgs, int(rng.integers(2**31)))
+        local: set[int] = set()
+        if config.background:
+            # The sample's own users (a fixed assignment names the whole trace's).
+            sample_users = np.unique(trace.user[lo:hi]).tolist()
+            local = local_users(sample_users, config.background, [config.seed, i, 1])
         out.append(
             build_workload(
                 trace,
@@ -155,6 +176,7 @@ def sample_workloads(config: ExperimentConfig, trace: Trace) -> list[Workload]:
                 procs,
                 unit_s=config.unit_s,
                 label=f"sample {i}",
+                local=local,
             )
         )
     return out
@@ -172,6 +194,12 @@ def run_sample(
     specs = resolve_policies(policies)
     k = workload.n_orgs
     reference = reference or any(s.name == "Ref" for s in specs)
+    bg = workload.background
+    if bg is not None and (reference or any(s.is_coalitional for s in specs)):
+        raise ValueError(
+            "background load: Ref and Rand do not model it; simulate without Ref (--no-ref) "
+            "and leave out Ref and Rand"
+        )
     if reference and k > MAX_REF_ORGS:
         raise ValueError(
             f"{k} organizations: Ref, the reference of Δψ/p, simulates 2^k coalitions; "
@@ -218,9 +246,12 @@ def run_sample(
         if cloudshare
         else {}
     )
+    own_work = int(workload.duration.sum())
+    local_work = 0 if bg is None else bg.work()
     return SampleResult(
         index, workload.origin_s, workload.n_jobs, workload.processors, parts, shapley,
-        outcomes, scores,
+        outcomes, scores, overload_s(workload),
+        local_work / (own_work + local_work) if local_work else 0.0,
     )  # fmt: skip
 
 

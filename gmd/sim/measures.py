@@ -84,6 +84,35 @@ def pairwise_scores(unfair: Mapping[str, float]) -> dict[str, int]:
     return scores
 
 
+def overload_s(workload: Workload) -> int:
+    """Seconds during which the jobs, each started at its release, would need more processors
+    than there are: how long a sample is overloaded (its background load included). A sample
+    is *contended* (:func:`gmd.sim.command.is_contended`) when it is overloaded and some
+    federation job did wait.
+
+    Policy-free, and computed from the workload alone: until the first such moment every greedy
+    schedule starts every job at its release, so policies can only differ after it. Without
+    background load a sample with none is one where no job waits under any greedy policy, and
+    every measure of fairness is the same for all of them. (With background load a local job may
+    wait for its own organization's processors while others' are free, and delay the federation
+    later, rarely; and an overload of local jobs alone makes no federation job wait.) It runs
+    past the window's end when the window's last jobs do, as their waits do.
+    """
+    release, duration = [workload.release], [workload.duration]
+    if workload.background is not None:
+        release.append(workload.background.release)
+        duration.append(workload.background.duration)
+    start = np.concatenate(release)
+    if start.size == 0:
+        return 0
+    times = np.concatenate([start, start + np.concatenate(duration)])
+    deltas = np.concatenate([np.ones(start.size, np.int64), -np.ones(start.size, np.int64)])
+    order = np.lexsort((deltas, times))  # at equal times, ends first: a freed processor is reused
+    times, running = times[order], np.cumsum(deltas[order])
+    over = running[:-1] > sum(workload.processors)
+    return int((np.diff(times)[over]).sum())
+
+
 def idle_while_waiting(schedule: Schedule) -> int | None:
     """The first time a processor idled while a released job waited, or None (greedy)."""
     w = schedule.workload

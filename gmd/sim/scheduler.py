@@ -8,6 +8,13 @@ whose head job was released first, then to the lower index, so a run is reproduc
 Placement is the CloudShare broker's: a job runs on its own organization's free processor when
 there is one, otherwise on a free processor drawn at random (seeded). Only DirectContr looks at
 placement (it credits the processor's owner); every other measure is placement-free.
+
+Background load (``Workload.background``, CloudShare's Scenario 3) is local jobs that run only
+on their organization's processors: at every event time, after completions and releases, each
+organization's free processors first go to its waiting local jobs (FIFO), and only then does the
+policy hand out what is left. Local jobs are invisible to the policy (it is told of federation
+jobs only) and never preempt a federation job already running. The loop ends when every
+federation job has started; local jobs still waiting then matter to nobody.
 """
 
 from __future__ import annotations
@@ -34,6 +41,9 @@ class Schedule:
     policy: str
     start: np.ndarray
     owner: np.ndarray
+    background_start: np.ndarray | None = None
+    """when each local job started (on its organization's processor), -1 if not before every
+    federation job had; None without background load"""
 
     @property
     def end(self) -> np.ndarray:
@@ -49,6 +59,16 @@ def simulate(
 ) -> Schedule:
     """Replay ``workload`` under ``policy`` until every job started (or until ``horizon``)."""
     n = workload.n_jobs
+    bg = workload.background
+    nb = 0 if bg is None else bg.n_jobs
+    # Local jobs are numbered n, n + 1, … in the completion heap; a sentinel release ends them.
+    bg_release = [_NEVER] if bg is None else [*bg.release.tolist(), _NEVER]
+    bg_duration = [] if bg is None else bg.duration.tolist()
+    bg_org = [] if bg is None else bg.org.tolist()
+    bg_queues: list[deque[int]] = [deque() for _ in range(workload.n_orgs)]
+    bg_waiting: set[int] = set()
+    bg_start = [-1] * nb
+    b = 0
     k = workload.n_orgs
     procs = workload.processors
     total = sum(procs)
@@ -72,12 +92,18 @@ def simulate(
     i = 0
     while i < n or n_waiting:
         t: int = release[i] if i < n else _NEVER
+        if bg_release[b] < t:
+            t = bg_release[b]
         if heap and heap[0][0] < t:
             t = heap[0][0]
         if t == _NEVER or (horizon is not None and t >= horizon):
             break
         while heap and heap[0][0] == t:
             _, j = heapq.heappop(heap)
+            if j >= n:  # a local job: its processor goes back to its organization
+                free[bg_org[j - n]] += 1
+                n_free += 1
+                continue
             free[owner[j]] += 1
             n_free += 1
             finished(t, org_of[j], owner[j], start[j], release[j])
@@ -87,6 +113,21 @@ def simulate(
             waiting.add(o)
             n_waiting += 1
             i += 1
+        if nb:
+            while bg_release[b] == t:
+                bg_queues[bg_org[b]].append(b)
+                bg_waiting.add(bg_org[b])
+                b += 1
+            for o in list(bg_waiting):
+                q = bg_queues[o]
+                while q and free[o]:
+                    lj = q.popleft()
+                    bg_start[lj] = t
+                    free[o] -= 1
+                    n_free -= 1
+                    heapq.heappush(heap, (t + bg_duration[lj], n + lj))
+                if not q:
+                    bg_waiting.discard(o)
         while n_free and n_waiting:
             if len(waiting) == 1:
                 o = next(iter(waiting))
@@ -117,4 +158,5 @@ def simulate(
         policy.name,
         np.array(start, dtype=np.int64),
         np.array(owner, dtype=np.int64),
+        None if bg is None else np.array(bg_start, dtype=np.int64),
     )

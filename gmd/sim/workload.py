@@ -5,11 +5,27 @@ organizations, processors split between organizations, a q-processor job replace
 sequential copies (the model has sequential jobs only) and, optionally, every job cut into
 unit-length pieces (CloudShare cuts hour-long pieces so that every greedy schedule has the same
 total wait time and only its distribution between organizations differs).
+
+Background load (CloudShare's Scenario 3: "users local to each CSP generating background load";
+"the amount of contributed resources changes dynamically") is the jobs of *local* users: each
+runs only on its own organization's processors, is not the federation's (no policy sees it, no
+measure counts it) and takes those processors first, so what an organization contributes is
+what its local users leave. The paper says no more; the choices left open are ours:
+
+- which users are local: each user of a sample, with a fixed probability (:func:`local_users`);
+  their jobs, as the trace has them, are the background of the organization they are dealt to;
+- the local scheduler is FIFO and comes first: at every event, an organization's free
+  processors go to its waiting local jobs before the federation's policy names anyone;
+- no preemption: a federation job already running on a processor keeps it, so a local job may
+  wait for its own processors (a non-preemptive cluster that lends out its idle nodes);
+- local jobs keep their real length (split per processor, never cut into ``unit_s`` pieces):
+  the cut only serves to make the federation's total wait schedule-independent, and cutting the
+  background would make it wider and shorter than the trace's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +34,37 @@ import numpy as np
 from gmd.sim.swf import Trace
 
 PROCESSOR_MODES: tuple[str, ...] = ("equal", "zipf")
+
+
+@dataclass(frozen=True)
+class Background:
+    """Local jobs: they run only on their organization's processors, before the federation's.
+
+    Sequential, in release order, times in the window's seconds, like :class:`Workload`'s jobs.
+    """
+
+    release: np.ndarray  # int64, non-decreasing
+    duration: np.ndarray  # int64, >= 1
+    org: np.ndarray  # int64: whose processors, and only theirs
+
+    def __post_init__(self) -> None:
+        n = self.release.shape[0]
+        if self.duration.shape != (n,) or self.org.shape != (n,):
+            raise ValueError("background: release, duration and org need one entry per job")
+        if n and (np.any(np.diff(self.release) < 0) or self.duration.min() < 1):
+            raise ValueError("background jobs must be in order of release and last >= 1 s")
+
+    @property
+    def n_jobs(self) -> int:
+        return int(self.release.shape[0])
+
+    def work(self) -> int:
+        """Processor-seconds of local work."""
+        return int(self.duration.sum())
+
+    def restricted(self, members: int) -> Background:
+        keep = ((members >> self.org) & 1).astype(bool)
+        return Background(self.release[keep], self.duration[keep], self.org[keep])
 
 
 @dataclass(frozen=True)
@@ -35,6 +82,7 @@ class Workload:
     horizon_s: int
     origin_s: int = 0  # the window's start in the trace's own clock
     label: str = ""
+    background: Background | None = None  # local jobs (Scenario 3); None: the federation's only
 
     def __post_init__(self) -> None:
         n = self.release.shape[0]
@@ -51,6 +99,9 @@ class Workload:
             if self.org.min() < 0 or self.org.max() >= self.n_orgs:
                 bad = int(np.argmax((self.org < 0) | (self.org >= self.n_orgs)))
                 raise ValueError(f"job {bad} belongs to organization {int(self.org[bad])}")
+        bg = self.background
+        if bg is not None and bg.n_jobs and (bg.org.min() < 0 or bg.org.max() >= self.n_orgs):
+            raise ValueError(f"a background job belongs to no organization of {self.processors}")
 
     @property
     def n_orgs(self) -> int:
@@ -75,6 +126,7 @@ class Workload:
             self.horizon_s,
             self.origin_s,
             self.label,
+            None if self.background is None else self.background.restricted(members),
         )
 
 
@@ -113,6 +165,20 @@ def assign_users(users: np.ndarray, n_orgs: int, seed: int) -> dict[int, int]:
     rng = np.random.default_rng(seed)
     shuffled = rng.permutation(distinct)
     return {int(u): i % n_orgs for i, u in enumerate(shuffled)}
+
+
+def local_users(users: Collection[int], fraction: float, seed: int | Sequence[int]) -> set[int]:
+    """Scenario 3's local users: each of ``users`` independently with probability ``fraction``.
+
+    Independent draws rather than a fixed count per organization: a sample's organizations
+    often have one or two users, and any rounding of "half of one user" would make all of them
+    local (or none); a draw per user keeps the expected share ``fraction`` everywhere.
+    """
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(f"background = {fraction}: the share of local users must be in [0, 1)")
+    ordered = sorted(int(u) for u in users)
+    draws = np.random.default_rng(seed).random(len(ordered))
+    return {u for u, x in zip(ordered, draws.tolist(), strict=True) if x < fraction}
 
 
 def read_assignment(path: str | Path) -> tuple[dict[int, int], list[str]]:
@@ -157,8 +223,12 @@ def build_workload(
     *,
     unit_s: int | None = None,
     label: str = "",
+    local: Collection[int] = (),
 ) -> Workload:
-    """The jobs submitted in ``[start_s, start_s + window_s)``, split into sequential pieces."""
+    """The jobs submitted in ``[start_s, start_s + window_s)``, split into sequential pieces.
+
+    Jobs of the users in ``local`` become the background load (never cut into pieces).
+    """
     if window_s < 1:
         raise ValueError(f"window = {window_s} s: must be at least 1 s")
     if unit_s is not None and unit_s < 1:
@@ -179,6 +249,16 @@ def build_workload(
             f"but processors are given for {len(processors)}"
         )
     copies = trace.processors[lo:hi]
+    is_local = np.isin(users, np.fromiter(local, dtype=np.int64, count=len(local)))
+    background = None
+    if local:
+        lc = np.where(is_local, copies, 0)
+        background = Background(
+            np.repeat(trace.submit_s[lo:hi] - start_s, lc).astype(np.int64),
+            np.repeat(trace.run_s[lo:hi], lc).astype(np.int64),
+            np.repeat(orgs, lc).astype(np.int64),
+        )
+        copies = np.where(is_local, 0, copies)
     release = np.repeat(trace.submit_s[lo:hi] - start_s, copies)
     duration = np.repeat(trace.run_s[lo:hi], copies)
     org = np.repeat(orgs, copies)
@@ -195,4 +275,5 @@ def build_workload(
         int(window_s),
         int(start_s),
         label,
+        background,
     )

@@ -280,6 +280,31 @@ def simulate_command(
         ),
     ] = None,
     workers: Annotated[int | None, typer.Option(help="Processes (default: all cores).")] = None,
+    background: Annotated[
+        float,
+        typer.Option(
+            help="Share of each organization's users that are local: their jobs run only on its"
+            " processors, before the federation's (CloudShare's Scenario 3; needs --no-ref).",
+            metavar="SHARE",
+        ),
+    ] = 0.0,
+    bootstrap: Annotated[
+        int,
+        typer.Option(
+            help="Also order every pair of policies, with a 95 % bootstrap interval over the"
+            " contended samples from N resamples (e.g. 2000).",
+            metavar="N",
+        ),
+    ] = 0,
+    contention: Annotated[
+        float,
+        typer.Option(
+            help="A sample is contended when a federation job waited for a processor and its"
+            " jobs, started at release, need more than the processors for more than SHARE of"
+            " its window (0: at any moment).",
+            metavar="SHARE",
+        ),
+    ] = 0.0,
     *,
     out: Output,
 ) -> None:
@@ -310,11 +335,15 @@ def simulate_command(
                 cloudshare=cloudshare,
                 assignment=assignment,
                 reference=ref,
+                background=background,
+                bootstrap=bootstrap,
+                contention=contention,
             )
         )
+        table = shown(result, bootstrap, contention)
     except (ValueError, OSError) as exc:
         raise fail(str(exc)) from None
-    emit_policies(shown(result), "gmd simulate", out)
+    emit_policies(table, "gmd simulate", out)
 
 
 @output_options
@@ -367,7 +396,11 @@ def emit_policies(table: Shown, title: str, out: Output) -> None:
                     notes=[table.caption],
                     keep=("policy",),
                     name="policies",
-                )
+                ),
+                *(
+                    View(more.rows, more.columns, title=f"{title}: orderings", notes=[more.caption])
+                    for more in table.more
+                ),
             ],
             document=lambda views: {**table.document, "policies": views[0]},
         ),
