@@ -15,6 +15,11 @@ its free cores, the one of the organisation with the highest priority (contribut
 utility, from the summaries), and of that organisation's the longest waiting
 (:func:`~gmd.broker.coordination.ordered`).
 
+**The ledger.** With a :class:`~gmd.broker.history.History`, every decision is filed in this
+cloud's ledger, a completion before ZooKeeper counts it; at the start and after every rejoin
+the ledger and ZooKeeper's record of this site are reconciled; every ``standings_s`` the
+federation's standings are copied there for gmd-admin and the read API.
+
 **Connection states.** ZooKeeper's watches and kazoo's state changes only put events on the
 queue (a listener must never block). While the session is SUSPENDED the broker starts nothing
 (its claims may be expiring). After LOST kazoo opens a new session: the broker joins again and
