@@ -16,11 +16,14 @@ def segment_sum(values: np.ndarray, index: np.ndarray, size: int) -> np.ndarray:
     """
     if values.ndim == 1:
         return np.bincount(index, weights=values, minlength=size)[:size]
-    _n, m = values.shape
-    flat = (index[:, None] * m + np.arange(m)).ravel()
-    return np.bincount(flat, weights=values.ravel(), minlength=size * m)[: size * m].reshape(
-        size, m
-    )
+    # One bincount per column (a cloud has a handful of resources), not one over a flattened
+    # (group, column) index: building that index cost as much as the sums (1M VM rows × 4
+    # columns into 50k groups: 33 ms against 18 ms). Each group's sum is taken in the same
+    # row order either way, so the results are the same to the bit.
+    out = np.empty((size, values.shape[1]))
+    for j in range(values.shape[1]):
+        out[:, j] = np.bincount(index, weights=values[:, j], minlength=size)[:size]
+    return out
 
 
 def segment_count(index: np.ndarray, size: int) -> np.ndarray:

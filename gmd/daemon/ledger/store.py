@@ -564,9 +564,12 @@ class LedgerStore:
     def _unknown(self, conn: Connection, record: BatchRecord) -> tuple[int, int]:
         """How many of the batch's customers and VMs the ledger does not know: a look-up of
         those this process has not cached, so a known host's batch costs nothing here."""
+        # Membership tests, not ``set - dict.keys()``: that difference iterates the whole dict
+        # (every VM this process knows: 100,000 in a large cloud) for each batch, under the
+        # lock every ingest thread takes.
         with self._ids.lock:
-            customers = set(record.customers) - self._ids.customers.keys()
-            vms = set(record.vm_uuids) - self._ids.vms.keys()
+            customers = {c for c in record.customers if c not in self._ids.customers}
+            vms = {u for u in record.vm_uuids if u not in self._ids.vms}
         if customers:
             customers -= set(
                 conn.execute(
