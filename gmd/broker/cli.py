@@ -67,16 +67,9 @@ def _ledger(config: BrokerConfig) -> Engine:
         raise fail(f"database url: {exc}", ExitCode.USAGE) from None
     shown = engine.url.render_as_string(hide_password=True)
     try:
-        revision = migrate.current(engine)
-        if revision is None:
-            log.info("empty ledger database: creating the schema (%s)", migrate.head())
-            migrate.upgrade(engine)
-        elif revision != migrate.head():
-            raise fail(
-                f"the ledger {shown} is at schema {revision}, this gmd needs {migrate.head()}:"
-                " run `gmd-admin db upgrade`",
-                ExitCode.UNAVAILABLE,
-            )
+        migrate.prepare(engine)
+    except migrate.SchemaMismatch as exc:
+        raise fail(f"{shown}: {exc}", ExitCode.UNAVAILABLE) from None
     except SQLAlchemyError as exc:
         message = f"cannot use the ledger {shown}: {type(exc).__name__}: {exc.args[0]}"
         raise fail(message.splitlines()[0], ExitCode.UNAVAILABLE) from None

@@ -40,11 +40,11 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NodeExistsError, NoNodeError, NotEmptyError
+from kazoo.exceptions import NodeExistsError, NoNodeError
 from kazoo.protocol.states import ZnodeStat
 
 from gmd import GmdError
-from gmd.fairness.federation import choice_order, priority
+from gmd.fairness.federation import Summary, choice_order
 
 ROOT = "/gmd/federation"
 CALL_TIMEOUT_S = 10.0
@@ -113,22 +113,6 @@ class SiteRecord:
     last: Completion | None
     version: int | None
     """the node's version (None: no node yet)"""
-
-
-@dataclass(frozen=True)
-class Summary:
-    """An organisation's history in the federation, summed: what its sites lent to other
-    organisations' requests and what its requests used of other organisations' sites (in
-    core-seconds)."""
-
-    org: str
-    contributed: float = 0.0
-    used: float = 0.0
-
-    @property
-    def priority(self) -> float:
-        """DirectContr's priority: contribution less utility."""
-        return priority(self.contributed, self.used)
 
 
 @dataclass(frozen=True)
@@ -298,17 +282,14 @@ class Federation:
         listed = sorted(names)
         cache = self._queue_cache
         new = [n for n in listed if n not in cache]
-        for name, doc in zip(new, self._read_many("queue", new), strict=True):
+        for name, got in zip(new, self._get_many("queue", new), strict=True):
             try:
-                cache[name] = None if doc is None else read_request(doc, f"queue/{name}")
+                cache[name] = None if got is None else read_request(got[0], f"queue/{name}")
             except FederationError:
                 cache[name] = None
         for gone in set(cache) - set(listed):
             del cache[gone]
         return [Queued(n, r) for n in listed if (r := cache.get(n)) is not None]
-
-    def _read_many(self, kind: str, names: Sequence[str]) -> list[bytes | None]:
-        return [None if got is None else got[0] for got in self._get_many(kind, names)]
 
     def _get_many(self, kind: str, names: Sequence[str]) -> list[tuple[bytes, ZnodeStat] | None]:
         """Each node's data and stat (None: gone), the reads sent together (pipelined, in
@@ -507,7 +488,7 @@ class Federation:
             self._create_quietly(path, _dump(asdict(Summary(org))))
             data, stat = self._wait(self.zk.get_async(path))
             old = self._summary(org, data)
-        new = Summary(org, old.contributed + contributed, old.used + used)
+        new = old.plus(contributed, used)
         tx.set_data(path, _dump(asdict(new)), version=stat.version)
 
     def _summary(self, org: str, data: bytes) -> Summary:
@@ -606,8 +587,8 @@ class Federation:
     # -- helpers ------------------------------------------------------------------------------
 
     def _delete_quietly(self, path: str) -> None:
-        # gone already, or (a request's claims node) another broker's claim is in it
-        with contextlib.suppress(NoNodeError, NotEmptyError):
+        # gone already (a claim whose session ended, a request another site removed)
+        with contextlib.suppress(NoNodeError):
             self._wait(self.zk.delete_async(path))
 
     def _create_quietly(self, path: str, data: bytes) -> None:

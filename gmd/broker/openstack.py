@@ -387,14 +387,7 @@ class OpenStackHandler:
         refuses (a clouds.yaml entry, credentials, a policy, a project: nothing that mends by
         waiting); an unreachable one is waited out, the site offering nothing meanwhile."""
         now = self.clock()
-        problems = [self._poll(now)]
-        self._spare_read = now
-        assert self.placement is not None
-        try:
-            self._spare = self.placement.spare_vcpus()
-        except QuotaError as exc:
-            self._spare = None
-            problems.append(exc)
+        problems = [self._poll(now), self._read_spare(now)]
         for problem in problems:
             if problem is not None and not problem.retryable:
                 raise HandlerUnavailable(f"{self.site}: {problem}")
@@ -670,20 +663,27 @@ class OpenStackHandler:
 
     # -- Placement ----------------------------------------------------------------------------
 
+    def _read_spare(self, now: float) -> QuotaError | None:
+        """Read Placement's spare VCPU now (None kept when it cannot be read); the error."""
+        self._spare_read = now
+        assert self.placement is not None
+        try:
+            self._spare = self.placement.spare_vcpus()
+        except QuotaError as exc:
+            self._spare = None
+            return exc
+        return None
+
     def _spare_now(self, now: float) -> float | None:
         """Placement's spare VCPU (read at most every ``spare_s``; None: unreadable) less the
         boots asked for since it was read."""
         if now - self._spare_read >= self.settings.spare_s:
-            self._spare_read = now
-            assert self.placement is not None
-            try:
-                self._spare = self.placement.spare_vcpus()
-            except QuotaError as exc:
-                self._spare = None
+            problem = self._read_spare(now)
+            if problem is not None:
                 log.warning(
                     "%s: Placement's spare VCPU unknown, the site offers nothing: %s",
                     self.site,
-                    exc,
+                    problem,
                 )
         if self._spare is None:
             return None

@@ -81,20 +81,13 @@ def serve(
         raise fail(f"database url: {exc}", ExitCode.USAGE) from None
     api = create_app(config, engine, accountant=accounting)
     try:
-        revision = migrate.current(engine)
-        if revision is None:
-            log.info("empty ledger database: creating the schema (%s)", migrate.head())
-            migrate.upgrade(engine)
-        elif revision != migrate.head():
-            raise fail(
-                f"the ledger database is at schema {revision}, this gmd needs"
-                f" {migrate.head()}: run `gmd-admin db upgrade`",
-                ExitCode.UNAVAILABLE,
-            )
+        migrate.prepare(engine)
         # The first write the app's start makes (the rest follows in its lifespan). A database
         # that can be read but not written (a read-only file, role or standby) then fails here,
         # as one line and exit 1, not as a lifespan traceback and uvicorn's exit 3.
         api.state.services.store.sync_organizations([config.default_owner])
+    except migrate.SchemaMismatch as exc:
+        raise fail(str(exc), ExitCode.UNAVAILABLE) from None
     except SQLAlchemyError as exc:
         raise fail(
             f"cannot use the ledger database {engine.url.render_as_string(hide_password=True)}:"

@@ -11,12 +11,28 @@ older queue entry (its name: ZooKeeper's sequence, or the simulator's counter).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 
-def priority(contributed: float, used: float) -> float:
-    """DirectContr's priority of an organisation."""
-    return contributed - used
+@dataclass(frozen=True)
+class Summary:
+    """An organisation's history in the federation, summed: what its sites lent to other
+    organisations' requests and what its requests used of other organisations' sites (in
+    core-seconds). ZooKeeper keeps one per organisation; the simulator's model keeps the same."""
+
+    org: str
+    contributed: float = 0.0
+    used: float = 0.0
+
+    @property
+    def priority(self) -> float:
+        """DirectContr's priority: contribution less utility."""
+        return self.contributed - self.used
+
+    def plus(self, contributed: float = 0.0, used: float = 0.0) -> Summary:
+        """This summary after a completion lent ``contributed`` or used ``used``."""
+        return Summary(self.org, self.contributed + contributed, self.used + used)
 
 
 class Waiting(Protocol):

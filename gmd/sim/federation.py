@@ -59,7 +59,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gmd.fairness.federation import choice_order, priority, takes_work
+from gmd.fairness.federation import Summary, choice_order, takes_work
 
 
 class Choice(enum.StrEnum):
@@ -122,17 +122,6 @@ class SiteLost:
 
 
 Event = Submit | SiteLost
-
-
-@dataclass(frozen=True)
-class Summary:
-    org: str
-    contributed: float = 0.0
-    used: float = 0.0
-
-    @property
-    def priority(self) -> float:
-        return priority(self.contributed, self.used)
 
 
 @dataclass(frozen=True)
@@ -348,8 +337,7 @@ class FederationModel:
         self._decide(at_s, Choice.requeued, run.request, site, run.name)
 
     def _add(self, org: str, contributed: float = 0.0, used: float = 0.0) -> None:
-        old = self.summaries.get(org, Summary(org))
-        self.summaries[org] = Summary(org, old.contributed + contributed, old.used + used)
+        self.summaries[org] = self.summaries.get(org, Summary(org)).plus(contributed, used)
 
     def _start(self, at_s: float, site: str, name: str, request: Request, foreign: bool) -> None:
         self._order += 1

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid as uuidlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,6 +28,20 @@ from gmd.daemon.ledger import migrate
 from gmd.wire import USAGE_FIELDS
 
 INTERVAL_S = 60
+GMD_ADMIN = Path(sys.executable).parent / "gmd-admin"
+
+
+def gmd_admin(config_file: Path, *args: str) -> Any:
+    """What ``gmd-admin --config FILE ARGS --format json`` prints (it must exit 0): the
+    document a read API route is compared with."""
+    done = subprocess.run(
+        [str(GMD_ADMIN), "--config", str(config_file), *args, "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
 
 
 def token_of(host: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import site
 import sys
@@ -16,6 +17,8 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, create_engine, event, text
 from sqlalchemy.engine import Engine, make_url
+
+from gmd import GmdError
 
 _WRITER = "gmd_writer"
 
@@ -127,6 +130,25 @@ def current(engine: Engine) -> str | None:
     """The schema revision the database is at; None for an empty database."""
     with engine.connect() as conn:
         return MigrationContext.configure(conn).get_current_revision()
+
+
+class SchemaMismatch(GmdError):
+    """The ledger is at another schema revision than this gmd's."""
+
+
+def prepare(engine: Engine) -> None:
+    """The ledger at this gmd's schema, for a long-running process (gmd-daemon, gmd-broker):
+    an empty database gets it; one at another revision is refused (:class:`SchemaMismatch`:
+    only ``gmd-admin db upgrade`` migrates a ledger that holds data)."""
+    revision = current(engine)
+    if revision is None:
+        logging.getLogger(__name__).info("empty ledger database: creating the schema (%s)", head())
+        upgrade(engine)
+    elif revision != head():
+        raise SchemaMismatch(
+            f"the ledger database is at schema {revision}, this gmd needs {head()}:"
+            " run `gmd-admin db upgrade`"
+        )
 
 
 def head() -> str:

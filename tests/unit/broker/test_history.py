@@ -6,9 +6,6 @@ count each completion once; the standings reach gmd-admin and the read API."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -26,13 +23,11 @@ from gmd.broker.handlers import LocalProcesses
 from gmd.broker.history import BEHIND, History
 from gmd.daemon.ledger import migrate
 from gmd.daemon.ledger.tables import federation_events, federation_standings
-from tests.support.daemon_support import make_config, serving
+from tests.support.daemon_support import gmd_admin, make_config, serving
 from tests.support.polling import wait_until
 from tests.support.zookeeper_fixtures import client
 
 pytest_plugins = ("tests.support.zookeeper_fixtures",)
-
-GMD_ADMIN = Path(sys.executable).parent / "gmd-admin"
 
 
 def ledger(url: str) -> Engine:
@@ -259,11 +254,11 @@ def test_three_brokers_file_each_completion_once_and_the_standings_reach_the_rea
     url = f"sqlite:///{tmp_path / 'c' / 'ledger.db'}"
     config_file = tmp_path / "admin.toml"
     config_file.write_text(f'[database]\nurl = "{url}"\n')
-    shown = admin(config_file, "federation", "standings")
+    shown = gmd_admin(config_file, "federation", "standings")
     assert shown["organizations"][0]["org"] in ("org-b", "org-c")  # lenders first
     assert shown["organizations"][-1]["org"] == "org-a"
     assert shown["organizations"][-1]["priority"] == pytest.approx(-sums["org-a"].used)
-    log = admin(config_file, "federation", "log")["events"]
+    log = gmd_admin(config_file, "federation", "log")["events"]
     assert {e["choice"] for e in log} >= {"took", "completed"}
     assert all(e["site"] == "c" for e in log)
     config = make_config(url, {}, daemon={"bind": "127.0.0.1"}, read_api={"auth": "local"})
@@ -271,17 +266,6 @@ def test_three_brokers_file_each_completion_once_and_the_standings_reach_the_rea
         served = httpx.get(f"{d.url}/v1/federation", timeout=60).json()
         events = httpx.get(f"{d.url}/v1/federation/events", timeout=60).json()
         bad = httpx.get(f"{d.url}/v1/federation/events", params={"from": "soon"}, timeout=60)
-    assert served == admin(config_file, "federation", "standings")
-    assert events == admin(config_file, "federation", "log")
+    assert served == gmd_admin(config_file, "federation", "standings")
+    assert events == gmd_admin(config_file, "federation", "log")
     assert bad.status_code == 400 and "from" in bad.text
-
-
-def admin(config_file: Path, *args: str) -> Any:
-    done = subprocess.run(
-        [str(GMD_ADMIN), "--config", str(config_file), *args, "--format", "json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)

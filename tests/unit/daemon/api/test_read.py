@@ -12,7 +12,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,6 +25,7 @@ from gmd.common.config import ConfigError
 from gmd.daemon.enforce.levels import after_interval
 from gmd.daemon.ledger.accounting import account_due
 from tests.support.daemon_support import (
+    GMD_ADMIN,
     INTERVAL_S,
     HostSpec,
     aligned_past,
@@ -33,6 +33,7 @@ from tests.support.daemon_support import (
     auth,
     batch,
     cpu_only,
+    gmd_admin,
     make_config,
     serving,
 )
@@ -47,7 +48,6 @@ def get(url: str, **kwargs: Any) -> httpx.Response:
 
 
 HOST = HostSpec("cmp-1", cpu_cores=2, memory_bytes=8e9, disk_bytes_per_s=1e8)
-GMD_ADMIN = Path(sys.executable).parent / "gmd-admin"
 INTERVALS = 4
 
 
@@ -83,17 +83,6 @@ def configured(url: str, read_api: dict[str, Any], **daemon: Any) -> Any:
         daemon={"bind": "127.0.0.1", **daemon},
         read_api=read_api,
     )
-
-
-def gmd_admin(config_file: Path, *args: str) -> Any:
-    done = subprocess.run(
-        [str(GMD_ADMIN), "--config", str(config_file), *args, "--format", "json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
 
 
 def admin_config(ledger: Path) -> str:
