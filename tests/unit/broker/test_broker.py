@@ -5,49 +5,16 @@ request started once and completed once, the priority rule, and a broker that le
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from kazoo.client import KazooClient
 
-from gmd.broker.broker import Broker, BrokerSettings, Choice
+from gmd.broker.broker import Choice
 from gmd.broker.coordination import Request
-from gmd.broker.handlers import LocalProcesses
 from tests.support.broker_support import journal_lines
 from tests.support.polling import wait_until
-from tests.support.zookeeper_fixtures import client
 
-pytest_plugins = ("tests.support.zookeeper_fixtures",)
-
-
-@pytest.fixture
-def federation(zookeeper_hosts: str, zk_root: str, tmp_path: Path) -> Iterator[Any]:
-    """A factory of started brokers (site, org, cores), stopped afterwards; the journal file
-    their processes write ``site request start|end`` lines to."""
-    journal = tmp_path / "journal"
-    made: list[tuple[Broker, KazooClient, LocalProcesses]] = []
-
-    def make(site: str, cores: float, org: str | None = None, threshold: float = 1.0) -> Broker:
-        zk = client(zookeeper_hosts)
-        handler = LocalProcesses(site, cores, journal=journal)
-        broker = Broker(
-            zk,
-            BrokerSettings(site, org or f"org-{site}", threshold, root=zk_root, tick_s=0.1),
-            handler,
-        )
-        broker.start()
-        made.append((broker, zk, handler))
-        return broker
-
-    make.journal = journal  # type: ignore[attr-defined]
-    yield make
-    for broker, zk, handler in made:
-        broker.stop()
-        handler.close()
-        zk.stop()
-        zk.close()
+pytest_plugins = ("tests.support.zookeeper_fixtures", "tests.support.broker_support")
 
 
 def test_work_that_does_not_fit_is_published_run_elsewhere_and_completed_once(

@@ -17,9 +17,8 @@ import pytest
 from kazoo.client import KazooClient
 from sqlalchemy import Engine, select
 
-from gmd.broker.broker import Broker, BrokerSettings, Choice
+from gmd.broker.broker import Broker, Choice
 from gmd.broker.coordination import Federation, Request
-from gmd.broker.handlers import LocalProcesses
 from gmd.broker.history import BEHIND, History
 from gmd.daemon.ledger import migrate
 from gmd.daemon.ledger.tables import federation_events, federation_standings
@@ -27,7 +26,7 @@ from tests.support.daemon_support import gmd_admin, make_config, serving
 from tests.support.polling import wait_until
 from tests.support.zookeeper_fixtures import client
 
-pytest_plugins = ("tests.support.zookeeper_fixtures",)
+pytest_plugins = ("tests.support.zookeeper_fixtures", "tests.support.broker_support")
 
 
 def ledger(url: str) -> Engine:
@@ -176,35 +175,11 @@ def test_a_ledger_behind_zookeeper_is_marked_once(sites: Any, database_url: str)
     assert home.summaries()["org-lender"].contributed == 3 * 2.0  # ZooKeeper's kept
 
 
-@pytest.fixture
-def brokers(zookeeper_hosts: str, zk_root: str, tmp_path: Path) -> Iterator[Any]:
-    made: list[tuple[Broker, KazooClient, LocalProcesses]] = []
-
-    def make(site: str, cores: float, threshold: float = 1.0) -> Broker:
-        zk = client(zookeeper_hosts)
-        handler = LocalProcesses(site, cores, journal=tmp_path / "journal")
-        history = History(ledger(f"sqlite:///{tmp_path / site / 'ledger.db'}"), site)
-        settings = BrokerSettings(
-            site, f"org-{site}", threshold, root=zk_root, tick_s=0.1, standings_s=0.2
-        )
-        broker = Broker(zk, settings, handler, history=history)
-        broker.start()
-        made.append((broker, zk, handler))
-        return broker
-
-    yield make
-    for broker, zk, handler in made:
-        broker.stop()
-        handler.close()
-        zk.stop()
-        zk.close()
-
-
 def test_three_brokers_file_each_completion_once_and_the_standings_reach_the_readers(
-    brokers: Any, tmp_path: Path
+    federation: Any, tmp_path: Path
 ) -> None:
-    a = brokers("a", 2, threshold=0.0)
-    b, c = brokers("b", 2), brokers("c", 2)
+    a = federation("a", 2, threshold=0.0, ledger=True)
+    b, c = federation("b", 2, ledger=True), federation("c", 2, ledger=True)
     for k in range(6):
         a.submit(Request(f"job{k}", "org-a", "a", 1.0, 0.5, float(k)))
     everyone = (a, b, c)
