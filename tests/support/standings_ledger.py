@@ -22,6 +22,12 @@ from tests.support.daemon_support import (
 HOST = HostSpec("cmp-1", cpu_cores=2, memory_bytes=8e9, disk_bytes_per_s=1e8)
 
 
+def last_interval(config: Path) -> int:
+    """The start of the ledger's last accounted interval, as the fixture wrote it: a test that
+    recomputed it from the clock would name the next interval once a minute had turned."""
+    return int(config.with_name("last_interval").read_text())
+
+
 @pytest.fixture
 def ledger_config(database_url: str, tmp_path: Path) -> Path:
     """Two intervals on one 2-core host: a's VM uses 90 of 120 core-seconds, b's 30.
@@ -49,4 +55,5 @@ def ledger_config(database_url: str, tmp_path: Path) -> Path:
             body = batch(HOST, start, [cpu_only("vm-a", "a", 90.0), cpu_only("vm-b", "b", 30.0)])
             assert httpx.post(f"{d.url}/v1/samples", json=body, headers=auth(HOST.name)).is_success
         account_due(d.engine, config.accounting, now_s=last + 60)
+    path.with_name("last_interval").write_text(str(last))
     return path

@@ -19,8 +19,10 @@ from typer.testing import CliRunner
 from gmd.admin.cli import app
 from gmd.admin.output import Format, Listing, Output, OutputError, View, render
 from gmd.render import Column
-from tests.support.daemon_support import aligned_past
-from tests.support.standings_ledger import ledger_config  # noqa: F401 - the fixture
+from tests.support.standings_ledger import (
+    last_interval,
+    ledger_config,  # noqa: F401 - the fixture
+)
 
 ADMIN = Path(sys.executable).with_name("gmd-admin")
 
@@ -171,7 +173,7 @@ def test_standings_show_every_customer_asked_for_with_its_level(ledger_config: P
 
 
 def test_actions_count_by_their_interval_and_limit_keeps_the_newest(ledger_config: Path) -> None:  # noqa: F811
-    last = aligned_past(3)
+    last = last_interval(ledger_config)
     for who in ("a", "b"):
         done = admin(ledger_config, "reset", who, "--reason", "test", "--yes")
         assert done.returncode == 0, done.stderr

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.daemon_support import (
-    aligned_past,
+from tests.support.standings_ledger import (
+    last_interval,
+    ledger_config,  # noqa: F401 - the fixture
 )
-from tests.support.standings_ledger import HOST, ledger_config  # noqa: F401 - the fixture
 
 ADMIN = Path(sys.executable).with_name("gmd-admin")
 
@@ -35,7 +35,7 @@ def test_standings_json_holds_the_worked_numbers(
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["interval_s"] == 60 and doc["latest_accounted_s"] == doc["as_of_s"]
-    assert aligned_past(4) <= doc["as_of_s"] <= aligned_past(3)
+    assert doc["as_of_s"] == last_interval(ledger_config)
     rows = {r["customer"]: r for r in doc["customers"]}
     assert [r["customer"] for r in doc["customers"]] == ["a", "b"]  # greatest balance first
     assert rows["a"]["balance"] == pytest.approx(0.25, abs=1e-15)
