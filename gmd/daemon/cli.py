@@ -126,7 +126,7 @@ def serve(
     )
     where = (bind or d.bind, port if port is not None else d.port)
     try:
-        sock = listen(*where)
+        sock = listen(*where, share=d.share_port)
     except OSError as exc:
         raise fail(
             f"cannot listen on {where[0]} port {where[1]}: {exc.strerror or exc}",
@@ -146,13 +146,20 @@ def serve(
             ) from None
 
 
-def listen(host: str, port: int) -> socket.socket:
+def listen(host: str, port: int, *, share: bool = False) -> socket.socket:
     """A listening socket on ``host``:``port``, bound here rather than by uvicorn so that an
-    address in use is one error line and exit 4, not uvicorn's start-up failure."""
+    address in use is one error line and exit 4, not uvicorn's start-up failure.
+
+    ``share`` (``daemon.share_port``) sets ``SO_REUSEPORT``: every process that sets it may
+    bind the port, and the kernel hands each new connection to one of them. One process
+    parses one batch at a time (the interpreter lock), so this is how ingest uses more
+    cores; a process that did not set it still finds the port in use."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if share:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
         sock.listen(2048)
     except OSError:

@@ -273,6 +273,12 @@ class Daemon(Table):
         1,
         64,
     )
+    share_port = Flag(
+        False,
+        "let several gmd-daemon processes on this machine listen on the same port"
+        " (``SO_REUSEPORT``): the kernel spreads the agents' connections over them, so ingest"
+        " uses as many cores as there are processes; each must say true. PostgreSQL only",
+    )
     accounting = Flag(
         True,
         "run the accountant in this daemon (several daemons on one PostgreSQL may all: an"
@@ -322,6 +328,7 @@ class DaemonConfig:
     max_batch_vms: int = Daemon.max_batch_vms.default
     max_body_bytes: int = Daemon.max_body_bytes.default
     ingest_threads: int = Daemon.ingest_threads.default
+    share_port: bool = Daemon.share_port.default
     accounting: bool = Daemon.accounting.default
     account_every_s: float = Daemon.account_every_s.default
     max_late_s: int = Daemon.max_late_s.default
@@ -798,7 +805,12 @@ def parse(document: dict[str, Any], source: str = "<config>", path: Path | None 
         raise acc.fail("weights", "are all zero: at least one resource must count")
     acc.done()
 
-    daemon = _daemon(root.sub("daemon"), path)
+    daemon_reader = root.sub("daemon")
+    daemon = _daemon(daemon_reader, path)
+    if daemon.share_port and url.startswith("sqlite:"):
+        raise daemon_reader.fail(
+            "share_port", "needs a PostgreSQL ledger: one process at a time writes SQLite"
+        )
     read_api = _read_api(root.sub("read_api"), daemon, path)
     enforcement = _enforcement(root.sub("enforcement"))
     retention = _retention(root.sub("retention"), daemon)
@@ -1040,6 +1052,7 @@ def _daemon(d: Reader, path: Path | None) -> DaemonConfig:
         max_batch_vms=d.option(Daemon.max_batch_vms),
         max_body_bytes=d.option(Daemon.max_body_bytes),
         ingest_threads=d.option(Daemon.ingest_threads),
+        share_port=d.option(Daemon.share_port),
         accounting=d.option(Daemon.accounting),
         account_every_s=d.option(Daemon.account_every_s),
         max_late_s=d.option(Daemon.max_late_s),

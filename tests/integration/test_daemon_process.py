@@ -21,7 +21,14 @@ from gmd.common.version import version
 from gmd.daemon.ledger import migrate
 from gmd.daemon.ledger.accounting import compute_rows
 from gmd.daemon.ledger.store import BatchRecord, LedgerStore
-from tests.support.daemon_support import INTERVAL_S, aligned_past, make_config
+from tests.support.daemon_support import (
+    INTERVAL_S,
+    HostSpec,
+    aligned_past,
+    batch,
+    cpu_only,
+    make_config,
+)
 
 DAEMON = Path(sys.executable).with_name("gmd-daemon")
 
@@ -32,20 +39,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def write_config(path: Path, url: str, port: int) -> Path:
+def write_config(path: Path, url: str, port: int, extra: str = "") -> Path:
     path.write_text(
         f'[database]\nurl = "{url}"\n'
         f"[accounting]\ninterval_s = {INTERVAL_S}\ngrace_s = 0\n"
         f'[daemon]\nauth = "none"\nbind = "127.0.0.1"\nport = {port}\naccount_every_s = 0.05\n'
+        + extra
     )
     return path
 
 
 @contextmanager
-def daemon_process(config: Path, port: int, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+def daemon_process(
+    config: Path, port: int, log: Path, *args: str
+) -> Iterator[subprocess.Popen[bytes]]:
     with log.open("ab") as out:
         proc = subprocess.Popen(
-            [str(DAEMON), "--config", str(config)], stdout=out, stderr=subprocess.STDOUT
+            [str(DAEMON), "--config", str(config), *args], stdout=out, stderr=subprocess.STDOUT
         )
     try:
         deadline = time.monotonic() + 30
@@ -192,12 +202,11 @@ def metric(port: int, name: str) -> float:
 def test_two_daemons_on_one_postgresql_account_each_interval_once(
     postgres_server_url: str, tmp_path: Path
 ) -> None:
-    name = f"gmd_two_{os.getpid()}"
-    admin = sa.create_engine(postgres_server_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    url = postgres_server_url.rsplit("/", 1)[0] + f"/{name}"
+    with fresh_database(postgres_server_url, f"gmd_two_{os.getpid()}") as url:
+        two_daemons_account_each_interval_once(url, tmp_path)
+
+
+def two_daemons_account_each_interval_once(url: str, tmp_path: Path) -> None:
     starts = [aligned_past(k) for k in range(40, 1, -1)]
     seed(url, starts, hosts=6, vms_per_host=40, customers=25)
     ports = [free_port(), free_port()]
@@ -236,9 +245,70 @@ def test_two_daemons_on_one_postgresql_account_each_interval_once(
         assert "Traceback" not in logs
     finally:
         engine.dispose()
+
+
+@contextmanager
+def fresh_database(server_url: str, name: str) -> Iterator[str]:
+    """An empty database ``name`` on the test cluster, dropped afterwards."""
+    admin = sa.create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield server_url.rsplit("/", 1)[0] + f"/{name}"
+    finally:
         with admin.connect() as conn:
             conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+def test_daemons_sharing_a_port_each_take_agents_connections(
+    postgres_server_url: str, tmp_path: Path
+) -> None:
+    """daemon.share_port: two processes listen on one port, the kernel gives each some of the
+    agents' connections, every batch lands once; a process that does not share still finds
+    the port in use (exit 4)."""
+    port = free_port()
+    start = aligned_past(2)
+    hosts = [HostSpec(f"cmp-{h}") for h in range(40)]
+    with fresh_database(postgres_server_url, f"gmd_shared_{os.getpid()}") as url:
+        shared = write_config(tmp_path / "shared.toml", url, port, "share_port = true\n")
+        logs = [tmp_path / "d0.log", tmp_path / "d1.log"]
+        with (
+            # --log-level debug: each process logs the requests it answered.
+            daemon_process(shared, port, logs[0], "--log-level", "debug"),
+            daemon_process(shared, port, logs[1], "--log-level", "debug"),
+        ):
+            for h in hosts:
+                body = batch(h, start, [cpu_only(f"vm-{h.name}", "acme", 30.0)])
+                # A new connection per batch, as an agent's once-an-interval post.
+                answer = httpx.post(f"http://127.0.0.1:{port}/v1/samples", json=body)
+                assert answer.status_code == 200, answer.text
+            alone = write_config(tmp_path / "alone.toml", url, port)
+            refused = subprocess.run(
+                [str(DAEMON), "--config", str(alone)], capture_output=True, text=True, timeout=60
+            )
+        engine = migrate.engine_for(url)
+        try:
+            with engine.connect() as conn:
+                stored = conn.execute(sa.text("SELECT count(*) FROM batches")).scalar_one()
+        finally:
+            engine.dispose()
+    served = [log.read_text().count("POST /v1/samples") for log in logs]
+    assert stored == len(hosts) and sum(served) == len(hosts), served
+    assert min(served) > 0, f"one process took every connection: {served}"
+    assert refused.returncode == 4 and "Address already in use" in refused.stderr
+
+
+def test_share_port_needs_postgresql(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    config = write_config(tmp_path / "gmd.toml", url, free_port(), "share_port = true\n")
+    done = subprocess.run(
+        [str(DAEMON), "--config", str(config)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2
+    assert "daemon.share_port: needs a PostgreSQL ledger" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_sigterm_mid_catch_up_stops_within_seconds_and_exits_0(tmp_path: Path) -> None:

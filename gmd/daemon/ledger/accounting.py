@@ -213,23 +213,21 @@ def read_raw_interval(
     data = read_samples(conn, interval_id, batch_ids, created)
     if not len(data):
         return None
-    hosts = conn.execute(
+    host_table = float_rows(
+        conn,
         select(
             _host_intervals.c.host_id,
             _host_intervals.c.organization_id,
             *(_host_intervals.c[c] for c in CAPACITY_COLUMNS),
-        )
-        .where(
+        ).where(
             _host_intervals.c.interval_id == interval_id, accounted_hosts(interval_id, batch_ids)
-        )
-        .order_by(_host_intervals.c.host_id)
-    ).all()
+        ),
+        2 + len(CAPACITY_COLUMNS),
+    )
+    host_table = host_table[np.argsort(host_table[:, 0], kind="stable")]
     org_customer = customer_of_organization
     if org_customer is None:
         org_customer = organization_customers(conn)
-    host_table = np.array([tuple(h) for h in hosts], dtype=np.float64).reshape(
-        len(hosts), 2 + len(CAPACITY_COLUMNS)
-    )
     return RawInterval(start_s, length_s, data, host_table, org_customer)
 
 
@@ -278,16 +276,21 @@ def assemble(
     data, host_table = raw.samples, raw.hosts
     host_ids = data[:, SAMPLE_HOST].astype(np.int64)
     customer_ids = data[:, SAMPLE_CUSTOMER].astype(np.int64)
-    host_index = {int(h): i for i, h in enumerate(host_table[:, 0])}
-    missing = set(np.unique(host_ids).tolist()) - host_index.keys()
-    if missing:
+    # Both tables are ordered by id (the hosts by read_raw_interval), so each VM's host row and
+    # customer account are found by bisection, without a Python step per VM.
+    table_hosts = host_table[:, 0].astype(np.int64)
+    host_of_vm = np.searchsorted(table_hosts, host_ids)
+    found = host_of_vm < len(table_hosts)
+    found[found] = table_hosts[host_of_vm[found]] == host_ids[found]
+    if not found.all():
+        missing = np.unique(host_ids[~found]).tolist()
         raise LookupError(
-            f"interval {_when(raw.start_s)}: samples from hosts {sorted(missing)} "
-            "without a capacity row"
+            f"interval {_when(raw.start_s)}: samples from hosts {missing} without a capacity row"
         )
     host_org = host_table[:, 1].astype(np.int64)
+    sample_customers, customer_index = unique_ids(customer_ids)
     accounts = Accounts.layout(
-        np.unique(customer_ids).tolist(),
+        sample_customers.tolist(),
         np.unique(host_org).tolist(),
         prev_customers,
         prev_orgs,
@@ -317,8 +320,8 @@ def assemble(
         use=use_amounts(config, data[:, SAMPLE_USE]),
         supply=supply,
         configured=configured,
-        host_of_vm=np.array([host_index[h] for h in host_ids.tolist()], dtype=np.intp),
-        customer_of_vm=accounts.of_customers(customer_ids.tolist()),
+        host_of_vm=host_of_vm.astype(np.intp),
+        customer_of_vm=accounts.of_customers(sample_customers.tolist())[customer_index],
         organization_of_host=accounts.of_organizations(host_org.tolist()),
         release_s=data[:, SAMPLE_EXTRA] if data.shape[1] > SAMPLE_EXTRA else None,
     )
@@ -333,6 +336,18 @@ def assemble(
         data[:, SAMPLE_VM].astype(np.int64),
         host_table[:, 0].astype(np.int64),
     )
+
+
+def unique_ids(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(ids, return_inverse=True)`` for non-negative integer ids: by a table of the
+    ids present when they are dense enough (a ledger's ids count up from 1), ten times faster
+    than the sort at 1M samples; by the sort otherwise."""
+    if not len(ids) or int(ids.min()) < 0 or int(ids.max()) > 4 * len(ids) + 1_000_000:
+        unique, inverse = np.unique(ids, return_inverse=True)
+        return unique, inverse.reshape(-1)
+    present = np.zeros(int(ids.max()) + 1, dtype=bool)
+    present[ids] = True
+    return np.flatnonzero(present), (np.cumsum(present) - 1)[ids]
 
 
 def previous_standing(conn: Connection, start_s: int) -> Any:
@@ -416,12 +431,9 @@ def read_samples(
 
     Each batch has rows of its own; a VM reported by two batches of its host (an agent that
     restarted mid-interval) is one row here, its use added up and its owner and flavor those
-    of the latest batch. Ordered by host and VM (sorted here: PostgreSQL's sort of 100,000
-    rows spills to disk at the default work_mem).
-
-    On PostgreSQL the rows come as one bytea of float8s parsed by numpy (ids are exact in a
-    double below 2^53; NULL becomes NaN): building 100,000 Python rows and tuples cost three
-    times the query itself."""
+    of the latest batch. Ordered by host and VM (sorted here, :func:`host_vm_batch_order`:
+    PostgreSQL's sort of 100,000 rows spills to disk at the default work_mem). Read by
+    :func:`float_rows`."""
     columns = (
         _samples.c.host_id,
         _samples.c.vm_id,
@@ -439,23 +451,44 @@ def read_samples(
     if batch_ids is not None:
         query = query.where(_samples.c.batch_id.in_(list(batch_ids)))
     width = SAMPLE_EXTRA + len(extra)
-    if conn.dialect.name == "postgresql":
-        data = _copy_floats(conn, query, width + 1)
-    else:
+    data = float_rows(conn, query, width + 1)
+    return merge_vm_rows(data[host_vm_batch_order(data, width), :width])
+
+
+def host_vm_batch_order(data: np.ndarray, batch: int) -> np.ndarray:
+    """The order of ``data``'s rows by host, VM, then the batch in column ``batch``.
+
+    The rows arrive nearly in that order already (a batch is one host's, written at once), so
+    one stable sort on a single integer key (host, VM) runs in about linear time, where a
+    three-key ``lexsort`` cost 0.76 s at 1M samples. Only when a VM has two rows on a host (an
+    agent restarted mid-interval) does the batch decide, and the full sort runs."""
+    host, vm = data[:, SAMPLE_HOST], data[:, SAMPLE_VM]
+    if not len(data):
+        return np.arange(0)
+    span = float(vm.max()) + 1
+    if float(host.max()) * span + span < 2.0**53:
+        key = host.astype(np.int64) * np.int64(span) + vm.astype(np.int64)
+        order = np.argsort(key, kind="stable")
+        ordered = key[order]
+        if not (ordered[1:] == ordered[:-1]).any():
+            return order
+    return np.lexsort((data[:, batch], vm, host))
+
+
+def float_rows(conn: Connection, query: Any, width: int) -> np.ndarray:
+    """``query``'s rows (``width`` numeric columns) as a float64 array; NULL becomes NaN.
+
+    On PostgreSQL each row becomes its columns as big-endian float8s (``float8send``) and
+    ``string_agg`` joins the rows: one bytea crosses the wire and numpy reads it in place (ids
+    are exact in a double below 2^53). Building 100,000 Python rows and tuples cost three times
+    the query itself, and a binary COPY costs twice this, since psycopg hands it over a row at
+    a time (0.38 s against 0.17 s at 100,000 samples). A bytea holds at most 1 GB: ~10 million
+    samples of 13 columns in one interval."""
+    if conn.dialect.name != "postgresql":
         rows = conn.execute(query).all()
-        data = np.array(
+        return np.array(
             [tuple(np.nan if v is None else v for v in r) for r in rows], dtype=np.float64
-        ).reshape(len(rows), width + 1)
-    order = np.lexsort((data[:, width], data[:, SAMPLE_VM], data[:, SAMPLE_HOST]))
-    return merge_vm_rows(data[order, :width])
-
-
-def _copy_floats(conn: Connection, query: Any, width: int) -> np.ndarray:
-    """``query``'s rows as a float64 array, sent by PostgreSQL as one bytea.
-
-    Each row becomes its columns as big-endian float8s (``float8send``, NULL as NaN), and
-    ``string_agg`` joins the rows: one value crosses the wire and numpy reads it in place.
-    A binary COPY costs as much as rows do here, since psycopg hands it over row by row."""
+        ).reshape(len(rows), width)
     inner = query.subquery("sampled")
     packed = func.string_agg(
         literal_column(
@@ -471,11 +504,10 @@ def _copy_floats(conn: Connection, query: Any, width: int) -> np.ndarray:
         .select_from(inner)
         .compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True})
     )
-    sql = str(compiled)
     raw = conn.connection.driver_connection
     assert raw is not None, "a connection in use has a driver connection"
     with raw.cursor(binary=True) as cursor:
-        cursor.execute(sql)
+        cursor.execute(str(compiled))
         row = cursor.fetchone()
     buffer = b"" if row is None or row[0] is None else row[0]
     return np.frombuffer(buffer, dtype=">f8").reshape(-1, width).astype(np.float64)
