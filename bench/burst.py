@@ -9,7 +9,8 @@ accounted that interval and the next interval boundary has passed, then has ever
 the interval that just ended, over real HTTP, at most ``--concurrency`` at a time (each post
 on a connection of its own, as an agent's once-a-minute post is). ``--spread S`` posts each
 host at a random moment in [0, S) after the end instead, as agents with ``post_jitter_s = S``
-do.
+do. ``--daemons N`` starts N processes sharing the port (``daemon.share_port``) and the
+database, all with the accountant on, as a region that ingests on several cores runs them.
 
 Reports the drain time (first post to last acknowledgement), batches/s, per-batch latency,
 what was accepted and whether every sample arrived on time, the CPU seconds of the daemon
@@ -172,12 +173,25 @@ def sessions(engine: sa.Engine) -> int:
         )
 
 
-def wait_until(what: str, check: Callable[[], bool], daemon: subprocess.Popen[bytes]) -> None:
+def wait_until(
+    what: str, check: Callable[[], bool], daemons: list[subprocess.Popen[bytes]]
+) -> None:
     deadline = time.monotonic() + 180
     while not check():
-        if daemon.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"no {what} (daemon exit status {daemon.poll()})")
+        ended = [d.poll() for d in daemons if d.poll() is not None]
+        if ended or time.monotonic() > deadline:
+            raise RuntimeError(f"no {what} (daemon exit status {ended or 'none: timed out'})")
         time.sleep(0.2)
+
+
+def wal_bytes(engine: sa.Engine) -> int:
+    """Where PostgreSQL's write-ahead log is, in bytes: what a burst wrote, as a difference."""
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                sa.text("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')")
+            ).scalar_one()
+        )
 
 
 def interval_state(engine: sa.Engine, start_s: int) -> str | None:
@@ -203,6 +217,7 @@ def run(url: str, args: argparse.Namespace, workdir: Path) -> dict[str, object]:
     config.write_text(
         f'[database]\nurl = "{url}"\n[accounting]\ninterval_s = {interval}\ngrace_s = {grace_s}\n'
         f'[daemon]\nbind = "127.0.0.1"\nport = {port}\naccount_every_s = {min(10, interval / 4)}\n'
+        f"share_port = {'true' if args.daemons > 1 else 'false'}\n"
         + "".join(
             f'[hosts.cmp-{h}]\ntoken_sha256 = "{token_sha256(h)}"\n' for h in range(args.hosts)
         )
@@ -210,11 +225,15 @@ def run(url: str, args: argparse.Namespace, workdir: Path) -> dict[str, object]:
     engine = sa.create_engine(url)
     log_path = workdir / "daemon.log"
     log = log_path.open("wb")
-    daemon = subprocess.Popen(
-        [str(Path(sys.executable).with_name("gmd-daemon")), "--config", str(config)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    # All of them may account: the advisory lock lets one at a time (as in production).
+    daemons = [
+        subprocess.Popen(
+            [str(Path(sys.executable).with_name("gmd-daemon")), "--config", str(config)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        for _ in range(args.daemons)
+    ]
     try:
         base = f"http://127.0.0.1:{port}"
 
@@ -224,7 +243,14 @@ def run(url: str, args: argparse.Namespace, workdir: Path) -> dict[str, object]:
             except httpx.TransportError:
                 return False
 
-        wait_until("healthy daemon", healthy, daemon)
+        # Each process answers /healthz once it listens; with a shared port a probe reaches
+        # any of them, so wait for the database to show every one's connection pool too.
+        wait_until("healthy daemon", healthy, daemons)
+        wait_until(
+            f"{args.daemons} daemons connected",
+            lambda: len(backend_pids(engine)) >= args.daemons,
+            daemons,
+        )
         warm_start = (int(time.time()) // interval - 1) * interval
         warm = host_batches(args.hosts, args.vms, args.customers, warm_start, interval, seed=1)
         t = time.perf_counter()
@@ -236,17 +262,20 @@ def run(url: str, args: argparse.Namespace, workdir: Path) -> dict[str, object]:
         wait_until(
             "accounting of the warm-up interval",
             lambda: interval_state(engine, warm_start) == "accounted",
-            daemon,
+            daemons,
         )
         end_s = (int(time.time()) // interval + 1) * interval
         burst = host_batches(args.hosts, args.vms, args.customers, end_s - interval, interval, 2)
         time.sleep(max(0.0, end_s - time.time()))
         before = {pid: cpu_s(pid) for pid in backend_pids(engine)}
         sessions_before = sessions(engine)
-        daemon_before, client_before = cpu_s(daemon.pid), time.process_time()
+        wal_before = wal_bytes(engine)
+        daemon_before = sum(cpu_s(d.pid) for d in daemons)
+        client_before = time.process_time()
         posted = post_all(port, burst, args.concurrency, args.spread_s)
         last_ack_after_end_s = time.time() - end_s
-        daemon_cpu = cpu_s(daemon.pid) - daemon_before
+        daemon_cpu = sum(cpu_s(d.pid) for d in daemons) - daemon_before
+        wal_written = wal_bytes(engine) - wal_before
         client_cpu = time.process_time() - client_before
         after = backend_pids(engine)
         postgres_cpu = sum(cpu_s(pid) - before.get(pid, 0.0) for pid in after)
@@ -257,12 +286,14 @@ def run(url: str, args: argparse.Namespace, workdir: Path) -> dict[str, object]:
         print(f"gmd-daemon's log ends:\n{log_path.read_text()[-3000:]}", file=sys.stderr)
         raise
     finally:
-        daemon.send_signal(signal.SIGTERM)
-        daemon.wait(60)
+        for d in daemons:
+            d.send_signal(signal.SIGTERM)
+        for d in daemons:
+            d.wait(60)
         log.close()
-    if daemon.returncode != 0:
+    if any(d.returncode != 0 for d in daemons):
         raise RuntimeError(
-            f"gmd-daemon exited {daemon.returncode}:\n{log_path.read_text()[-3000:]}"
+            f"gmd-daemon exited {[d.returncode for d in daemons]}:\n{log_path.read_text()[-3000:]}"
         )
     problems = refused(posted)
     first_sent = min(p.sent_s for p in posted)
@@ -299,6 +330,12 @@ def run(url: str, args: argparse.Namespace, workdir: Path) -> dict[str, object]:
         "interval_state_after": state,
         "daemon_cpu_s": round(daemon_cpu, 2),
         "postgres_backends_cpu_s": round(postgres_cpu, 2),
+        # What docs/operations.md sizes a region from: the CPU one batch of --vms VMs costs
+        # the daemons and PostgreSQL, and the write-ahead log it makes PostgreSQL write.
+        "daemon_cpu_ms_per_batch": round(daemon_cpu / len(posted) * 1e3, 3),
+        "postgres_cpu_ms_per_batch": round(postgres_cpu / len(posted) * 1e3, 3),
+        "wal_bytes": wal_written,
+        "wal_bytes_per_sample": round(wal_written / samples, 1),
         "postgres_connections_opened": opened,
         "client_cpu_s": round(client_cpu, 2),
         "warmup_s": round(warm_s, 2),
@@ -324,6 +361,12 @@ def main() -> None:
         default=0.0,
         help="post each host at a random moment this long after the interval's end (0: at once)",
     )
+    parser.add_argument(
+        "--daemons",
+        type=int,
+        default=1,
+        help="gmd-daemon processes sharing the port (daemon.share_port) and the database",
+    )
     parser.add_argument("--interval-s", type=int, default=60)
     parser.add_argument("--grace-s", type=int, help="accounting.grace_s (default: the daemon's)")
     parser.add_argument("--url", help="PostgreSQL server URL (a database is created on it)")
@@ -333,6 +376,7 @@ def main() -> None:
         "hosts": args.hosts,
         "vms_per_host": args.vms,
         "concurrency": args.concurrency,
+        "daemons": args.daemons,
         "spread_s": args.spread_s,
         "cpus": os.cpu_count(),
     }

@@ -217,8 +217,11 @@ def test_burst_bench_posts_every_host_at_once_and_copies_the_same_rows(
         "4",
         "--grace-s",
         "1",
+        "--daemons",
+        "2",
     )
     assert (figures["batches"], figures["accepted"], figures["refused"]) == (20, 20, 0)
+    assert figures["daemons"] == 2 and figures["wal_bytes"] > 0
     assert figures["copy_rows"] == 100  # the burst's samples, copied again
     assert figures["drain_s"] > 0 and figures["latency_ms_p50"] <= figures["latency_ms_p99"]
 
