@@ -304,8 +304,10 @@ class _Ids:
 
     ``last`` remembers each host's VMs: a host's next batch almost always lists the same VMs
     with the same owners, and comparing the lists costs a hundredth of looking 500 VMs and
-    owners up one by one. ``generation`` counts every change to the VMs' or customers' rows;
-    a memory taken at an older generation is not used (a VM may have moved meanwhile).
+    owners up one by one. ``generation`` counts the VMs this process saw move to another host
+    or owner, and the rows it forgot; a memory taken at an older generation is not used (one of
+    its VMs may have moved meanwhile). What is new (a VM, a customer, a host) is in no memory
+    and changes no generation.
     """
 
     customers: dict[str, int] = field(default_factory=dict)
@@ -708,10 +710,18 @@ class LedgerStore:
                     )
                 result = IngestResult("accepted", n, 0 if on_time else n)
         with self._ids.lock:
+            # Only a VM this process knew, now on another host or owner, can make a host's
+            # memory wrong. A VM, customer or host new to the process is in no memory: in a
+            # cloud where VMs start every minute somewhere, counting those too sent every
+            # host's next batch down the slow path.
+            moved = any(
+                (was := self._ids.vms.get(uuid)) is not None and was != now
+                for uuid, now in new_vms.items()
+            )
             self._ids.customers.update(new_customers)
             self._ids.hosts.update(new_hosts)
             self._ids.vms.update(new_vms)
-            if new_customers or new_hosts or new_vms:
+            if moved:
                 # This batch's memory stays at the old generation: it is not used, and the
                 # host's next batch makes a current one.
                 self._ids.generation += 1

@@ -207,6 +207,34 @@ def test_a_vm_that_moves_away_and_back_is_where_its_last_batch_says(daemon: Daem
         assert list(owners) == ["b", "b", "c"]
 
 
+def test_a_new_vm_elsewhere_leaves_other_hosts_memory_in_use(
+    daemon: Daemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A VM started on one host (new to the ledger) cannot make another host's remembered VMs
+    wrong: that host's next batch with the same VMs is still written from its memory, without
+    looking its VMs up. A VM that moved does make it look them up."""
+    store = daemon.app.state.services.store
+    looked_up: list[str] = []
+    look_up = store._look_up
+
+    def counting(conn: Any, record: Any, *args: Any) -> Any:
+        looked_up.append(record.host)
+        return look_up(conn, record, *args)
+
+    monkeypatch.setattr(store, "_look_up", counting)
+    start = aligned_past(6)
+    pair = [vm("vm-1"), vm("vm-2", "b")]
+    assert post(daemon, batch(H1, start, pair)).status_code == 200
+    assert post(daemon, batch(H2, start, [vm("vm-3", "c")]), H2.name).status_code == 200
+    assert post(daemon, batch(H1, start + INTERVAL_S, pair)).status_code == 200
+    assert looked_up == [H1.name, H2.name]
+    # vm-2 moves to H2; H1's memory, which lists it, is not used again.
+    moved = [vm("vm-3", "c"), vm("vm-2", "b")]
+    assert post(daemon, batch(H2, start + INTERVAL_S, moved), H2.name).status_code == 200
+    assert post(daemon, batch(H1, start + 2 * INTERVAL_S, pair)).status_code == 200
+    assert looked_up == [H1.name, H2.name, H2.name, H1.name]
+
+
 REFUSALS = [
     pytest.param(b'{"key": "k", "host": ', 400, "malformed JSON", id="malformed-json"),
     pytest.param(
