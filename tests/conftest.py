@@ -20,6 +20,13 @@ from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# No per-example deadline: hypothesis' default (200 ms) is a speed assertion, and on a busy
+# machine (CI, or benchmarks beside the tests) a property test failed on it once, not on its
+# property.
+settings.register_profile("gmd", deadline=None)
+settings.load_profile("gmd")
 
 # Rewrite the support modules' asserts as a test module's: test modules import the cloud plugins
 # before they name them in pytest_plugins, and the helpers that several test files share assert

@@ -23,7 +23,7 @@ from gmd.fairness._validate import (
     check_shape,
     resource_weights,
 )
-from gmd.fairness.greediness import normalized_terms, pool_offsets
+from gmd.fairness.greediness import normalized_terms, pool_offsets, resource_sum
 from gmd.fairness.segments import segment_count, segment_sum
 
 
@@ -78,7 +78,8 @@ class CloudGreediness:
     Consumers are VMs (``consumer="vm"``) or one (host, customer) pair each
     (``consumer="customer"``); ``consumer_of_vm`` maps VMs to them. Per-host arrays α, β, κ
     are (hosts × m). ``customer_greediness`` is ``G_c``, the sum over the customer's consumers,
-    and ``customer_terms`` its per-resource breakdown.
+    and ``customer_terms`` its per-resource breakdown. Per-consumer (n × m) arrays may be
+    column-major (the engine computes one resource at a time); their values do not depend on it.
     """
 
     consumer_mode: ConsumerMode
@@ -155,15 +156,27 @@ def flavor_endowment(configured: np.ndarray, supply: np.ndarray, host_of: np.nda
 
     Scaling down on an overcommitted host keeps endowments within what the host can give, so
     that a VM on a host sold twice over is not called greedy for using half its flavor.
+
+    One resource at a time, into a column-major array, as :func:`pool_offsets` and for the same
+    reason. A resource no flavor sets (disk, network) is the equal split without a selection.
     """
     n_hosts = supply.shape[0]
-    per_host = segment_count(host_of, n_hosts)
-    equal_split = supply / np.maximum(per_host, 1)[:, None]
-    v = np.where(np.isnan(configured), equal_split[host_of], configured)
-    total = segment_sum(v, host_of, n_hosts)
-    # Divide only where the host is oversold: elsewhere a tiny total would overflow for nothing.
-    scale = np.divide(supply, total, out=np.ones_like(total), where=total > supply)
-    return v * scale[host_of]
+    e = np.empty(configured.shape, order="F")
+    unset = np.isnan(configured)
+    per_host = None
+    for i in range(configured.shape[1]):
+        v = configured[:, i]
+        if unset[:, i].any():
+            if per_host is None:
+                per_host = np.maximum(segment_count(host_of, n_hosts), 1)
+            # ``take``, not ``[host_of]``: the same gather, several times faster.
+            equal_split = (supply[:, i] / per_host).take(host_of)
+            v = equal_split if unset[:, i].all() else np.where(unset[:, i], equal_split, v)
+        total = segment_sum(v, host_of, n_hosts)
+        # Divide only where the host is oversold: elsewhere a tiny total would overflow for nothing.
+        scale = np.divide(supply[:, i], total, out=np.ones_like(total), where=total > supply[:, i])
+        np.multiply(v, scale.take(host_of), out=e[:, i])
+    return e
 
 
 def cloud_greediness(
@@ -221,7 +234,7 @@ def cloud_greediness(
 
     if mode == EndowmentMode.equal:
         per_host = segment_count(consumer_host, n_hosts)
-        e = (c.supply / np.maximum(per_host, 1)[:, None])[consumer_host]
+        e = (c.supply / np.maximum(per_host, 1)[:, None]).take(consumer_host, axis=0)
     else:
         if mode == EndowmentMode.flavor:
             assert c.configured is not None  # _check asked for it
@@ -234,7 +247,7 @@ def cloud_greediness(
 
     off = pool_offsets(use, e, consumer_host, n_hosts, g)
     terms = normalized_terms(off.offsets, s, w)
-    gm = terms.sum(axis=1)
+    gm = resource_sum(terms)
     return CloudGreediness(
         consumer_mode=consumer,
         consumer_of_vm=consumer_of,

@@ -175,10 +175,9 @@ def directcontr_update(
         check_shape("release_s", r, (n,), "one time per VM")
         if not np.all(np.isfinite(r)):
             raise ValueError(f"release_s[{int(np.argwhere(~np.isfinite(r))[0][0])}] is not finite")
-        tau = start - (r - balances.origin_s)
+        moment = u * (start - (r - balances.origin_s))
     else:
-        tau = np.full(n, start)
-    moment = u * tau
+        moment = u * start  # every VM's τ is the interval's start
 
     return replace(
         balances,

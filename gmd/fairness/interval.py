@@ -209,7 +209,7 @@ def account_interval(
         standing.directcontr,
         work,
         interval.customer_of_vm,
-        interval.organization_of_host[interval.host_of_vm],
+        interval.organization_of_host.take(interval.host_of_vm),
         interval_start_s=start_s,
         interval_s=elapsed,  # the decay since the standing we start from
         half_life_s=settings.half_life_s,
