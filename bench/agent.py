@@ -22,8 +22,25 @@ asking each QEMU over its monitor, one domain after another, six commands per do
 per-domain polling's four. On 100 idle TCG guests (2026-11-25): bulk 376.1 ms a tick, 600
 monitor commands, 81.5 ms of libvirtd's and 395 ms of the QEMUs' CPU; per-domain 352.4 ms,
 400 commands; the kernel collector 2.72 ms, no monitor command, no libvirtd CPU. The bulk
-call's agent CPU (2.67 ms per 100 VMs) is the kernel collector's (2.65; 1.13 back to back),
-whose floor is 1.28 (0.60 back to back).
+call's agent CPU (2.67 ms per 100 VMs) was then the kernel collector's (2.65; 1.13 back to
+back), whose floor was 1.28 (0.60 back to back).
+
+The kernel collector's figure is its whole ``collect()``: libvirt's lifecycle flag,
+``/proc/stat``, ``/proc/net/dev``, every VM's files, the readings (not the spool's commit,
+which the agent's loop makes after the tick). Its floor (:class:`KernelFloor`) is one
+``pread`` of 4096 bytes at offset 0 of each guest's cgroup CPU file, ``/proc/<pid>/statm``
+and cgroup I/O file, each kept open, and of ``/proc/net/dev`` page by page to its end, and
+nothing else: no parsing, no Python object (nor ``/proc/stat``, which the collector reads
+too). Issue 33 holds the collector's agent CPU per tick within 1.5 times its floor's:
+``kernel_over_floor`` in the JSON line, of the alternated ticks' means (the figure the issue
+named), with ``kernel_over_floor_back_to_back`` beside. The two take turns at reading first
+after the libvirt collectors (whoever reads first pays the kernel's flush of the QEMUs'
+statistics), and the guests are left ``--settle-s`` seconds after booting. On 100 idle TCG
+guests (2026-11-27, on a machine busy with other work): the kernel collector 2.35 ms of agent
+CPU per 100 VMs, its floor 1.77, 1.32 times (back to back 1.26 and 0.88, 1.44 times). The same
+procedure run twice on one set of 100 settled guests gave 2.12 and 2.16 times (2.44 and 2.37
+back to back) for the collector as it was before issue 33, 1.31 and 1.37 (1.38 and 1.35) for
+this one.
 
 Prints a line per size and, last, one JSON line with the figures.
 """
@@ -51,6 +68,8 @@ from gmd.agent.collect.libvirt import LibvirtCollector
 from gmd.agent.spool import Spool
 
 NOVA_11 = "http://openstack.org/xmlns/libvirt/nova/1.1"
+TARGET_OVER_FLOOR = 1.5
+"""issue 33: the kernel collector's agent CPU per tick at most this times its floor's"""
 
 
 def node_xml(n: int) -> str:
@@ -278,26 +297,39 @@ class KernelFloor:
             os.close(fd)
 
 
-def back_to_back(read: Any, ticks: int) -> dict[str, float]:
-    """Median wall and CPU of ``ticks`` reads one after another (caches warm), in ms."""
-    walls, cpus = [], []
-    for _ in range(ticks):
-        w, c = time.perf_counter(), time.process_time()
-        read()
-        walls.append(time.perf_counter() - w)
-        cpus.append(time.process_time() - c)
-    return {"wall": statistics.median(walls) * 1e3, "cpu": statistics.median(cpus) * 1e3}
+def back_to_back(reads: dict[str, Any], ticks: int, block: int = 10) -> dict[str, dict[str, float]]:
+    """Median wall and CPU of ``ticks`` reads of each reader one after another (caches warm),
+    in ms. The readers take turns by blocks of ``block`` reads, so that a change in the
+    machine's load (other work on it) falls on each alike and not on one alone."""
+    walls: dict[str, list[float]] = {name: [] for name in reads}
+    cpus: dict[str, list[float]] = {name: [] for name in reads}
+    for _ in range(0, ticks, block):
+        for name, read in reads.items():
+            for _ in range(block):
+                w, c = time.perf_counter(), time.process_time()
+                read()
+                walls[name].append(time.perf_counter() - w)
+                cpus[name].append(time.process_time() - c)
+    return {
+        name: {
+            "wall": statistics.median(walls[name]) * 1e3,
+            "cpu": statistics.median(cpus[name]) * 1e3,
+        }
+        for name in reads
+    }
 
 
-def measure_qemu(n: int, ticks: int, workdir: Path) -> dict[str, Any]:
+def measure_qemu(n: int, ticks: int, workdir: Path, settle_s: float = 0.0) -> dict[str, Any]:
     """Ticks of the kernel collector, the libvirt collector and per-domain polling over ``n``
     real QEMU guests, alternated: wall time, the agent's CPU, libvirtd's and the QEMUs' CPU
-    during the tick, and the monitor commands sent."""
+    during the tick, and the monitor commands sent. The guests are left ``settle_s`` seconds
+    after the last of them booted: until then the last ones still move their counters."""
     sys.path.insert(0, str(REPO))
     from gmd.agent.collect.kernel import KernelCollector
     from tests.support.realvm import many_guests
 
     with many_guests(workdir, n) as (uri, guests):
+        time.sleep(settle_s)
         libvirtd = int(LIBVIRTD_PID.read_text())
         qemus = [
             int(
@@ -322,8 +354,18 @@ def measure_qemu(n: int, ticks: int, workdir: Path) -> dict[str, Any]:
         with MonitorLog(workdir / "monitor.log") as monitor:
             for read in sources.values():
                 read()  # the first tick reads every domain's XML
-            for _ in range(ticks):
-                for name, read in sources.items():
+            for tick in range(ticks):
+                # The kernel collector and its floor take turns at reading first after the
+                # libvirt collectors. Whoever reads the cgroup files first after the QEMUs
+                # have answered their monitors pays the kernel's flush of what they ran up
+                # (cpu.stat's per-CPU statistics, blkio's): measured on 100 guests, the floor
+                # took 1.58 ms reading first, 1.09 ms second, and the collector (which always
+                # read first before) 2.15 ms against 1.39 ms. That cost is the files', which
+                # the floor must bear as often as the collector.
+                order = list(sources.items())
+                if tick % 2:
+                    order[0], order[1] = order[1], order[0]
+                for name, read in order:
                     # The agent's clocks are read next to the tick, the other processes' and
                     # the monitor log (which grows by megabytes) outside it: reading them
                     # took ~8 ms, which earlier figures counted as the tick's.
@@ -342,8 +384,7 @@ def measure_qemu(n: int, ticks: int, workdir: Path) -> dict[str, Any]:
                         raise RuntimeError(f"{name} read {count} of {n} guests")
                     for key, a, b in zip(figures[name], before, after, strict=True):
                         figures[name][key].append(b - a)
-            warm = {"kernel": back_to_back(kernel.collect, ticks * 5)}
-            warm["kernel_floor"] = back_to_back(floor.read, ticks * 5)
+            warm = back_to_back({"kernel": kernel.collect, "kernel_floor": floor.read}, ticks * 5)
         poller.close()
         kernel.close()
         floor.close()
@@ -363,6 +404,20 @@ def measure_qemu(n: int, ticks: int, workdir: Path) -> dict[str, Any]:
         # agent's, ten seconds apart, in which other processes have run).
         out[name]["back_to_back_ms_per_100_vms"] = round(w["wall"] * 100 / n, 2)
         out[name]["back_to_back_cpu_ms_per_100_vms"] = round(w["cpu"] * 100 / n, 2)
+    # Issue 33's target: the kernel collector's agent CPU per tick (its whole ``collect()``:
+    # libvirt's lifecycle flag, /proc/stat, /proc/net/dev, every VM's files, the readings;
+    # not the spool, which the agent's loop commits after it) within 1.5 times its floor's
+    # (KernelFloor), both measured in the same run: the alternated ticks' means, and back to
+    # back beside.
+    kernel, floor_cpu = (
+        statistics.mean(figures["kernel"]["agent"]),
+        statistics.mean(figures["kernel_floor"]["agent"]),
+    )
+    out["kernel_over_floor"] = round(kernel / floor_cpu, 2)
+    out["kernel_over_floor_back_to_back"] = round(
+        warm["kernel"]["cpu"] / warm["kernel_floor"]["cpu"], 2
+    )
+    out["target_over_floor"] = TARGET_OVER_FLOOR
     return out
 
 
@@ -377,13 +432,35 @@ def main() -> None:
         help="instead: N real QEMU guests under the real libvirtd (tests/scripts/libvirt.sh; root),"
         " read by the kernel collector, the libvirt collector and per-domain polling",
     )
+    parser.add_argument(
+        "--settle-s",
+        type=float,
+        default=30.0,
+        help="with --qemu: seconds the guests are left idle after booting before the ticks"
+        " (the last booted still move their counters for a while)",
+    )
     args = parser.parse_args()
     if args.qemu:
         with tempfile.TemporaryDirectory() as tmp:
-            r = measure_qemu(args.qemu, args.ticks, Path(tmp))
+            r = measure_qemu(args.qemu, args.ticks, Path(tmp), args.settle_s)
         for name in ("kernel", "kernel_floor", "libvirt_bulk", "per_domain"):
             print(f"{args.qemu} guests, {name}: {r[name]}")
-        print(json.dumps({"benchmark": "agent_tick", "driver": "qemu", "ticks": args.ticks, **r}))
+        print(
+            f"{args.qemu} guests, kernel collector's agent CPU over its floor's:"
+            f" {r['kernel_over_floor']} ({r['kernel_over_floor_back_to_back']} back to back),"
+            f" target {r['target_over_floor']}"
+        )
+        print(
+            json.dumps(
+                {
+                    "benchmark": "agent_tick",
+                    "driver": "qemu",
+                    "ticks": args.ticks,
+                    "settle_s": args.settle_s,
+                    **r,
+                }
+            )
+        )
         return
     sizes = [int(s) for s in args.domains.split(",")]
     results = []

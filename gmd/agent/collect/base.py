@@ -9,7 +9,7 @@ the tests' scripted collectors are all judged by the same code.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, make_dataclass
 from enum import StrEnum
 from typing import Protocol
 
@@ -67,6 +67,38 @@ class VmReading:
     """device → (received bytes, transmitted bytes)"""
     owner: Ownership = field(default_factory=Ownership)
     name: str = ""
+
+
+_VmReadingLayout = make_dataclass(
+    "_VmReadingLayout", [(f.name, f.type) for f in fields(VmReading)], slots=True
+)
+"""A mutable class of :class:`VmReading`'s slots, in its order (see :func:`vm_reading`)"""
+
+
+def vm_reading(
+    uuid: str,
+    run_id: int,
+    taken_s: float,
+    cpu_time_ns: int | None,
+    memory_rss_bytes: int | None,
+    disks: Mapping[str, tuple[int, int]],
+    nics: Mapping[str, tuple[int, int]],
+    owner: Ownership,
+    name: str,
+) -> VmReading:
+    """``VmReading(...)`` with every field given, for a collector's loop over its VMs, at a
+    third of the cost.
+
+    A frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``: nine
+    calls, ~1.5 µs, a tenth of the kernel collector's whole reading of a VM (issue 33). This
+    fills an instance of a mutable class with the same slots instead, then makes it a
+    :class:`VmReading` (``__class__`` may be assigned between classes of one layout). What
+    it returns is an ordinary VmReading, frozen like any other."""
+    reading = _VmReadingLayout(
+        uuid, run_id, taken_s, cpu_time_ns, memory_rss_bytes, disks, nics, owner, name
+    )
+    reading.__class__ = VmReading
+    return reading
 
 
 class FailureKind(StrEnum):

@@ -71,8 +71,12 @@ class HostCpu:
         try:
             if self._fd < 0:
                 self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-            # The cpu line comes first: one page holds it on any host.
-            busy = parse_proc_stat_busy(os.pread(self._fd, 4096, 0).decode(), self._ticks_per_s)
+            # The cpu line comes first: one page holds it on any host. Only that line is
+            # decoded and parsed (the page also holds a line per CPU and the interrupts').
+            data = os.pread(self._fd, 4096, 0)
+            end = data.find(b"\n") if data.startswith(b"cpu ") else -1
+            first = data[:end] if end > 0 else data
+            busy = parse_proc_stat_busy(first.decode(), self._ticks_per_s)
         except (OSError, ValueError, UnicodeDecodeError) as exc:
             self.close()
             if not self._failing:

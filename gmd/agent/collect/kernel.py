@@ -36,7 +36,12 @@ reads three files, and one file for every VM's network:
 What the counters need (the QEMU pid from libvirt's pid file, its cgroups from
 ``/proc/<pid>/cgroup`` and the mount table, the taps and the owner from the domain XML) is
 cached per domain and read again every ``describe_every_s``, when the domain's id changes (its
-process restarted) and when a domain appears; the files are kept open while it runs.
+process restarted), when a domain appears, and when its files fail to read (a removed cgroup's
+give ENODEV, a dead process's ESRCH): they are opened again only by the paths its QEMU of the
+moment gives, never by the old ones, which a recycled pid or a cgroup made again may now give
+to another process. The files are kept open while it runs, and a tick in which no domain
+started, stopped or is due to be described does nothing but read them (:class:`TickPlan`):
+issue 33 holds the tick's own CPU within 1.5 times that of the ``pread`` of its files.
 
 A domain about to end is read at its lifecycle event: when the guest shut down (QEMU has
 stopped its vCPUs and libvirt is about to kill it) or was paused (at the end of an outgoing
@@ -59,6 +64,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import re
 import threading
@@ -89,6 +95,7 @@ from gmd.agent.collect.base import (
     Ownership,
     ReadFailure,
     VmReading,
+    vm_reading,
 )
 from gmd.agent.collect.host import HostCpu
 from gmd.agent.collect.libvirt import (
@@ -172,6 +179,10 @@ def counter_files(groups: DomainCgroups) -> CgroupFiles:
 
 
 # --- the counter files (pure parsers) --------------------------------------------------------
+#
+# The collector parses the bytes it reads (the ``_`` functions below) without decoding them:
+# every VM's files are parsed every tick. The ``parse_*`` functions take text, for the tests
+# and the tools, and answer as they do.
 
 
 def parse_cpuacct_usage(text: str) -> int:
@@ -179,13 +190,25 @@ def parse_cpuacct_usage(text: str) -> int:
     return int(text.strip())
 
 
-def parse_cpu_stat(text: str) -> int:
-    """v2 ``cpu.stat``'s ``usage_usec``, as nanoseconds."""
-    fields = text.split()
+def _cpu_stat_ns(data: bytes) -> int:
+    """v2 ``cpu.stat``'s ``usage_usec``, as nanoseconds. The kernel prints it first: the
+    first two fields are split off alone when they are that (the file has a dozen lines)."""
+    head = data.split(None, 2)
     try:
-        return int(fields[fields.index("usage_usec") + 1]) * 1000
+        if head[0] == b"usage_usec":
+            return int(head[1]) * 1000
+    except (IndexError, ValueError):
+        pass  # the general case says what is wrong
+    fields = data.split()
+    try:
+        return int(fields[fields.index(b"usage_usec") + 1]) * 1000
     except ValueError:
         raise ValueError("no usage_usec") from None
+
+
+def parse_cpu_stat(text: str) -> int:
+    """v2 ``cpu.stat``'s ``usage_usec``, as nanoseconds."""
+    return _cpu_stat_ns(text.encode())
 
 
 def parse_statm_resident(text: str, page_size: int) -> int:
@@ -197,25 +220,34 @@ def parse_statm_resident(text: str, page_size: int) -> int:
 # device in one call. The kernel prints a device's lines (v1: Read, Write, Sync, Async,
 # Discard, Total) and fields (v2: rbytes= wbytes= rios= …) in a fixed order; a file with a
 # device the expression does not match is an error rather than a VM without disk I/O.
-_BLKIO_DEVICE = re.compile(r"^(\S+) Read (\d+)\n\1 Write (\d+)$", re.M)
-_IO_STAT_DEVICE = re.compile(r"^(\S+) rbytes=(\d+) wbytes=(\d+)", re.M)
+# (Possessive quantifiers: they match what greedy ones would, without backtracking.)
+_BLKIO_DEVICE = re.compile(rb"^(\S++) Read (\d++)\n\1 Write (\d++)$", re.M)
+_IO_STAT_DEVICE = re.compile(rb"^(\S++) rbytes=(\d++) wbytes=(\d++)", re.M)
+
+
+def _blkio_service_bytes(data: bytes) -> dict[str, tuple[int, int]]:
+    out = {f"host:{dev.decode()}": (int(r), int(w)) for dev, r, w in _BLKIO_DEVICE.findall(data)}
+    if len(out) != data.count(b" Read "):
+        raise ValueError("a device without its Read and Write lines")
+    return out
+
+
+def _io_stat(data: bytes) -> dict[str, tuple[int, int]]:
+    out = {f"host:{dev.decode()}": (int(r), int(w)) for dev, r, w in _IO_STAT_DEVICE.findall(data)}
+    if len(out) != data.count(b" rbytes="):
+        raise ValueError("a device line without rbytes= and wbytes=")
+    return out
 
 
 def parse_blkio_service_bytes(text: str) -> dict[str, tuple[int, int]]:
     """v1 ``blkio.throttle.io_service_bytes``: ``{"host:MAJ:MIN": (read, written)}``. A device
     appears once it has done I/O; the ``Total`` line is the sum of the others."""
-    out = {f"host:{dev}": (int(r), int(w)) for dev, r, w in _BLKIO_DEVICE.findall(text)}
-    if len(out) != text.count(" Read "):
-        raise ValueError("a device without its Read and Write lines")
-    return out
+    return _blkio_service_bytes(text.encode())
 
 
 def parse_io_stat(text: str) -> dict[str, tuple[int, int]]:
     """v2 ``io.stat``: ``{"host:MAJ:MIN": (rbytes, wbytes)}``."""
-    out = {f"host:{dev}": (int(r), int(w)) for dev, r, w in _IO_STAT_DEVICE.findall(text)}
-    if len(out) != text.count(" rbytes="):
-        raise ValueError("a device line without rbytes= and wbytes=")
-    return out
+    return _io_stat(text.encode())
 
 
 def _read(path: Path) -> str:
@@ -224,6 +256,12 @@ def _read(path: Path) -> str:
             return f.read().decode()
     except OSError as exc:
         raise KernelReadError(f"{path}: {exc.strerror or exc}") from None
+
+
+_pread = os.pread
+"""``os.pread`` as a module global, for the loop over the VMs: three calls per VM"""
+_CHUNK = 4096
+"""what a counter file is read by (:class:`KeptFile`): a page, which holds any one record"""
 
 
 def _rest(fd: int, data: bytes, *, whole: bool = False) -> bytes:
@@ -253,13 +291,16 @@ class KeptFile:
     """
 
     __slots__ = ("_fd", "path")
-    CHUNK = 4096
+    CHUNK = _CHUNK
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._fd = -1
 
     def read(self, *, whole: bool = False) -> str:
+        return self.read_bytes(whole=whole).decode()
+
+    def read_bytes(self, *, whole: bool = False) -> bytes:
         try:
             if self._fd < 0:
                 self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
@@ -269,7 +310,7 @@ class KeptFile:
         except OSError as exc:
             self.close()
             raise KernelReadError(f"{self.path}: {exc.strerror or exc}") from None
-        return data.decode()
+        return data
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -277,16 +318,66 @@ class KeptFile:
             self._fd = -1
 
 
+NetCounters = Mapping[bytes, tuple[int, int]]
+"""Every interface's bytes as its guest sees them, ``{name: (received, transmitted)}``
+(:func:`net_dev_guest_view`), read once per tick for every VM's taps."""
+
+
+_UNSEEN: tuple[bytes, tuple[int, int]] = (b"", (0, 0))
+"""a line not parsed before (by identity)"""
+
+
+class NetDevParser:
+    """Parses ``/proc/net/dev``'s bytes per interface, as a guest on it as a tap sees them:
+    swapped as libvirt swaps them (what the host's tap transmits, the guest received). Two
+    header lines, then ``name: rx_bytes rx_packets … (8 fields) tx_bytes …``.
+
+    The file has a line per interface of the host and is parsed every tick: on 100 VMs,
+    parsing it all took a tenth of the time the ``pread`` of every VM's files takes. So names
+    are left as bytes, and a line the same as at the last parse (an interface that moved no
+    packet: idle taps, the host's unused devices) is not parsed again, which is safe because
+    a line's parse is a function of its bytes alone. A line that changed costs a lookup more
+    than before.
+    """
+
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        self._last: dict[bytes, tuple[bytes, tuple[int, int]] | None] = {}
+        """each line of the last parse → its interface and counters (``None``: not one)"""
+
+    def __call__(self, data: bytes) -> dict[bytes, tuple[int, int]]:
+        lines = data.splitlines()
+        del lines[:2]
+        last: dict[bytes, tuple[bytes, tuple[int, int]] | None] = {}
+        out = {}
+        known = self._last.get
+        for line in lines:
+            item = known(line, _UNSEEN)
+            if item is _UNSEEN:
+                name, sep, rest = line.partition(b":")
+                fields = rest.split(None, 9)  # the nine first, not the sixteen
+                if sep and len(fields) >= 9:
+                    item = (name.strip(), (int(fields[8]), int(fields[0])))
+                else:
+                    item = None
+            last[line] = item
+            if item is not None:
+                out[item[0]] = item[1]
+        self._last = last
+        return out
+
+
+def net_dev_guest_view(data: bytes) -> dict[bytes, tuple[int, int]]:
+    """``/proc/net/dev``'s ``{interface: (received, transmitted)}`` bytes as a guest on it as
+    a tap sees them (:class:`NetDevParser`)."""
+    return NetDevParser()(data)
+
+
 def parse_net_dev(text: str) -> dict[str, tuple[int, int]]:
     """``/proc/net/dev``: ``{interface: (received, transmitted)}`` bytes, as the host sees
-    them. Two header lines, then ``name: rx_bytes rx_packets … (8 fields) tx_bytes …``."""
-    out = {}
-    for line in text.splitlines()[2:]:
-        name, sep, rest = line.partition(":")
-        fields = rest.split()
-        if sep and len(fields) >= 9:
-            out[name.strip()] = (int(fields[0]), int(fields[8]))
-    return out
+    them."""
+    return {name.decode(): (rx, tx) for name, (tx, rx) in net_dev_guest_view(text.encode()).items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,17 +395,51 @@ class KernelCounters(NamedTuple):
 
     cpu_time_ns: int
     memory_rss_bytes: int
-    disks: dict[str, tuple[int, int]]
-    nics: dict[str, tuple[int, int]]
+    disks: Mapping[str, tuple[int, int]]
+    nics: Mapping[str, tuple[int, int]]
 
 
 class CounterFiles:
     """One VM's counter files (:class:`KernelSources`), kept open while its process lives and
-    read again from their start, as :class:`KeptFile` reads one file. Read once per VM and
-    tick, so the three reads are written out here rather than through a call each: on 100
-    VMs, a third of the tick's own CPU beyond the syscalls went to those calls."""
+    read again from their start, as :class:`KeptFile` reads one file.
 
-    __slots__ = ("_cpu_stat", "_fds", "_io_v2", "_paths", "sources")
+    Read once per VM and tick, so this is the agent's hot path, held close to the ``pread``
+    of the files (``bench/agent.py --qemu``, issue 33): the three reads are written out here
+    rather than through a call each, and the bytes are parsed without being decoded. What
+    an idle VM's files repeat tick after tick is not parsed again: the memory and disk
+    figures are parsed only when the file's bytes differ from the last reading's, and the
+    interfaces' mapping is made again only when :class:`NetDevParser` made their counters
+    anew. Each is a function of the bytes alone, so this changes no figure; the mappings are
+    then the last reading's objects, which is safe because readings never change their
+    mappings (the agent copies them, :mod:`gmd.agent.collect.counters`). The state a reading
+    needs is in this object's own slots, not in lists and tuples beside it: a tick comes ten
+    seconds after the last, its objects no longer in the CPU's caches, and each object a VM's
+    reading touches is another miss.
+
+    A file that fails to read closes them all; the next reading opens them again by path. A
+    removed cgroup's open file fails to read (ENODEV), so a file is never read through a
+    descriptor of a cgroup that is gone, and one opened again is parsed as what it now
+    says: the bytes remembered are only compared with.
+    """
+
+    __slots__ = (
+        "_cpu_fd",
+        "_cpu_stat",
+        "_disks",
+        "_guest",
+        "_io",
+        "_io_fd",
+        "_io_v2",
+        "_nics",
+        "_pages",
+        "_paths",
+        "_statm",
+        "_statm_fd",
+        "_tap",
+        "_tap_key",
+        "_taps",
+        "sources",
+    )
 
     def __init__(self, sources: KernelSources) -> None:
         self.sources = sources
@@ -322,62 +447,108 @@ class CounterFiles:
         self._paths = (sources.cgroups.cpu[1], sources.statm) + (() if io is None else (io[1],))
         self._cpu_stat = sources.cgroups.cpu[0] is CpuFile.CPU_STAT
         self._io_v2 = io is not None and io[0] is IoFile.IO_STAT
-        self._fds: list[int] = []
-        """open, in the order of ``_paths``; empty while closed"""
+        self._cpu_fd = self._statm_fd = self._io_fd = -1
+        """open while ``_cpu_fd`` is; ``_io_fd`` stays -1 without an I/O file"""
+        self._statm: bytes | None = None
+        """the ``statm`` bytes last parsed, and their resident pages"""
+        self._pages = 0
+        self._io: bytes = b""
+        """the I/O file's bytes last parsed (none: no device), and their disks"""
+        self._disks: Mapping[str, tuple[int, int]] = {}
+        self._taps = tuple((tap, tap.encode()) for tap in sources.taps)
+        """every tap, with its name in /proc/net/dev (:data:`NetCounters`)"""
+        tap = sources.taps[0] if len(sources.taps) == 1 else ""
+        self._tap, self._tap_key = tap, tap.encode()
+        """the only tap of a VM with one (most), read without a loop; else empty"""
+        self._guest: tuple[int, int] | None = None
+        """the only tap's counters last read, and the interfaces' mapping made of them"""
+        self._nics: dict[str, tuple[int, int]] = {}
 
-    def read(self, net: Mapping[str, tuple[int, int]] | None, page_size: int) -> KernelCounters:
-        """The counters, with the host's interface counters ``net`` (:func:`parse_net_dev`,
-        read once per tick for every VM); :class:`KernelReadError` names the first file that
-        could not be read or parsed. Without an io file the disks are left empty."""
-        chunk = KeptFile.CHUNK
+    @property
+    def is_open(self) -> bool:
+        """Whether the files are open: closed until the first reading, and after a reading
+        that failed to read one (not one that only failed to parse it)."""
+        return self._cpu_fd >= 0
+
+    def read(self, net: NetCounters | None, page_size: int) -> KernelCounters:
+        """The counters, with every interface's ``net`` (:class:`NetDevParser`, read once
+        per tick for every VM); :class:`KernelReadError` names the first file that could
+        not be read or parsed. Without an io file the disks are left empty."""
+        return KernelCounters._make(self.counters(net, page_size))
+
+    def counters(
+        self, net: NetCounters | None, page_size: int
+    ) -> tuple[int, int, Mapping[str, tuple[int, int]], Mapping[str, tuple[int, int]]]:
+        """:meth:`read`'s counters as a plain tuple, for the tick (cheaper to make)."""
         at = 0
         try:
-            fds = self._fds or self._open()
-            cpu = os.pread(fds[0], chunk, 0)
+            if self._cpu_fd < 0:
+                self._open()
+            cpu = _pread(self._cpu_fd, _CHUNK, 0)
             at = 1
-            statm = os.pread(fds[1], chunk, 0)
-            at = 2
-            io = os.pread(fds[2], chunk, 0) if len(fds) > 2 else b""
-            if len(io) == chunk:  # dozens of devices: the rest of the record
-                io = _rest(fds[2], io)
+            statm = _pread(self._statm_fd, _CHUNK, 0)
+            if self._io_fd >= 0:
+                at = 2
+                io = _pread(self._io_fd, _CHUNK, 0)
+                if len(io) == _CHUNK:  # dozens of devices: the rest of the record
+                    io = _rest(self._io_fd, io)
+            else:
+                io = b""
         except OSError as exc:
             self.close()
             raise KernelReadError(f"{self._paths[at]}: {exc.strerror or exc}") from None
         try:
             at = 0
-            text = cpu.decode()
-            cpu_ns = parse_cpu_stat(text) if self._cpu_stat else parse_cpuacct_usage(text)
-            at = 1
-            rss = parse_statm_resident(statm.decode(), page_size)
-            at = 2
-            disks: dict[str, tuple[int, int]] = {}
-            if io:
-                text = io.decode()
-                disks = parse_io_stat(text) if self._io_v2 else parse_blkio_service_bytes(text)
+            cpu_ns = _cpu_stat_ns(cpu) if self._cpu_stat else int(cpu)
+            if statm != self._statm:
+                at = 1
+                self._pages = int(statm.split(None, 2)[1])
+                self._statm = statm
+            if io != self._io:
+                at = 2
+                self._disks = _io_stat(io) if self._io_v2 else _blkio_service_bytes(io)
+                self._io = io
         except (ValueError, IndexError) as exc:
             raise KernelReadError(f"{self._paths[at]}: unexpected content ({exc})") from None
+        # The guest's view (NetCounters): what the host's tap transmits, the guest received.
+        if self._tap:
+            try:
+                guest = net[self._tap_key]  # type: ignore[index]
+            except (KeyError, TypeError):  # not there, or /proc/net/dev unread (None)
+                raise KernelReadError(self._no_tap(self._tap)) from None
+            if guest is not self._guest:
+                self._nics = {self._tap: guest}
+                self._guest = guest
+            return cpu_ns, self._pages * page_size, self._disks, self._nics
         nics = {}
-        for tap in self.sources.taps:
-            host = None if net is None else net.get(tap)
-            if host is None:
-                raise KernelReadError(f"interface {tap} is not among the host's (/proc/net/dev)")
-            # The guest receives what the host's tap transmits.
-            nics[tap] = (host[1], host[0])
-        return KernelCounters(cpu_ns, rss, disks, nics)
+        for tap, key in self._taps:
+            guest = None if net is None else net.get(key)
+            if guest is None:
+                raise KernelReadError(self._no_tap(tap))
+            nics[tap] = guest
+        return cpu_ns, self._pages * page_size, self._disks, nics
 
-    def _open(self) -> list[int]:
+    @staticmethod
+    def _no_tap(tap: str) -> str:
+        return f"interface {tap} is not among the host's (/proc/net/dev)"
+
+    def _open(self) -> None:
+        fds = []
         for path in self._paths:
             try:
-                self._fds.append(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
+                fds.append(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
             except OSError as exc:
-                self.close()
+                for fd in fds:
+                    os.close(fd)
                 raise KernelReadError(f"{path}: {exc.strerror or exc}") from None
-        return self._fds
+        self._cpu_fd, self._statm_fd = fds[0], fds[1]
+        self._io_fd = fds[2] if len(fds) > 2 else -1
 
     def close(self) -> None:
-        for fd in self._fds:
-            os.close(fd)
-        self._fds = []
+        for fd in (self._cpu_fd, self._statm_fd, self._io_fd):
+            if fd >= 0:
+                os.close(fd)
+        self._cpu_fd = self._statm_fd = self._io_fd = -1
 
 
 DIRECT_CACHE_MODES = frozenset({"none", "directsync"})
@@ -441,7 +612,7 @@ def kernel_collector_fits(uri: str, proc: Path = PROC, run_dir: Path = LIBVIRT_Q
 # --- the collector -------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(slots=True)
 class KernelDescription:
     """What one domain's XML and process say, cached per process (domain id)."""
 
@@ -456,20 +627,50 @@ class KernelDescription:
     problem: str = ""
     disk_source: DiskSource | None = None
     """decided at the first reading of this process, kept across refreshes"""
+    io_unseen: bool = False
+    """its disks are to be counted in its cgroup, which has no I/O file: read through
+    libvirt (worked out when described, not at every reading)"""
 
-    def reading(self, uuid: str, taken_s: float, c: KernelCounters) -> VmReading:
-        """The VM's reading of counters ``c``, taken at ``taken_s`` (a tick's, or an event's)."""
-        return VmReading(
-            uuid=uuid,
-            run_id=self.run_id,
-            taken_s=taken_s,
-            cpu_time_ns=c.cpu_time_ns,
-            memory_rss_bytes=c.memory_rss_bytes,
-            disks=c.disks,
-            nics=c.nics,
-            owner=self.owner,
-            name=self.name,
+    def reading(
+        self,
+        uuid: str,
+        taken_s: float,
+        c: tuple[int, int, Mapping[str, tuple[int, int]], Mapping[str, tuple[int, int]]],
+    ) -> VmReading:
+        """The VM's reading of counters ``c`` (:meth:`CounterFiles.counters`), taken at
+        ``taken_s`` (a tick's, or an event's)."""
+        cpu_ns, rss, disks, nics = c
+        return vm_reading(
+            uuid, self.run_id, taken_s, cpu_ns, rss, disks, nics, self.owner, self.name
         )
+
+
+@dataclass(frozen=True, slots=True)
+class TickPlan:
+    """What a tick reads: the listed domains, each described, in the listing's order.
+
+    Worked out when the listing changes, a domain is due to be described again, or a VM's
+    reading from the kernel starts or stops (its first reading, or a fall back to libvirt
+    for its process's life), and kept for the ticks in between, which then only read the
+    files: issue 33 (the tick's own CPU within 1.5 times the ``pread`` of its files) leaves
+    no room for looking each VM's state up again every tick.
+    """
+
+    listed: dict[str, tuple[Any, int]]
+    """the listing it was made of (the collector's, until it lists again)"""
+    describe_at: float
+    """the oldest description's time (monotonic): made again once that is due"""
+    vms: tuple[
+        tuple[str, Any, int, KernelDescription, CounterFiles | None, bool, bool, Ownership, str],
+        ...,
+    ]
+    """per VM to read: uuid, domain, its id, description, the counter files to read (``None``:
+    read through libvirt), whether this is its process's first reading, whether any of its
+    disks is counted by QEMU's block stats (:func:`plan_disks`), and its owner and name from
+    the description (in the tuple, which the tick reads anyway: a tick that reads its files
+    fine looks nothing else up)"""
+    measured: frozenset[str]
+    """the listed domains that the domain filter admits"""
 
 
 class KernelCollector:
@@ -527,10 +728,13 @@ class KernelCollector:
         """readings taken at a lifecycle event, not yet superseded or sent (see _on_event)"""
         self._logged: set[str] = set()
         self._net_dev = KeptFile(self.net_dev)
+        self._net_dev_parser = NetDevParser()
         self._host_cpu = HostCpu(proc / "stat")
         self._lock = threading.Lock()
         """held while the files are read, by a tick or at an event: the two readings of one
         VM are then in the order of their times"""
+        self._plan: TickPlan | None = None
+        """the last tick's, while it holds (:class:`TickPlan`)"""
 
     def resources(self) -> HostResources | None:
         return self._libvirt.resources()
@@ -580,11 +784,75 @@ class KernelCollector:
         busy: set[str] = set()
         fallback: dict[str, Any] = {}
         stats_disks: dict[str, Any] = {}
-        mounts: CgroupMounts | None = None
-        excluded: set[str] = set()
         net = self._net()
+        plan = self._plan
+        if plan is None or plan.listed is not listed or plan.describe_at <= describe_before:
+            plan = self._make_plan(listed, describe_before, gone, errors)
+            if plan is None:
+                return HostReading(taken_s, False, errors=(self.conn.failure(),))
+            # A VM that could not be described is tried again at the next tick.
+            self._plan = None if gone or errors else plan
+        # The loop below runs for every VM and tick: what it calls is looked up once.
+        page_size, append = self._page_size, vms.append
+        for uuid, dom, run_id, d, files, first, counted_by_qemu, owner, name in plan.vms:
+            if files is None:
+                self._not_from_kernel(uuid, d, net)
+                fallback[uuid] = dom
+                continue
+            try:
+                cpu_ns, rss, disks, nics = files.counters(net, page_size)
+            except KernelReadError as exc:
+                self._cannot(uuid, d, str(exc))
+                if not files.is_open:
+                    self._describe_again(d)
+                fallback[uuid] = dom
+                continue
+            if first:  # the first reading of its process: its disks are the kernel's
+                d.disk_source = DiskSource.KERNEL
+                self._plan = None
+            append(vm_reading(uuid, run_id, taken_s, cpu_ns, rss, disks, nics, owner, name))
+            if counted_by_qemu:
+                stats_disks[uuid] = dom
+        if stats_disks:
+            vms, failed = self._block_stats(conn, stats_disks, vms)
+            errors.extend(failed)
+        if fallback:
+            more, more_gone, more_errors, busy = self._fallback(fallback, taken_s)
+            vms.extend(more)
+            gone |= more_gone
+            errors.extend(more_errors)
+        if self._last:
+            vms = self._last_moments(vms, listed, gone) + vms
+        return HostReading(
+            taken_s,
+            True,
+            tuple(vms),
+            plan.measured,
+            frozenset(gone),
+            tuple(errors),
+            fallbacks=frozenset(fallback) - gone,
+            busy=frozenset(busy),
+            host_cpu_s=host_cpu_s,
+        )
+
+    def _make_plan(
+        self,
+        listed: dict[str, tuple[Any, int]],
+        describe_before: float,
+        gone: set[str],
+        errors: list[ReadFailure],
+    ) -> TickPlan | None:
+        """What this tick reads of the ``listed`` domains: each one described (again) when it
+        is new, its process changed or its description is older than ``describe_before``;
+        the descriptions of domains no longer listed dropped, their files closed. Adds to
+        ``gone`` and ``errors`` the domains that could not be described (left out of the
+        plan); ``None`` when the connection was lost."""
+        descriptions = self._descriptions
+        mounts: CgroupMounts | None = None
+        vms = []
+        excluded = set()
         for uuid, (dom, run_id) in listed.items():
-            d = self._descriptions.get(uuid)
+            d = descriptions.get(uuid)
             if d is None or d.run_id != run_id or d.fetched_s <= describe_before:
                 try:
                     xml = dom.XMLDesc(0)
@@ -595,49 +863,34 @@ class KernelCollector:
                         continue
                     if code in CONNECTION_LOST:
                         self.conn.lost(exc, f"describing domain {uuid}")
-                        return HostReading(taken_s, False, errors=(self.conn.failure(),))
+                        return None
                     errors.append(ReadFailure(FailureKind.domain, f"domain {uuid}: {exc}", uuid))
                     continue
                 if mounts is None:
                     mounts = self._mounts()
                 d = self._describe(xml, run_id, d, mounts)
-                self._descriptions[uuid] = d
+                descriptions[uuid] = d
             if not self.domains.admits_owner(d.owner):
                 excluded.add(uuid)
                 continue
-            reading = self._kernel_reading(uuid, d, taken_s, net)
-            if reading is None:
-                fallback[uuid] = dom
-            else:
-                vms.append(reading)
-                if d.disks.block_stats:
-                    stats_disks[uuid] = dom
-        if stats_disks:
-            vms, failed = self._block_stats(conn, stats_disks, vms)
-            errors.extend(failed)
-        if fallback:
-            more, more_gone, more_errors, busy = self._fallback(fallback, taken_s)
-            vms.extend(more)
-            gone |= more_gone
-            errors.extend(more_errors)
-        vms = self._last_moments(vms, listed, gone) + vms
-        stale = self._descriptions.keys() - listed.keys()
+            files = d.files
+            if d.disk_source is DiskSource.LIBVIRT or d.io_unseen:
+                files = None
+            first = d.disk_source is None
+            counted_by_qemu = bool(d.disks.block_stats)
+            vms.append((uuid, dom, run_id, d, files, first, counted_by_qemu, d.owner, d.name))
+        stale = descriptions.keys() - listed.keys()
         for uuid in stale:
-            files = self._descriptions.pop(uuid).files
+            files = descriptions.pop(uuid).files
             if files is not None:
                 files.close()
         if stale:
             self._logged &= listed.keys()
-        return HostReading(
-            taken_s,
-            True,
+        return TickPlan(
+            listed,
+            min((d.fetched_s for d in descriptions.values()), default=math.inf),
             tuple(vms),
             frozenset(listed) - excluded,
-            frozenset(gone),
-            tuple(errors),
-            fallbacks=frozenset(fallback) - gone,
-            busy=frozenset(busy),
-            host_cpu_s=host_cpu_s,
         )
 
     def _block_stats(
@@ -670,11 +923,11 @@ class KernelCollector:
         ]
         return out, []
 
-    def _net(self) -> Mapping[str, tuple[int, int]] | None:
+    def _net(self) -> NetCounters | None:
         """Every interface's counters, one file for all the VMs' taps; ``None`` (each VM with
         a tap then falls back) when it cannot be read."""
         try:
-            return parse_net_dev(self._net_dev.read(whole=True))
+            return self._net_dev_parser(self._net_dev.read_bytes(whole=True))
         except (KernelReadError, ValueError, IndexError) as exc:
             log.warning("cannot read the host's interface counters: %s", exc)
             return None
@@ -695,9 +948,11 @@ class KernelCollector:
                 return  # a tick let go of it meanwhile (it stopped): too late
             taken_s = self._clock()
             try:
-                c = d.files.read(self._net(), self._page_size)
+                c = d.files.counters(self._net(), self._page_size)
             except KernelReadError as exc:
                 log.info("domain %s (%s) %s: too late to read: %s", uuid, d.name, kind.name, exc)
+                if not d.files.is_open:
+                    self._describe_again(d)
                 return
             self._last[uuid] = d.reading(uuid, taken_s, c)
         log.info("domain %s (%s) %s: its counters read", uuid, d.name, kind.name)
@@ -764,38 +1019,42 @@ class KernelCollector:
             plan,
             problem,
             disk_source,
+            io_unseen=plan.cgroup and sources is not None and sources.cgroups.io is None,
         )
 
-    def _kernel_reading(
-        self,
-        uuid: str,
-        d: KernelDescription,
-        taken_s: float,
-        net: Mapping[str, tuple[int, int]] | None,
-    ) -> VmReading | None:
-        """The VM's reading from the kernel, or ``None`` when it must be read through libvirt
-        this tick. The first reading of a process decides where its disk counters come from."""
+    def _not_from_kernel(self, uuid: str, d: KernelDescription, net: NetCounters | None) -> None:
+        """A VM read through libvirt, the tick's plan says: its files could not be located,
+        or its disks come from libvirt for its process's life (so all its counters do), or
+        its disks were to be counted in a cgroup without an I/O file. In that last case the
+        files are read all the same, to name the first that fails; the first call settles
+        where its disks come from, as for any VM."""
         if d.files is None:
             self._cannot(uuid, d, d.problem)
-            return None
-        if d.disk_source is DiskSource.LIBVIRT:
-            return None
-        try:
-            c = d.files.read(net, self._page_size)
-        except KernelReadError as exc:
-            self._cannot(uuid, d, str(exc))
-            return None
-        if d.disks.cgroup and d.files.sources.cgroups.io is None:
-            self._cannot(uuid, d, "QEMU is in no blkio (v1) nor v2 cgroup of its own")
-            return None
-        d.disk_source = DiskSource.KERNEL
-        return d.reading(uuid, taken_s, c)
+        elif d.disk_source is not DiskSource.LIBVIRT:
+            try:
+                d.files.counters(net, self._page_size)
+            except KernelReadError as exc:
+                self._cannot(uuid, d, str(exc))
+                if not d.files.is_open:
+                    self._describe_again(d)
+            else:
+                self._cannot(uuid, d, "QEMU is in no blkio (v1) nor v2 cgroup of its own")
+
+    def _describe_again(self, d: KernelDescription) -> None:
+        """At the next tick, before its files are opened again: they failed to read (a
+        removed cgroup's file gives ENODEV, a dead process's ESRCH), and the paths they were
+        opened by may now name another process's or VM's files (a recycled pid, a cgroup
+        made again). Described again, a VM's paths are those of its QEMU of the moment (its
+        pid file, that process's cgroups), or none when it has no process."""
+        d.fetched_s = -math.inf
+        self._plan = None
 
     def _cannot(self, uuid: str, d: KernelDescription, why: str) -> None:
         """Mark the VM for libvirt this tick; a VM not yet read from the kernel in this process
         takes its disk counters from libvirt for the process's life. Logged once per VM."""
         if d.disk_source is None:
             d.disk_source = DiskSource.LIBVIRT
+            self._plan = None  # the plan reads it from the kernel: no longer
         if uuid not in self._logged:
             self._logged.add(uuid)
             log.warning(
