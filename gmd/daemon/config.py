@@ -277,7 +277,8 @@ class Daemon(Table):
         False,
         "let several gmd-daemon processes on this machine listen on the same port"
         " (``SO_REUSEPORT``): the kernel spreads the agents' connections over them, so ingest"
-        " uses as many cores as there are processes; each must say true. PostgreSQL only",
+        " can use more than the one core a process's interpreter lock allows; each must say"
+        " true. PostgreSQL only",
     )
     accounting = Flag(
         True,
