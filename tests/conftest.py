@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 import warnings
 from collections.abc import Generator, Iterator
 from pathlib import Path
@@ -175,16 +174,7 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'ledger.db'}"
         return
-    import sqlalchemy as sa
+    from tests.support.daemon_support import fresh_postgres_database
 
-    server = request.getfixturevalue("postgres_server_url")
-    name = f"gmd_test_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(server, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield server.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with fresh_postgres_database(request.getfixturevalue("postgres_server_url")) as url:
+        yield url

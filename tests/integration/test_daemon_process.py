@@ -27,6 +27,7 @@ from tests.support.daemon_support import (
     aligned_past,
     batch,
     cpu_only,
+    fresh_postgres_database,
     make_config,
 )
 
@@ -202,7 +203,7 @@ def metric(port: int, name: str) -> float:
 def test_two_daemons_on_one_postgresql_account_each_interval_once(
     postgres_server_url: str, tmp_path: Path
 ) -> None:
-    with fresh_database(postgres_server_url, f"gmd_two_{os.getpid()}") as url:
+    with fresh_postgres_database(postgres_server_url, f"gmd_two_{os.getpid()}") as url:
         two_daemons_account_each_interval_once(url, tmp_path)
 
 
@@ -247,21 +248,6 @@ def two_daemons_account_each_interval_once(url: str, tmp_path: Path) -> None:
         engine.dispose()
 
 
-@contextmanager
-def fresh_database(server_url: str, name: str) -> Iterator[str]:
-    """An empty database ``name`` on the test cluster, dropped afterwards."""
-    admin = sa.create_engine(server_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield server_url.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-
 def test_daemons_sharing_a_port_each_take_agents_connections(
     postgres_server_url: str, tmp_path: Path
 ) -> None:
@@ -271,7 +257,7 @@ def test_daemons_sharing_a_port_each_take_agents_connections(
     port = free_port()
     start = aligned_past(2)
     hosts = [HostSpec(f"cmp-{h}") for h in range(40)]
-    with fresh_database(postgres_server_url, f"gmd_shared_{os.getpid()}") as url:
+    with fresh_postgres_database(postgres_server_url, f"gmd_shared_{os.getpid()}") as url:
         shared = write_config(tmp_path / "shared.toml", url, port, "share_port = true\n")
         logs = [tmp_path / "d0.log", tmp_path / "d1.log"]
         with (

@@ -64,6 +64,23 @@ def make_config(url: str, hosts: dict[str, str] | None = None, **sections: Any) 
     return parse(doc, "test.toml")
 
 
+@contextmanager
+def fresh_postgres_database(server_url: str, name: str | None = None) -> Iterator[str]:
+    """The URL of a new, empty database on the PostgreSQL server ``server_url`` (named
+    ``name``, or a random name), dropped afterwards with whatever is still connected to it."""
+    name = name or f"gmd_test_{uuidlib.uuid4().hex[:12]}"
+    admin = sa.create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield server_url.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
 def aligned_past(intervals_ago: int) -> int:
     """The start of the interval that began ``intervals_ago`` intervals before the current."""
     return (int(time.time()) // INTERVAL_S - intervals_ago) * INTERVAL_S
