@@ -81,10 +81,10 @@ from gmd.daemon.config import Config, RetentionConfig, parse
 from gmd.daemon.enforce.levels import after_interval
 from gmd.daemon.ledger import migrate, partitions
 from gmd.daemon.ledger.accounting import account_due
-from gmd.daemon.ledger.models import Base, BatchState, IntervalState, NameSource
+from gmd.daemon.ledger.models import USE_COLUMNS, Base, BatchState, IntervalState, NameSource
 from gmd.daemon.ledger.retention import LEDGER_TABLES, RAW_TABLES, purge
 from gmd.daemon.ledger.rollups import ROLLUP_TABLES
-from gmd.daemon.ledger.store import USE_COLUMNS
+from gmd.daemon.ledger.sample_store import write_batches
 from gmd.daemon.ledger.tables import (
     actions as _actions,
     batches as _batches,
@@ -121,8 +121,11 @@ SAMPLE_TYPES: dict[str, str] = {
     "flavor_memory_bytes": ">f8",
     "late": "?",
 }
-"""The samples columns written, with their binary COPY types (PostgreSQL's wire order is
-big-endian); the flavor's disk and network stay NULL, as agents send them."""
+"""The samples columns written, with their types; the flavor's disk and network stay NULL, as
+agents send them."""
+COLUMN_BYTES = sum(np.dtype(t).itemsize for t in SAMPLE_TYPES.values()) + 2 * 8
+"""A sample's figures bare: every column of ``samples`` at its width, the two NULL flavor
+figures included (109 bytes), against which the stored bytes per sample are compared."""
 BATCH_COLUMNS = (
     "id",
     "key",
@@ -360,22 +363,6 @@ def day_rows(cloud: Cloud, first_s: int, n: int, interval_s: int, first_batch: i
     return DayRows(intervals, batches, host_intervals, samples)
 
 
-def binary_copy(columns: dict[str, np.ndarray]) -> bytes:
-    """The columns as PostgreSQL's binary COPY stream, built by numpy in one go: each tuple is
-    its field count, then per field its length and big-endian value. Writing 288,000 rows one
-    by one through the driver took 5-7 s a day, most of the run's time outside accounting."""
-    fields: list[tuple[str, str]] = [("count", ">i2")]
-    for name, kind in SAMPLE_TYPES.items():
-        fields += [(f"{name}_length", ">i4"), (name, kind)]
-    rows = np.empty(len(columns["vm_id"]), dtype=np.dtype(fields))
-    rows["count"] = len(SAMPLE_TYPES)
-    for name, kind in SAMPLE_TYPES.items():
-        rows[f"{name}_length"] = np.dtype(kind).itemsize
-        rows[name] = columns[name]
-    header = b"PGCOPY\n\xff\r\n\x00" + (0).to_bytes(4, "big") + (0).to_bytes(4, "big")
-    return header + rows.tobytes() + (-1).to_bytes(2, "big", signed=True)
-
-
 def store_day(engine: sa.Engine, rows: DayRows) -> None:
     """Write the raw rows in one transaction, the fast way each database offers."""
     sample_columns = ", ".join(SAMPLE_TYPES)
@@ -392,10 +379,16 @@ def store_day(engine: sa.Engine, rows: DayRows) -> None:
                     with cur.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
                         for row in data:
                             copy.write_row(row)
-                with cur.copy(
-                    f"COPY samples ({sample_columns}) FROM STDIN (FORMAT BINARY)"
-                ) as copy:
-                    copy.write(binary_copy(rows.samples))
+            # As ingest stores them: a row of arrays per batch, by binary COPY.
+            unreported = np.full(rows.n_samples, np.nan)
+            write_batches(
+                conn,
+                {
+                    **rows.samples,
+                    "flavor_disk_bytes_per_s": unreported,
+                    "flavor_network_bytes_per_s": unreported,
+                },
+            )
         else:
             conn.execute(
                 sa.insert(_batches),
@@ -547,6 +540,13 @@ def measure(
                 ),
             }
         figures["tables"] = per_table
+        stored = per_table["samples"]
+        if stored["rows"] and isinstance(stored["bytes"], int):
+            figures["samples_bytes_per_row"] = round(stored["bytes"] / stored["rows"], 1)
+            figures["samples_column_bytes_per_row"] = COLUMN_BYTES
+            figures["samples_over_columns"] = round(
+                figures["samples_bytes_per_row"] / COLUMN_BYTES, 2
+            )
         figures["partitions"] = found.partitions
         for kind, group in (
             ("raw", RAW_TABLES),
@@ -741,7 +741,15 @@ def main() -> None:
         "latency_s": {d: m["latency_s"] for d, m in measured.items()},
         "checkpoints": measured,
         "report_customer_1d_ratio_last_to_first": round(ratio, 3),
+        "samples_bytes_per_row": last.get("samples_bytes_per_row"),
+        "samples_column_bytes_per_row": COLUMN_BYTES,
+        "samples_over_columns": last.get("samples_over_columns"),
         "targets": {
+            "samples_over_columns": {
+                "value": last.get("samples_over_columns"),
+                "max": 1.3,
+                "met": (last.get("samples_over_columns") or 99) <= 1.3,
+            },
             "report_customer_1d_ratio": {"value": round(ratio, 3), "max": 1.2, "met": ratio <= 1.2},
             "report_host_30d_s": {
                 "value": final["report_host_30d"],

@@ -18,7 +18,7 @@ from sqlalchemy.exc import OperationalError
 
 from gmd.common.timespec import iso
 from gmd.daemon.config import RetentionConfig
-from gmd.daemon.ledger import partitions
+from gmd.daemon.ledger import partitions, sample_store
 from gmd.daemon.ledger.models import SEEN_PERIOD_S, Base
 from gmd.daemon.ledger.retention import (
     LEDGER_TABLES,
@@ -27,7 +27,7 @@ from gmd.daemon.ledger.retention import (
     cutoffs,
     unseen_cutoff_s,
 )
-from gmd.daemon.ledger.tables import customers
+from gmd.daemon.ledger.tables import customers, samples
 from gmd.render import Column, Unit
 
 COLUMNS = (
@@ -70,7 +70,12 @@ def usage(
     unseen_s = unseen_cutoff_s(conn, due.raw_s)
     rows = []
     for table in Base.metadata.sorted_tables:
-        count, size = sizes.get(table.name, (None, None))
+        # On PostgreSQL the samples are stored a batch to a row (``samples`` is a view): the
+        # size and the oldest interval are the stored table's, the rows are samples.
+        stored = sample_store.stored_table(conn) if table is samples else table
+        count, size = sizes.get(stored.name, (None, None))
+        if stored is not table and count is not None and not exact:
+            count = sample_store.estimated_samples(conn, count)
         if exact or count is None:
             count = int(conn.execute(select(func.count()).select_from(table)).scalar_one())
         kept = _kept(table, retention)
@@ -79,7 +84,7 @@ def usage(
         if kept is not None:
             unseen = table in UNSEEN_TABLES
             # For VMs and customers, the oldest interval in which one was last seen.
-            key = table.c.last_seen_s if unseen else table.c.interval_id
+            key = table.c.last_seen_s if unseen else stored.c.interval_id
             first = conn.execute(select(func.min(key))).scalar()
             oldest = None if first is None else int(first)
             if oldest is not None and kept:

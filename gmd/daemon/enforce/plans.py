@@ -259,8 +259,9 @@ def _flavor_vcpus(conn: Connection, host_id: int, window: Window) -> dict[int, f
         _samples.c.host_id == host_id,
         _samples.c.interval_id.between(window.first, window.last),
     )
+    # A VM is in a batch once, and batch ids grow: its latest batch holds its latest sample.
     latest = (
-        select(func.max(_samples.c.id).label("sample_id"))
+        select(_samples.c.vm_id, func.max(_samples.c.batch_id).label("batch_id"))
         .where(in_window)
         .group_by(_samples.c.vm_id)
         .subquery()
@@ -268,8 +269,11 @@ def _flavor_vcpus(conn: Connection, host_id: int, window: Window) -> dict[int, f
     return {
         int(vm_id): vcpus
         for vm_id, vcpus in conn.execute(
-            select(_samples.c.vm_id, _samples.c.flavor_vcpus).where(
-                in_window, _samples.c.id.in_(select(latest.c.sample_id))
+            select(_samples.c.vm_id, _samples.c.flavor_vcpus)
+            .join(
+                latest,
+                and_(latest.c.vm_id == _samples.c.vm_id, latest.c.batch_id == _samples.c.batch_id),
             )
+            .where(in_window)
         )
     }

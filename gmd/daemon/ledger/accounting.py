@@ -39,14 +39,16 @@ from sqlalchemy import (
 
 from gmd import GmdError
 from gmd.daemon.config import AccountingConfig
-from gmd.daemon.ledger import reset_window, rollups
+from gmd.daemon.ledger import reset_window, rollups, sample_store
 from gmd.daemon.ledger.migrate import writer
 from gmd.daemon.ledger.models import (
+    FLAVOR_COLUMNS,
+    USE_COLUMNS,
     BatchState,
     IntervalState,
 )
 from gmd.daemon.ledger.quarantine import Quarantined, bad_data, isolate
-from gmd.daemon.ledger.store import CAPACITY_COLUMNS, FLAVOR_COLUMNS, USE_COLUMNS
+from gmd.daemon.ledger.store import CAPACITY_COLUMNS
 from gmd.daemon.ledger.tables import (
     batches as _batches,
     customer_ledger as _customer_ledger,
@@ -432,8 +434,21 @@ def read_samples(
     Each batch has rows of its own; a VM reported by two batches of its host (an agent that
     restarted mid-interval) is one row here, its use added up and its owner and flavor those
     of the latest batch. Ordered by host and VM (sorted here, :func:`host_vm_batch_order`:
-    PostgreSQL's sort of 100,000 rows spills to disk at the default work_mem). Read by
-    :func:`float_rows`."""
+    PostgreSQL's sort of 100,000 rows spills to disk at the default work_mem). Read from the
+    stored batches' arrays on PostgreSQL (:func:`.sample_store.read_on_time`), else, and with
+    ``extra`` columns, by :func:`float_rows`."""
+    width = SAMPLE_EXTRA + len(extra)
+    stored = None if extra else sample_store.read_on_time(conn, interval_id, batch_ids)
+    if stored is not None:
+        hosts, batches, counts, values = stored
+        data = np.empty((int(counts.sum()), width + 1), dtype=np.float64)
+        data[:, SAMPLE_HOST] = np.repeat(hosts, counts)
+        data[:, SAMPLE_VM] = values["vm_id"]
+        data[:, SAMPLE_CUSTOMER] = values["customer_id"]
+        for k, c in enumerate((*USE_COLUMNS, *FLAVOR_COLUMNS)):
+            data[:, SAMPLE_USE.start + k] = values[c]
+        data[:, width] = np.repeat(batches, counts)
+        return merge_vm_rows(data[host_vm_batch_order(data, width), :width])
     columns = (
         _samples.c.host_id,
         _samples.c.vm_id,
@@ -450,7 +465,6 @@ def read_samples(
         query = query.join(_vms, _vms.c.id == _samples.c.vm_id)
     if batch_ids is not None:
         query = query.where(_samples.c.batch_id.in_(list(batch_ids)))
-    width = SAMPLE_EXTRA + len(extra)
     data = float_rows(conn, query, width + 1)
     return merge_vm_rows(data[host_vm_batch_order(data, width), :width])
 

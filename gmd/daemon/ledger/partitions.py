@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, Engine, text
 
-from gmd.daemon.ledger.models import PARTITION_SCHEMA, PARTITIONED
+from gmd.daemon.ledger.models import PARTITION_PARENT, PARTITION_SCHEMA, PARTITIONED
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,11 @@ class Partition:
     @property
     def name(self) -> str:
         return f"{self.table}_{time.strftime('%Y%m%d', time.gmtime(self.day * DAY_S))}"
+
+    @property
+    def parent(self) -> str:
+        """The partitioned table that holds it."""
+        return PARTITION_PARENT.get(self.table, self.table)
 
     @property
     def start_s(self) -> int:
@@ -95,7 +100,7 @@ def ensure_days(engine: Engine, days: range | list[int]) -> int:
                 conn.execute(
                     text(
                         f"CREATE TABLE IF NOT EXISTS {PARTITION_SCHEMA}.{p.name} PARTITION OF"
-                        f" public.{table} FOR VALUES FROM ({p.start_s}) TO ({p.end_s})"
+                        f" public.{p.parent} FOR VALUES FROM ({p.start_s}) TO ({p.end_s})"
                     )
                 )
                 made += 1
@@ -122,7 +127,7 @@ def drop_before(engine: Engine, cutoff_s: int) -> list[Partition]:
     for p in due:
         with engine.begin() as conn:
             conn.execute(
-                text(f"ALTER TABLE public.{p.table} DETACH PARTITION {PARTITION_SCHEMA}.{p.name}")
+                text(f"ALTER TABLE public.{p.parent} DETACH PARTITION {PARTITION_SCHEMA}.{p.name}")
             )
             conn.execute(text(f"DROP TABLE {PARTITION_SCHEMA}.{p.name}"))
         log.info("dropped partition %s (raw data of intervals before %d)", p.name, p.end_s)

@@ -21,10 +21,11 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, delete, insert, select, true, update
+from sqlalchemy import Connection, delete, insert, select, update
 from sqlalchemy.exc import DataError, IntegrityError
 
 from gmd import GmdError
+from gmd.daemon.ledger import sample_store
 from gmd.daemon.ledger.models import ActionKind, ActionStatus, BatchState
 from gmd.daemon.ledger.tables import (
     actions as _actions,
@@ -37,7 +38,9 @@ from gmd.daemon.ledger.tables import (
 
 log = logging.getLogger(__name__)
 
-_SAMPLE_COLUMNS = tuple(c.name for c in _samples.columns)
+_SAMPLE_COLUMNS = tuple(c.name for c in _samples.columns if c.name != "id")
+"""The columns a quarantined sample keeps (its id is new: ``samples`` has none on
+PostgreSQL)."""
 # At most this many trials (accounting a subset of the batches) per failing interval: halving
 # finds k culprits among n batches in about 2·k·log2(n); past it the interval is a bug to report.
 MAX_TRIES = 512
@@ -134,7 +137,7 @@ def quarantine(
             select(*(_samples.c[c] for c in _SAMPLE_COLUMNS)).where(_samples.c.batch_id.in_(ids)),
         )
     )
-    conn.execute(delete(_samples).where(_samples.c.batch_id.in_(ids)))
+    sample_store.delete_batches(conn, ids)
     out = []
     for batch_id in ids:
         row = found[batch_id]
@@ -209,15 +212,7 @@ def release(conn: Connection, key: str, reason: str, by: str) -> BatchRow:
     """Put a quarantined batch's samples back as late ones: reports count them, no accounted
     interval is recomputed from them."""
     row = _quarantined_batch(conn, key)
-    columns = [c for c in _SAMPLE_COLUMNS if c != "late"]
-    conn.execute(
-        insert(_samples).from_select(
-            [*columns, "late"],
-            select(*(_quarantined.c[c] for c in columns), true()).where(
-                _quarantined.c.batch_id == row.id
-            ),
-        )
-    )
+    sample_store.restore_quarantined(conn, row.id)
     conn.execute(delete(_quarantined).where(_quarantined.c.batch_id == row.id))
     conn.execute(
         update(_batches).where(_batches.c.id == row.id).values(state=BatchState.released, late=True)

@@ -40,7 +40,7 @@ from typing import Any
 from sqlalchemy import Column, Connection, Engine, Table, delete, exists, func, select, text
 
 from gmd.daemon.config import RetentionConfig
-from gmd.daemon.ledger import partitions
+from gmd.daemon.ledger import partitions, sample_store
 from gmd.daemon.ledger.migrate import writer
 from gmd.daemon.ledger.models import SEEN_PERIOD_S, IntervalState
 from gmd.daemon.ledger.rollups import ROLLUP_TABLES
@@ -147,7 +147,7 @@ def unseen_cutoff_s(conn: Connection, raw_s: int | None) -> int | None:
     if raw_s is None:
         return None
     cut = raw_s
-    for table in (samples, quarantined_samples):
+    for table in (sample_store.stored_table(conn), quarantined_samples):
         oldest = conn.execute(select(func.min(table.c.interval_id))).scalar()
         if oldest is not None:
             cut = min(cut, int(oldest))

@@ -29,8 +29,8 @@ still open, and that inserts nothing when the key is already used in any interva
 does ingest look at why (a retry, a reused key, or an interval that does not exist yet). The
 host's capacity for the interval is inserted unless a batch already gave it, and read back
 only then; on PostgreSQL the same statement records that the host was seen. The samples are
-the third: on PostgreSQL one binary COPY (:mod:`.binary_copy`). A host's VMs and their owners
-are looked up once, not per batch, while its batches list the same ones.
+the third: on PostgreSQL one row of arrays, by binary COPY (:mod:`.sample_store`). A host's VMs
+and their owners are looked up once, not per batch, while its batches list the same ones.
 """
 
 from __future__ import annotations
@@ -70,9 +70,14 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.sql.dml import Insert
 
 from gmd import GmdError
-from gmd.daemon.ledger.binary_copy import CopyLayout
+from gmd.daemon.ledger import sample_store
 from gmd.daemon.ledger.migrate import writer
-from gmd.daemon.ledger.models import ID64, SEEN_PERIOD_S, IntervalState, NameSource
+from gmd.daemon.ledger.models import (
+    ID64,
+    SEEN_PERIOD_S,
+    IntervalState,
+    NameSource,
+)
 from gmd.daemon.ledger.partitions import DAY_S, ensure_days
 from gmd.daemon.ledger.tables import (
     batches as _batches,
@@ -81,32 +86,13 @@ from gmd.daemon.ledger.tables import (
     hosts as _hosts,
     intervals as _intervals,
     organizations as _organizations,
-    samples as _samples,
     vms as _vms,
 )
-from gmd.wire import CAPACITY_FIELDS, FLAVOR_FIELDS, USAGE_FIELDS, BatchStatus
+from gmd.wire import CAPACITY_FIELDS, BatchStatus
 
 log = logging.getLogger(__name__)
 
-# The ledger's columns are the wire's fields (flavors prefixed), in the order of RESOURCES.
-USE_COLUMNS = USAGE_FIELDS
-FLAVOR_COLUMNS = tuple(f"flavor_{f}" for f in FLAVOR_FIELDS)
 CAPACITY_COLUMNS = CAPACITY_FIELDS
-
-
-_SAMPLE_COLUMNS = (
-    "interval_id",
-    "host_id",
-    "late",
-    "batch_id",
-    "vm_id",
-    "customer_id",
-    *USE_COLUMNS,
-    *FLAVOR_COLUMNS,
-)
-# PostgreSQL takes a batch's samples as one binary COPY: one round trip, no per-row statement,
-# and no number turned into text and parsed back. NaN (no flavor amount) travels as NULL.
-_SAMPLES_COPY = CopyLayout(_samples, _SAMPLE_COLUMNS, frozenset(FLAVOR_COLUMNS))
 
 
 DIGEST_PREFIX = "v2:"
@@ -893,38 +879,18 @@ class LedgerStore:
         on_time: bool,
     ) -> None:
         # A second batch for the same VM, host and interval (an agent restarted mid-interval)
-        # gets rows of its own; accounting adds them up.
-        if conn.dialect.name == "postgresql":
-            data = _SAMPLES_COPY.data(
-                {
-                    "interval_id": record.interval_start_s,
-                    "host_id": host_id,
-                    "late": not on_time,
-                    "batch_id": batch_id,
-                    "vm_id": vm_ids,
-                    "customer_id": customer_ids,
-                    **{c: record.use[:, k] for k, c in enumerate(USE_COLUMNS)},
-                    **{c: record.flavor[:, k] for k, c in enumerate(FLAVOR_COLUMNS)},
-                }
-            )
-            _SAMPLES_COPY.copy(conn, data)
-            return
-        use = record.use.tolist()
-        flavor = [[None if v != v else v for v in row] for row in record.flavor.tolist()]
-        rows = [
-            {
-                "interval_id": record.interval_start_s,
-                "vm_id": vm_id,
-                "host_id": host_id,
-                "customer_id": customer_id,
-                "batch_id": batch_id,
-                "late": not on_time,
-                **dict(zip(USE_COLUMNS, u, strict=True)),
-                **dict(zip(FLAVOR_COLUMNS, f, strict=True)),
-            }
-            for vm_id, customer_id, u, f in zip(vm_ids, customer_ids, use, flavor, strict=True)
-        ]
-        conn.execute(_samples.insert(), rows)
+        # gets samples of its own; accounting adds them up.
+        sample_store.write_batch(
+            conn,
+            interval_id=record.interval_start_s,
+            batch_id=batch_id,
+            host_id=host_id,
+            late=not on_time,
+            vm_ids=vm_ids,
+            customer_ids=customer_ids,
+            use=record.use,
+            flavor=record.flavor,
+        )
 
 
 def _same_content(stored: str, digest: str) -> bool:

@@ -669,7 +669,7 @@ def explain(
             " ledger's numbers are the ones that count."
         )
     late = conn.execute(
-        select(_samples.c.id)
+        select(_samples.c.vm_id)
         .join(_vms, _vms.c.id == _samples.c.vm_id)
         .where(
             _samples.c.interval_id == interval_id,

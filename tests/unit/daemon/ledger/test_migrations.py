@@ -10,11 +10,15 @@ import pytest
 import sqlalchemy as sa
 
 from gmd.daemon.ledger import migrate
-from gmd.daemon.ledger.models import Base
+from gmd.daemon.ledger.models import stored_metadata
 
 
 def tables(engine: sa.Engine) -> set[str]:
     return set(sa.inspect(engine).get_table_names()) - {"alembic_version"}
+
+
+def stored(engine: sa.Engine) -> set[str]:
+    return set(stored_metadata(engine.dialect.name).tables)
 
 
 def test_upgrade_downgrade_upgrade(database_url: str) -> None:
@@ -23,12 +27,12 @@ def test_upgrade_downgrade_upgrade(database_url: str) -> None:
         assert migrate.current(engine) is None
         migrate.upgrade(engine)
         assert migrate.current(engine) == migrate.head()
-        assert tables(engine) == set(Base.metadata.tables)
+        assert tables(engine) == stored(engine)
         migrate.downgrade(engine, "base")
         assert migrate.current(engine) is None
         assert tables(engine) == set()
         migrate.upgrade(engine)
-        assert tables(engine) == set(Base.metadata.tables)
+        assert tables(engine) == stored(engine)
     finally:
         engine.dispose()
 
@@ -58,7 +62,7 @@ def test_daemons_started_together_on_an_empty_postgresql_make_the_schema_once(
             t.join(60)
         assert failures == []
         assert migrate.current(engines[0]) == migrate.head()
-        assert tables(engines[0]) == set(Base.metadata.tables)
+        assert tables(engines[0]) == stored(engines[0])
     finally:
         for e in engines:
             e.dispose()
@@ -74,7 +78,7 @@ def test_migrated_schema_matches_the_models(database_url: str) -> None:
         migrate.upgrade(engine)
         with engine.connect() as conn:
             ctx = MigrationContext.configure(conn, opts={"compare_type": True})
-            assert compare_metadata(ctx, Base.metadata) == []
+            assert compare_metadata(ctx, stored_metadata(engine.dialect.name)) == []
     finally:
         engine.dispose()
 
@@ -146,7 +150,8 @@ def test_0007_renumbers_intervals_by_their_start_and_keeps_every_row(database_ur
         with engine.begin() as conn:
             for statement in ROWS_0006:
                 conn.execute(sa.text(statement))
-        migrate.upgrade(engine)
+        # 0007's work, before 0013 packs the samples (its own test below).
+        migrate.upgrade(engine, "0012")
         with engine.begin() as conn:
 
             def rows(sql: str) -> list[tuple]:
@@ -274,5 +279,88 @@ def test_0010_counts_every_vm_and_customer_seen_now_and_lets_them_go_without_a_s
                     # The newest row goes: SQLite without AUTOINCREMENT gives its id again.
                     conn.execute(sa.text(f"DELETE FROM {table} WHERE {key} = :n"), {"n": name})
                 assert made[1] > made[0], table
+    finally:
+        engine.dispose()
+
+
+TODAY = int(time.time()) // DAY * DAY + 3600
+"""an hour into today: 0007 made partitions for the days around it"""
+
+SAMPLE_VALUES = [
+    # (id, interval_id, vm_id, host_id, customer_id, batch_id, cpu_s, flavor_vcpus, late)
+    (1, TODAY, 3, 1, 7, 1, 1.5, 2.0, False),
+    (2, TODAY, 4, 1, 7, 1, 2.5, None, False),
+    (3, TODAY, 5, 1, 8, 1, 3.5, 4.0, False),
+    (4, TODAY + 60, 3, 1, 7, 2, 4.5, 2.0, True),
+    (5, TODAY + DAY, 6, 2, 8, 3, 5.5, 1.0, False),
+]
+
+
+def _samples(conn: sa.Connection) -> list[tuple]:
+    return [
+        tuple(r)
+        for r in conn.execute(
+            sa.text(
+                "SELECT interval_id, vm_id, host_id, customer_id, batch_id, cpu_s, flavor_vcpus,"
+                " late FROM samples ORDER BY batch_id, vm_id"
+            )
+        )
+    ]
+
+
+def test_0013_packs_each_batch_into_one_row_the_view_shows_as_before(database_url: str) -> None:
+    """0013 packs each batch's samples into one row of ``sample_batches`` on PostgreSQL (SQLite
+    keeps its rows); ``samples`` reads the same rows as before, an operator's INSERT and DELETE
+    on it land in the right batch, and a downgrade gives the rows back."""
+    engine = migrate.engine_for(database_url)
+    try:
+        migrate.upgrade(engine, "0012")
+        with engine.begin() as conn:
+            conn.execute(
+                sa.text(
+                    "INSERT INTO samples (id, interval_id, vm_id, host_id, customer_id, batch_id,"
+                    " cpu_s, memory_byte_s, disk_read_bytes, disk_write_bytes, network_rx_bytes,"
+                    " network_tx_bytes, flavor_vcpus, late)"
+                    " VALUES (:id, :i, :vm, :h, :c, :b, :cpu, 0, 0, 0, 0, 0, :f, :late)"
+                ),
+                [
+                    dict(zip(("id", "i", "vm", "h", "c", "b", "cpu", "f", "late"), v, strict=True))
+                    for v in SAMPLE_VALUES
+                ],
+            )
+        expected = [v[1:] for v in sorted(SAMPLE_VALUES, key=lambda v: (v[5], v[2]))]
+        migrate.upgrade(engine)
+        with engine.begin() as conn:
+            assert _samples(conn) == expected
+            if conn.dialect.name == "postgresql":
+                packed = conn.execute(
+                    sa.text("SELECT batch_id, vm_id, flavor_vcpus FROM sample_batches ORDER BY 1")
+                ).all()
+                assert [tuple(r) for r in packed] == [
+                    (1, [3, 4, 5], [2.0, None, 4.0]),
+                    (2, [3], [2.0]),
+                    (3, [6], [1.0]),
+                ]
+            # An operator's SQL on the view: one VM out of the middle of a batch, one in.
+            conn.execute(sa.text("DELETE FROM samples WHERE batch_id = 1 AND vm_id = 4"))
+            conn.execute(
+                sa.text(
+                    "INSERT INTO samples (interval_id, vm_id, host_id, customer_id, batch_id,"
+                    " cpu_s, memory_byte_s, disk_read_bytes, disk_write_bytes, network_rx_bytes,"
+                    " network_tx_bytes, late)"
+                    f" VALUES ({TODAY}, 9, 1, 7, 1, 6.5, 0, 0, 0, 0, 0, false)"
+                )
+            )
+            conn.execute(sa.text("DELETE FROM samples WHERE batch_id = 2"))
+            changed = [v for v in expected if v[4] != 2 and v[1] != 4]
+            changed.append((TODAY, 9, 1, 7, 1, 6.5, None, False))
+            changed.sort(key=lambda v: (v[4], v[1]))
+            assert _samples(conn) == changed
+            if conn.dialect.name == "postgresql":
+                batches = conn.execute(sa.text("SELECT batch_id FROM sample_batches")).scalars()
+                assert sorted(batches) == [1, 3]  # a batch left empty is gone
+        migrate.downgrade(engine, "0012")
+        with engine.connect() as conn:
+            assert _samples(conn) == changed
     finally:
         engine.dispose()

@@ -1,0 +1,166 @@
+"""The samples' storage (``gmd.daemon.ledger.sample_store``) on both databases: what is
+written a batch at a time is what ``samples`` shows a row at a time, and what accounting
+reads from the stored arrays is what the rows say, NULL flavors, late and quarantined
+batches included."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import sqlalchemy as sa
+
+from gmd.daemon.ledger import migrate, partitions, sample_store
+from gmd.daemon.ledger.accounting import (
+    SAMPLE_CUSTOMER,
+    SAMPLE_FLAVOR,
+    SAMPLE_HOST,
+    SAMPLE_USE,
+    SAMPLE_VM,
+    read_samples,
+)
+from gmd.daemon.ledger.models import FLAVOR_COLUMNS, USE_COLUMNS
+from gmd.daemon.ledger.tables import samples
+
+START = int(time.time()) // 86400 * 86400 + 600
+
+
+def batches(rng: np.random.Generator) -> list[dict]:
+    """Three hosts' batches for one interval (one late, one whose VMs report no flavor at
+    all, one with a single VM's flavor missing), and one batch of the next interval."""
+    out = []
+    for batch_id, (host, n, late, interval) in enumerate(
+        [
+            (1, 5, False, START),
+            (2, 3, False, START),
+            (3, 4, True, START),
+            (1, 2, False, START + 60),
+        ],
+        start=1,
+    ):
+        flavor = rng.uniform(1, 8, (n, len(FLAVOR_COLUMNS)))
+        if batch_id == 2:
+            flavor[:] = np.nan
+        if batch_id == 1:
+            flavor[2, 1] = np.nan
+        out.append(
+            {
+                "interval_id": interval,
+                "batch_id": batch_id,
+                "host_id": host,
+                "late": late,
+                "vm_ids": list(range(10 * batch_id, 10 * batch_id + n)),
+                "customer_ids": [int(c) for c in rng.integers(1, 4, n)],
+                "use": rng.uniform(0, 100, (n, len(USE_COLUMNS))),
+                "flavor": flavor,
+            }
+        )
+    return out
+
+
+@pytest.fixture
+def ledger(database_url: str):
+    engine = migrate.engine_for(database_url)
+    migrate.upgrade(engine)
+    partitions.ensure_days(engine, [START // 86400])
+    yield engine
+    engine.dispose()
+
+
+def rows_of(conn: sa.Connection) -> list[tuple]:
+    keys = ("interval_id", "batch_id", "host_id", "vm_id", "customer_id")
+    columns = ", ".join((*keys, *USE_COLUMNS, *FLAVOR_COLUMNS, "late"))
+    return [
+        tuple(r)
+        for r in conn.exec_driver_sql(f"SELECT {columns} FROM samples ORDER BY batch_id, vm_id")
+    ]
+
+
+def expected_rows(written: list[dict]) -> list[tuple]:
+    out = []
+    for b in written:
+        for k, vm in enumerate(b["vm_ids"]):
+            flavor = [None if v != v else v for v in b["flavor"][k].tolist()]
+            head = (b["interval_id"], b["batch_id"], b["host_id"], vm, b["customer_ids"][k])
+            out.append((*head, *b["use"][k].tolist(), *flavor, b["late"]))
+    return out
+
+
+def test_a_batch_written_at_once_reads_back_as_its_rows(ledger: sa.Engine) -> None:
+    written = batches(np.random.default_rng(1))
+    with ledger.begin() as conn:
+        for b in written:
+            sample_store.write_batch(conn, **b)
+        sample_store.write_batch(  # a batch of no VMs stores nothing
+            conn, **{**written[0], "batch_id": 99, "vm_ids": [], "customer_ids": []}
+        )
+    with ledger.connect() as conn:
+        assert rows_of(conn) == expected_rows(written)
+
+
+def test_many_batches_written_in_one_statement_read_back_as_their_rows(ledger: sa.Engine) -> None:
+    written = batches(np.random.default_rng(2))
+    columns: dict[str, list] = {}
+    for b in written:
+        n = len(b["vm_ids"])
+        for c in ("interval_id", "batch_id", "host_id", "late"):
+            columns.setdefault(c, []).extend([b[c]] * n)
+        columns.setdefault("vm_id", []).extend(b["vm_ids"])
+        columns.setdefault("customer_id", []).extend(b["customer_ids"])
+        for k, c in enumerate(USE_COLUMNS):
+            columns.setdefault(c, []).extend(b["use"][:, k].tolist())
+        for k, c in enumerate(FLAVOR_COLUMNS):
+            columns.setdefault(c, []).extend(b["flavor"][:, k].tolist())
+    # Handed over out of batch order: the store groups them.
+    order = np.random.default_rng(3).permutation(len(columns["vm_id"]))
+    with ledger.begin() as conn:
+        sample_store.write_batches(conn, {c: np.asarray(v)[order] for c, v in columns.items()})
+    with ledger.connect() as conn:
+        assert rows_of(conn) == expected_rows(written)
+
+
+def test_accounting_reads_the_on_time_samples_the_rows_hold(ledger: sa.Engine) -> None:
+    """On PostgreSQL from the stored arrays, on SQLite from the rows: the same numbers as the
+    general query over ``samples`` (the path taken with extra columns)."""
+    written = batches(np.random.default_rng(4))
+    with ledger.begin() as conn:
+        for b in written:
+            sample_store.write_batch(conn, **b)
+    with ledger.connect() as conn:
+        got = read_samples(conn, START)
+        general = read_samples(conn, START, extra=(samples.c.host_id,))[:, :-1]
+        some = read_samples(conn, START, batch_ids=[2])
+    np.testing.assert_array_equal(got, general)
+    on_time = [b for b in written if b["interval_id"] == START and not b["late"]]
+    assert sorted(zip(got[:, SAMPLE_HOST], got[:, SAMPLE_VM], strict=True)) == sorted(
+        (b["host_id"], vm) for b in on_time for vm in b["vm_ids"]
+    )
+    first = on_time[0]
+    row = got[got[:, SAMPLE_VM] == first["vm_ids"][2]][0]
+    assert row[SAMPLE_CUSTOMER] == first["customer_ids"][2]
+    np.testing.assert_array_equal(row[SAMPLE_USE], first["use"][2])
+    np.testing.assert_array_equal(row[SAMPLE_FLAVOR], first["flavor"][2])  # a NaN kept
+    assert np.isnan(some[:, SAMPLE_FLAVOR]).all() and len(some) == 3
+
+
+def test_an_interval_with_no_on_time_samples_reads_empty(ledger: sa.Engine) -> None:
+    with ledger.connect() as conn:
+        assert read_samples(conn, START).shape[0] == 0
+
+
+def test_a_float_array_field_holds_its_values_and_nulls_in_postgresql_binary_form() -> None:
+    values = np.array([1.5, np.nan, -2.0])
+    field = sample_store.array_field(values, integer=False)
+    size = int.from_bytes(field[:4], "big")
+    assert size == len(field) - 4
+    header = np.frombuffer(field[4:24], dtype=">i4").tolist()
+    assert header == [1, 1, 701, 3, 1]  # one dimension, has NULLs, float8, 3 from index 1
+    body = field[24:]
+    assert body == (
+        (8).to_bytes(4, "big")
+        + np.array([1.5], ">f8").tobytes()
+        + (-1).to_bytes(4, "big", signed=True)
+        + (8).to_bytes(4, "big")
+        + np.array([-2.0], ">f8").tobytes()
+    )
