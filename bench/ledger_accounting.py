@@ -38,9 +38,9 @@ from gmd.daemon.ledger.models import (
     Interval,
     IntervalState,
     Organization,
-    Sample,
     Vm,
 )
+from gmd.daemon.ledger.sample_store import write_batches
 
 REPO = Path(__file__).resolve().parents[1]
 # Ten minutes into an hour: an interval that does not end an hour, so what is timed is the
@@ -148,27 +148,27 @@ def seed(engine: sa.Engine, n_vms: int, n_hosts: int, n_customers: int, n_orgs: 
                 for h in range(n_hosts)
             ],
         )
-        conn.execute(
-            sa.insert(Sample.__table__),
-            [
-                {
-                    "interval_id": interval_id,
-                    "vm_id": j + 1,
-                    "host_id": int(host_of[j]) + 1,
-                    "customer_id": int(customer_of[j]) + 1,
-                    "batch_id": int(host_of[j]) + 1,
-                    "cpu_s": float(use[j, 0]),
-                    "memory_byte_s": float(use[j, 1]),
-                    "disk_read_bytes": float(use[j, 2]) / 2,
-                    "disk_write_bytes": float(use[j, 2]) / 2,
-                    "network_rx_bytes": float(use[j, 3]) / 2,
-                    "network_tx_bytes": float(use[j, 3]) / 2,
-                    "flavor_vcpus": float(flavor[j, 0]),
-                    "flavor_memory_bytes": float(flavor[j, 1]),
-                    "late": False,
-                }
-                for j in range(n_vms)
-            ],
+        n = len(host_of)
+        write_batches(
+            conn,
+            {
+                "interval_id": np.full(n, interval_id),
+                "vm_id": np.arange(1, n + 1),
+                "host_id": host_of + 1,
+                "customer_id": customer_of + 1,
+                "batch_id": host_of + 1,
+                "cpu_s": use[:, 0],
+                "memory_byte_s": use[:, 1],
+                "disk_read_bytes": use[:, 2] / 2,
+                "disk_write_bytes": use[:, 2] / 2,
+                "network_rx_bytes": use[:, 3] / 2,
+                "network_tx_bytes": use[:, 3] / 2,
+                "flavor_vcpus": flavor[:, 0],
+                "flavor_memory_bytes": flavor[:, 1],
+                "flavor_disk_bytes_per_s": np.full(n, np.nan),
+                "flavor_network_bytes_per_s": np.full(n, np.nan),
+                "late": np.zeros(n, dtype=bool),
+            },
         )
     return interval_id
 
@@ -182,10 +182,13 @@ def reopen(engine: sa.Engine, interval_id: int) -> None:
         )
 
 
-def read_only(engine: sa.Engine, interval_id: int, copy: bool = True) -> float:
+def read_only(
+    engine: sa.Engine, interval_id: int, copy: bool = True, table: str = "samples"
+) -> float:
     """The floor under accounting: the time to merely read the interval's samples, every
     column: as rows fetched by the driver (``copy`` False), or on PostgreSQL as a binary COPY
-    into memory, unparsed (the lowest there is)."""
+    into memory, unparsed (the lowest there is), of the samples' rows (``table`` samples, the
+    view) or of the stored batches (``sample_batches``: the arrays as stored)."""
     with engine.connect() as conn:
         t0 = time.perf_counter()
         if engine.dialect.name == "postgresql" and copy:
@@ -193,7 +196,7 @@ def read_only(engine: sa.Engine, interval_id: int, copy: bool = True) -> float:
             with (
                 raw.cursor() as cursor,
                 cursor.copy(
-                    f"COPY (SELECT * FROM samples WHERE interval_id = {interval_id})"
+                    f"COPY (SELECT * FROM {table} WHERE interval_id = {interval_id})"
                     " TO STDOUT (FORMAT binary)"
                 ) as copy,
             ):
@@ -256,6 +259,11 @@ def main() -> None:
 
         read_times = [read_only(engine, interval_id) for _ in range(args.runs)]
         row_times = [read_only(engine, interval_id, copy=False) for _ in range(args.runs)]
+        stored_times = (
+            [read_only(engine, interval_id, table="sample_batches") for _ in range(args.runs)]
+            if engine.dialect.name == "postgresql"
+            else None
+        )
         with migrate.writer(engine).begin() as conn:
             t0 = time.perf_counter()
             rows = compute_rows(conn, interval_id, config)
@@ -277,6 +285,12 @@ def main() -> None:
             "rows_written": len(rows.customers) + len(rows.resources) + len(rows.organizations),
             "read_samples_seconds": round(statistics.median(read_times), 3),
             "over_read": round(statistics.median(times) / statistics.median(read_times), 2),
+            "read_stored_seconds": None
+            if stored_times is None
+            else round(statistics.median(stored_times), 3),
+            "over_read_stored": None
+            if stored_times is None
+            else round(statistics.median(times) / statistics.median(stored_times), 2),
             "fetch_rows_seconds": round(statistics.median(row_times), 3),
             "over_fetch": round(statistics.median(times) / statistics.median(row_times), 2),
             "target_over_read": 1.5,

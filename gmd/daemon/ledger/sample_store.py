@@ -240,43 +240,79 @@ def read_on_time(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray]] | None:
     """The interval's on-time samples straight from ``sample_batches``, column by column:
     ``(host_id, batch_id, counts, {column: values})``, one entry of the first three per batch
-    (in batch order) and of each column per sample, or None where samples are rows (SQLite).
+    and of each column per sample, or None where samples are rows (SQLite).
 
-    Each column is one ``string_agg`` of the batches' arrays in their binary form: the server
-    sends what it stores, with no row per sample to build, and numpy reads the elements in
-    place. A NULL element (a flavor figure not reported) comes as NaN."""
+    One ``string_agg`` joins every batch as its host, its id and its arrays in their binary
+    form: the server sends what it stores, with no row per sample to build (0.10 s at 100,000
+    samples, where an aggregate per column, each sorting the batches, took 0.2 s), and numpy
+    reads the elements in place. A NULL element (a flavor figure not reported) comes as NaN."""
     if not packed(conn):
         return None
     b = sample_batches.c
-    ordered: Any = literal_column("'' ORDER BY batch_id")
-    meta = func.string_agg(
-        literal_column("int4send(host_id) || int8send(batch_id) || int4send(cardinality(vm_id))"),
-        ordered,
-    )
-    columns = [
-        func.string_agg(
-            literal_column(
-                f"array_send({c})"
-                if c in SAMPLE_IDS
-                else f"array_send(array_replace({c}, NULL, 'NaN'::float8))"
-            ),
-            ordered,
-        )
+    arrays = " || ".join(
+        f"array_send({c})" if c in SAMPLE_IDS else f"array_send(array_replace({c}, NULL, 'NaN'))"
         for c in PER_VM
-    ]
-    query = select(meta, *columns).where(
+    )
+    record: Any = literal_column(f"int4send(host_id) || int8send(batch_id) || {arrays}")
+    query = select(func.string_agg(record, literal_column("''::bytea"))).where(
         b.interval_id == interval_id, b.late.is_(False), func.cardinality(b.vm_id) > 0
     )
     if batch_ids is not None:
         query = query.where(b.batch_id.in_(list(batch_ids)))
     row = _binary_row(conn, query)
-    if row is None or row[0] is None:
-        empty = np.zeros(0, dtype=np.int64)
-        return empty, empty, empty, {c: np.zeros(0) for c in PER_VM}
-    head = np.frombuffer(row[0], dtype=[("host", ">i4"), ("batch", ">i8"), ("n", ">i4")])
-    counts = head["n"].astype(np.int64)
-    values = {c: _elements(row[1 + k], counts, c in SAMPLE_IDS) for k, c in enumerate(PER_VM)}
-    return head["host"].astype(np.int64), head["batch"].astype(np.int64), counts, values
+    blob = b"" if row is None or row[0] is None else row[0]
+    return _records(blob)
+
+
+_WIDTHS = np.array([4 if c in SAMPLE_IDS else 8 for c in PER_VM], dtype=np.int64)
+_CELLS = 4 + _WIDTHS
+"""Each per-VM array's element: its length, then its value."""
+_RECORD_HEAD = 12
+"""A record's host (4 bytes) and batch id (8) before its arrays."""
+
+
+def _records(blob: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """Split :func:`read_on_time`'s records: a walk over the batches finds each one's start and
+    VM count (every array of a batch has its count), then each column's elements are gathered
+    from every batch at once."""
+    starts, counts = [], []
+    at, end = 0, len(blob)
+    per_vm = int(_CELLS.sum())
+    fixed = _RECORD_HEAD + len(PER_VM) * _ARRAY_HEADER.itemsize
+    while at < end:
+        vms = int.from_bytes(blob[at + _RECORD_HEAD + 12 : at + _RECORD_HEAD + 16], "big")
+        starts.append(at)
+        counts.append(vms)
+        at += fixed + vms * per_vm
+    if at != end:
+        raise ValueError(f"stored batches of {end} bytes do not split into records")
+    start = np.array(starts, dtype=np.int64)
+    count = np.array(counts, dtype=np.int64)
+    # Every field is a multiple of 4 bytes long, so every value starts on a 4-byte word: the
+    # values are gathered a word (int4) or two (float8) at a time, their bytes kept in order.
+    words = np.frombuffer(blob, dtype=np.uint32)
+    head = words[(start // 4)[:, None] + np.arange(3)]
+    host = head[:, :1].copy().view(">i4").reshape(-1).astype(np.int64)
+    batch = head[:, 1:].copy().view(">i8").reshape(-1).astype(np.int64)
+    total = int(count.sum())
+    # Sample t, the j-th of its batch i, in column k: the record's start, its head, the
+    # headers and arrays before column k, column k's header and j cells, then the length.
+    before = np.cumsum(count) - count
+    j = np.arange(total) - np.repeat(before, count)
+    base = np.repeat(start // 4, count)
+    n = np.repeat(count, count)
+    values = {}
+    preceding = 0
+    for k, column in enumerate(PER_VM):
+        offset = (_RECORD_HEAD + (k + 1) * _ARRAY_HEADER.itemsize + 4) // 4 + n * preceding
+        first = base + offset + j * int(_CELLS[k] // 4)
+        if _WIDTHS[k] == 4:
+            values[column] = words[first].view(">i4").astype(np.int64)
+        else:
+            pair = words[first[:, None] + np.arange(2)]
+            values[column] = pair.view(">f8").reshape(total).astype(np.float64)
+        preceding += int(_CELLS[k] // 4)
+    return host, batch, count, values
 
 
 def _binary_row(conn: Connection, query: Any) -> tuple[Any, ...] | None:
@@ -287,27 +323,3 @@ def _binary_row(conn: Connection, query: Any) -> tuple[Any, ...] | None:
         cursor.execute(str(compiled))
         row = cursor.fetchone()
     return None if row is None else tuple(row)
-
-
-def _elements(blob: bytes, counts: np.ndarray, integer: bool) -> np.ndarray:
-    """The elements of the arrays ``array_send`` wrote one after another into ``blob``,
-    ``counts`` of them each (none NULL)."""
-    width = 4 if integer else 8
-    cell = 4 + width
-    sizes = _ARRAY_HEADER.itemsize + counts * cell
-    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
-    total = int(counts.sum())
-    if len(blob) != int(sizes.sum()):
-        raise ValueError(f"arrays of {len(blob)} bytes, not the {int(sizes.sum())} expected")
-    # Sample t, the j-th of its batch i: starts[i] + header + length + j * cell, where
-    # j = t - (the samples of the batches before i).
-    before = np.cumsum(counts) - counts
-    first = starts + _ARRAY_HEADER.itemsize + 4 - before * cell
-    at = np.repeat(first, counts) + np.arange(total) * cell
-    raw = np.frombuffer(blob, dtype=np.uint8)
-    picked = raw[at[:, None] + np.arange(width)]
-    return (
-        picked.view(">i4" if integer else ">f8")
-        .reshape(total)
-        .astype(np.int64 if integer else np.float64)
-    )
