@@ -9,7 +9,8 @@ header and one index entry a batch.
 - ``sample_batches``: partitioned by ``RANGE (interval_id)`` like every raw table, keyed by
   ``(interval_id, batch_id)``; ``host_id`` and ``late`` are the batch's, and each per-VM column
   of the old table is an array of the same name, element ``k`` of each being the batch's
-  ``k``-th VM (a NULL element: a figure not reported).
+  ``k``-th VM. A flavor figure not reported is NaN in its array (an array without NULLs has
+  one binary form, which accounting reads in place) and NULL in the view, as before.
 - ``samples`` is now a view with the old columns but ``id`` (readers keep their SQL; nothing
   used the id but to pick the newest of a VM's rows, which ``batch_id`` orders as well).
   Rows inserted into or deleted from the view are put into or taken out of their batch's
@@ -48,6 +49,7 @@ FIGURES = (
     "flavor_network_bytes_per_s",
 )
 PER_VM = (*IDS, *FIGURES)
+NULLABLE = tuple(c for c in FIGURES if c.startswith("flavor_"))
 VIEW_COLUMNS = (
     "interval_id",
     "vm_id",
@@ -104,7 +106,7 @@ def upgrade() -> None:
     )
     op.execute("CREATE INDEX ix_sample_batches_batch_id ON sample_batches (batch_id)")
     op.execute("CREATE INDEX ix_sample_batches_late ON sample_batches (interval_id) WHERE late")
-    packed = ", ".join(f"array_agg({c} ORDER BY id)" for c in PER_VM)
+    packed = ", ".join(f"array_agg({_stored(c)} ORDER BY id)" for c in PER_VM)
     for day in _partition_days("samples"):
         op.execute(
             f"CREATE TABLE {SCHEMA}.sample_batches_{day} PARTITION OF public.sample_batches"
@@ -122,16 +124,33 @@ def upgrade() -> None:
     _create_view()
 
 
+def _stored(column: str, row: str = "") -> str:
+    """``column`` (of ``row``) as stored: NaN for a NULL flavor figure."""
+    return f"coalesce({row}{column}, 'NaN')" if column in NULLABLE else f"{row}{column}"
+
+
+def _shown() -> str:
+    """The view's columns from the batch ``b`` and its unnested arrays ``u``."""
+    return ", ".join(
+        f"nullif(u.{c}, 'NaN') AS {c}"
+        if c in NULLABLE
+        else f"u.{c}"
+        if c in PER_VM
+        else f"b.{c}"
+        for c in VIEW_COLUMNS
+    )
+
+
 def _create_view() -> None:
     unnested = ", ".join(f"b.{c}" for c in PER_VM)
-    columns = ", ".join(f"u.{c}" if c in PER_VM else f"b.{c}" for c in VIEW_COLUMNS)
+    columns = _shown()
     op.execute(
         f"CREATE VIEW samples AS SELECT {columns} FROM sample_batches b,"
         f" unnest({unnested}) AS u({', '.join(PER_VM)})"
     )
     key = "interval_id = NEW.interval_id AND batch_id = NEW.batch_id"
-    appended = ", ".join(f"{c} = array_append({c}, NEW.{c})" for c in PER_VM)
-    values = ", ".join(f"ARRAY[NEW.{c}]" for c in PER_VM)
+    appended = ", ".join(f"{c} = array_append({c}, {_stored(c, 'NEW.')})" for c in PER_VM)
+    values = ", ".join(f"ARRAY[{_stored(c, 'NEW.')}]" for c in PER_VM)
     op.execute(
         "CREATE FUNCTION gmd_samples_insert() RETURNS trigger LANGUAGE plpgsql AS $$"
         f" BEGIN UPDATE sample_batches SET {appended} WHERE {key};"
@@ -184,7 +203,7 @@ def downgrade() -> None:
     op.execute("CREATE INDEX ix_samples_batch_id ON samples (batch_id)")
     op.execute("CREATE INDEX ix_samples_late ON samples (interval_id) WHERE late")
     unnested = ", ".join(f"b.{c}" for c in PER_VM)
-    columns = ", ".join(f"u.{c}" if c in PER_VM else f"b.{c}" for c in VIEW_COLUMNS)
+    columns = _shown()
     for day in _partition_days("sample_batches"):
         op.execute(
             f"CREATE TABLE {SCHEMA}.samples_{day} PARTITION OF public.samples"
