@@ -129,11 +129,13 @@ def bodies(
     return out
 
 
-SAMPLE_COLUMNS = (
-    "interval_id, vm_id, host_id, customer_id, batch_id, cpu_s, memory_byte_s, disk_read_bytes,"
-    " disk_write_bytes, network_rx_bytes, network_tx_bytes, flavor_vcpus, flavor_memory_bytes,"
-    " flavor_disk_bytes_per_s, flavor_network_bytes_per_s, late"
+STORED_COLUMNS = (
+    "interval_id, batch_id, host_id, late, vm_id, customer_id, cpu_s, memory_byte_s,"
+    " disk_read_bytes, disk_write_bytes, network_rx_bytes, network_tx_bytes, flavor_vcpus,"
+    " flavor_memory_bytes, flavor_disk_bytes_per_s, flavor_network_bytes_per_s"
 )
+"""``sample_batches``' columns: a batch's samples as PostgreSQL stores them."""
+COPY_BATCH_OFFSET = 10**15
 
 
 def processes_cpu_s(processes: list[subprocess.Popen[bytes]]) -> float:
@@ -162,25 +164,32 @@ def server_cpu_since(before: dict[int, float]) -> float:
 
 
 def copy_ceiling(url: str, where: str) -> tuple[int, float]:
-    """The sample rows ``where`` selects, and the seconds one binary COPY of them (and its
-    commit) takes into the same table: what the database takes with no per-batch work."""
+    """The samples of the stored batches ``where`` selects, and the seconds one binary COPY of
+    those rows (and its commit) takes into the same table: what the database takes with no
+    per-batch work. The copies get batch ids far above any real one, and are deleted after."""
     dsn = sa.make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    shifted = STORED_COLUMNS.replace("batch_id", f"batch_id + {COPY_BATCH_OFFSET}")
     with psycopg.connect(dsn) as conn:
         payload = bytearray()
         with conn.cursor().copy(
-            f"COPY (SELECT {SAMPLE_COLUMNS} FROM samples WHERE {where}) TO STDOUT (FORMAT BINARY)"
+            f"COPY (SELECT {shifted} FROM sample_batches WHERE {where}) TO STDOUT (FORMAT BINARY)"
         ) as copy:
             for chunk in copy:
                 payload += chunk
-        rows = conn.execute(f"SELECT count(*) FROM samples WHERE {where}").fetchone()
+        rows = conn.execute(
+            f"SELECT coalesce(sum(cardinality(vm_id)), 0) FROM sample_batches WHERE {where}"
+        ).fetchone()
         conn.commit()
         started = time.perf_counter()
         with conn.cursor().copy(
-            f"COPY samples ({SAMPLE_COLUMNS}) FROM STDIN (FORMAT BINARY)"
+            f"COPY sample_batches ({STORED_COLUMNS}) FROM STDIN (FORMAT BINARY)"
         ) as copy:
             copy.write(payload)
         conn.commit()
-        return (int(rows[0]) if rows else 0), time.perf_counter() - started
+        elapsed = time.perf_counter() - started
+        conn.execute(f"DELETE FROM sample_batches WHERE batch_id >= {COPY_BATCH_OFFSET}")
+        conn.commit()
+        return (int(rows[0]) if rows else 0), elapsed
 
 
 def run(
