@@ -132,11 +132,7 @@ def _stored(column: str, row: str = "") -> str:
 def _shown() -> str:
     """The view's columns from the batch ``b`` and its unnested arrays ``u``."""
     return ", ".join(
-        f"nullif(u.{c}, 'NaN') AS {c}"
-        if c in NULLABLE
-        else f"u.{c}"
-        if c in PER_VM
-        else f"b.{c}"
+        f"nullif(u.{c}, 'NaN') AS {c}" if c in NULLABLE else f"u.{c}" if c in PER_VM else f"b.{c}"
         for c in VIEW_COLUMNS
     )
 

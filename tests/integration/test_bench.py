@@ -173,11 +173,15 @@ def check_ledger_growth(figures: dict, database: str) -> None:
             "explain_latest",
         }
     assert set(figures["targets"]) == {
+        "samples_over_columns",
         "report_customer_1d_ratio",
         "report_host_30d_s",
         "report_day_30d_s",
         "plot_total_30d_s",
     }
+    assert figures["samples_column_bytes_per_row"] == 109
+    stored = figures["samples_bytes_per_row"]
+    assert stored is None or stored > 0
 
 
 def test_ledger_growth_bench_accounts_and_times_the_reports_on_sqlite() -> None:
