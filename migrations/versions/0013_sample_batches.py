@@ -147,9 +147,15 @@ def _create_view() -> None:
     key = "interval_id = NEW.interval_id AND batch_id = NEW.batch_id"
     appended = ", ".join(f"{c} = array_append({c}, {_stored(c, 'NEW.')})" for c in PER_VM)
     values = ", ".join(f"ARRAY[{_stored(c, 'NEW.')}]" for c in PER_VM)
+    # What the row table refused as NULL, the arrays refuse too: a NULL element would change
+    # the batch's binary layout, which accounting reads in place.
+    required = [c for c in VIEW_COLUMNS if c not in (*NULLABLE, "late")]
+    missing = " OR ".join(f"NEW.{c} IS NULL" for c in required)
     op.execute(
         "CREATE FUNCTION gmd_samples_insert() RETURNS trigger LANGUAGE plpgsql AS $$"
-        f" BEGIN UPDATE sample_batches SET {appended} WHERE {key};"
+        f" BEGIN IF {missing} THEN RAISE EXCEPTION USING ERRCODE = 'not_null_violation',"
+        f" MESSAGE = 'a sample needs every one of {', '.join(required)}'; END IF;"
+        f" UPDATE sample_batches SET {appended} WHERE {key};"
         " IF NOT FOUND THEN"
         f" INSERT INTO sample_batches (interval_id, batch_id, host_id, late, {', '.join(PER_VM)})"
         " VALUES (NEW.interval_id, NEW.batch_id, NEW.host_id, coalesce(NEW.late, false),"

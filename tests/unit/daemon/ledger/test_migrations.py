@@ -355,6 +355,15 @@ def test_0013_packs_each_batch_into_one_row_the_view_shows_as_before(database_ur
                 )
             )
             conn.execute(sa.text("DELETE FROM samples WHERE batch_id = 2"))
+            with pytest.raises(sa.exc.IntegrityError), conn.begin_nested():
+                conn.execute(  # no use figure may be NULL, in a row or in an array
+                    sa.text(
+                        "INSERT INTO samples (interval_id, vm_id, host_id, customer_id,"
+                        " batch_id, cpu_s, memory_byte_s, disk_read_bytes, disk_write_bytes,"
+                        " network_rx_bytes, network_tx_bytes, late)"
+                        f" VALUES ({TODAY}, 8, 1, 7, 1, NULL, 0, 0, 0, 0, 0, false)"
+                    )
+                )
             changed = [v for v in expected if v[4] != 2 and v[1] != 4]
             changed.append((TODAY, 9, 1, 7, 1, 6.5, None, False))
             changed.sort(key=lambda v: (v[4], v[1]))
