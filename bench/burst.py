@@ -218,6 +218,7 @@ def run(url: str, args: argparse.Namespace, workdir: Path) -> dict[str, object]:
         f'[database]\nurl = "{url}"\n[accounting]\ninterval_s = {interval}\ngrace_s = {grace_s}\n'
         f'[daemon]\nbind = "127.0.0.1"\nport = {port}\naccount_every_s = {min(10, interval / 4)}\n'
         f"share_port = {'true' if args.daemons > 1 else 'false'}\n"
+        f"ingest_threads = {args.ingest_threads}\n"
         + "".join(
             f'[hosts.cmp-{h}]\ntoken_sha256 = "{token_sha256(h)}"\n' for h in range(args.hosts)
         )
@@ -367,6 +368,9 @@ def main() -> None:
         default=1,
         help="gmd-daemon processes sharing the port (daemon.share_port) and the database",
     )
+    parser.add_argument(
+        "--ingest-threads", type=int, default=2, help="each daemon's daemon.ingest_threads"
+    )
     parser.add_argument("--interval-s", type=int, default=60)
     parser.add_argument("--grace-s", type=int, help="accounting.grace_s (default: the daemon's)")
     parser.add_argument("--url", help="PostgreSQL server URL (a database is created on it)")
@@ -377,6 +381,7 @@ def main() -> None:
         "vms_per_host": args.vms,
         "concurrency": args.concurrency,
         "daemons": args.daemons,
+        "ingest_threads": args.ingest_threads,
         "spread_s": args.spread_s,
         "cpus": os.cpu_count(),
     }
