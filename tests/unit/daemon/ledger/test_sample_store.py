@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
+from gmd.admin.db_usage import usage
+from gmd.daemon.config import RetentionConfig
 from gmd.daemon.ledger import migrate, partitions, sample_store
 from gmd.daemon.ledger.accounting import (
     SAMPLE_CUSTOMER,
@@ -159,3 +161,19 @@ def test_a_float_array_field_holds_its_values_nan_included_in_postgresql_binary_
     cells = np.frombuffer(field[24:], dtype=[("length", ">i4"), ("value", ">f8")])
     assert cells["length"].tolist() == [8, 8, 8]
     np.testing.assert_array_equal(cells["value"], values)
+
+
+def test_db_usage_counts_samples_not_batches_without_exact(ledger: sa.Engine) -> None:
+    """``gmd-admin db usage`` without ``--exact`` estimates the samples from the stored
+    batches (on PostgreSQL a row holds a batch) and gives the samples' count, not theirs."""
+    written = batches(np.random.default_rng(5))
+    with ledger.begin() as conn:
+        for b in written:
+            sample_store.write_batch(conn, **b)
+    if ledger.dialect.name == "postgresql":
+        with ledger.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.exec_driver_sql("ANALYZE sample_batches")
+    with ledger.connect() as conn:
+        found = usage(conn, RetentionConfig(), exact=False)
+    (row,) = [r for r in found.rows if r["table"] == "samples"]
+    assert row["rows"] == sum(len(b["vm_ids"]) for b in written)
