@@ -48,6 +48,8 @@ import sqlalchemy as sa
 from ledger_accounting import drop_database, postgres_url
 from procstat import cpu_s
 
+from gmd.daemon.ledger.sample_store import BATCH_COLUMNS
+
 INTERVAL_S = 60
 CAPACITY = {
     "cpu_cores": 64,
@@ -129,11 +131,7 @@ def bodies(
     return out
 
 
-STORED_COLUMNS = (
-    "interval_id, batch_id, host_id, late, vm_id, customer_id, cpu_s, memory_byte_s,"
-    " disk_read_bytes, disk_write_bytes, network_rx_bytes, network_tx_bytes, flavor_vcpus,"
-    " flavor_memory_bytes, flavor_disk_bytes_per_s, flavor_network_bytes_per_s"
-)
+STORED_COLUMNS = ", ".join(BATCH_COLUMNS)
 """``sample_batches``' columns: a batch's samples as PostgreSQL stores them."""
 COPY_BATCH_OFFSET = 10**15
 
@@ -168,7 +166,9 @@ def copy_ceiling(url: str, where: str) -> tuple[int, float]:
     those rows (and its commit) takes into the same table: what the database takes with no
     per-batch work. The copies get batch ids far above any real one, and are deleted after."""
     dsn = sa.make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-    shifted = STORED_COLUMNS.replace("batch_id", f"batch_id + {COPY_BATCH_OFFSET}")
+    shifted = ", ".join(
+        f"{c} + {COPY_BATCH_OFFSET}" if c == "batch_id" else c for c in BATCH_COLUMNS
+    )
     with psycopg.connect(dsn) as conn:
         payload = bytearray()
         with conn.cursor().copy(

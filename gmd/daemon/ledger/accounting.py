@@ -40,6 +40,7 @@ from sqlalchemy import (
 from gmd import GmdError
 from gmd.daemon.config import AccountingConfig
 from gmd.daemon.ledger import reset_window, rollups, sample_store
+from gmd.daemon.ledger.binary_copy import binary_rows
 from gmd.daemon.ledger.migrate import writer
 from gmd.daemon.ledger.models import (
     FLAVOR_COLUMNS,
@@ -515,17 +516,8 @@ def float_rows(conn: Connection, query: Any, width: int) -> np.ndarray:
         ),
         literal_column("''::bytea"),
     )
-    compiled = (
-        select(packed)
-        .select_from(inner)
-        .compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True})
-    )
-    raw = conn.connection.driver_connection
-    assert raw is not None, "a connection in use has a driver connection"
-    with raw.cursor(binary=True) as cursor:
-        cursor.execute(str(compiled))
-        row = cursor.fetchone()
-    buffer = b"" if row is None or row[0] is None else row[0]
+    packed_rows = binary_rows(conn, select(packed).select_from(inner))
+    buffer = b"" if not packed_rows or packed_rows[0][0] is None else packed_rows[0][0]
     return np.frombuffer(buffer, dtype=">f8").reshape(-1, width).astype(np.float64)
 
 

@@ -1,11 +1,15 @@
-"""PostgreSQL's binary ``COPY``: its framing, and sending a stream on a SQLAlchemy connection.
+"""PostgreSQL's binary forms on a SQLAlchemy connection: a ``COPY`` stream sent, a query's
+rows fetched.
 
-The binary format is, per row, a field count and each field's length and big-endian value:
-numpy lays it out column by column (:mod:`.sample_store`), and the server stores the rows
-without parsing any text (binary COPY is the ingest benchmark's ceiling).
+The binary COPY format is, per row, a field count and each field's length and big-endian
+value: numpy lays it out column by column (:mod:`.sample_store`), and the server stores the
+rows without parsing any text (binary COPY is the ingest benchmark's ceiling). Rows fetched in
+binary hand ``bytea`` values over as they are, for numpy to read in place.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
@@ -42,3 +46,14 @@ def send_copy(conn: Connection, statement: str, data: bytes) -> None:
         raise DBAPIError.instance(
             statement, None, exc, psycopg.Error, connection_invalidated=broken
         ) from exc
+
+
+def binary_rows(conn: Connection, query: Any) -> list[tuple[Any, ...]]:
+    """``query``'s rows in binary, on ``conn``'s psycopg connection (its parameters bound
+    into the SQL): a ``bytea`` comes as the bytes it holds, with no hex text to decode."""
+    compiled = query.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True})
+    raw = conn.connection.driver_connection
+    assert raw is not None, "a connection in use has a driver connection"
+    with raw.cursor(binary=True) as cursor:
+        cursor.execute(str(compiled))
+        return [tuple(row) for row in cursor.fetchall()]

@@ -27,6 +27,7 @@ from sqlalchemy.exc import DataError, IntegrityError
 from gmd import GmdError
 from gmd.daemon.ledger import sample_store
 from gmd.daemon.ledger.models import ActionKind, ActionStatus, BatchState
+from gmd.daemon.ledger.sample_store import SAMPLE_COLUMNS
 from gmd.daemon.ledger.tables import (
     actions as _actions,
     batches as _batches,
@@ -38,9 +39,6 @@ from gmd.daemon.ledger.tables import (
 
 log = logging.getLogger(__name__)
 
-_SAMPLE_COLUMNS = tuple(c.name for c in _samples.columns if c.name != "id")
-"""The columns a quarantined sample keeps (its id is new: ``samples`` has none on
-PostgreSQL)."""
 # At most this many trials (accounting a subset of the batches) per failing interval: halving
 # finds k culprits among n batches in about 2·k·log2(n); past it the interval is a bug to report.
 MAX_TRIES = 512
@@ -133,8 +131,8 @@ def quarantine(
     found = describe(conn, ids)
     conn.execute(
         insert(_quarantined).from_select(
-            list(_SAMPLE_COLUMNS),
-            select(*(_samples.c[c] for c in _SAMPLE_COLUMNS)).where(_samples.c.batch_id.in_(ids)),
+            list(SAMPLE_COLUMNS),
+            select(*(_samples.c[c] for c in SAMPLE_COLUMNS)).where(_samples.c.batch_id.in_(ids)),
         )
     )
     sample_store.delete_batches(conn, ids)

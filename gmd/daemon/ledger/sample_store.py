@@ -29,7 +29,7 @@ from sqlalchemy import (
     true,
 )
 
-from gmd.daemon.ledger.binary_copy import HEADER, TRAILER, send_copy
+from gmd.daemon.ledger.binary_copy import HEADER, TRAILER, binary_rows, send_copy
 from gmd.daemon.ledger.models import (
     FLAVOR_COLUMNS,
     PER_VM,
@@ -46,7 +46,10 @@ _ARRAY_HEADER = np.dtype(
 )
 """A one-dimensional array's binary header (``array_send``): then per element its length
 (-1: NULL) and value."""
-_BATCH_COLUMNS = ("interval_id", "batch_id", "host_id", "late", *PER_VM)
+BATCH_COLUMNS = ("interval_id", "batch_id", "host_id", "late", *PER_VM)
+"""``sample_batches``' columns: a batch's scalars, then its arrays."""
+SAMPLE_COLUMNS = tuple(c.name for c in samples.columns if c.name != "id")
+"""The columns of ``samples`` on either database (the view has no ``id``)."""
 _SCALARS = np.dtype(
     [
         ("fields", ">i2"),
@@ -61,7 +64,7 @@ _SCALARS = np.dtype(
     ]
 )
 """A row's field count, then each scalar field's length and value."""
-_COPY = f"COPY sample_batches ({', '.join(_BATCH_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
+_COPY = f"COPY sample_batches ({', '.join(BATCH_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
 
 
 def packed(conn: Connection) -> bool:
@@ -118,31 +121,17 @@ def write_batch(
     SQLite: a row per VM."""
     if not len(vm_ids):
         return
+    per_vm = {
+        "vm_id": np.asarray(vm_ids),
+        "customer_id": np.asarray(customer_ids),
+        **{c: use[:, k] for k, c in enumerate(USE_COLUMNS)},
+        **{c: flavor[:, k] for k, c in enumerate(FLAVOR_COLUMNS)},
+    }
     if not packed(conn):
-        rows = [
-            {
-                "interval_id": interval_id,
-                "vm_id": vm_id,
-                "host_id": host_id,
-                "customer_id": customer_id,
-                "batch_id": batch_id,
-                "late": late,
-                **dict(zip(USE_COLUMNS, u, strict=True)),
-                **{c: None if v != v else v for c, v in zip(FLAVOR_COLUMNS, f, strict=True)},
-            }
-            for vm_id, customer_id, u, f in zip(
-                vm_ids, customer_ids, use.tolist(), flavor.tolist(), strict=True
-            )
-        ]
-        conn.execute(samples.insert(), rows)
+        batch = {"interval_id": interval_id, "batch_id": batch_id, "host_id": host_id, "late": late}
+        _insert_rows(conn, {**{c: np.full(len(vm_ids), v) for c, v in batch.items()}, **per_vm})
         return
-    per_vm = [
-        np.asarray(vm_ids),
-        np.asarray(customer_ids),
-        *(use[:, k] for k in range(len(USE_COLUMNS))),
-        *(flavor[:, k] for k in range(len(FLAVOR_COLUMNS))),
-    ]
-    row = _batch_row(interval_id, batch_id, host_id, late, per_vm)
+    row = _batch_row(interval_id, batch_id, host_id, late, [per_vm[c] for c in PER_VM])
     send_copy(conn, _COPY, b"".join((HEADER, row, TRAILER)))
 
 
@@ -154,14 +143,7 @@ def write_batches(conn: Connection, columns: Mapping[str, np.ndarray]) -> None:
     if not n:
         return
     if not packed(conn):
-        names = [c.name for c in samples.columns if c.name != "id"]
-        lists = [columns[c].tolist() for c in names]
-        rows = [dict(zip(names, values, strict=True)) for values in zip(*lists, strict=True)]
-        for row in rows:
-            for c in FLAVOR_COLUMNS:
-                if row[c] != row[c]:
-                    row[c] = None
-        conn.execute(samples.insert(), rows)
+        _insert_rows(conn, columns)
         return
     order = np.argsort(columns["batch_id"], kind="stable")
     batch = columns["batch_id"][order]
@@ -182,13 +164,25 @@ def write_batches(conn: Connection, columns: Mapping[str, np.ndarray]) -> None:
     send_copy(conn, _COPY, b"".join((HEADER, *packed_rows, TRAILER)))
 
 
+def _insert_rows(conn: Connection, columns: Mapping[str, np.ndarray]) -> None:
+    """Insert ``columns`` (one array per column of :data:`SAMPLE_COLUMNS`) into the
+    ``samples`` table, a row per element; a NaN flavor figure is NULL."""
+    lists = [columns[c].tolist() for c in SAMPLE_COLUMNS]
+    rows = [dict(zip(SAMPLE_COLUMNS, values, strict=True)) for values in zip(*lists, strict=True)]
+    for row in rows:
+        for c in FLAVOR_COLUMNS:
+            if row[c] != row[c]:
+                row[c] = None
+    conn.execute(samples.insert(), rows)
+
+
 def _batch_row(
     interval_id: int, batch_id: int, host_id: int, late: bool, per_vm: Sequence[np.ndarray]
 ) -> bytes:
     """One ``sample_batches`` row in binary COPY form: the batch's scalars, then an array per
     column of :data:`PER_VM` (``per_vm``, in that order)."""
     scalars = np.array(
-        [(len(_BATCH_COLUMNS), 8, interval_id, 8, batch_id, 4, host_id, 1, late)],
+        [(len(BATCH_COLUMNS), 8, interval_id, 8, batch_id, 4, host_id, 1, late)],
         dtype=_SCALARS,
     )
     arrays = [array_field(v, c in SAMPLE_IDS) for c, v in zip(PER_VM, per_vm, strict=True)]
@@ -205,7 +199,7 @@ def restore_quarantined(conn: Connection, batch_id: int) -> None:
     """Put a quarantined batch's samples back in ``samples``, as late ones."""
     q = quarantined_samples.c
     if not packed(conn):
-        columns = [c.name for c in samples.columns if c.name not in ("id", "late")]
+        columns = [c for c in SAMPLE_COLUMNS if c != "late"]
         conn.execute(
             insert(samples).from_select(
                 [*columns, "late"],
@@ -215,7 +209,7 @@ def restore_quarantined(conn: Connection, batch_id: int) -> None:
         return
     conn.execute(
         insert(sample_batches).from_select(
-            list(_BATCH_COLUMNS),
+            list(BATCH_COLUMNS),
             select(
                 q.interval_id,
                 q.batch_id,
@@ -258,12 +252,7 @@ def read_on_time(
     )
     if batch_ids is not None:
         query = query.where(b.batch_id.in_(list(batch_ids)))
-    compiled = query.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True})
-    raw = conn.connection.driver_connection
-    assert raw is not None, "a connection in use has a driver connection"
-    with raw.cursor(binary=True) as cursor:
-        cursor.execute(str(compiled))
-        rows = cursor.fetchall()
+    rows = binary_rows(conn, query)
     by_size: dict[int, list[tuple[int, int, bytes]]] = {}
     for row in rows:
         by_size.setdefault(len(row[2]), []).append(row)
