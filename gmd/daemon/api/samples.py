@@ -208,7 +208,14 @@ def ingest_within_limits(
     oldest_s = now_s - services.config.daemon.max_late_s - batch.interval_s
     claims: list[Claim] = []
 
+    def release() -> None:
+        while claims:
+            services.limits.release(claims.pop())
+
     def admit(customers: int, vms: int) -> None:
+        # Told again (the store's next attempt, or its general path after the one-statement
+        # write stored nothing), the new count replaces the old: one batch, one claim.
+        release()
         claims.append(
             services.limits.admit_batch(
                 batch.host, batch.interval_start_s, now_s, customers, vms, oldest_s
@@ -218,11 +225,10 @@ def ingest_within_limits(
     try:
         result = services.store.ingest(batch, now_s, admit, unverified, hold)
     except BaseException:
-        for claim in claims:
-            services.limits.release(claim)
+        release()
         raise
-    for claim in claims[:-1]:
-        services.limits.release(claim)
+    if result.status != "accepted":
+        release()  # a retry stores nothing
     return result
 
 

@@ -88,18 +88,25 @@ def estimated_samples(conn: Connection, batches: int) -> int:
     return round(batches * float(mean or 0))
 
 
-def array_field(values: np.ndarray, integer: bool) -> bytes:
-    """``values`` as one binary COPY field holding an array: its length, the header and the
-    elements, big-endian. A NaN stays NaN: a flavor figure not reported is stored so (the view
-    shows NULL), and an array without NULLs has one layout, which accounting reads in place."""
+def array_value(values: np.ndarray, integer: bool) -> bytes:
+    """``values`` as PostgreSQL's binary form of a one-dimensional ``int4[]`` (``integer``)
+    or ``float8[]`` (``array_send``'s): the header, then each element's length and value,
+    big-endian. A NaN stays NaN: a flavor figure not reported is stored so (the view shows
+    NULL), and an array without NULLs has one layout, which accounting reads in place."""
     code, oid = (">i4", _INT4) if integer else (">f8", _FLOAT8)
     n = len(values)
     cells = np.empty(n, dtype=[("length", ">i4"), ("value", code)])
     cells["length"] = np.dtype(code).itemsize
     cells["value"] = values
     header = np.array([(1, 0, oid, n, 1)], dtype=_ARRAY_HEADER)
-    size = header.itemsize + cells.nbytes
-    return size.to_bytes(4, "big") + header.tobytes() + cells.tobytes()
+    return header.tobytes() + cells.tobytes()
+
+
+def array_field(values: np.ndarray, integer: bool) -> bytes:
+    """``values`` as one binary COPY field holding an array: its length, then
+    :func:`array_value`."""
+    value = array_value(values, integer)
+    return len(value).to_bytes(4, "big") + value
 
 
 def write_batch(
@@ -121,18 +128,34 @@ def write_batch(
     SQLite: a row per VM."""
     if not len(vm_ids):
         return
-    per_vm = {
-        "vm_id": np.asarray(vm_ids),
-        "customer_id": np.asarray(customer_ids),
-        **{c: use[:, k] for k, c in enumerate(USE_COLUMNS)},
-        **{c: flavor[:, k] for k, c in enumerate(FLAVOR_COLUMNS)},
-    }
+    per_vm = _per_vm(vm_ids, customer_ids, use, flavor)
     if not packed(conn):
         batch = {"interval_id": interval_id, "batch_id": batch_id, "host_id": host_id, "late": late}
         _insert_rows(conn, {**{c: np.full(len(vm_ids), v) for c, v in batch.items()}, **per_vm})
         return
     row = _batch_row(interval_id, batch_id, host_id, late, [per_vm[c] for c in PER_VM])
     send_copy(conn, _COPY, b"".join((HEADER, row, TRAILER)))
+
+
+def _per_vm(
+    vm_ids: Sequence[int], customer_ids: Sequence[int], use: np.ndarray, flavor: np.ndarray
+) -> dict[str, np.ndarray]:
+    """A batch's per-VM columns (:data:`PER_VM`) from its ids and its figures by VM."""
+    return {
+        "vm_id": np.asarray(vm_ids),
+        "customer_id": np.asarray(customer_ids),
+        **{c: use[:, k] for k, c in enumerate(USE_COLUMNS)},
+        **{c: flavor[:, k] for k, c in enumerate(FLAVOR_COLUMNS)},
+    }
+
+
+def batch_arrays(
+    vm_ids: Sequence[int], customer_ids: Sequence[int], use: np.ndarray, flavor: np.ndarray
+) -> dict[str, bytes]:
+    """A batch's per-VM columns by name, each in its array's binary form
+    (:func:`array_value`): the parameters of a statement that writes the batch's row."""
+    per_vm = _per_vm(vm_ids, customer_ids, use, flavor)
+    return {c: array_value(per_vm[c], c in SAMPLE_IDS) for c in PER_VM}
 
 
 def write_batches(conn: Connection, columns: Mapping[str, np.ndarray]) -> None:

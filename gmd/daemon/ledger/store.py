@@ -70,7 +70,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.sql.dml import Insert
 
 from gmd import GmdError
-from gmd.daemon.ledger import sample_store
+from gmd.daemon.ledger import sample_store, steady_batch
 from gmd.daemon.ledger.migrate import writer
 from gmd.daemon.ledger.models import (
     ID64,
@@ -367,6 +367,8 @@ class LedgerStore:
         self.organization_customers = dict(organization_customers or {})
         self._ids = _Ids()
         self._partition_days: set[int] = set()
+        self._steady = engine.dialect.name == "postgresql"
+        """whether a known host's batch can be stored in one statement"""
 
     def forget(self, vm_uuids: Sequence[str], customer_names: Sequence[str]) -> None:
         """Let go of VMs and customers retention purged (:func:`~gmd.daemon.ledger.retention.
@@ -629,6 +631,9 @@ class LedgerStore:
         keeps the host and project it had until a verified batch names it. ``hold``: VMs whose
         rows this batch must not move either (Placement took them because they left the host
         lately: deleted, or migrated away)."""
+        steady = self._ingest_steady(record, now_s, admit, unverified)
+        if steady is not None:
+            return steady
         for attempt in range(5):
             try:
                 return self._ingest_once(
@@ -645,6 +650,61 @@ class LedgerStore:
                 log.info("batch %s for %s: %s; retrying", record.key, record.host, exc.orig)
             time.sleep(0.01 * 2**attempt)
         raise AssertionError("unreachable")
+
+    def _ingest_steady(
+        self,
+        record: BatchRecord,
+        now_s: float | None,
+        admit: Admit | None,
+        unverified: bool,
+    ) -> IngestResult | None:
+        """Store the batch of a known host that lists the VMs this process remembers it
+        listing, all marked seen in this period, in one statement
+        (:mod:`~gmd.daemon.ledger.steady_batch`, PostgreSQL); None when it is not such a batch
+        or the statement stored nothing, for the general path to decide. ``admit`` is told
+        before the write: a batch that ends up not stored here is told again by the general
+        path, or not at all (a retry), and the caller keeps only the last claim of a stored
+        batch. A batch ``admit`` refuses goes to the general path too, which tells a retry
+        (acknowledged, not counted) from a batch over the bound (refused there)."""
+        if not self._steady or not record.vm_uuids:
+            return None
+        owner = self.owner_of(record.host)
+        with self._ids.lock:
+            org_id = self._ids.organizations.get(owner)
+            host = self._ids.hosts.get(record.host)
+        if host is None or host[1] != org_id:
+            return None
+        host_id = host[0]
+        known = self._ids.same_vms(host_id, record)
+        if known is None or known.period != mark_period(record.host, record.interval_start_s):
+            return None
+        self._partition_for(record.interval_start_s)
+        if admit is not None:
+            try:
+                admit(0, 0)
+            except Exception:
+                # Perhaps a retry, which is not refused: the general path tells.
+                return None
+        stored = steady_batch.store(
+            self.writer,
+            {
+                "key": record.key,
+                "digest": record.digest,
+                "host_id": host_id,
+                "owner_id": org_id,
+                "interval_id": record.interval_start_s,
+                "samples": len(record.vm_uuids),
+                "host_cpu_s": record.host_cpu_s,
+                "unverified": unverified,
+                "now_s": int(time.time() if now_s is None else now_s),
+                **dict(zip(CAPACITY_COLUMNS, record.capacity, strict=True)),
+            },
+            sample_store.batch_arrays(known.vm_ids, known.customer_ids, record.use, record.flavor),
+        )
+        if stored is None:
+            return None
+        n = len(record.vm_uuids)
+        return IngestResult("accepted", n, n if stored[1] else 0)
 
     def _partition_for(self, start_s: int) -> None:
         """The raw tables' partition of the interval's day, made if it is missing (PostgreSQL;

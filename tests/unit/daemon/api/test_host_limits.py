@@ -86,6 +86,24 @@ def test_batches_per_interval_counts_distinct_batches(database_url: str) -> None
         assert post(d, batch(HOST, start + INTERVAL_S, vms(["vm-3"]), key="k4")).is_success
 
 
+def test_one_batch_an_interval_lets_each_interval_in_once(database_url: str) -> None:
+    """A known host's batch is first tried as one statement (PostgreSQL), which stores nothing
+    in an interval not made yet or for a retry; the general path then counts it instead, never
+    besides: with one batch an interval, every interval's batch is let in, its retry is
+    acknowledged, and a second batch refused."""
+    start = aligned_past(4)
+    with serving(limited(database_url, batches_per_interval=1)) as d:
+        for k in range(3):
+            first = batch(HOST, start + k * INTERVAL_S, vms(["vm-1", "vm-2"], "c"), key=f"k{k}")
+            answer = post(d, first)
+            assert answer.status_code == 200, answer.text
+            assert post(d, first).json()["status"] == "duplicate"
+        second = post(d, batch(HOST, start + 2 * INTERVAL_S, vms(["vm-1", "vm-2"], "c"), "x"))
+        assert second.status_code == 422
+        assert "batches_per_interval" in second.json()["detail"]
+        assert counts(d)["batches"] == 3
+
+
 @pytest.mark.parametrize(
     ("key", "new_vms"),
     [
