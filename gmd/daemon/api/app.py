@@ -18,6 +18,7 @@ from sqlalchemy import Engine
 from gmd.daemon.api import health, plans, read, samples, web
 from gmd.daemon.api.handlers import install_handlers
 from gmd.daemon.api.headers import SecurityHeaders
+from gmd.daemon.api.intake import SampleIntake
 from gmd.daemon.api.services import Services
 from gmd.daemon.config import Config
 from gmd.wire import PlanReport, Problem, SampleBatch
@@ -50,6 +51,8 @@ def create_app(
     app.state.store = services.store
     app.state.accountant = services.accountant
     install_handlers(app)
+    # Added first, so inside the security headers: they go on its answers too.
+    app.add_middleware(SampleIntake, services=services, handlers=app.exception_handlers)
     app.add_middleware(SecurityHeaders)
     for router in ROUTERS:
         app.include_router(router)
