@@ -163,7 +163,8 @@ def implausible(record: BatchRecord, bounds: Plausible) -> list[BatchProblem]:
                 f" host (daemon.max_host_{_bound_key(k)} = {maxima[k]:.6g})",
             )
         )
-    over_flavor = np.argwhere(np.nan_to_num(record.flavor, nan=0.0) > maxima[None, :])
+    # A flavor figure not given is NaN, which is over no bound.
+    over_flavor = np.argwhere(record.flavor > maxima[None, :])
     problems += _listed(
         ProblemCode.FLAVOR_BOUND,
         [

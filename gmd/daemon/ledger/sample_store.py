@@ -93,13 +93,19 @@ def array_value(values: np.ndarray, integer: bool) -> bytes:
     or ``float8[]`` (``array_send``'s): the header, then each element's length and value,
     big-endian. A NaN stays NaN: a flavor figure not reported is stored so (the view shows
     NULL), and an array without NULLs has one layout, which accounting reads in place."""
+    return _array_values(np.asarray(values)[None, :], integer)[0]
+
+
+def _array_values(rows: np.ndarray, integer: bool) -> list[bytes]:
+    """Each row of the matrix ``rows`` as :func:`array_value`, laid out by one numpy
+    assignment for them all (a batch's twelve arrays cost one, not twelve)."""
     code, oid = (">i4", _INT4) if integer else (">f8", _FLOAT8)
-    n = len(values)
-    cells = np.empty(n, dtype=[("length", ">i4"), ("value", code)])
+    k, n = rows.shape
+    cells = np.empty((k, n), dtype=[("length", ">i4"), ("value", code)])
     cells["length"] = np.dtype(code).itemsize
-    cells["value"] = values
-    header = np.array([(1, 0, oid, n, 1)], dtype=_ARRAY_HEADER)
-    return header.tobytes() + cells.tobytes()
+    cells["value"] = rows
+    header = np.array([(1, 0, oid, n, 1)], dtype=_ARRAY_HEADER).tobytes()
+    return [header + row.tobytes() for row in cells]
 
 
 def array_field(values: np.ndarray, integer: bool) -> bytes:
@@ -154,8 +160,9 @@ def batch_arrays(
 ) -> dict[str, bytes]:
     """A batch's per-VM columns by name, each in its array's binary form
     (:func:`array_value`): the parameters of a statement that writes the batch's row."""
-    per_vm = _per_vm(vm_ids, customer_ids, use, flavor)
-    return {c: array_value(per_vm[c], c in SAMPLE_IDS) for c in PER_VM}
+    ids = _array_values(np.array([vm_ids, customer_ids]), integer=True)
+    figures = _array_values(np.concatenate((use, flavor), axis=1).T, integer=False)
+    return dict(zip((*SAMPLE_IDS, *USE_COLUMNS, *FLAVOR_COLUMNS), ids + figures, strict=True))
 
 
 def write_batches(conn: Connection, columns: Mapping[str, np.ndarray]) -> None:
