@@ -5,7 +5,9 @@
 Starts a real ``gmd-daemon`` process (token auth, accountant on, the default ``grace_s``) on a
 fresh PostgreSQL database, warms it with one interval in which every host and VM is seen
 first (the steady state: a daemon has seen its hosts before), waits until the accountant has
-accounted that interval and the next interval boundary has passed, then has every host post
+accounted that interval, restarts the daemons (which recall the hosts from the ledger as they
+start: processes that have each seen every host, as long-running ones sharing a port have)
+and waits until the next interval boundary has passed, then has every host post
 the interval that just ended, over real HTTP, at most ``--concurrency`` at a time (each post
 on a connection of its own, as an agent's once-a-minute post is). ``--spread S`` posts each
 host at a random moment in [0, S) after the end instead, as agents with ``post_jitter_s = S``
@@ -201,6 +203,15 @@ def interval_state(engine: sa.Engine, start_s: int) -> str | None:
         ).scalar_one_or_none()
 
 
+def recalled(log_path: Path) -> list[str]:
+    """What each restarted daemon said it recalled from the ledger as it started."""
+    return [
+        line.split(": ", 1)[-1].strip()
+        for line in log_path.read_text().splitlines()
+        if "recalled" in line and "from the ledger" in line
+    ]
+
+
 def refused(posted: list[Posted]) -> list[str]:
     return [f"HTTP {p.status}: {p.receipt}" for p in posted if p.status != 200]
 
@@ -227,31 +238,47 @@ def run(url: str, args: argparse.Namespace, workdir: Path) -> dict[str, object]:
     log_path = workdir / "daemon.log"
     log = log_path.open("wb")
     # All of them may account: the advisory lock lets one at a time (as in production).
-    daemons = [
-        subprocess.Popen(
-            [str(Path(sys.executable).with_name("gmd-daemon")), "--config", str(config)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        for _ in range(args.daemons)
-    ]
-    try:
-        base = f"http://127.0.0.1:{port}"
+    base = f"http://127.0.0.1:{port}"
 
-        def healthy() -> bool:
-            try:
-                return httpx.get(f"{base}/healthz").status_code == 200
-            except httpx.TransportError:
-                return False
+    def healthy() -> bool:
+        try:
+            return httpx.get(f"{base}/healthz").status_code == 200
+        except httpx.TransportError:
+            return False
 
+    def start() -> list[subprocess.Popen[bytes]]:
+        started = [
+            subprocess.Popen(
+                [str(Path(sys.executable).with_name("gmd-daemon")), "--config", str(config)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+            for _ in range(args.daemons)
+        ]
         # Each process answers /healthz once it listens; with a shared port a probe reaches
         # any of them, so wait for the database to show every one's connection pool too.
-        wait_until("healthy daemon", healthy, daemons)
+        wait_until("healthy daemon", healthy, started)
         wait_until(
             f"{args.daemons} daemons connected",
             lambda: len(backend_pids(engine)) >= args.daemons,
-            daemons,
+            started,
         )
+        return started
+
+    def stop(running: list[subprocess.Popen[bytes]]) -> None:
+        for d in running:
+            d.send_signal(signal.SIGTERM)
+        for d in running:
+            d.wait(60)
+        if any(d.returncode != 0 for d in running):
+            raise RuntimeError(
+                f"gmd-daemon exited {[d.returncode for d in running]}:\n"
+                f"{log_path.read_text()[-3000:]}"
+            )
+
+    daemons: list[subprocess.Popen[bytes]] = []
+    try:
+        daemons = start()
         warm_start = (int(time.time()) // interval - 1) * interval
         warm = host_batches(args.hosts, args.vms, args.customers, warm_start, interval, seed=1)
         t = time.perf_counter()
@@ -265,6 +292,14 @@ def run(url: str, args: argparse.Namespace, workdir: Path) -> dict[str, object]:
             lambda: interval_state(engine, warm_start) == "accounted",
             daemons,
         )
+        # Long-running processes have each seen every host (a host's connections reach any
+        # of them); restarted ones recall the hosts from the ledger as they start, as a
+        # daemon restarted in a running cloud does.
+        stop(daemons)
+        daemons = []
+        t = time.perf_counter()
+        daemons = start()
+        restart_s = time.perf_counter() - t
         end_s = (int(time.time()) // interval + 1) * interval
         burst = host_batches(args.hosts, args.vms, args.customers, end_s - interval, interval, 2)
         time.sleep(max(0.0, end_s - time.time()))
@@ -287,15 +322,10 @@ def run(url: str, args: argparse.Namespace, workdir: Path) -> dict[str, object]:
         print(f"gmd-daemon's log ends:\n{log_path.read_text()[-3000:]}", file=sys.stderr)
         raise
     finally:
-        for d in daemons:
-            d.send_signal(signal.SIGTERM)
-        for d in daemons:
-            d.wait(60)
-        log.close()
-    if any(d.returncode != 0 for d in daemons):
-        raise RuntimeError(
-            f"gmd-daemon exited {[d.returncode for d in daemons]}:\n{log_path.read_text()[-3000:]}"
-        )
+        try:
+            stop(daemons)
+        finally:
+            log.close()
     problems = refused(posted)
     first_sent = min(p.sent_s for p in posted)
     last_answer = max(p.answered_s for p in posted)
@@ -340,6 +370,8 @@ def run(url: str, args: argparse.Namespace, workdir: Path) -> dict[str, object]:
         "postgres_connections_opened": opened,
         "client_cpu_s": round(client_cpu, 2),
         "warmup_s": round(warm_s, 2),
+        "restart_s": round(restart_s, 2),
+        "recalled": recalled(log_path),
         "copy_rows": rows,
         "copy_s": round(copy_s, 3),
         "copy_rows_per_s": round(rows / copy_s) if copy_s else None,

@@ -226,6 +226,9 @@ def test_burst_bench_posts_every_host_at_once_and_copies_the_same_rows(
     )
     assert (figures["batches"], figures["accepted"], figures["refused"]) == (20, 20, 0)
     assert figures["daemons"] == 2 and figures["wal_bytes"] > 0
+    # Both daemons were restarted after the warm-up and recalled every host and VM.
+    said = [r.rsplit(" in ", 1)[0] for r in figures["recalled"]]
+    assert said == ["recalled 20 hosts and their 100 VMs from the ledger"] * 2
     assert figures["copy_rows"] == 100  # the burst's samples, copied again
     assert figures["drain_s"] > 0 and figures["latency_ms_p50"] <= figures["latency_ms_p99"]
 

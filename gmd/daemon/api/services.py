@@ -7,6 +7,7 @@ server. The accountant and the quota reconciler run between the app's startup an
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +36,8 @@ from gmd.daemon.placement.recheck import Rechecker, RecheckReport
 from gmd.daemon.placement.view import PlacementView
 from gmd.daemon.project_names import NameRefresher, ProjectNames
 from gmd.wire import PlanMode
+
+log = logging.getLogger(__name__)
 
 
 class Services:
@@ -115,7 +118,8 @@ class Services:
 
     def start(self) -> None:
         """Record the configured organizations, make the raw tables' partitions of the coming
-        days and set the gauges from the ledger, then start the accountant (unless disabled)
+        days, recall the hosts that post (:meth:`~gmd.daemon.ledger.store.LedgerStore.recall`)
+        and set the gauges from the ledger, then start the accountant (unless disabled)
         with its jobs: partitions ahead, retention, the quota reconciler when cloud quotas are
         enforced, names."""
         config = self.config
@@ -123,6 +127,14 @@ class Services:
             {config.default_owner} | {h.owner for h in config.hosts.values()}
         )
         partitions.make_ahead(self.engine)
+        recalled = self.store.recall()
+        if recalled.hosts:
+            log.info(
+                "recalled %d hosts and their %d VMs from the ledger in %.1f s",
+                recalled.hosts,
+                recalled.vms,
+                recalled.seconds,
+            )
         enforcing = self.run_accountant and config.enforcement.mode != PlanMode.off
         with self.engine.connect() as conn:
             self.metrics.report_seen(hosts_last_seen(conn))

@@ -28,6 +28,7 @@ from sqlalchemy import (
     text,
     true,
 )
+from sqlalchemy.dialects.postgresql import distinct_on
 
 from gmd.daemon.ledger.binary_copy import HEADER, TRAILER, binary_rows, send_copy
 from gmd.daemon.ledger.models import (
@@ -293,7 +294,7 @@ def read_on_time(
         if extra or n < 1:
             raise ValueError(f"a stored batch of {size} bytes of arrays is not a whole one")
         records = np.frombuffer(b"".join(r[2] for r in group), dtype=_record_type(n))
-        if (records[f"{PER_VM[0]}.head"]["n"] != n).any():
+        if any((records[f"{c}.head"]["n"] != n).any() for c in PER_VM):
             raise ValueError(f"stored batches of {size} bytes do not all hold {n} VMs")
         hosts.append(np.array([r[0] for r in group], dtype=np.int64))
         batches.append(np.array([r[1] for r in group], dtype=np.int64))
@@ -309,6 +310,34 @@ def read_on_time(
         np.concatenate(counts),
         {c: np.concatenate(v) for c, v in values.items()},
     )
+
+
+def latest_lists(conn: Connection, since_s: int) -> dict[int, tuple[list[int], list[int]]]:
+    """Each host's VMs and their owners as its latest batch of an interval from ``since_s``
+    on listed them, in the batch's order: host id → (VM ids, customer ids)."""
+    if packed(conn):
+        b = sample_batches.c
+        rows = conn.execute(
+            select(b.host_id, b.vm_id, b.customer_id)
+            .where(b.interval_id >= since_s)
+            .order_by(b.host_id, b.interval_id.desc(), b.batch_id.desc())
+            .ext(distinct_on(b.host_id))
+        )
+        return {host: (list(vms), list(owners)) for host, vms, owners in rows}
+    s = samples.c
+    lists: dict[int, tuple[list[int], list[int]]] = {}
+    latest: dict[int, int] = {}
+    for host, batch, vm, owner in conn.execute(
+        select(s.host_id, s.batch_id, s.vm_id, s.customer_id)
+        .where(s.interval_id >= since_s)
+        .order_by(s.host_id, s.interval_id.desc(), s.batch_id.desc(), s.id)
+    ):
+        if latest.setdefault(host, batch) != batch:
+            continue
+        vms, owners = lists.setdefault(host, ([], []))
+        vms.append(vm)
+        owners.append(owner)
+    return lists
 
 
 _PER_VM_BYTES = sum(4 + (4 if c in SAMPLE_IDS else 8) for c in PER_VM)

@@ -211,3 +211,76 @@ def test_a_dead_pooled_connection_is_dropped_and_the_batch_stored_once(
     assert store.ingest(record(start, 3, key="cmp-1/after")).status == "accepted"
     keys = [row[0] for row in ledger(engine)["batches"]]
     assert keys.count("cmp-1/after") == 1
+
+
+@pytest.fixture
+def ledger_engine(database_url: str) -> Iterator[sa.Engine]:
+    """A fresh ledger on each database."""
+    engine = migrate.engine_for(database_url)
+    try:
+        migrate.upgrade(engine)
+        yield engine
+    finally:
+        engine.dispose()
+
+
+def test_a_restarted_daemon_recalls_the_hosts_and_stores_their_next_batches_the_same(
+    ledger_engine: sa.Engine,
+) -> None:
+    """Its first batches then cost what a running daemon's cost (one statement on
+    PostgreSQL), not a look-up of every VM; a host whose VMs moved since is not recalled."""
+    engine = ledger_engine
+    first, second = aligned_past(4), aligned_past(3)
+    other = HostSpec("cmp-2", cpu_cores=32)
+    running = LedgerStore(engine, lambda _host: "operator")
+    for rec in (record(first, 1), record(first, 2, other), record(second, 3, other)):
+        assert running.ingest(rec).status == "accepted"
+    restarted, fresh = (LedgerStore(engine, lambda _host: "operator") for _ in range(2))
+    recalled = restarted.recall()
+    assert (recalled.hosts, recalled.vms) == (2, 2 * VMS)
+    # (Each process checks once that the day's partitions are there.)
+    for store in (restarted, fresh):
+        assert store.ingest(record(second, 7, other, key=f"cmp-2/{id(store)}")).status == "accepted"
+    counted = Statements(engine)
+    assert restarted.ingest(record(second, 4, key="cmp-1/recalled")).status == "accepted"
+    by_recalled = counted.count
+    assert fresh.ingest(record(second, 5, key="cmp-1/fresh")).status == "accepted"
+    by_fresh = counted.count - by_recalled
+    if engine.dialect.name == "postgresql":
+        assert by_recalled == 0
+    assert by_recalled < by_fresh
+    held = ledger(engine)
+    names = {row[0]: row[2] for row in held["samples"]}  # batch key → a customer
+    assert names["cmp-1/recalled"] in OWNERS
+    recalled_rows = sorted(r[1:3] for r in held["samples"] if r[0] == "cmp-1/recalled")
+    fresh_rows = sorted(r[1:3] for r in held["samples"] if r[0] == "cmp-1/fresh")
+    assert recalled_rows == fresh_rows and len(recalled_rows) == VMS
+    # One of cmp-2's VMs moves to cmp-1: cmp-2's last list is stale, and is not recalled.
+    moved = record(second, 6, other)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE vms SET host_id = (SELECT id FROM hosts WHERE name = 'cmp-1')"
+                " WHERE uuid = :u"
+            ),
+            {"u": moved.vm_uuids[0]},
+        )
+    again = LedgerStore(engine, lambda _host: "operator").recall()
+    assert (again.hosts, again.vms) == (1, 2 * VMS)
+
+
+def test_vms_marked_seen_in_an_older_period_are_marked_by_the_next_batch(
+    ledger_engine: sa.Engine,
+) -> None:
+    engine = ledger_engine
+    start = aligned_past(3)
+    running = LedgerStore(engine, lambda _host: "operator")
+    running.ingest(record(start - 60, 1))
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE vms SET last_seen_s = last_seen_s - 3 * 86400"))
+    restarted = LedgerStore(engine, lambda _host: "operator")
+    assert restarted.recall().hosts == 1
+    assert restarted.ingest(record(start, 2)).status == "accepted"
+    with engine.connect() as conn:
+        seen = conn.execute(sa.text("SELECT min(last_seen_s) FROM vms")).scalar_one()
+    assert seen == start
