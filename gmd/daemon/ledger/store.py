@@ -408,10 +408,10 @@ class LedgerStore:
             if latest is None:
                 return Recalled(0, 0, 0.0)
             lists = sample_store.latest_lists(conn, latest.id - intervals * latest.length_s)
-            organizations = dict(
-                (name, i)
+            organizations = {
+                name: i
                 for name, i in conn.execute(select(_organizations.c.name, _organizations.c.id))
-            )
+            }
             hosts = {
                 i: (name, org)
                 for i, name, org in conn.execute(
@@ -438,7 +438,7 @@ class LedgerStore:
                 )
                 if i in listed
             }
-        recalled = 0
+        recalled = remembered = 0
         with self._ids.lock:
             generation = self._ids.generation
             self._ids.organizations.update(organizations)
@@ -478,7 +478,8 @@ class LedgerStore:
                     period,
                 )
                 recalled += 1
-        return Recalled(recalled, len(listed), time.perf_counter() - started)
+                remembered += len(vm_ids)
+        return Recalled(recalled, remembered, time.perf_counter() - started)
 
     # -- organizations -------------------------------------------------------------------------
 

@@ -206,3 +206,33 @@ def test_a_report_the_ledger_could_not_write_does_not_use_up_the_bound(database_
         again = report(d, [failed] * 3)
         assert again.status_code == 200, again.text
         assert again.json()["recorded"] == 3
+
+
+def test_a_cloud_of_more_hosts_than_the_prune_bound_does_not_rebuild_its_counts_every_batch() -> (
+    None
+):
+    """Counts of past intervals are dropped once the maps pass their bound; when every count is
+    current (20,000 hosts posting the same interval) the map must not be rebuilt for every batch
+    (it was: 4.1 ms of CPU a batch at 20,000 hosts against 1.7 at 5,000)."""
+    from gmd.daemon.api.limits import HostLimits
+    from gmd.daemon.config import LimitsConfig
+
+    limits = HostLimits(LimitsConfig(), INTERVAL_S)
+    start = 1_800_000_000 // INTERVAL_S * INTERVAL_S
+    hosts = [f"cmp-{h}" for h in range(25_000)]
+    for interval in (start, start + INTERVAL_S):  # the second batches count in windows
+        now = interval + INTERVAL_S + 1
+        for host in hosts:
+            limits.admit_batch(host, interval, now, 0, 0, oldest_s=start - 3600)
+    batches, windows = limits._batches, limits._windows
+    assert len(batches) == 2 * len(hosts) and len(windows) == len(hosts)
+    now = start + 2 * INTERVAL_S + 1
+    for host in hosts[:100]:
+        limits.admit_batch(host, start + INTERVAL_S * 2, now, 0, 0, oldest_s=start - 3600)
+    assert limits._batches is batches and limits._windows is windows
+    # Counts of intervals no batch can arrive for any more are still dropped.
+    later = start + 10 * INTERVAL_S
+    for interval in (later, later + INTERVAL_S):
+        for host in hosts:
+            limits.admit_batch(host, interval, interval + INTERVAL_S + 1, 0, 0, oldest_s=later)
+    assert sorted({interval for _host, interval in limits._batches}) == [later, later + INTERVAL_S]
