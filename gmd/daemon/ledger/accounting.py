@@ -502,10 +502,14 @@ def float_rows(conn: Connection, query: Any, width: int) -> np.ndarray:
     a time (0.38 s against 0.17 s at 100,000 samples). A bytea holds at most 1 GB: ~10 million
     samples of 13 columns in one interval."""
     if conn.dialect.name != "postgresql":
-        rows = conn.execute(query).all()
-        return np.array(
-            [tuple(np.nan if v is None else v for v in r) for r in rows], dtype=np.float64
-        ).reshape(len(rows), width)
+        # The driver's tuples, not SQLAlchemy's rows (a third of the fetch at 100,000 samples);
+        # numpy makes a None NaN itself (a Python step per value had cost as much again).
+        result = conn.execute(query)
+        try:
+            rows = result.cursor.fetchall()
+        finally:
+            result.close()
+        return np.array(rows, dtype=np.float64).reshape(len(rows), width)
     inner = query.subquery("sampled")
     packed = func.string_agg(
         literal_column(
