@@ -70,7 +70,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.sql.dml import Insert
 
 from gmd import GmdError
-from gmd.daemon.ledger import sample_store, steady_batch
+from gmd.daemon.ledger import sample_store
 from gmd.daemon.ledger.migrate import writer
 from gmd.daemon.ledger.models import (
     ID64,
@@ -243,6 +243,9 @@ def _statements(dialect_name: str) -> _Statements:
     return _Statements(batch, capacity)
 
 
+SteadyStore = Callable[[Engine, Mapping[str, Any], Mapping[str, bytes]], tuple[int, bool] | None]
+"""``steady_batch.store``: a known host's batch in one statement, or None"""
+
 RECALL_INTERVALS = 10
 """How many of the ledger's latest intervals :meth:`LedgerStore.recall` reads: a host that
 posted in none of them is looked up when it posts again."""
@@ -381,8 +384,13 @@ class LedgerStore:
         self.organization_customers = dict(organization_customers or {})
         self._ids = _Ids()
         self._partition_days: set[int] = set()
-        self._steady = engine.dialect.name == "postgresql"
-        """whether a known host's batch can be stored in one statement"""
+        self._steady: SteadyStore | None = None
+        """how a known host's batch is stored in one statement, where it can be (PostgreSQL)"""
+        if engine.dialect.name == "postgresql":
+            # Imported here: it speaks to psycopg, which a SQLite-only installation lacks.
+            from gmd.daemon.ledger import steady_batch
+
+            self._steady = steady_batch.store
 
     def forget(self, vm_uuids: Sequence[str], customer_names: Sequence[str]) -> None:
         """Let go of VMs and customers retention purged (:func:`~gmd.daemon.ledger.retention.
@@ -790,7 +798,7 @@ class LedgerStore:
             except Exception:
                 # Perhaps a retry, which is not refused: the general path tells.
                 return None
-        stored = steady_batch.store(
+        stored = self._steady(
             self.writer,
             {
                 "key": record.key,

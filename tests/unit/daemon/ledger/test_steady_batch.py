@@ -8,6 +8,8 @@ runs on the driver, past SQLAlchemy, so a batch it stored shows none.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -72,7 +74,7 @@ class Statements:
 
 def general(engine: sa.Engine) -> LedgerStore:
     store = LedgerStore(engine, lambda _host: "operator")
-    store._steady = False  # the reference: the general path only
+    store._steady = None  # the reference: the general path only
     return store
 
 
@@ -283,3 +285,10 @@ def test_vms_marked_seen_in_an_older_period_are_marked_by_the_next_batch(
     with engine.connect() as conn:
         seen = conn.execute(sa.text("SELECT min(last_seen_s) FROM vms")).scalar_one()
     assert seen == start
+
+
+def test_the_daemon_imports_without_psycopg() -> None:
+    """psycopg comes with the ``postgres`` extra: a SQLite-only installation runs the daemon,
+    so the one-statement write, which speaks to psycopg, is imported only for PostgreSQL."""
+    code = "import sys; sys.modules['psycopg'] = None; import gmd.daemon.cli, gmd.daemon.api.app"
+    subprocess.run([sys.executable, "-c", code], check=True)
