@@ -23,6 +23,7 @@ from typing import Any
 
 from fastapi import Request, Response
 
+from gmd import GmdError
 from gmd.daemon.api.samples import SAMPLES_PATH, parse_and_store
 from gmd.daemon.api.services import Services
 
@@ -30,7 +31,7 @@ Handler = Any
 """An exception handler of the app: ``async (Request, Exception) -> Response``."""
 
 
-class _Disconnected(Exception):
+class _Disconnected(GmdError):
     """The client went away before its body arrived: nothing to answer."""
 
 

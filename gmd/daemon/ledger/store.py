@@ -276,6 +276,10 @@ class _HostVms:
     held: bool = False
     """an unverified batch left some of these VMs on another host or owner: not to be
     remembered, so that the host's next (verified) batch looks them up and moves them"""
+    named: bool = True
+    """the customers' names from the Nova metadata have been applied by this process (a
+    memory recalled from the ledger has not: the host's next batch that names them does it,
+    as a daemon names a customer the first time it sees it)"""
 
 
 def _phase_s(host: str) -> int:
@@ -473,8 +477,9 @@ class LedgerStore:
                     self._ids.vms[uuid] = (v, owner, at)
                     if seen is not None:
                         self._ids.vm_marked[v] = seen
-                for c, (customer, seen) in zip(customer_ids, owners, strict=True):
-                    self._ids.customers[customer] = c
+                # Customers' ids are not remembered by name: the general path looks a
+                # customer up once per process, and names it from the metadata then.
+                for c, (_customer, seen) in zip(customer_ids, owners, strict=True):
                     if seen is not None:
                         self._ids.customer_marked[c] = seen
                 self._ids.last[host_id] = _HostVms(
@@ -484,6 +489,7 @@ class LedgerStore:
                     list(customer_ids),
                     generation,
                     period,
+                    named=False,
                 )
                 recalled += 1
                 remembered += len(vm_ids)
@@ -541,20 +547,7 @@ class LedgerStore:
                 upsert(conn, _customers).on_conflict_do_nothing(),
                 [{"name": n, "last_seen_s": seen_s} for n in missing],
             )
-            named = [(n, shown[n]) for n in missing if shown and n in shown]
-            if named:
-                conn.execute(
-                    update(_customers)
-                    .where(
-                        _customers.c.name == bindparam("customer"),
-                        or_(
-                            _customers.c.display_name.is_(None),
-                            _customers.c.display_source == NameSource.nova,
-                        ),
-                    )
-                    .values(display_name=bindparam("shown"), display_source=NameSource.nova),
-                    [{"customer": n, "shown": v} for n, v in named],
-                )
+            self._name_customers(conn, {n: shown[n] for n in missing if shown and n in shown})
             rows = conn.execute(
                 select(_customers.c.name, _customers.c.id).where(_customers.c.name.in_(missing))
             ).all()
@@ -562,6 +555,29 @@ class LedgerStore:
             found.update(fetched)
             new.update(fetched)
         return found
+
+    @staticmethod
+    def _name_customers(conn: Connection, shown: Mapping[str, str]) -> None:
+        """Name customers as the Nova metadata does (customer → project name), unless
+        Keystone has named them (its names come first); a name already so is not written."""
+        if not shown:
+            return
+        conn.execute(
+            update(_customers)
+            .where(
+                _customers.c.name == bindparam("customer"),
+                or_(
+                    _customers.c.display_name.is_(None),
+                    _customers.c.display_source == NameSource.nova,
+                ),
+                or_(
+                    _customers.c.display_name.is_(None),
+                    _customers.c.display_name != bindparam("shown"),
+                ),
+            )
+            .values(display_name=bindparam("shown"), display_source=NameSource.nova),
+            [{"customer": n, "shown": v} for n, v in sorted(shown.items())],
+        )
 
     def _host_id(
         self, conn: Connection, name: str, new: dict[str, tuple[int, int]]
@@ -791,6 +807,8 @@ class LedgerStore:
         known = self._ids.same_vms(host_id, record)
         if known is None or known.period != mark_period(record.host, record.interval_start_s):
             return None
+        if not known.named and record.customer_names:
+            return None
         self._partition_for(record.interval_start_s)
         if admit is not None:
             try:
@@ -855,6 +873,9 @@ class LedgerStore:
                 batch_id, on_time = stored
                 self._fix_capacity(conn, record, host_id, org_id, now_s)
                 known = self._ids.same_vms(host_id, record)
+                if known is not None and not known.named and record.customer_names:
+                    self._name_customers(conn, record.customer_names)
+                    known = replace(known, named=True)
                 if known is not None and known.period != period:
                     known, marked = self._still_there(conn, record, known)
                 if admit is not None:
