@@ -81,6 +81,26 @@ def fresh_postgres_database(server_url: str, name: str | None = None) -> Iterato
         admin.dispose()
 
 
+def kill(engine: sa.Engine, pid: int | None = None) -> int:
+    """Terminate the server processes of the engine's database (or just ``pid``), as a
+    restart, a failover or an idle timeout would; how many were terminated."""
+    url = engine.url.set(database="postgres")
+    admin = sa.create_engine(url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            return int(
+                conn.execute(
+                    sa.text(
+                        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                        " WHERE datname = :db AND (CAST(:pid AS integer) IS NULL OR pid = :pid)"
+                    ),
+                    {"db": engine.url.database, "pid": pid},
+                ).scalar_one()
+            )
+    finally:
+        admin.dispose()
+
+
 def aligned_past(intervals_ago: int) -> int:
     """The start of the interval that began ``intervals_ago`` intervals before the current."""
     return (int(time.time()) // INTERVAL_S - intervals_ago) * INTERVAL_S

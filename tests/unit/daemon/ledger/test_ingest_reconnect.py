@@ -21,7 +21,7 @@ from gmd.daemon.api.samples import record_of
 from gmd.daemon.ledger import migrate
 from gmd.daemon.ledger.store import LedgerStore, _retryable
 from gmd.wire import SampleBatch
-from tests.support.daemon_support import HostSpec, aligned_past, batch, random_vms
+from tests.support.daemon_support import HostSpec, aligned_past, batch, kill, random_vms
 
 HOST = HostSpec("cmp-1")
 VMS = [str(uuid.UUID(int=k + 1)) for k in range(5)]
@@ -49,26 +49,6 @@ def record(start_s: int, seed: int) -> Any:
     body = batch(HOST, start_s, random_vms(np.random.default_rng(seed), HOST, VMS, ["a"] * 5))
     body["key"] = f"{HOST.name}/{start_s}/{seed}"
     return record_of(SampleBatch.model_validate(body))
-
-
-def kill(engine: sa.Engine, pid: int | None = None) -> int:
-    """Terminate the server processes of the engine's database (or just ``pid``), as a
-    restart, a failover or an idle timeout would; how many were terminated."""
-    url = engine.url.set(database="postgres")
-    admin = sa.create_engine(url, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            return int(
-                conn.execute(
-                    sa.text(
-                        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
-                        " WHERE datname = :db AND (CAST(:pid AS integer) IS NULL OR pid = :pid)"
-                    ),
-                    {"db": engine.url.database, "pid": pid},
-                ).scalar_one()
-            )
-    finally:
-        admin.dispose()
 
 
 def stored(engine: sa.Engine) -> tuple[int, int]:

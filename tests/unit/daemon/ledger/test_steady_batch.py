@@ -27,6 +27,7 @@ from tests.support.daemon_support import (
     aligned_past,
     batch,
     fresh_postgres_database,
+    kill,
     random_vms,
 )
 
@@ -198,17 +199,7 @@ def test_a_dead_pooled_connection_is_dropped_and_the_batch_stored_once(
     known: tuple[sa.Engine, LedgerStore, int],
 ) -> None:
     engine, store, start = known
-    # From a connection of its own, every server process of the store's pool is terminated.
-    admin = sa.create_engine(engine.url, poolclass=sa.pool.NullPool)
-    with admin.connect() as conn:
-        killed = conn.execute(
-            sa.text(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
-                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            )
-        ).scalar_one()
-    admin.dispose()
-    assert killed >= 1
+    assert kill(engine) >= 1  # every server process of the store's pool
     assert store.ingest(record(start, 3, key="cmp-1/after")).status == "accepted"
     keys = [row[0] for row in ledger(engine)["batches"]]
     assert keys.count("cmp-1/after") == 1
