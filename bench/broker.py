@@ -546,6 +546,9 @@ def watch_round_trips(hosts: str, path: str, n: int) -> list[float]:
     out = []
     try:
         writer.ensure_path(path)
+        # Each client may talk to another server of the ensemble, and ZooKeeper orders reads
+        # per client only: a follower behind the writer's would answer NoNode for the path.
+        watcher.sync(path)
         for _ in range(n):
             seen = threading.Event()
             at: list[float] = []
