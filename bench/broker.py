@@ -264,6 +264,7 @@ def claim_worker(
         consumed: list[str] = []
         lost = refused = failed = 0
         barrier.wait(timeout=120)
+        zk.sync(root)  # this client's server has every request published before the barrier
         counts.clear()
         started, cpu = time.monotonic(), time.process_time()
         if mode == "claims":
@@ -380,6 +381,7 @@ def claims_round(
     )
     say(f"claims ({order}): queue emptied in {claim_s:.1f} s; checking each request ran once")
     consumed = [(name, r["site"]) for r in reports for name in r["consumed"]]
+    zk.sync(root)  # the brokers wrote through other servers: read after all their writes
     running = sorted(zk.get_children(publisher.path("running")))
     answers = pipelined(zk.get_async, [publisher.path("running", name) for name in running])
     running_site = {
