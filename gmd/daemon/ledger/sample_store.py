@@ -7,7 +7,7 @@ every reader knows, so reports and explain keep their SQL. On SQLite ``samples``
 
 Writes go to whole batches (ingest, quarantine, release), and so does accounting's read:
 those are here. The arrays travel in PostgreSQL's binary form, laid out by numpy
-(:func:`array_field`), both ways.
+(:func:`batch_arrays`), both ways.
 """
 
 from __future__ import annotations
@@ -89,17 +89,13 @@ def estimated_samples(conn: Connection, batches: int) -> int:
     return round(batches * float(mean or 0))
 
 
-def array_value(values: np.ndarray, integer: bool) -> bytes:
-    """``values`` as PostgreSQL's binary form of a one-dimensional ``int4[]`` (``integer``)
-    or ``float8[]`` (``array_send``'s): the header, then each element's length and value,
-    big-endian. A NaN stays NaN: a flavor figure not reported is stored so (the view shows
-    NULL), and an array without NULLs has one layout, which accounting reads in place."""
-    return _array_values(np.asarray(values)[None, :], integer)[0]
-
-
 def _array_values(rows: np.ndarray, integer: bool) -> list[bytes]:
-    """Each row of the matrix ``rows`` as :func:`array_value`, laid out by one numpy
-    assignment for them all (a batch's twelve arrays cost one, not twelve)."""
+    """Each row of the matrix ``rows`` as PostgreSQL's binary form of a one-dimensional
+    ``int4[]`` (``integer``) or ``float8[]`` (``array_send``'s): the header, then each
+    element's length and value, big-endian; laid out by one numpy assignment for them all (a
+    batch's ten figure arrays cost one, not ten). A NaN stays NaN: a flavor figure not
+    reported is stored so (the view shows NULL), and an array without NULLs has one layout,
+    which accounting reads in place."""
     code, oid = (">i4", _INT4) if integer else (">f8", _FLOAT8)
     k, n = rows.shape
     cells = np.empty((k, n), dtype=[("length", ">i4"), ("value", code)])
@@ -107,13 +103,6 @@ def _array_values(rows: np.ndarray, integer: bool) -> list[bytes]:
     cells["value"] = rows
     header = np.array([(1, 0, oid, n, 1)], dtype=_ARRAY_HEADER).tobytes()
     return [header + row.tobytes() for row in cells]
-
-
-def array_field(values: np.ndarray, integer: bool) -> bytes:
-    """``values`` as one binary COPY field holding an array: its length, then
-    :func:`array_value`."""
-    value = array_value(values, integer)
-    return len(value).to_bytes(4, "big") + value
 
 
 def write_batch(
@@ -135,12 +124,13 @@ def write_batch(
     SQLite: a row per VM."""
     if not len(vm_ids):
         return
-    per_vm = _per_vm(vm_ids, customer_ids, use, flavor)
     if not packed(conn):
         batch = {"interval_id": interval_id, "batch_id": batch_id, "host_id": host_id, "late": late}
+        per_vm = _per_vm(vm_ids, customer_ids, use, flavor)
         _insert_rows(conn, {**{c: np.full(len(vm_ids), v) for c, v in batch.items()}, **per_vm})
         return
-    row = _batch_row(interval_id, batch_id, host_id, late, [per_vm[c] for c in PER_VM])
+    arrays = batch_arrays(vm_ids, customer_ids, use, flavor)
+    row = _batch_row(interval_id, batch_id, host_id, late, arrays)
     send_copy(conn, _COPY, b"".join((HEADER, row, TRAILER)))
 
 
@@ -160,10 +150,24 @@ def batch_arrays(
     vm_ids: Sequence[int], customer_ids: Sequence[int], use: np.ndarray, flavor: np.ndarray
 ) -> dict[str, bytes]:
     """A batch's per-VM columns by name, each in its array's binary form
-    (:func:`array_value`): the parameters of a statement that writes the batch's row."""
-    ids = _array_values(np.array([vm_ids, customer_ids]), integer=True)
-    figures = _array_values(np.concatenate((use, flavor), axis=1).T, integer=False)
-    return dict(zip((*SAMPLE_IDS, *USE_COLUMNS, *FLAVOR_COLUMNS), ids + figures, strict=True))
+    (:func:`_array_values`): the parameters of a statement that writes the batch's row."""
+    return _arrays(np.array([vm_ids, customer_ids]), np.concatenate((use, flavor), axis=1).T)
+
+
+def _matrices(per_vm: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """``per_vm``'s columns (:data:`PER_VM`, each an array by VM) as two matrices, a row per
+    column: the ids, then the figures."""
+    return (
+        np.array([per_vm[c] for c in SAMPLE_IDS]),
+        np.array([per_vm[c] for c in PER_VM if c not in SAMPLE_IDS], dtype=np.float64),
+    )
+
+
+def _arrays(ids: np.ndarray, figures: np.ndarray) -> dict[str, bytes]:
+    """The binary arrays of a batch's :data:`PER_VM` columns by name, from its ``ids`` and
+    ``figures`` matrices (a row per column, in :data:`PER_VM`'s order)."""
+    encoded = _array_values(ids, integer=True) + _array_values(figures, integer=False)
+    return dict(zip(PER_VM, encoded, strict=True))
 
 
 def write_batches(conn: Connection, columns: Mapping[str, np.ndarray]) -> None:
@@ -181,14 +185,14 @@ def write_batches(conn: Connection, columns: Mapping[str, np.ndarray]) -> None:
     starts = np.flatnonzero(np.concatenate(([True], batch[1:] != batch[:-1])))
     ends = np.append(starts[1:], n)
     ordered = {c: np.asarray(columns[c])[order] for c in ("interval_id", "host_id", "late")}
-    per_vm = [np.asarray(columns[c])[order] for c in PER_VM]
+    ids, figures = _matrices({c: np.asarray(columns[c])[order] for c in PER_VM})
     packed_rows = [
         _batch_row(
             int(ordered["interval_id"][a]),
             int(batch[a]),
             int(ordered["host_id"][a]),
             bool(ordered["late"][a]),
-            [v[a:b] for v in per_vm],
+            _arrays(ids[:, a:b], figures[:, a:b]),
         )
         for a, b in zip(starts.tolist(), ends.tolist(), strict=True)
     ]
@@ -208,16 +212,16 @@ def _insert_rows(conn: Connection, columns: Mapping[str, np.ndarray]) -> None:
 
 
 def _batch_row(
-    interval_id: int, batch_id: int, host_id: int, late: bool, per_vm: Sequence[np.ndarray]
+    interval_id: int, batch_id: int, host_id: int, late: bool, arrays: Mapping[str, bytes]
 ) -> bytes:
-    """One ``sample_batches`` row in binary COPY form: the batch's scalars, then an array per
-    column of :data:`PER_VM` (``per_vm``, in that order)."""
+    """One ``sample_batches`` row in binary COPY form: the batch's scalars, then each array of
+    ``arrays`` (:func:`_arrays`) as a field, its length before it, in :data:`PER_VM`'s order."""
     scalars = np.array(
         [(len(BATCH_COLUMNS), 8, interval_id, 8, batch_id, 4, host_id, 1, late)],
         dtype=_SCALARS,
     )
-    arrays = [array_field(v, c in SAMPLE_IDS) for c, v in zip(PER_VM, per_vm, strict=True)]
-    return b"".join((scalars.tobytes(), *arrays))
+    fields = (len(arrays[c]).to_bytes(4, "big") + arrays[c] for c in PER_VM)
+    return b"".join((scalars.tobytes(), *fields))
 
 
 def delete_batches(conn: Connection, batch_ids: Sequence[int]) -> None:

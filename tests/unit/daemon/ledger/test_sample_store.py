@@ -151,16 +151,26 @@ def test_an_interval_with_no_on_time_samples_reads_empty(ledger: sa.Engine) -> N
         assert read_samples(conn, START).shape[0] == 0
 
 
-def test_a_float_array_field_holds_its_values_nan_included_in_postgresql_binary_form() -> None:
+def test_a_batchs_arrays_hold_its_values_nan_included_in_postgresql_binary_form() -> None:
     values = np.array([1.5, np.nan, -2.0])
-    field = sample_store.array_field(values, integer=False)
-    size = int.from_bytes(field[:4], "big")
-    assert size == len(field) - 4
-    header = np.frombuffer(field[4:24], dtype=">i4").tolist()
-    assert header == [1, 0, 701, 3, 1]  # one dimension, no NULLs, float8, 3 from index 1
-    cells = np.frombuffer(field[24:], dtype=[("length", ">i4"), ("value", ">f8")])
-    assert cells["length"].tolist() == [8, 8, 8]
-    np.testing.assert_array_equal(cells["value"], values)
+    use = np.arange(3 * len(USE_COLUMNS), dtype=float).reshape(3, -1)
+    flavor = np.zeros((3, len(FLAVOR_COLUMNS)))
+    flavor[:, 1] = values
+    arrays = sample_store.batch_arrays([7, 8, 9], [4, 4, 5], use, flavor)
+    assert list(arrays) == ["vm_id", "customer_id", *USE_COLUMNS, *FLAVOR_COLUMNS]
+
+    def cells(array: bytes, oid: int, code: str) -> np.ndarray:
+        header = np.frombuffer(array[:20], dtype=">i4").tolist()
+        assert header == [1, 0, oid, 3, 1]  # one dimension, no NULLs, its type, 3 from index 1
+        found = np.frombuffer(array[20:], dtype=[("length", ">i4"), ("value", code)])
+        assert found["length"].tolist() == [np.dtype(code).itemsize] * 3
+        return found["value"]
+
+    np.testing.assert_array_equal(cells(arrays[FLAVOR_COLUMNS[1]], 701, ">f8"), values)
+    np.testing.assert_array_equal(cells(arrays["vm_id"], 23, ">i4"), [7, 8, 9])
+    np.testing.assert_array_equal(cells(arrays["customer_id"], 23, ">i4"), [4, 4, 5])
+    for k, column in enumerate(USE_COLUMNS):
+        np.testing.assert_array_equal(cells(arrays[column], 701, ">f8"), use[:, k])
 
 
 def test_db_usage_counts_samples_not_batches_without_exact(ledger: sa.Engine) -> None:
