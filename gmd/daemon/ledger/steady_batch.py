@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 
 
 class _Array:
-    """An array already in PostgreSQL's binary form (``sample_store.array_value``), sent as
+    """An array already in PostgreSQL's binary form (``sample_store.batch_arrays``), sent as
     one binary parameter."""
 
     __slots__ = ("data",)
@@ -78,6 +78,12 @@ class _Int4ArrayDumper(_ArrayDumper):
 
 class _Float8ArrayDumper(_ArrayDumper):
     oid = 1022  # float8[]
+
+
+_DUMPERS = "gmd.steady_batch.dumpers"
+"""The key in a pooled connection's ``info`` (SQLAlchemy keeps it for the connection's life)
+that says its adapters know the two array classes: they are our own types, so registering them
+on the connection changes nothing else it sends."""
 
 
 def _statement() -> str:
@@ -147,10 +153,11 @@ def store(
     try:
         conn.autocommit = True
         try:
-            cursor = conn.cursor()
-            cursor.adapters.register_dumper(_Int4Array, _Int4ArrayDumper)
-            cursor.adapters.register_dumper(_Float8Array, _Float8ArrayDumper)
-            row = cursor.execute(STATEMENT, params).fetchone()
+            if not raw.info.get(_DUMPERS):  # once per pooled connection, not per batch
+                conn.adapters.register_dumper(_Int4Array, _Int4ArrayDumper)
+                conn.adapters.register_dumper(_Float8Array, _Float8ArrayDumper)
+                raw.info[_DUMPERS] = True
+            row = conn.execute(STATEMENT, params).fetchone()
         finally:
             if not conn.closed:
                 conn.autocommit = False
