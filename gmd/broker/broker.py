@@ -454,11 +454,13 @@ class Broker:
             if not name.startswith("local-") and name not in mine:
                 self.handler.stop(name)
                 self._decide_name(Choice.stopped, name)
-        # sites that left while this broker was cut off
+        # Sites that left while this broker was cut off. The running work is read before the
+        # members: a site joins before it runs anything, so a site that joined and took work
+        # after the members were read would otherwise be taken for lost, its work requeued.
+        running_sites = {running.site for running, _ in self.federation.running().values()}
         members = set(self.federation.members())
-        for running, _ in self.federation.running().values():
-            if running.site not in members:
-                self._site_lost(running.site)
+        for site in sorted(running_sites - members):
+            self._site_lost(site)
 
     # -- the log ------------------------------------------------------------------------------
 

@@ -219,6 +219,12 @@ class Federation:
         base = self._paths[kind]
         return f"{base}/{name}" if name else base
 
+    def sync(self) -> None:
+        """Bring this client's server up to the leader: a read after it sees every write
+        committed before it. ZooKeeper orders reads per session only, and a session's server
+        can be behind writes it did not hear back about (a lost answer) or another client's."""
+        self._wait(self.zk.sync_async(self.root))
+
     def ensure(self) -> None:
         """The layout's top nodes (idempotent)."""
         for p in self._paths.values():
@@ -266,7 +272,9 @@ class Federation:
 
     def holds(self, request: Request) -> bool:
         """Whether ``request`` (by its site and id) is queued or running: a publish whose answer
-        was lost (the connection dropped after ZooKeeper created the node) is not repeated."""
+        was lost (the connection dropped after ZooKeeper created the node) is not repeated.
+        Synced first: the server the session reconnected to may not have applied that create."""
+        self.sync()
         same = (request.site, request.id)
         if any((q.request.site, q.request.id) == same for q in self.queued()):
             return True

@@ -9,10 +9,12 @@ from typing import Any
 
 import pytest
 
-from gmd.broker.broker import Choice
-from gmd.broker.coordination import Request
+from gmd.broker.broker import Broker, BrokerSettings, Choice
+from gmd.broker.coordination import Federation, Request
+from gmd.broker.handlers import LocalProcesses
 from tests.support.broker_support import journal_lines
 from tests.support.polling import wait_until
+from tests.support.zookeeper_fixtures import client
 
 pytest_plugins = ("tests.support.zookeeper_fixtures", "tests.support.broker_support")
 
@@ -43,6 +45,7 @@ def test_work_that_does_not_fit_is_published_run_elsewhere_and_completed_once(
     published = [d.request for d in a.decisions if d.choice == Choice.published]
     assert len(published) == 4
     assert {ran_at[r] for r in published} <= {"b", "c"}
+    a.federation.sync()  # b and c completed through their own sessions
     sums = a.federation.summaries()
     lent = sums["org-b"].contributed + sums["org-c"].contributed
     assert sums["org-a"].used == pytest.approx(lent)
@@ -101,3 +104,41 @@ def test_a_broker_that_leaves_has_its_foreign_work_requeued_and_run_by_another(
 
     wait_until("the taker's process to start", lambda: len(starts()) == 2)
     assert starts() == [("leaver", "long"), ("taker", "long")]
+
+
+def test_a_site_that_joins_and_takes_work_while_a_broker_reconciles_is_not_lost(
+    zookeeper_hosts: str, zk_root: str, tmp_path: Any
+) -> None:
+    """A broker reconciling (after a rejoin) takes a site that runs work and is no member for
+    one that left, and requeues its work. A site that joined and took work while the broker
+    read the members is no such site: here it joins and consumes right after the members are
+    read (on the old order, members then running work, its request was requeued)."""
+    clients = [client(zookeeper_hosts) for _ in range(3)]
+    try:
+        publisher = Federation(clients[0], "p", "org-p", root=zk_root)
+        publisher.ensure()
+        name = publisher.publish(Request("r", "org-p", "p", 1.0, 60.0, 1.0))
+        joiner = Federation(clients[1], "b", "org-b", root=zk_root)
+        handler = LocalProcesses("a", 1.0, journal=tmp_path / "journal")
+        broker = Broker(clients[2], BrokerSettings("a", "org-a", 1.0, root=zk_root), handler)
+        members = broker.federation.members
+
+        def members_then_b_joins_and_takes() -> dict[str, dict[str, Any]]:
+            found = members()
+            if "b" not in found and joiner.running() == {}:
+                joiner.join(1.0)
+                claim = joiner.claim(name)
+                assert claim is not None and joiner.consume(claim) is not None
+            return found
+
+        broker.federation.members = members_then_b_joins_and_takes  # type: ignore[method-assign]
+        broker._reconcile()
+        handler.close()
+        assert [d.choice for d in broker.decisions] == []
+        publisher.sync()
+        assert [r.site for r, _ in publisher.running().values()] == ["b"]
+        assert publisher.queued() == []
+    finally:
+        for zk in clients:
+            zk.stop()
+            zk.close()
