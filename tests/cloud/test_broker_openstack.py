@@ -208,6 +208,7 @@ def test_a_borrowed_request_is_booted_by_nova_runs_its_time_and_is_completed_onc
 
         assert [d.request for d in cloud.decisions if d.choice == Choice.completed] == ["job-1"]
         f = home.federation
+        f.sync()  # the cloud completed through its own session
         assert f.running() == {} and f.queued() == []
         sums = f.summaries()
         assert sums["org-b"].contributed == pytest.approx(sums["org-a"].used)

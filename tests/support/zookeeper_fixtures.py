@@ -54,6 +54,7 @@ def zk_root(zookeeper_hosts: str) -> Iterator[str]:
     try:
         admin.ensure_path(root)
         yield root
+        admin.sync(root)  # its listing must hold what the test's own sessions made
         admin.delete(root, recursive=True)
     finally:
         admin.stop()

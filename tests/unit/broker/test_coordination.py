@@ -72,6 +72,7 @@ def test_three_brokers_racing_consume_each_request_exactly_once(brokers: Any) ->
         t.join(120)
     everyone = [n for got in taken.values() for n in got]
     assert sorted(everyone) == sorted(names)  # each once: none lost, none twice
+    a.sync()  # a's session reads its server, which may be behind the racers' writes
     running = a.running()
     assert set(running) == set(names)
     assert {running[n][0].site for n in taken["b"]} <= {"b"}
@@ -110,6 +111,7 @@ def test_a_broker_whose_session_expired_cannot_consume_its_claim(
     assert a.consume(claim) is None
     taken = b.consume(b_claim)
     assert taken is not None and taken.site == "b"
+    a.sync()
     assert set(a.running()) == {name}
 
 
@@ -134,6 +136,7 @@ def test_completion_sums_what_one_organisation_lent_and_the_other_used(brokers: 
     assert lender.complete(name, 50.0) is None  # once only
     record = lender.site_record()
     assert (record.seq, record.last) == (1, done)
+    home.sync()
     sums = home.summaries()
     assert (sums["org-lender"].contributed, sums["org-lender"].used) == (100.0, 0.0)
     assert (sums["org-home"].contributed, sums["org-home"].used) == (0.0, 100.0)
@@ -169,6 +172,7 @@ def test_a_lost_sites_foreign_work_is_requeued_and_its_queue_removed(brokers: An
     requeued = [m.name for r, _ in results for m in r]
     removed = [m.name for _, r in results for m in r]
     assert requeued == [foreign] and removed == [queued_by_lost]
+    watcher.sync()  # the other applier may have made every move
     waiting = watcher.queued()
     assert {q.request.id for q in waiting} == {"other-1", "other-3"}
     assert kept in {q.name for q in waiting}

@@ -94,6 +94,7 @@ def test_a_completion_is_filed_before_it_counts_and_settled_after(
     )
     assert (row["seq"], row["counted"], row["core_seconds"]) == (1, True, 20.0)
     assert history.counted() == (1, 20.0, {"org-home": 20.0})
+    home.sync()  # the lender completed through its own session
     assert home.summaries()["org-lender"].contributed == 20.0
 
 
@@ -122,6 +123,7 @@ def test_a_broker_stopped_between_filing_and_counting_settles_on_its_return(
     assert third is not None and third.seq == 2
     history.settle(third.seq, True)
     assert history.counted() == (2, 20.0, {"org-home": 20.0})
+    home.sync()
     assert home.summaries()["org-home"].used == 20.0
 
 
@@ -141,6 +143,7 @@ def test_a_zookeeper_that_lost_its_data_is_refilled_from_the_ledgers_once(
             done = lender.complete(name, 7.0, lambda c, h=history: h.begin(c, time.time()))
             assert done is not None
             history.settle(done.seq, True)
+    home.sync()
     before = home.summaries()
     assert before["org-home"].used == 7.0 * (1 + 2 + 1 + 2 + 3)
 
@@ -150,10 +153,13 @@ def test_a_zookeeper_that_lost_its_data_is_refilled_from_the_ledgers_once(
     finally:
         zk.stop()
         zk.close()
+    for f in (home, *lenders):  # each session's server may still hold the deleted data
+        f.sync()
     home.ensure()
     for lender, history in zip(lenders, histories, strict=True):
         found = history.reconcile(lender.site_record(), lender.reseed, time.time())
         assert found.reseeded
+    home.sync()
     assert home.summaries() == before
     assert [f.site_record().seq for f in lenders] == [2, 3]
     # Once: coming back again changes nothing.
@@ -172,6 +178,7 @@ def test_a_ledger_behind_zookeeper_is_marked_once(sites: Any, database_url: str)
         assert found.missing == 3
     gaps = [r for r in rows(history.engine) if r["choice"] == BEHIND]
     assert [g["request"] for g in gaps] == ["completions 1-3"]
+    home.sync()
     assert home.summaries()["org-lender"].contributed == 3 * 2.0  # ZooKeeper's kept
 
 
@@ -200,6 +207,7 @@ def test_three_brokers_file_each_completion_once_and_the_standings_reach_the_rea
         broker.settings.org: broker.history.counted()[1]  # type: ignore[union-attr]
         for broker in everyone
     }
+    a.federation.sync()
     sums = a.federation.summaries()
     assert lent["org-b"] == sums["org-b"].contributed and lent["org-c"] == sums["org-c"].contributed
     assert lent["org-b"] + lent["org-c"] == pytest.approx(sums["org-a"].used)

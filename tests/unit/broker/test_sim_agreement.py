@@ -351,6 +351,7 @@ def test_three_live_brokers_make_the_models_choices(sites: dict[str, LiveSite]) 
     # the summaries: the model counting the measured run times, to 1e-6
     measured = replay(SITES, events(), SEEDS, used_s=timed)
     assert view(measured.decisions) == view(model.decisions)
+    fed.sync()  # the other sites completed through their own sessions
     sums = fed.summaries()
     assert set(sums) == set(measured.summaries)
     for org, want in measured.summaries.items():
