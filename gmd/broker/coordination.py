@@ -296,7 +296,7 @@ class Federation:
             except FederationError:
                 cache[name] = None
         for gone in set(cache) - set(listed):
-            del cache[gone]
+            cache.pop(gone, None)  # another thread reading too may have dropped it
         return [Queued(n, r) for n in listed if (r := cache.get(n)) is not None]
 
     def _get_many(self, kind: str, names: Sequence[str]) -> list[tuple[bytes, ZnodeStat] | None]:
@@ -393,7 +393,7 @@ class Federation:
         for name, got in zip(new, self._get_many("running", new), strict=True):
             cache[name] = None if got is None else _running(got[0], name)
         for gone in set(cache) - set(names):
-            del cache[gone]
+            cache.pop(gone, None)
         return [r for n in sorted(names) if (r := cache.get(n)) is not None]
 
     def complete(
