@@ -531,27 +531,56 @@ class LedgerStore:
         new: dict[str, int],
         shown: Mapping[str, str] | None = None,
         seen_s: int | None = None,
+        in_ledger: Mapping[str, int | None] | None = None,
+        created: set[int] | None = None,
     ) -> dict[str, int]:
         """Ids by name, creating the customers not seen yet (seen at ``seen_s``, the interval
         of the sample that names them; None: named by configuration, never purged). ``shown``
         (customer → project name from the Nova metadata) names a customer the first time this
         daemon sees it, if nothing has named it yet: Keystone's names, read by the daemon
         itself, come first, and a customer is looked up here once per daemon, so names cost no
-        round trip per batch."""
+        round trip per batch. ``in_ledger``: what :meth:`_uncached` found of these names (not
+        looked up again); ``created`` is given the ids of the rows made here."""
+        shown = shown or {}
         wanted = set(names)
         with self._ids.lock:
             found = {n: self._ids.customers[n] for n in wanted if n in self._ids.customers}
         missing = sorted(wanted - found.keys())
+        if in_ledger is not None:
+            there = {n: i for n in missing if (i := in_ledger.get(n)) is not None}
+            self._name_customers(conn, {n: shown[n] for n in there if n in shown})
+            found.update(there)
+            new.update(there)
+            missing = [n for n in missing if n not in there]
         if missing:
-            conn.execute(
-                upsert(conn, _customers).on_conflict_do_nothing(),
-                [{"name": n, "last_seen_s": seen_s} for n in missing],
-            )
-            self._name_customers(conn, {n: shown[n] for n in missing if shown and n in shown})
-            rows = conn.execute(
-                select(_customers.c.name, _customers.c.id).where(_customers.c.name.in_(missing))
+            # Named as they are made; a row another transaction made first is not returned.
+            made = conn.execute(
+                upsert(conn, _customers)
+                .on_conflict_do_nothing()
+                .returning(_customers.c.name, _customers.c.id),
+                [
+                    {
+                        "name": n,
+                        "last_seen_s": seen_s,
+                        "display_name": shown.get(n),
+                        "display_source": NameSource.nova if n in shown else None,
+                    }
+                    for n in missing
+                ],
             ).all()
-            fetched = dict(rows)
+            fetched = {n: i for n, i in made}
+            if created is not None:
+                created.update(fetched.values())
+            rest = [n for n in missing if n not in fetched]
+            if rest:
+                self._name_customers(conn, {n: shown[n] for n in rest if n in shown})
+                fetched.update(
+                    conn.execute(
+                        select(_customers.c.name, _customers.c.id).where(
+                            _customers.c.name.in_(rest)
+                        )
+                    ).all()
+                )
             found.update(fetched)
             new.update(fetched)
         return found
@@ -592,12 +621,11 @@ class LedgerStore:
         if cached is not None and cached[1] == org_id:
             return cached
         stmt = upsert(conn, _hosts).values(name=name, organization_id=org_id)
-        conn.execute(
+        host_id = conn.execute(
             stmt.on_conflict_do_update(
                 index_elements=["name"], set_={"organization_id": stmt.excluded.organization_id}
-            )
-        )
-        host_id = conn.execute(select(_hosts.c.id).where(_hosts.c.name == name)).scalar_one()
+            ).returning(_hosts.c.id)
+        ).scalar_one()
         new[name] = (host_id, org_id)
         return host_id, org_id
 
@@ -610,34 +638,52 @@ class LedgerStore:
         new: dict[str, tuple[int, int, int]],
         unverified: bool = False,
         hold: frozenset[str] = frozenset(),
+        in_ledger: Mapping[str, tuple[int, int, int] | None] | None = None,
+        created: set[int] | None = None,
     ) -> tuple[list[int], bool]:
         """The batch's VMs' ids, created where new; a VM the ledger has on another host or
         owner is moved to the batch's, unless the batch is ``unverified`` or the VM is in
-        ``hold`` (then the VM keeps its row, and the second value says some were held)."""
+        ``hold`` (then the VM keeps its row, and the second value says some were held).
+        ``in_ledger``: what :meth:`_uncached` found of these VMs (not looked up again);
+        ``created`` is given the ids of the rows made here."""
         with self._ids.lock:
             known = {u: self._ids.vms[u] for u in record.vm_uuids if u in self._ids.vms}
         missing = sorted(set(record.vm_uuids) - known.keys())
+        if in_ledger is not None:
+            there = {u: row for u in missing if (row := in_ledger.get(u)) is not None}
+            known.update(there)
+            new.update(there)
+            missing = [u for u in missing if u not in there]
         if missing:
-            created = dict(zip(record.vm_uuids, record.created_s, strict=True))
+            made_s = dict(zip(record.vm_uuids, record.created_s, strict=True))
             owner = dict(zip(record.vm_uuids, record.customers, strict=True))
-            conn.execute(
-                upsert(conn, _vms).on_conflict_do_nothing(),
-                [
-                    {
-                        "uuid": u,
-                        "customer_id": customer_ids[owner[u]],
-                        "host_id": host_id,
-                        "created_s": created[u],
-                        "last_seen_s": record.interval_start_s,
-                    }
-                    for u in missing
-                ],
-            )
-            rows = conn.execute(
-                select(_vms.c.uuid, _vms.c.id, _vms.c.customer_id, _vms.c.host_id).where(
-                    _vms.c.uuid.in_(missing)
+            # A row another transaction made first is not returned: looked up below.
+            rows = list(
+                conn.execute(
+                    upsert(conn, _vms)
+                    .on_conflict_do_nothing()
+                    .returning(_vms.c.uuid, _vms.c.id, _vms.c.customer_id, _vms.c.host_id),
+                    [
+                        {
+                            "uuid": u,
+                            "customer_id": customer_ids[owner[u]],
+                            "host_id": host_id,
+                            "created_s": made_s[u],
+                            "last_seen_s": record.interval_start_s,
+                        }
+                        for u in missing
+                    ],
                 )
-            ).all()
+            )
+            if created is not None:
+                created.update(i for _, i, _, _ in rows)
+            rest = sorted(set(missing).difference(u for u, _, _, _ in rows))
+            if rest:
+                rows += conn.execute(
+                    select(_vms.c.uuid, _vms.c.id, _vms.c.customer_id, _vms.c.host_id).where(
+                        _vms.c.uuid.in_(rest)
+                    )
+                ).all()
             known.update({u: (i, c, h) for u, i, c, h in rows})
             new.update({u: (i, c, h) for u, i, c, h in rows})
         moved = []
@@ -680,26 +726,34 @@ class LedgerStore:
         ).scalars()
         return set(ids).difference(found)
 
-    def _unknown(self, conn: Connection, record: BatchRecord) -> tuple[int, int]:
-        """How many of the batch's customers and VMs the ledger does not know: a look-up of
-        those this process has not cached, so a known host's batch costs nothing here."""
+    def _uncached(
+        self, conn: Connection, record: BatchRecord
+    ) -> tuple[dict[str, int | None], dict[str, tuple[int, int, int] | None]]:
+        """The batch's customers and VMs this process has not cached, each with what the
+        ledger holds of it (a customer's id; a VM's id, owner and host), None where the ledger
+        does not know it: one look-up of each kind, which tells how many rows the batch would
+        create before any is made, and spares looking up again those it finds."""
         # Membership tests, not ``set - dict.keys()``: that difference iterates the whole dict
         # (every VM this process knows: 100,000 in a large cloud) for each batch, under the
         # lock every ingest thread takes.
         with self._ids.lock:
-            customers = {c for c in record.customers if c not in self._ids.customers}
-            vms = {u for u in record.vm_uuids if u not in self._ids.vms}
-        if customers:
-            customers -= set(
-                conn.execute(
-                    select(_customers.c.name).where(_customers.c.name.in_(sorted(customers)))
-                ).scalars()
+            names = sorted({c for c in record.customers if c not in self._ids.customers})
+            uuids = sorted({u for u in record.vm_uuids if u not in self._ids.vms})
+        customers: dict[str, int | None] = dict.fromkeys(names)
+        vms: dict[str, tuple[int, int, int] | None] = dict.fromkeys(uuids)
+        if names:
+            named = conn.execute(
+                select(_customers.c.name, _customers.c.id).where(_customers.c.name.in_(names))
             )
-        if vms:
-            vms -= set(
-                conn.execute(select(_vms.c.uuid).where(_vms.c.uuid.in_(sorted(vms)))).scalars()
+            customers.update({n: i for n, i in named})
+        if uuids:
+            rows = conn.execute(
+                select(_vms.c.uuid, _vms.c.id, _vms.c.customer_id, _vms.c.host_id).where(
+                    _vms.c.uuid.in_(uuids)
+                )
             )
-        return len(customers), len(vms)
+            vms.update({u: (i, c, h) for u, i, c, h in rows})
+        return customers, vms
 
     # -- intervals -----------------------------------------------------------------------------
 
@@ -878,12 +932,20 @@ class LedgerStore:
                     known = replace(known, named=True)
                 if known is not None and known.period != period:
                     known, marked = self._still_there(conn, record, known)
-                if admit is not None:
-                    admit(*(self._unknown(conn, record) if known is None else (0, 0)))
                 if known is None:
                     known, marked = self._look_up(
-                        conn, record, host_id, generation, new_customers, new_vms, unverified, hold
+                        conn,
+                        record,
+                        host_id,
+                        generation,
+                        new_customers,
+                        new_vms,
+                        unverified,
+                        hold,
+                        admit,
                     )
+                elif admit is not None:
+                    admit(0, 0)
                 if n:
                     self._write_samples(
                         conn, record, host_id, batch_id, known.vm_ids, known.customer_ids, on_time
@@ -942,27 +1004,45 @@ class LedgerStore:
         new_vms: dict[str, tuple[int, int, int]],
         unverified: bool = False,
         hold: frozenset[str] = frozenset(),
+        admit: Admit | None = None,
     ) -> tuple[_HostVms, tuple[list[int], list[int]]]:
         """The batch's VMs and customers by id, created where new (or purged: a cached id
         whose row is gone is forgotten and the row made again), marked seen in the host's
-        period; and the ids marked."""
+        period; and the ids marked. ``admit`` is told how many rows the batch would create
+        before any is made. A row made here is not marked: it is made seen in the period."""
         start_s = record.interval_start_s
-
-        def customers() -> dict[str, int]:
-            return self._customer_ids(
-                conn, record.customers, new_customers, record.customer_names, start_s
+        customers_there, vms_there = self._uncached(conn, record)
+        if admit is not None:
+            admit(
+                sum(i is None for i in customers_there.values()),
+                sum(row is None for row in vms_there.values()),
             )
-
-        customer_ids = customers()
+        made_customers: set[int] = set()
+        customer_ids = self._customer_ids(
+            conn,
+            record.customers,
+            new_customers,
+            record.customer_names,
+            start_s,
+            customers_there,
+            made_customers,
+        )
         _, marked_customers = self._ids.unmarked(record.host, start_s, (), customer_ids.values())
-        gone = self._mark_seen(conn, _customers, marked_customers, start_s)
+        gone = self._mark_seen(
+            conn, _customers, [c for c in marked_customers if c not in made_customers], start_s
+        )
         if gone:
             self._ids.forget((), [c for c, i in customer_ids.items() if i in gone])
-            customer_ids = customers()
+            customer_ids = self._customer_ids(
+                conn, record.customers, new_customers, record.customer_names, start_s
+            )
             marked_customers = sorted(set(customer_ids.values()))
-        vm_ids, held = self._vm_ids(conn, record, host_id, customer_ids, new_vms, unverified, hold)
+        made_vms: set[int] = set()
+        vm_ids, held = self._vm_ids(
+            conn, record, host_id, customer_ids, new_vms, unverified, hold, vms_there, made_vms
+        )
         marked_vms, _ = self._ids.unmarked(record.host, start_s, vm_ids, ())
-        gone = self._mark_seen(conn, _vms, marked_vms, start_s)
+        gone = self._mark_seen(conn, _vms, [v for v in marked_vms if v not in made_vms], start_s)
         if gone:
             self._ids.forget(
                 [u for u, i in zip(record.vm_uuids, vm_ids, strict=True) if i in gone], ()
