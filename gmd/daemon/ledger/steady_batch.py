@@ -157,7 +157,7 @@ def store(
                 conn.adapters.register_dumper(_Int4Array, _Int4ArrayDumper)
                 conn.adapters.register_dumper(_Float8Array, _Float8ArrayDumper)
                 raw.info[_DUMPERS] = True
-            row = conn.execute(STATEMENT, params).fetchone()
+            row = conn.execute(STATEMENT, params, prepare=True).fetchone()
         finally:
             if not conn.closed:
                 conn.autocommit = False
