@@ -283,3 +283,22 @@ def test_the_daemon_imports_without_psycopg() -> None:
     so the one-statement write, which speaks to psycopg, is imported only for PostgreSQL."""
     code = "import sys; sys.modules['psycopg'] = None; import gmd.daemon.cli, gmd.daemon.api.app"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_statements_are_prepared_on_the_server_only_when_asked(
+    engines: tuple[sa.Engine, sa.Engine],
+) -> None:
+    """A statement run again and again is not prepared (its generic plan, made for the tables
+    as they were, would be kept for the connection's life), while the one statement, which
+    asks, is (psycopg's ``prepare_threshold=None`` would have refused it too)."""
+    engine = engines[0]
+    prepared = sa.text("SELECT statement FROM pg_prepared_statements")
+    with engine.connect() as conn:
+        for _ in range(10):
+            conn.execute(sa.text("SELECT id FROM vms WHERE uuid = :u"), {"u": "x"}).all()
+        assert conn.execute(prepared).scalars().all() == []
+        driver = conn.connection.driver_connection
+        assert driver is not None
+        for _ in range(2):
+            driver.execute("SELECT count(*) FROM vms WHERE id = %s", (1,), prepare=True)
+        assert len(conn.execute(prepared).scalars().all()) == 1
