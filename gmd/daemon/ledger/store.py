@@ -63,6 +63,7 @@ from sqlalchemy import (
     func,
     or_,
     select,
+    text,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -145,6 +146,18 @@ class IngestResult:
     status: BatchStatus
     samples: int
     late: int
+
+
+_NEW_VMS_FROM_ARRAYS = text(
+    f"INSERT INTO {_vms.name} (uuid, customer_id, host_id, created_s, last_seen_s)"
+    " SELECT u, c, CAST(:host_id AS int4), m, CAST(:seen_s AS int8)"
+    " FROM unnest(CAST(:uuids AS varchar[]), CAST(:customers AS int4[]),"
+    " CAST(:created AS int8[])) AS t(u, c, m)"
+    " ON CONFLICT DO NOTHING RETURNING uuid, id, customer_id, host_id"
+)
+"""A batch's new VMs, made from three arrays (PostgreSQL): a short text, the same for any
+number of VMs, where a row of parameters per VM made a statement of several kilobytes that the
+driver parsed anew for every batch (1 ms of a first-seen batch's 5)."""
 
 
 def _id_in(conn: Connection, column: Column[int], ids: list[int]) -> ColumnElement[bool]:
@@ -658,8 +671,19 @@ class LedgerStore:
             made_s = dict(zip(record.vm_uuids, record.created_s, strict=True))
             owner = dict(zip(record.vm_uuids, record.customers, strict=True))
             # A row another transaction made first is not returned: looked up below.
-            rows = list(
-                conn.execute(
+            if conn.dialect.name == "postgresql":
+                made = conn.execute(
+                    _NEW_VMS_FROM_ARRAYS,
+                    {
+                        "host_id": host_id,
+                        "seen_s": record.interval_start_s,
+                        "uuids": missing,
+                        "customers": [customer_ids[owner[u]] for u in missing],
+                        "created": [made_s[u] for u in missing],
+                    },
+                )
+            else:
+                made = conn.execute(
                     upsert(conn, _vms)
                     .on_conflict_do_nothing()
                     .returning(_vms.c.uuid, _vms.c.id, _vms.c.customer_id, _vms.c.host_id),
@@ -674,7 +698,7 @@ class LedgerStore:
                         for u in missing
                     ],
                 )
-            )
+            rows = list(made)
             if created is not None:
                 created.update(i for _, i, _, _ in rows)
             rest = sorted(set(missing).difference(u for u, _, _, _ in rows))
