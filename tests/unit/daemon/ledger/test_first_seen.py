@@ -54,16 +54,23 @@ def record(start_s: int, seed: int) -> BatchRecord:
     return record_of(SampleBatch.model_validate(body))
 
 
+def ingest_anew(engine: sa.Engine, start_s: int, seed: int) -> tuple[list[Any], Statements]:
+    """The batch of ``start_s`` stored by a new store (a process that has cached nothing):
+    what ``admit`` was told, and the statements sent."""
+    told: list[tuple[int, int]] = []
+    statements = Statements(engine)
+    result = LedgerStore(engine, lambda _host: "operator").ingest(
+        record(start_s, seed), admit=lambda c, v: told.append((c, v))
+    )
+    assert result.status == "accepted"
+    return told, statements
+
+
 def test_a_new_hosts_batch_looks_each_kind_up_once_and_makes_its_rows_named_and_seen(
     engine: sa.Engine,
 ) -> None:
-    told: list[tuple[int, int]] = []
-    statements = Statements(engine)
     start_s = aligned_past(3)
-    result = LedgerStore(engine, lambda _host: "operator").ingest(
-        record(start_s, 1), admit=lambda c, v: told.append((c, v))
-    )
-    assert result.status == "accepted"
+    told, statements = ingest_anew(engine, start_s, 1)
     assert told == [(3, 6)]
     assert statements.count(r"SELECT .* FROM vms\b") == 1
     assert statements.count(r"SELECT .* FROM customers\b") == 1
@@ -93,13 +100,8 @@ def test_a_new_process_finds_the_rows_the_ledger_has_and_makes_none(engine: sa.E
         conn.execute(sa.text("UPDATE customers SET display_name = 'old', last_seen_s = 0"))
         conn.execute(sa.text("UPDATE vms SET last_seen_s = 0"))
         ids = dict(conn.execute(sa.text("SELECT uuid, id FROM vms")).all())
-    told: list[tuple[int, int]] = []
-    statements = Statements(engine)
     later = aligned_past(2)
-    result = LedgerStore(engine, lambda _host: "operator").ingest(
-        record(later, 2), admit=lambda c, v: told.append((c, v))
-    )
-    assert result.status == "accepted"
+    told, statements = ingest_anew(engine, later, 2)
     assert told == [(0, 0)]
     assert statements.count(r"INSERT INTO (vms|customers)\b") == 0, statements.sent
     assert statements.count(r"SELECT .* FROM vms\b") == 1
