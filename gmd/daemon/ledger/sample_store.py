@@ -34,6 +34,7 @@ from gmd.daemon.ledger.binary_copy import HEADER, TRAILER, binary_rows, send_cop
 from gmd.daemon.ledger.models import (
     FLAVOR_COLUMNS,
     PER_VM,
+    SAMPLE_FIGURES,
     SAMPLE_IDS,
     USE_COLUMNS,
     sample_batches,
@@ -159,7 +160,7 @@ def _matrices(per_vm: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]
     column: the ids, then the figures."""
     return (
         np.array([per_vm[c] for c in SAMPLE_IDS]),
-        np.array([per_vm[c] for c in PER_VM if c not in SAMPLE_IDS], dtype=np.float64),
+        np.array([per_vm[c] for c in SAMPLE_FIGURES], dtype=np.float64),
     )
 
 
