@@ -25,7 +25,10 @@ queue (a listener must never block). While the session is SUSPENDED the broker s
 (its claims may be expiring). After LOST kazoo opens a new session: the broker joins again and
 reconciles: a request this site's state says it runs but the handler does not (the broker was
 restarted) is requeued; one the handler runs whose running node is no longer this site's (it
-was requeued as a lost site's while this broker was cut off) is stopped.
+was requeued as a lost site's while this broker was cut off) is stopped. After any step that
+failed midway the broker settles the same way, once it is connected: a call whose answer never
+came may have been made, and a claim so left would stand first for its request as long as the
+session lives.
 """
 
 from __future__ import annotations
@@ -147,6 +150,8 @@ class Broker:
     history: History | None = None
     """this cloud's ledger, where the decisions are filed (none: only :attr:`decisions`)"""
     _standings_due: float = 0.0
+    _unsure: bool = False
+    """a step failed midway: what it did in ZooKeeper is not known (see :meth:`_settle`)"""
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -214,18 +219,23 @@ class Broker:
                 if event is not None:
                     self._take_wanted = True
                     self._handle(event, detail)
+                if self._unsure and not self._suspended.is_set():
+                    self._settle()
                 self._publish_again()
                 self._collect()
                 self._take()
                 self._file()
             except UNREACHABLE as exc:  # the next tick tries again
                 LOG.warning("%s: ZooKeeper unreachable (%s): waiting", self.settings.site, exc)
+                self._unsure = True
                 self._again(event, detail)
             except HandlerUnavailable as exc:
                 LOG.warning("%s: %s: waiting", self.settings.site, exc)
+                self._unsure = True
                 self._again(event, detail)
             except Exception:  # a broker keeps going: the next tick tries again
                 LOG.exception("%s: event %s failed", self.settings.site, event)
+                self._unsure = True
                 self._again(event, detail)
 
     def _again(self, event: Event | None, detail: Any) -> None:
@@ -243,7 +253,7 @@ class Broker:
         elif event == Event.rejoin:
             self._join()
             self._reconcile_history()
-            self._reconcile()
+            self._settle()
         # federation submit and resource ready: _take, after every event
 
     def _local_submit(self, request: Request) -> None:
@@ -437,6 +447,19 @@ class Broker:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)
+
+    def _settle(self) -> None:
+        """Make ZooKeeper's state of this site true again after a rejoin or a step that failed
+        midway (a call whose answer never came may still have been made): withdraw the claims
+        this session left (a claim stands first for its request while the session lives, and
+        would keep every broker from it), and reconcile what this site runs (a consume made
+        whose answer was lost is a request ZooKeeper says runs here and nothing runs)."""
+        withdrawn = self.federation.withdraw_claims()
+        if withdrawn:
+            LOG.info("%s: withdrew %d claim(s) a lost answer left", self.settings.site, withdrawn)
+        self._reconcile()
+        self._unsure = False
+        self._take_wanted = True
 
     def _reconcile(self) -> None:
         mine = {

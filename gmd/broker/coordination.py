@@ -16,7 +16,9 @@ checks that the consumer's claim node still exists. The claim is ephemeral and i
 broker has claimed the request since: a broker cut off past its session timeout can never
 consume. (A version check on a fixed claim path would not do: another broker's new claim at
 the same path has the same version.) Of several claimants only the one with the lowest
-sequence goes on; the others withdraw. A request completes only in :meth:`complete`'s
+sequence goes on; the others withdraw. A claim
+left behind by a call whose answer never came is withdrawn by its own broker
+(:meth:`Federation.withdraw_claims`). A request completes only in :meth:`complete`'s
 transaction, which deletes ``running/req-N`` at the version its runner read: a site whose
 running requests were requeued meanwhile (the site-lost rule) cannot complete, so nothing is
 counted twice. Summaries are written in the same transactions, each fenced by its version,
@@ -40,7 +42,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.exceptions import ConnectionLoss, NodeExistsError, NoNodeError
 from kazoo.protocol.states import ZnodeStat
 
 from gmd import GmdError
@@ -339,6 +341,24 @@ class Federation:
 
     def release(self, claim: Claim) -> None:
         self._delete_quietly(claim.path)
+
+    def withdraw_claims(self) -> int:
+        """Delete every claim this session holds; how many. A broker holds a claim only while it
+        takes one request, so one found outside that is left by a call whose answer never came
+        (the create made, or the withdrawal or the consume not, when the connection dropped).
+        Such a claim stands first for its request as long as the session lives, and every later
+        claim, this broker's own included, withdraws before it: the request would wait for
+        good."""
+        session = self.zk.client_id
+        if session is None:
+            raise ConnectionLoss("no session")
+        names = self._wait(self.zk.get_children_async(self.path("claims")))
+        withdrawn = 0
+        for name, got in zip(names, self._get_many("claims", names), strict=True):
+            if got is not None and got[1].ephemeralOwner == session[0]:
+                self._delete_quietly(self.path("claims", name))
+                withdrawn += 1
+        return withdrawn
 
     def consume(
         self, claim: Claim, now_s: float | None = None, request: Request | None = None

@@ -8,6 +8,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from kazoo.exceptions import ConnectionLoss
 
 from gmd.broker.broker import Broker, BrokerSettings, Choice
 from gmd.broker.coordination import Federation, Request
@@ -104,6 +105,38 @@ def test_a_broker_that_leaves_has_its_foreign_work_requeued_and_run_by_another(
 
     wait_until("the taker's process to start", lambda: len(starts()) == 2)
     assert starts() == [("leaver", "long"), ("taker", "long")]
+
+
+def test_a_claim_whose_answer_was_lost_keeps_no_broker_from_the_request(
+    federation: Any,
+) -> None:
+    """The connection drops after a claim was made and before the broker heard back (on CI, a
+    leader stopped mid-claim). The claim stands in the broker's live session, first for the
+    request: before the broker withdrew such claims, no broker, itself included, could ever take
+    the request. The lost answer is played by raising after the real claim."""
+    a = federation("a", 1)
+    b = federation("b", 1)
+    claim = a.federation.claim
+    lost: list[str] = []
+
+    def claim_then_lose_the_answer(name: str) -> Any:
+        made = claim(name)
+        if made is not None and not lost:
+            lost.append(made.path)
+            raise ConnectionLoss()
+        return made
+
+    a.federation.claim = claim_then_lose_the_answer  # type: ignore[method-assign]
+    b.federation.claim = claim_then_lose_the_answer  # type: ignore[method-assign]
+    home = federation("home", 0)
+    home.submit(Request("r", "org-home", "home", 1.0, 0.2, 1.0))
+    wait_until(
+        "the request completed",
+        lambda: any(d.choice == Choice.completed for d in a.decisions + b.decisions),
+        timeout_s=60,
+    )
+    assert len(lost) == 1
+    assert sum(d.choice == Choice.took for d in a.decisions + b.decisions) == 1
 
 
 def test_a_site_that_joins_and_takes_work_while_a_broker_reconciles_is_not_lost(

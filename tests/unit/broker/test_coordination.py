@@ -115,6 +115,27 @@ def test_a_broker_whose_session_expired_cannot_consume_its_claim(
     assert set(a.running()) == {name}
 
 
+def test_a_claim_whose_answer_was_lost_is_withdrawn_by_its_own_session_only(
+    brokers: Any,
+) -> None:
+    """A claim made but never heard back about (the connection dropped after the create) stands
+    first for its request: no claim after it, its own session's included, goes on, until that
+    session withdraws it. Another session's claim is not its to withdraw."""
+    a, b = brokers("a"), brokers("b")
+    name = brokers("p").publish(request("p", 1))
+    other = brokers("p").publish(request("p", 2))
+    lost = a.zk.create(a.path("claims", f"{name}-c-"), b"a", ephemeral=True, sequence=True)
+    b_first = b.claim(other)
+    assert b_first is not None
+    assert a.claim(name) is None and b.claim(name) is None
+    assert a.withdraw_claims() == 1
+    assert a.zk.exists(lost) is None
+    assert b.zk.exists(b_first.path) is not None  # b's own claim stands
+    taken = b.claim(name)
+    assert taken is not None and b.consume(taken) is not None
+    assert a.withdraw_claims() == 0
+
+
 def test_the_highest_priority_organisation_first_then_the_longest_waiting() -> None:
     def q(name: str, org: str, submitted_s: float) -> Queued:
         return Queued(name, Request(name, org, "s", 1.0, 1.0, submitted_s))
