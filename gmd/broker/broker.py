@@ -252,7 +252,6 @@ class Broker:
             self._site_lost(detail)
         elif event == Event.rejoin:
             self._join()
-            self._reconcile_history()
             self._settle()
         # federation submit and resource ready: _take, after every event
 
@@ -449,11 +448,14 @@ class Broker:
                 time.sleep(0.5)
 
     def _settle(self) -> None:
-        """Make ZooKeeper's state of this site true again after a rejoin or a step that failed
-        midway (a call whose answer never came may still have been made): withdraw the claims
-        this session left (a claim stands first for its request while the session lives, and
-        would keep every broker from it), and reconcile what this site runs (a consume made
-        whose answer was lost is a request ZooKeeper says runs here and nothing runs)."""
+        """Make ZooKeeper's state of this site and the ledger true again after a rejoin or a
+        step that failed midway (a call whose answer never came may still have been made):
+        settle the ledger's completions from the site's record (a completion made whose answer
+        was lost is counted there), withdraw the claims this session left (a claim stands first
+        for its request while the session lives, and would keep every broker from it), and
+        reconcile what this site runs (a consume made whose answer was lost is a request
+        ZooKeeper says runs here and nothing runs)."""
+        self._reconcile_history()
         withdrawn = self.federation.withdraw_claims()
         if withdrawn:
             LOG.info("%s: withdrew %d claim(s) a lost answer left", self.settings.site, withdrawn)
@@ -467,13 +469,14 @@ class Broker:
             for name, (running, stat) in self.federation.running().items()
             if running.site == self.settings.site
         }
-        here = (
-            self.handler.running() | {done.name for done in self._uncompleted} | set(self._failed)
-        )
+        runs = self.handler.running()
+        # Finished here, not yet completed or requeued by this broker: neither to requeue nor
+        # to stop (a completion whose answer was lost is one, its running node gone).
+        here = runs | {done.name for done in self._uncompleted} | set(self._failed)
         for name, (running, stat) in mine.items():
             if name not in here and self.federation.requeue(name, running, stat, self.clock()):
                 self._decide(Choice.requeued, running.request, name)
-        for name in here:
+        for name in runs:
             if not name.startswith("local-") and name not in mine:
                 self.handler.stop(name)
                 self._decide_name(Choice.stopped, name)

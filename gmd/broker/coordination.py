@@ -428,13 +428,16 @@ class Federation:
         is called with the completion about to be made (the ledger files it first); it may be
         called again with the same number if the transaction is retried. None when it is no
         longer this site's to complete (requeued as a lost site's); retried on a concurrent
-        summary update."""
+        summary update. A completion made whose answer was lost (the connection dropped after
+        the transaction) is this site's last one: asked again, it is returned, not refused,
+        and ``before`` is not called (the ledger's row is settled from the site's record)."""
         path = self.path("running", name)
         for _ in range(20):
             try:
                 data, stat = self._wait(self.zk.get_async(path))
             except NoNodeError:
-                return None
+                last = self.site_record().last
+                return last if last is not None and last.name == name else None
             doc = _load(data, f"running/{name}")
             if doc.get("site") != self.site:
                 return None

@@ -13,7 +13,7 @@ from kazoo.exceptions import ConnectionLoss
 from gmd.broker.broker import Broker, BrokerSettings, Choice
 from gmd.broker.coordination import Federation, Request
 from gmd.broker.handlers import LocalProcesses
-from tests.support.broker_support import journal_lines
+from tests.support.broker_support import counted_completions, journal_lines
 from tests.support.polling import wait_until
 from tests.support.zookeeper_fixtures import client
 
@@ -116,18 +116,20 @@ def test_a_claim_whose_answer_was_lost_keeps_no_broker_from_the_request(
     the request. The lost answer is played by raising after the real claim."""
     a = federation("a", 1)
     b = federation("b", 1)
-    claim = a.federation.claim
     lost: list[str] = []
 
-    def claim_then_lose_the_answer(name: str) -> Any:
-        made = claim(name)
-        if made is not None and not lost:
-            lost.append(made.path)
-            raise ConnectionLoss()
-        return made
+    def losing_the_first_answer(claim: Any) -> Any:
+        def claim_then_lose_the_answer(name: str) -> Any:
+            made = claim(name)
+            if made is not None and not lost:
+                lost.append(made.path)
+                raise ConnectionLoss()
+            return made
 
-    a.federation.claim = claim_then_lose_the_answer  # type: ignore[method-assign]
-    b.federation.claim = claim_then_lose_the_answer  # type: ignore[method-assign]
+        return claim_then_lose_the_answer
+
+    for broker in (a, b):
+        broker.federation.claim = losing_the_first_answer(broker.federation.claim)
     home = federation("home", 0)
     home.submit(Request("r", "org-home", "home", 1.0, 0.2, 1.0))
     wait_until(
@@ -137,6 +139,41 @@ def test_a_claim_whose_answer_was_lost_keeps_no_broker_from_the_request(
     )
     assert len(lost) == 1
     assert sum(d.choice == Choice.took for d in a.decisions + b.decisions) == 1
+
+
+def test_a_completion_whose_answer_was_lost_is_counted_once_and_said_completed(
+    federation: Any, tmp_path: Any
+) -> None:
+    """The connection drops after ZooKeeper counted a completion and before the broker heard
+    back. The broker tries again: the request is no longer running, but the site's record
+    holds it as its last completion. Before, it was logged ``not-counted`` though it was
+    counted. The ledger's row is settled counted, once. The lost answer is played by raising
+    after the real completion."""
+    lender = federation("lender", 1, ledger=True)
+    complete = lender.federation.complete
+    lost: list[str] = []
+
+    def complete_then_lose_the_answer(name: str, used_s: float, before: Any = None) -> Any:
+        made = complete(name, used_s, before)
+        if made is not None and not lost:
+            lost.append(made.name)
+            raise ConnectionLoss()
+        return made
+
+    lender.federation.complete = complete_then_lose_the_answer  # type: ignore[method-assign]
+    home = federation("home", 0)
+    home.submit(Request("r", "org-home", "home", 1.0, 0.2, 1.0))
+    wait_until(
+        "the completion decided",
+        lambda: any(d.choice in (Choice.completed, Choice.not_counted) for d in lender.decisions),
+    )
+    assert lost and [d.choice for d in lender.decisions if d.choice != Choice.took] == [
+        Choice.completed
+    ]
+    ledger = f"sqlite:///{tmp_path / 'lender' / 'ledger.db'}"
+    wait_until("the ledger's row settled", lambda: counted_completions([ledger]) == {"r": 1})
+    record = lender.federation.site_record()
+    assert record.seq == 1 and record.last is not None and record.last.request.id == "r"
 
 
 def test_a_site_that_joins_and_takes_work_while_a_broker_reconciles_is_not_lost(
