@@ -219,10 +219,10 @@ class Broker:
                 if event is not None:
                     self._take_wanted = True
                     self._handle(event, detail)
-                if self._unsure and not self._suspended.is_set():
-                    self._settle()
                 self._publish_again()
                 self._collect()
+                if self._unsure and not self._suspended.is_set():
+                    self._settle()
                 self._take()
                 self._file()
             except UNREACHABLE as exc:  # the next tick tries again
