@@ -81,10 +81,18 @@ def test_a_broker_that_leaves_has_its_foreign_work_requeued_and_run_by_another(
     home = federation("home", 0)
     leaver = federation("leaver", 1)
     home.submit(Request("long", "org-home", "home", 1.0, 30.0, 1.0))
+
+    def starts() -> list[tuple[str, str]]:
+        lines = journal_lines(federation.journal)
+        return [(site, rid) for site, rid, what in lines if what == "start"]
+
     wait_until(
         "the leaver to take it",
         lambda: any(d.choice == Choice.took for d in leaver.decisions),
     )
+    # Its process has started (a process killed before it wrote its start line, on a busy
+    # machine, made this test fail counting the starts below).
+    wait_until("the leaver's process to start", lambda: starts() == [("leaver", "long")])
     # The leaver's broker goes (its session closes: its member node goes at once).
     leaver.stop()
     leaver.handler.close()  # type: ignore[attr-defined]
@@ -98,11 +106,6 @@ def test_a_broker_that_leaves_has_its_foreign_work_requeued_and_run_by_another(
         "the taker to take it",
         lambda: any(d.choice == Choice.took and d.request == "long" for d in taker.decisions),
     )
-
-    def starts() -> list[tuple[str, str]]:
-        lines = journal_lines(federation.journal)
-        return [(site, rid) for site, rid, what in lines if what == "start"]
-
     wait_until("the taker's process to start", lambda: len(starts()) == 2)
     assert starts() == [("leaver", "long"), ("taker", "long")]
 
