@@ -67,7 +67,10 @@ class ResourceHandler(Protocol):
         ...
 
     def running(self) -> set[str]:
-        """The names of the requests running here now."""
+        """The names of the requests running here now, and of those finished that
+        :meth:`finished` has not yet reported: what this site still answers for. (Reconciling
+        requeues a request this site's running node names and this set lacks: one that
+        finished between the two reads would run again.)"""
         ...
 
     def finished(self) -> list[Finished]:
@@ -143,7 +146,7 @@ class LocalProcesses:
 
     def running(self) -> set[str]:
         self._reap()
-        return set(self._jobs)
+        return set(self._jobs) | {done.name for done in self._done}
 
     def finished(self) -> list[Finished]:
         self._reap()

@@ -179,6 +179,38 @@ def test_a_completion_whose_answer_was_lost_is_counted_once_and_said_completed(
     assert record.seq == 1 and record.last is not None and record.last.request.id == "r"
 
 
+def test_a_request_that_finished_and_is_not_yet_collected_is_not_requeued_by_a_reconcile(
+    zookeeper_hosts: str, zk_root: str, tmp_path: Any
+) -> None:
+    """Reconciling requeues a request this site's running node names and the handler does
+    not run. One that finished after the running nodes were read, and before the broker
+    collected it, is still this site's: the handler says so (it dropped it, and the request
+    ran again elsewhere, its completion here refused)."""
+    clients = [client(zookeeper_hosts) for _ in range(2)]
+    try:
+        publisher = Federation(clients[0], "p", "org-p", root=zk_root)
+        publisher.ensure()
+        name = publisher.publish(Request("r", "org-p", "p", 1.0, 0.0, 1.0))
+        journal = tmp_path / "journal"
+        handler = LocalProcesses("a", 1.0, journal=journal)
+        broker = Broker(clients[1], BrokerSettings("a", "org-a", 1.0, root=zk_root), handler)
+        broker.federation.join(1.0)
+        claim = broker.federation.claim(name)
+        running = None if claim is None else broker.federation.consume(claim)
+        assert running is not None
+        handler.start(name, running.request)
+        wait_until("its process to end", lambda: ("a", "r", "end") in journal_lines(journal))
+        wait_until("the process reaped", lambda: handler._jobs[name].process.poll() is not None)
+        broker._reconcile()
+        assert broker.decisions == []
+        assert [(f.name, f.completed) for f in handler.finished()] == [(name, True)]
+        handler.close()
+    finally:
+        for zk in clients:
+            zk.stop()
+            zk.close()
+
+
 def test_a_site_that_joins_and_takes_work_while_a_broker_reconciles_is_not_lost(
     zookeeper_hosts: str, zk_root: str, tmp_path: Any
 ) -> None:
