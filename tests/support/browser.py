@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -41,6 +43,7 @@ class Browser:
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            start_new_session=True,  # its own group: its helper processes end with it
         )
         port_file = f"{self._profile.name}/DevToolsActivePort"
         deadline = time.monotonic() + 60
@@ -63,14 +66,40 @@ class Browser:
         return self
 
     def __exit__(self, *_exc: object) -> None:
+        """Chromium's helpers (renderer, utilities, crash handler) outlive its main process
+        for a moment and still write to the profile: the whole group is ended and waited for
+        before the profile is removed (a removal racing them failed on a busy CI machine,
+        "Directory not empty: 'Default'")."""
         if getattr(self, "_socket", None) is not None:
             self._socket.close()
-        self._process.terminate()
+        group = self._process.pid
+        self._signal_group(group, signal.SIGTERM)
         try:
             self._process.wait(10)
         except subprocess.TimeoutExpired:
             self._process.kill()
-        self._profile.cleanup()
+            self._process.wait()
+        deadline = time.monotonic() + 10
+        while self._signal_group(group, 0) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self._signal_group(group, signal.SIGKILL)
+        for attempt in range(50):
+            try:
+                self._profile.cleanup()
+                return
+            except OSError:
+                if attempt == 49:
+                    raise
+                time.sleep(0.1)
+
+    @staticmethod
+    def _signal_group(group: int, sig: int) -> bool:
+        """Send ``sig`` to the process group; whether any process of it was there."""
+        try:
+            os.killpg(group, sig)
+        except ProcessLookupError:
+            return False
+        return True
 
     def call(self, method: str, wait_for: str | None = None, **params: Any) -> Any:
         """Send one DevTools command; its result (and, with ``wait_for``, wait for that event
