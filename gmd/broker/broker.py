@@ -227,20 +227,19 @@ class Broker:
                 self._file()
             except UNREACHABLE as exc:  # the next tick tries again
                 LOG.warning("%s: ZooKeeper unreachable (%s): waiting", self.settings.site, exc)
-                self._unsure = True
                 self._again(event, detail)
             except HandlerUnavailable as exc:
                 LOG.warning("%s: %s: waiting", self.settings.site, exc)
-                self._unsure = True
                 self._again(event, detail)
             except Exception:  # a broker keeps going: the next tick tries again
                 LOG.exception("%s: event %s failed", self.settings.site, event)
-                self._unsure = True
                 self._again(event, detail)
 
     def _again(self, event: Event | None, detail: Any) -> None:
-        """A rejoin or a lost site not handled is handled later (the others are redone by
-        every tick anyway, or kept: unpublished requests, uncompleted work)."""
+        """After a step failed: the broker settles once connected (what the step did is not
+        known), and a rejoin or a lost site not handled is handled later (the others are
+        redone by every tick anyway, or kept: unpublished requests, uncompleted work)."""
+        self._unsure = True
         if event in (Event.rejoin, Event.site_lost) and not self._stopping.is_set():
             time.sleep(self.settings.tick_s)
             self._events.put((event, detail))

@@ -5,6 +5,7 @@ request started once and completed once, the priority rule, and a broker that le
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -110,6 +111,21 @@ def test_a_broker_that_leaves_has_its_foreign_work_requeued_and_run_by_another(
     assert starts() == [("leaver", "long"), ("taker", "long")]
 
 
+def losing_the_first_answer(call: Callable[..., Any], lost: list[Any]) -> Callable[..., Any]:
+    """``call``, made for real, whose first answer (not None) of all that share ``lost`` is
+    lost: kept in ``lost``, and ``ConnectionLoss`` raised instead, as when the connection drops
+    after ZooKeeper did the work (which no real ensemble does on demand)."""
+
+    def made_then_lost(*args: Any, **kwargs: Any) -> Any:
+        made = call(*args, **kwargs)
+        if made is not None and not lost:
+            lost.append(made)
+            raise ConnectionLoss()
+        return made
+
+    return made_then_lost
+
+
 def test_a_claim_whose_answer_was_lost_keeps_no_broker_from_the_request(
     federation: Any,
 ) -> None:
@@ -119,20 +135,9 @@ def test_a_claim_whose_answer_was_lost_keeps_no_broker_from_the_request(
     the request. The lost answer is played by raising after the real claim."""
     a = federation("a", 1)
     b = federation("b", 1)
-    lost: list[str] = []
-
-    def losing_the_first_answer(claim: Any) -> Any:
-        def claim_then_lose_the_answer(name: str) -> Any:
-            made = claim(name)
-            if made is not None and not lost:
-                lost.append(made.path)
-                raise ConnectionLoss()
-            return made
-
-        return claim_then_lose_the_answer
-
+    lost: list[Any] = []
     for broker in (a, b):
-        broker.federation.claim = losing_the_first_answer(broker.federation.claim)
+        broker.federation.claim = losing_the_first_answer(broker.federation.claim, lost)
     home = federation("home", 0)
     home.submit(Request("r", "org-home", "home", 1.0, 0.2, 1.0))
     wait_until(
@@ -153,17 +158,8 @@ def test_a_completion_whose_answer_was_lost_is_counted_once_and_said_completed(
     counted. The ledger's row is settled counted, once. The lost answer is played by raising
     after the real completion."""
     lender = federation("lender", 1, ledger=True)
-    complete = lender.federation.complete
-    lost: list[str] = []
-
-    def complete_then_lose_the_answer(name: str, used_s: float, before: Any = None) -> Any:
-        made = complete(name, used_s, before)
-        if made is not None and not lost:
-            lost.append(made.name)
-            raise ConnectionLoss()
-        return made
-
-    lender.federation.complete = complete_then_lose_the_answer  # type: ignore[method-assign]
+    lost: list[Any] = []
+    lender.federation.complete = losing_the_first_answer(lender.federation.complete, lost)
     home = federation("home", 0)
     home.submit(Request("r", "org-home", "home", 1.0, 0.2, 1.0))
     wait_until(
