@@ -256,6 +256,127 @@ Settings = Annotated[
 ]
 
 
+class Knob(enum.StrEnum):
+    """One thing a host can hold a VM to. The plan's item asks for some of them; a host has
+    some of them (its :class:`HostCapabilities`); an apply reports on each it was asked for
+    (:class:`KnobResult`). The names are the operator's, whatever file or call sets them."""
+
+    cpu_weight = "cpu_weight"
+    """the VM's share of contended CPUs (v1 ``cpu.shares``, v2 ``cpu.weight``, libvirt
+    ``cpu_shares``)"""
+    cpu_cap = "cpu_cap"
+    """a hard CPU cap (v1 ``cpu.cfs_quota_us``, v2 ``cpu.max``, libvirt ``vcpu_quota``)"""
+    disk_weight = "disk_weight"
+    """the VM's share of a contended disk: a proportional I/O scheduler's weight (BFQ's
+    ``blkio.bfq.weight`` / ``io.bfq.weight``, or v2 ``io.weight`` where the io cost model is
+    on); nothing on a disk run by ``none``, ``mq-deadline`` or ``kyber``"""
+    disk_limit = "disk_limit"
+    """bytes/s caps on the VM's disks (libvirt ``blockIoTune``: QEMU's own throttling; v1
+    ``blkio.throttle.*``, v2 ``io.max``): any disk scheduler"""
+    network_limit = "network_limit"
+    """bandwidth caps on the VM's interfaces (libvirt's ``<bandwidth>``, which needs ``tc``);
+    no plan asks for one today"""
+
+    @property
+    def words(self) -> str:
+        """How reports name the knob: "CPU cap", "disk weight"."""
+        return _KNOB_WORDS[self]
+
+
+_KNOB_WORDS = {
+    Knob.cpu_weight: "CPU weight",
+    Knob.cpu_cap: "CPU cap",
+    Knob.disk_weight: "disk weight",
+    Knob.disk_limit: "disk limit",
+    Knob.network_limit: "network limit",
+}
+
+
+class KnobOutcome(enum.StrEnum):
+    """What became of one knob of one VM in an apply or restore."""
+
+    applied = "applied"
+    """it holds the plan's value (written now, or already there)"""
+    restored = "restored"
+    """it holds the VM's original value again"""
+    unsupported = "unsupported"
+    """this host cannot set it (the detail says why); not a failure: the rest was applied"""
+    failed = "failed"
+    """setting it failed (the detail holds the error)"""
+
+
+# Enums in the strict models below are read from their values: the daemon validates parsed
+# JSON, in which an enum can only be its string.
+_ByValue = Field(strict=False)
+Detail = Annotated[str, StringConstraints(max_length=500, pattern=r"^[^\x00]*$")]
+
+
+class KnobResult(Strict):
+    """One knob of one VM's apply or restore, and why it is not applied where it is not."""
+
+    knob: Annotated[Knob, _ByValue]
+    outcome: Annotated[KnobOutcome, _ByValue]
+    detail: Detail = ""
+
+
+class KnobSupport(enum.StrEnum):
+    """Whether a host can set a knob (:class:`HostCapabilities`)."""
+
+    supported = "supported"
+    unsupported = "unsupported"
+    unknown = "unknown"
+    """not known yet: what would tell is not there (no VM runs to ask libvirt about)"""
+
+
+class KnobCapability(Strict):
+    """One knob on one host: whether it can be set, through what, and if not why."""
+
+    knob: Annotated[Knob, _ByValue]
+    support: Annotated[KnobSupport, _ByValue]
+    via: Detail = ""
+    """what sets it here: "cpu.cfs_quota_us (cgroup v1)", "libvirt blockIoTune (QEMU)" """
+    reason: Detail = ""
+    """why not (unsupported, unknown), or a caveat"""
+
+
+MAX_DEVICES = 256
+
+
+class HostCapabilities(Strict):
+    """What one host's agent found it can do (``gmd-agent --check`` prints it;
+    ``PUT /v1/hosts/{host}/capabilities`` tells the daemon, which plans with it)."""
+
+    backend: Annotated[str, StringConstraints(max_length=32)]
+    """``agent.enforce_backend``: "libvirt", "cgroup" or "none" """
+    cgroup: Annotated[str, StringConstraints(max_length=32)]
+    """the VMs' cgroup layout: "v1", "v2", "hybrid" (v1 controllers beside an empty v2) or
+    "none" (no cgroup found: a remote hypervisor, a container without /sys/fs/cgroup)"""
+    schedulers: Annotated[
+        dict[Annotated[str, StringConstraints(min_length=1, max_length=64)], Detail],
+        Field(max_length=MAX_DEVICES),
+    ] = {}
+    """block device → its active I/O scheduler (the one in brackets in
+    ``/sys/block/DEV/queue/scheduler``), for the disks the VMs' I/O reaches"""
+    knobs: Annotated[list[KnobCapability], Field(max_length=len(Knob))]
+    probed_s: UnixTime
+
+    def support(self, knob: Knob) -> KnobCapability:
+        """The host's word on ``knob`` (unknown when it said nothing of it)."""
+        for k in self.knobs:
+            if k.knob == knob:
+                return k
+        return KnobCapability(knob=knob, support=KnobSupport.unknown, reason="not reported")
+
+    def unsupported(self) -> dict[Knob, str]:
+        """The knobs this host cannot set, with why."""
+        return {k.knob: k.reason for k in self.knobs if k.support == KnobSupport.unsupported}
+
+
+class HostCapabilitiesReceipt(BaseModel):
+    host: str
+    changed: bool = Field(description="whether this differs from what the host said before")
+
+
 class VmApplyResult(Strict):
     """What an agent did (or, in dry-run, would have done) to one VM, and whether it worked.
 
@@ -270,6 +391,10 @@ class VmApplyResult(Strict):
     error: Annotated[str, StringConstraints(max_length=2000, pattern=r"^[^\x00]*$")] | None = None
     before: Settings = {}
     after: Settings = {}
+    knobs: Annotated[list[KnobResult], Field(max_length=len(Knob))] = []
+    """per knob the plan asked of the VM (or gmd put back): applied, restored, unsupported
+    here (why) or failed (the error). Empty from an agent older than knobs: ``ok`` and
+    ``error`` then speak for the VM as a whole."""
 
 
 MAX_REPORT_RESULTS = 10_000
@@ -352,6 +477,19 @@ class VmPlanItem(BaseModel):
     )
     disk_read_bytes_per_s: DiskCapBytesPerS | None
     disk_write_bytes_per_s: DiskCapBytesPerS | None
+
+    def asks(self) -> tuple[Knob, ...]:
+        """The knobs this item moves from normal (a weight of 100 and no cap ask nothing)."""
+        asked = []
+        if self.cpu_weight != WEIGHT_DEFAULT:
+            asked.append(Knob.cpu_weight)
+        if self.cpu_quota_cores is not None:
+            asked.append(Knob.cpu_cap)
+        if self.io_weight != WEIGHT_DEFAULT:
+            asked.append(Knob.disk_weight)
+        if self.disk_read_bytes_per_s is not None or self.disk_write_bytes_per_s is not None:
+            asked.append(Knob.disk_limit)
+        return tuple(asked)
 
 
 class RefusedPlanItem(BaseModel):

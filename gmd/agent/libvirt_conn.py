@@ -21,15 +21,21 @@ from gmd.agent.collect.base import FailureKind, ReadFailure
 
 log = logging.getLogger(__name__)
 
-# The domain stopped or was undefined between two calls.
-DOMAIN_GONE = frozenset({libvirt.VIR_ERR_NO_DOMAIN, libvirt.VIR_ERR_OPERATION_INVALID})
+# The domain was undefined between two calls: it is gone, whatever the call was.
+DOMAIN_GONE = frozenset({libvirt.VIR_ERR_NO_DOMAIN})
+# "Requested operation is not valid": what libvirt answers a LIVE call on a domain that stopped
+# between two calls, and also what it answers on a running one for a knob this host lacks
+# (blkio weight without BFQ: "blkio device weight is valid only for bfq or cfq scheduler").
+# Only the domain's state tells which (:func:`gone`). A reader of counters may take it for a
+# stopped domain: a stopped domain's counters are what it cannot read.
+DOMAIN_GONE_OR_INVALID = DOMAIN_GONE | {libvirt.VIR_ERR_OPERATION_INVALID}
 # The domain is there but cannot be read now: another libvirt job holds it (a migration, a
 # snapshot) or its QEMU or guest agent did not answer in time. Not an error of libvirt's: the
 # domain is read again at the next tick, from its last counters.
 DOMAIN_BUSY = frozenset({libvirt.VIR_ERR_OPERATION_TIMEOUT, libvirt.VIR_ERR_AGENT_UNRESPONSIVE})
 # Looking up a VM by uuid: these mean "no such VM here" (a uuid libvirt cannot parse included);
 # anything else is libvirt failing, which must not make gmd forget what it changed.
-NO_SUCH_DOMAIN = DOMAIN_GONE | {libvirt.VIR_ERR_INVALID_ARG}
+NO_SUCH_DOMAIN = DOMAIN_GONE_OR_INVALID | {libvirt.VIR_ERR_INVALID_ARG}
 # The connection itself failed: nothing more can be done through it until it is reopened.
 CONNECTION_LOST = frozenset(
     {
@@ -39,6 +45,21 @@ CONNECTION_LOST = frozenset(
         libvirt.VIR_ERR_NO_CONNECT,
     }
 )
+
+
+def gone(dom: Any, exc: libvirt.libvirtError) -> bool:
+    """Whether ``exc``, raised by a call on ``dom``, means the domain is no longer running
+    here, rather than that the call is refused for a running domain (see
+    :data:`DOMAIN_GONE_OR_INVALID`)."""
+    code = exc.get_error_code()
+    if code in DOMAIN_GONE:
+        return True
+    if code not in DOMAIN_GONE_OR_INVALID:
+        return False
+    try:
+        return not dom.isActive()
+    except libvirt.libvirtError as again:
+        return again.get_error_code() in DOMAIN_GONE_OR_INVALID
 
 
 def _quiet(_ctx: object, _err: object) -> None:

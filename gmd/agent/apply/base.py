@@ -41,7 +41,17 @@ from typing import Any, ClassVar
 from gmd import GmdError
 from gmd.agent.apply.state import EnforceBackend, EnforcementState, Settings, VmRecord
 from gmd.agent.collect.ownership import EVERY_DOMAIN, DomainFilter, ownership_from_xml
-from gmd.wire import ApplyAction, HostPlan, PlanMode, VmApplyResult, VmPlanItem
+from gmd.wire import (
+    ApplyAction,
+    HostCapabilities,
+    HostPlan,
+    Knob,
+    KnobOutcome,
+    KnobResult,
+    PlanMode,
+    VmApplyResult,
+    VmPlanItem,
+)
 
 log = logging.getLogger(__name__)
 
@@ -67,15 +77,51 @@ class VmRef:
 
 @dataclass
 class Outcome:
-    """What a change did (or, dry, would do): the knobs that differed, before and after."""
+    """What a change did (or, dry, would do): the settings that differed, before and after;
+    the errors (every one, for the report's ``error``), and per knob the errors that are that
+    knob's and the knobs found missing on this host (not errors: the rest still applies)."""
 
     before: Settings = field(default_factory=dict)
     after: Settings = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    knob_errors: dict[Knob, list[str]] = field(default_factory=dict)
+    unsupported: dict[Knob, str] = field(default_factory=dict)
+    knobs: list[KnobResult] = field(default_factory=list)
+    """filled by :class:`PlanApplier`: what became of each knob asked of, or put back on, the VM"""
 
     @property
     def changed(self) -> bool:
         return bool(self.after)
+
+    def knob_failed(self, knob: Knob, error: str) -> None:
+        """Record ``error`` as ``knob``'s (it also goes into :attr:`errors`, unprefixed here:
+        the caller prefixes the whole list)."""
+        self.knob_errors.setdefault(knob, []).append(error)
+
+
+def knob_results(
+    asked: tuple[Knob, ...] | list[Knob],
+    outcome: Outcome,
+    done: KnobOutcome,
+    touched: set[Knob],
+) -> list[KnobResult]:
+    """Each knob of ``asked`` (and of ``touched``: those whose settings changed) as the report
+    carries it: unsupported here (why), failed (its errors), else ``done``."""
+    out = []
+    for knob in Knob:
+        if knob not in asked and knob not in touched and knob not in outcome.knob_errors:
+            continue
+        if knob in outcome.unsupported:
+            out.append(_knob(knob, KnobOutcome.unsupported, outcome.unsupported[knob]))
+        elif knob in outcome.knob_errors:
+            out.append(_knob(knob, KnobOutcome.failed, "; ".join(outcome.knob_errors[knob])))
+        else:
+            out.append(_knob(knob, done, ""))
+    return out
+
+
+def _knob(knob: Knob, outcome: KnobOutcome, detail: str) -> KnobResult:
+    return KnobResult(knob=knob, outcome=outcome, detail=detail[:500])
 
 
 def prefixed(vm: VmRef, errors: list[str]) -> list[str]:
@@ -104,6 +150,9 @@ class PlanApplier(ABC):
         self.interrupted: str | None = None
         """why the latest round stopped short (the hypervisor could not be reached), or None"""
         self._pending: list[VmApplyResult] = []
+        self.capabilities: HostCapabilities | None = None
+        """what the host's probe found (:mod:`gmd.agent.capabilities`): a knob it cannot set is
+        not tried, and is reported unsupported with the probe's reason"""
 
     # -- what a backend provides -------------------------------------------------------------------
 
@@ -119,9 +168,23 @@ class PlanApplier(ABC):
 
     @abstractmethod
     def _apply(
-        self, vm: VmRef, item: VmPlanItem, originals: dict[str, Any], *, dry: bool
+        self,
+        vm: VmRef,
+        item: VmPlanItem,
+        originals: dict[str, Any],
+        *,
+        dry: bool,
+        skip: frozenset[Knob] = frozenset(),
     ) -> Outcome:
-        """Bring the VM to the plan's targets (knobs the plan leaves free: to the originals)."""
+        """Bring the VM to the plan's targets (knobs the plan leaves free: to the originals);
+        the knobs in ``skip`` (this host lacks them) are left as they are. A knob the host
+        turns out to lack goes into :attr:`Outcome.unsupported`, a knob's failure into
+        :meth:`Outcome.knob_failed` as well as :attr:`Outcome.errors`."""
+
+    @staticmethod
+    @abstractmethod
+    def knob_of(setting: str) -> Knob | None:
+        """The knob a remembered setting (``cpu_shares``, ``cpu.max``…) belongs to."""
 
     @abstractmethod
     def _restore(self, vm: VmRef, originals: dict[str, Any], *, dry: bool) -> Outcome:
@@ -225,9 +288,10 @@ class PlanApplier(ABC):
             self._outside(vm, dry=dry)
             return
         record = self._same_process(uuid, vm)
+        missing = self._missing(item)
         try:
             originals = self._originals(uuid, vm, record, dry=dry)
-            outcome = self._apply(vm, item, originals, dry=dry)
+            outcome = self._apply(vm, item, originals, dry=dry, skip=frozenset(missing))
         except VmGone:
             if uuid in self.state.records:
                 self._forget(uuid, "vanished while being changed")
@@ -238,10 +302,22 @@ class PlanApplier(ABC):
             log.exception("enforcement: VM %s (%s): applying its plan item failed", uuid, vm.name)
             error = f"{type(exc).__name__}: {exc}"
             outcome = Outcome(errors=prefixed(vm, [f"cannot apply the plan item: {error}"]))
+            for knob in item.asks():
+                outcome.knob_failed(knob, error)
+        outcome.unsupported = {**missing, **outcome.unsupported}
+        touched = {k for k in map(self.knob_of, outcome.after) if k is not None}
+        outcome.knobs = knob_results(item.asks(), outcome, KnobOutcome.applied, touched)
         if dry:
             self._note_dry_run(uuid, outcome)
-        elif outcome.changed or outcome.errors:
+        elif outcome.changed or outcome.errors or outcome.unsupported:
             self._result(uuid, "apply", outcome)
+
+    def _missing(self, item: VmPlanItem) -> dict[Knob, str]:
+        """The knobs ``item`` asks that the host's probe found missing, with why."""
+        if self.capabilities is None:
+            return {}
+        lacking = self.capabilities.unsupported()
+        return {k: lacking[k] for k in item.asks() if k in lacking}
 
     def _admitted(self, vm: VmRef) -> bool:
         """Whether the agent's domain filter lets gmd touch ``vm``; a VM whose owner cannot
@@ -304,7 +380,7 @@ class PlanApplier(ABC):
             self.state.dry_run[uuid] = {"before": outcome.before, "after": outcome.after}
         else:
             self.state.dry_run.pop(uuid, None)
-        if outcome.changed or outcome.errors:
+        if outcome.changed or outcome.errors or outcome.unsupported:
             self._result(uuid, "would_apply", outcome)
 
     def _restore_one(self, uuid: str) -> None:
@@ -323,6 +399,8 @@ class PlanApplier(ABC):
         except VmGone:
             self._forget(uuid, "vanished while being restored")
             return
+        touched = {k for k in map(self.knob_of, [*outcome.after, *outcome.before]) if k}
+        outcome.knobs = knob_results((), outcome, KnobOutcome.restored, touched)
         if not outcome.errors:
             del self.state.records[uuid]
             log.info(
@@ -346,6 +424,9 @@ class PlanApplier(ABC):
         """Queue a result, unless it repeats the failure or would-do last reported for the VM."""
         error = "; ".join(outcome.errors) or None
         signature = _signature(action, error, outcome)
+        if signature is None and outcome.unsupported and not outcome.changed:
+            # nothing changed and a knob is missing: said once, not at every fetch
+            signature = json.dumps([action, sorted(outcome.unsupported)])
         if signature is not None and self.state.reported.get(uuid) == signature:
             log.debug("enforcement: VM %s: %s unchanged since reported", uuid, action)
             return
@@ -362,6 +443,7 @@ class PlanApplier(ABC):
                 error=error[:2000] if error else None,
                 before=outcome.before,
                 after=outcome.after,
+                knobs=outcome.knobs,
             )
         )
 
@@ -381,6 +463,14 @@ def _signature(action: str, error: str | None, outcome: Outcome) -> str | None:
 
 
 def _log_result(uuid: str, action: str, error: str | None, outcome: Outcome) -> None:
+    for knob, why in sorted(outcome.unsupported.items()):
+        log.info(
+            "enforcement: VM %s: %s: %s not supported on this host: %s",
+            uuid,
+            action,
+            knob.words,
+            why,
+        )
     if error is not None:
         log.warning("enforcement: VM %s: %s incomplete: %s", uuid, action, error)
         return

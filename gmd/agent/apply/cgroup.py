@@ -21,6 +21,7 @@ import libvirt
 
 from gmd.agent.apply.base import BackendUnavailable, Outcome, PlanApplier, VmGone, VmRef, prefixed
 from gmd.agent.apply.cgroupfs import (
+    DISK_WEIGHT_UNSUPPORTED,
     ApplyReport,
     CgroupBackend,
     CgroupError,
@@ -36,8 +37,8 @@ from gmd.agent.apply.limits import LimitsError, VmLimits
 from gmd.agent.apply.state import EnforceBackend
 from gmd.agent.cgroups import CgroupLocator
 from gmd.agent.collect.ownership import EVERY_DOMAIN, DomainFilter
-from gmd.agent.libvirt_conn import DOMAIN_GONE, NO_SUCH_DOMAIN, reason
-from gmd.wire import VmPlanItem
+from gmd.agent.libvirt_conn import NO_SUCH_DOMAIN, gone, reason
+from gmd.wire import Knob, VmPlanItem
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ class _DryIO(CgroupIO):
 # Files with one line per device, and the value that removes a device's line.
 _KEYED_REMOVAL: dict[str, Callable[[str], bool]] = {
     "io.weight": lambda value: value == "default",
+    "io.bfq.weight": lambda value: value == "default",
     "io.max": lambda value: all(f.endswith("=max") for f in value.split()),
     "blkio.throttle.read_bps_device": lambda value: value == "0",
     "blkio.throttle.write_bps_device": lambda value: value == "0",
@@ -108,6 +110,26 @@ def disk_sources(xml: str) -> list[str]:
         if path:
             out.append(path)
     return out
+
+
+_FILE_KNOBS = {
+    "cpu.shares": Knob.cpu_weight,
+    "cpu.weight": Knob.cpu_weight,
+    "cpu.cfs_quota_us": Knob.cpu_cap,
+    "cpu.max": Knob.cpu_cap,
+    "blkio.weight": Knob.disk_weight,
+    "blkio.bfq.weight": Knob.disk_weight,
+    "io.weight": Knob.disk_weight,
+    "io.bfq.weight": Knob.disk_weight,
+    "blkio.throttle.read_bps_device": Knob.disk_limit,
+    "blkio.throttle.write_bps_device": Knob.disk_limit,
+    "io.max": Knob.disk_limit,
+}
+
+
+def file_knob(setting: str) -> Knob | None:
+    """The knob a control file serves (``memory.*``: none of the plan's)."""
+    return _FILE_KNOBS.get(setting)
 
 
 class CgroupApplier(PlanApplier):
@@ -159,14 +181,17 @@ class CgroupApplier(PlanApplier):
             return known
         return self.cgroups.read_current(self._identity(vm)).to_dict()
 
-    def _limits(self, vm: VmRef, item: VmPlanItem) -> tuple[VmLimits, list[str]]:
+    def _limits(
+        self, vm: VmRef, item: VmPlanItem, skip: frozenset[Knob] = frozenset()
+    ) -> tuple[VmLimits, list[str]]:
+        """What to hold the VM to (the knobs of ``skip``, which this host lacks, left free)."""
         errors: list[str] = []
-        io = self._disk_caps(vm, item, errors)
+        io = {} if Knob.disk_limit in skip else self._disk_caps(vm, item, errors)
         try:
             limits = VmLimits(
-                cpu_weight=item.cpu_weight,
-                cpu_quota=item.cpu_quota_cores,
-                io_weight=item.io_weight,
+                cpu_weight=None if Knob.cpu_weight in skip else item.cpu_weight,
+                cpu_quota=None if Knob.cpu_cap in skip else item.cpu_quota_cores,
+                io_weight=None if Knob.disk_weight in skip else item.io_weight,
                 io_bytes_per_s=io,
             )
         except LimitsError as exc:
@@ -185,7 +210,7 @@ class CgroupApplier(PlanApplier):
         try:
             sources = disk_sources(vm.handle.XMLDesc(0))
         except (libvirt.libvirtError, ET.ParseError) as exc:
-            if isinstance(exc, libvirt.libvirtError) and exc.get_error_code() in DOMAIN_GONE:
+            if isinstance(exc, libvirt.libvirtError) and gone(vm.handle, exc):
                 raise VmGone(vm.uuid) from None
             errors.append(f"disk caps: cannot read the domain XML: {reason(exc)}")
             return {}
@@ -196,11 +221,23 @@ class CgroupApplier(PlanApplier):
         share = [None if c is None else max(1, math.floor(c / len(devices))) for c in (read, write)]
         return {d: (share[0], share[1]) for d in devices}
 
+    knob_of = staticmethod(file_knob)
+
     def _apply(
-        self, vm: VmRef, item: VmPlanItem, originals: dict[str, Any], *, dry: bool
+        self,
+        vm: VmRef,
+        item: VmPlanItem,
+        originals: dict[str, Any],
+        *,
+        dry: bool,
+        skip: frozenset[Knob] = frozenset(),
     ) -> Outcome:
-        limits, errors = self._limits(vm, item)
-        return self._run(vm, originals, limits, errors, dry=dry)
+        limits, errors = self._limits(vm, item, skip)
+        outcome = self._run(vm, originals, limits, list(errors), dry=dry)
+        for error in errors:  # the plan item's own: disk caps without a device, bad limits
+            for knob in [Knob.disk_limit] if error.startswith("disk") else item.asks():
+                outcome.knob_failed(knob, error)
+        return outcome
 
     def _restore(self, vm: VmRef, originals: dict[str, Any], *, dry: bool) -> Outcome:
         return self._run(vm, originals, None, [], dry=dry)
@@ -223,18 +260,45 @@ class CgroupApplier(PlanApplier):
             else:
                 report = cgroup_apply(cg, limits, snapshot, io=io)
         except CgroupError as exc:
-            return Outcome(errors=prefixed(vm, [*errors, str(exc)]))
+            outcome = Outcome(errors=prefixed(vm, [*errors, str(exc)]))
+            for knob in _asked(limits):
+                outcome.knob_failed(knob, str(exc))
+            return outcome
         if not dry and not errors and _vanished(vm, report):
             raise VmGone(vm.uuid)
         outcome = Outcome()
+        for error in errors:
+            outcome.knob_failed(
+                Knob.disk_limit if error.startswith("disk") else Knob.cpu_cap, error
+            )
         for r in report.results:
             name = Path(r.path).name
             if r.changed:
                 outcome.before[name], outcome.after[name] = r.before, r.after
             if not r.ok and r.error:
                 errors.append(r.error)
+                failed = file_knob(name)
+                if failed is not None:
+                    outcome.knob_failed(failed, r.error)
+        if DISK_WEIGHT_UNSUPPORTED in report.unsupported:
+            outcome.unsupported[Knob.disk_weight] = report.unsupported[DISK_WEIGHT_UNSUPPORTED]
         outcome.errors = prefixed(vm, errors)
         return outcome
+
+
+def _asked(limits: VmLimits | None) -> list[Knob]:
+    if limits is None:
+        return []
+    asked = []
+    if limits.cpu_weight is not None:
+        asked.append(Knob.cpu_weight)
+    if limits.cpu_quota is not None:
+        asked.append(Knob.cpu_cap)
+    if limits.io_weight is not None:
+        asked.append(Knob.disk_weight)
+    if limits.io_bytes_per_s:
+        asked.append(Knob.disk_limit)
+    return asked
 
 
 def _vanished(vm: VmRef, report: ApplyReport) -> bool:

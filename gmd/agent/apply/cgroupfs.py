@@ -4,7 +4,7 @@ cgroup files directly, for hosts where the agent is configured not to go through
 Two layouts exist in the field and both are handled:
 
 - cgroup v2 (most production hosts): one directory per VM holding ``cpu.weight``, ``cpu.max``,
-  ``io.weight``, ``io.max`` and ``memory.high``.
+  ``io.weight`` (or ``io.bfq.weight``), ``io.max`` and ``memory.high``.
 - cgroup v1: every controller is its own hierarchy, so the VM has one directory per controller
   (``cpu/``, ``blkio/``, ``memory/`` under the root) holding ``cpu.shares``,
   ``cpu.cfs_quota_us``, ``blkio.bfq.weight`` or ``blkio.weight``,
@@ -80,7 +80,7 @@ LIBVIRT_TEMPLATE = "machine/{machine}.libvirt-qemu"
 
 V1_CONTROLLERS = ("cpu", "blkio", "memory")
 
-V2_FILES = ("cpu.weight", "cpu.max", "io.weight", "io.max", "memory.high")
+V2_FILES = ("cpu.weight", "cpu.max", "io.weight", "io.bfq.weight", "io.max", "memory.high")
 V1_FILES = (
     "cpu.shares",
     "cpu.cfs_quota_us",
@@ -90,9 +90,14 @@ V1_FILES = (
     "blkio.throttle.write_bps_device",
     "memory.soft_limit_in_bytes",
 )
-# Only one of them exists, depending on which I/O schedulers the kernel has (CFQ was removed
-# in Linux 5.0, so today it is blkio.bfq.weight); a missing one is not a failure.
+# Which of them exists depends on the I/O schedulers the kernel has (CFQ was removed in Linux
+# 5.0, BFQ is often not built: then neither); a missing one is not a failure. Whether a weight
+# written does anything depends on each disk's scheduler: gmd.agent.capabilities decides, and
+# the applier then does not ask for a weight at all.
 _V1_WEIGHT_FILES = ("blkio.weight", "blkio.bfq.weight")
+_WEIGHT_FILES = (*_V1_WEIGHT_FILES, "io.bfq.weight")
+DISK_WEIGHT_UNSUPPORTED = "disk_weight"
+"""the key of :attr:`ApplyReport.unsupported` when no disk weight file exists"""
 
 IO_MAX_KEYS = ("rbps", "wbps", "riops", "wiops")
 
@@ -349,6 +354,7 @@ _CFS_QUOTA = _Format(parse=_parse_cfs_quota, line=lambda _item, value: value)
 _FORMATS: dict[str, _Format] = {
     "cpu.cfs_quota_us": _CFS_QUOTA,
     "io.weight": _IO_WEIGHT,
+    "io.bfq.weight": _IO_WEIGHT,
     "io.max": _IO_MAX,
     "blkio.throttle.read_bps_device": _V1_DEVICE,
     "blkio.throttle.write_bps_device": _V1_DEVICE,
@@ -457,6 +463,9 @@ class ApplyReport:
     vm: str
     action: Literal["apply", "restore"]
     results: tuple[FileResult, ...]
+    unsupported: Mapping[str, str] = field(default_factory=dict)
+    """what was asked and this cgroup has no file for (:data:`DISK_WEIGHT_UNSUPPORTED`), and
+    why: not a failure, the other files were written"""
 
     @property
     def ok(self) -> bool:
@@ -526,7 +535,9 @@ def _v2_transforms(limits: VmLimits, page_size: int) -> dict[str, Transform]:
         out["cpu.max"] = cpu_max
     if limits.io_weight is not None:
         io_weight = str(limits.io_weight)
+        bfq_weight = str(io_weight_to_blkio(limits.io_weight, BLKIO_WEIGHT_DEFAULT_BFQ))
         out["io.weight"] = lambda s: {**s, "default": io_weight}
+        out["io.bfq.weight"] = lambda s: {**s, "default": bfq_weight}
     if limits.io_bytes_per_s:
         caps = limits.io_bytes_per_s
 
@@ -717,11 +728,13 @@ def apply(
         transforms = _v1_transforms(limits, page_size, cg, io)
     results = _run(cg, io, transforms, baseline)
     weight_file_seen = any(Path(r.path).name in _V1_WEIGHT_FILES for r in results)
+    unsupported = {}
     if cg.version == "v1" and limits.io_weight is not None and not weight_file_seen:
         dirpath = cg.dirs["blkio"]
-        error = f"{dirpath}: neither {' nor '.join(_V1_WEIGHT_FILES)} exists"
-        results.append(_failed(cg, dirpath, error))
-    return _report(cg, "apply", results)
+        why = f"{dirpath}: neither {' nor '.join(_V1_WEIGHT_FILES)} exists (no BFQ or CFQ)"
+        log.info("cgroup %s: disk weight not set: %s", cg.label, why)
+        unsupported[DISK_WEIGHT_UNSUPPORTED] = why
+    return _report(cg, "apply", results, unsupported)
 
 
 def restore(cg: VmCgroup, snapshot: Snapshot, *, io: CgroupIO | None = None) -> ApplyReport:
@@ -753,16 +766,21 @@ def _run(
                 continue
         if transform is None and base is None:
             continue  # gmd asks nothing of this file and has nothing to put back
-        result = _converge(cg, io, filename, base, transform, optional=filename in _V1_WEIGHT_FILES)
+        result = _converge(cg, io, filename, base, transform, optional=filename in _WEIGHT_FILES)
         if result is not None:
             results.append(result)
     return results
 
 
 def _report(
-    cg: VmCgroup, action: Literal["apply", "restore"], results: list[FileResult]
+    cg: VmCgroup,
+    action: Literal["apply", "restore"],
+    results: list[FileResult],
+    unsupported: Mapping[str, str] | None = None,
 ) -> ApplyReport:
-    report = ApplyReport(vm=cg.label, action=action, results=tuple(results))
+    report = ApplyReport(
+        vm=cg.label, action=action, results=tuple(results), unsupported=dict(unsupported or {})
+    )
     if report.ok:
         log.info(
             "cgroup %s: %s done, %d file(s) changed",

@@ -26,6 +26,7 @@ import math
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,12 +48,12 @@ from gmd.agent.apply.state import EnforceBackend, Settings
 from gmd.agent.collect.ownership import EVERY_DOMAIN, DomainFilter
 from gmd.agent.libvirt_conn import (
     CONNECTION_LOST,
-    DOMAIN_GONE,
     NO_SUCH_DOMAIN,
     LibvirtConnection,
+    gone,
     reason,
 )
-from gmd.wire import VmPlanItem
+from gmd.wire import Knob, VmPlanItem
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,35 @@ IOTUNE_KEYS = ("total_bytes_sec", "read_bytes_sec", "write_bytes_sec")
 
 # One libvirt call that changes a group of knobs: what to call it in an error, its knobs, the call.
 Write = tuple[str, list[str], Callable[[], Any]]
+
+# The groups of settings read (and written) by one call each, and the knobs each serves.
+GROUP_KNOBS: dict[str, tuple[Knob, ...]] = {
+    "sched": (Knob.cpu_weight, Knob.cpu_cap),
+    "blkio": (Knob.disk_weight,),
+    "disks": (Knob.disk_limit,),
+    "disk": (Knob.disk_limit,),
+}
+
+
+def setting_knob(setting: str) -> Knob | None:
+    """The knob a setting of this applier belongs to (``vda.read_bytes_sec``: a disk limit)."""
+    if setting == "cpu_shares":
+        return Knob.cpu_weight
+    if setting in ("vcpu_quota", "vcpu_period"):
+        return Knob.cpu_cap
+    if setting == "blkio_weight":
+        return Knob.disk_weight
+    return Knob.disk_limit if "." in setting else None
+
+
+@dataclass
+class Read:
+    """The LIVE settings of a VM: the values, per group that could not be read why, and the
+    knobs libvirt refused to read for the running VM (this host lacks them)."""
+
+    values: Settings = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+    unsupported: dict[Knob, str] = field(default_factory=dict)
 
 
 def scaled_shares(original: int, weight: int) -> int:
@@ -155,6 +185,8 @@ class LibvirtApplier(PlanApplier):
             self.uri,
         )
 
+    knob_of = staticmethod(setting_knob)
+
     def _lost(self, exc: libvirt.libvirtError, during: str) -> BackendUnavailable:
         self._libvirt.lost(exc, during)
         return BackendUnavailable(self._libvirt.down_reason)
@@ -181,50 +213,56 @@ class LibvirtApplier(PlanApplier):
 
     def _call(self, vm: VmRef, what: str, fn: Callable[[], Any]) -> Any:
         """One libvirt call on ``vm``: a vanished VM raises VmGone, a lost connection
-        BackendUnavailable, anything else libvirtError (for the caller to report)."""
+        BackendUnavailable, anything else libvirtError (for the caller to report: a call
+        refused for the running VM is the knob's, not the VM's)."""
         try:
             return fn()
         except libvirt.libvirtError as exc:
-            code = exc.get_error_code()
-            if code in DOMAIN_GONE:
+            if gone(vm.handle, exc):
                 raise VmGone(vm.uuid) from None
-            if code in CONNECTION_LOST:
+            if exc.get_error_code() in CONNECTION_LOST:
                 raise self._lost(exc, f"{what} of VM {vm.uuid} ({vm.name})") from None
             raise
 
-    def _read(self, vm: VmRef) -> tuple[Settings, dict[str, str]]:
-        """Every knob's current LIVE value; per group that could not be read, why."""
+    def _read(self, vm: VmRef, skip: frozenset[Knob] = frozenset()) -> Read:
+        """Every knob's current LIVE value (but those of ``skip``, which this host lacks)."""
         dom = vm.handle
-        values: Settings = {}
-        failed: dict[str, str] = {}
+        read = Read()
+        values = read.values
         try:
             sched = self._call(vm, "reading", lambda: dom.schedulerParametersFlags(LIVE))
             for key in SCHED_KEYS:
                 values[key] = int(sched[key])
         except (libvirt.libvirtError, KeyError) as exc:
-            failed["sched"] = f"schedulerParametersFlags: {reason(exc)}"
-        try:
-            blkio = self._call(vm, "reading", lambda: dom.blkioParameters(LIVE))
-            values["blkio_weight"] = int(blkio["weight"])
-        except (libvirt.libvirtError, KeyError) as exc:
-            failed["blkio"] = f"blkioParameters: {reason(exc)}"
+            read.failed["sched"] = f"schedulerParametersFlags: {reason(exc)}"
+        if Knob.disk_weight not in skip:
+            try:
+                blkio = self._call(vm, "reading", lambda: dom.blkioParameters(LIVE))
+                values["blkio_weight"] = int(blkio["weight"])
+            except libvirt.libvirtError as exc:
+                if exc.get_error_code() == libvirt.VIR_ERR_OPERATION_INVALID:
+                    # refused for a running VM: no BFQ/CFQ behind the weight on this host
+                    read.unsupported[Knob.disk_weight] = f"libvirt: {reason(exc)}"
+                else:
+                    read.failed["blkio"] = f"blkioParameters: {reason(exc)}"
+            except KeyError as exc:
+                read.failed["blkio"] = f"blkioParameters: {reason(exc)}"
         try:
             disks = live_disks(self._call(vm, "reading", lambda: dom.XMLDesc(0)))
         except (libvirt.libvirtError, ET.ParseError) as exc:
-            failed["disks"] = f"XMLDesc: {reason(exc)}"
+            read.failed["disks"] = f"XMLDesc: {reason(exc)}"
             disks = []
-        for dev in disks:
+        for dev in disks if Knob.disk_limit not in skip else []:
             try:
                 tune = self._call(vm, "reading", functools.partial(dom.blockIoTune, dev, LIVE))
                 for key in IOTUNE_KEYS:
                     values[f"{dev}.{key}"] = int(tune[key])
             except (libvirt.libvirtError, KeyError) as exc:
-                failed[f"disk {dev}"] = f"blockIoTune({dev}): {reason(exc)}"
-        return values, failed
+                read.failed[f"disk {dev}"] = f"blockIoTune({dev}): {reason(exc)}"
+        return read
 
     def _snapshot(self, vm: VmRef, known: dict[str, Any]) -> dict[str, Any]:
-        current, _failed = self._read(vm)
-        return {**current, **known}
+        return {**self._read(vm).values, **known}
 
     # -- targets -----------------------------------------------------------------------------------
 
@@ -270,69 +308,98 @@ class LibvirtApplier(PlanApplier):
         return {"vcpu_quota": quota, "vcpu_period": period}
 
     def _apply(
-        self, vm: VmRef, item: VmPlanItem, originals: dict[str, Any], *, dry: bool
+        self,
+        vm: VmRef,
+        item: VmPlanItem,
+        originals: dict[str, Any],
+        *,
+        dry: bool,
+        skip: frozenset[Knob] = frozenset(),
     ) -> Outcome:
         desired, errors = self._targets(vm, item, originals)
-        needs = set()
-        if item.cpu_weight != WEIGHT_DEFAULT or item.cpu_quota_cores is not None:
-            needs.add("sched")
-        if item.io_weight != WEIGHT_DEFAULT:
-            needs.add("blkio")
-        if item.disk_read_bytes_per_s is not None or item.disk_write_bytes_per_s is not None:
-            needs.add("disk")
-            if not any(k.endswith(".read_bytes_sec") for k in originals):
-                errors.append("disk caps: the VM has no disk to cap")
-        return self._converge(vm, desired, errors, needs, dry=dry)
+        asked = set(item.asks())
+        outcome = Outcome()
+        for error in errors:
+            outcome.knob_failed(Knob.cpu_cap, error)
+        capping = Knob.disk_limit in asked and Knob.disk_limit not in skip
+        if capping and not any(k.endswith(".read_bytes_sec") for k in originals):
+            error = "disk caps: the VM has no disk to cap"
+            errors.append(error)
+            outcome.knob_failed(Knob.disk_limit, error)
+        for knob in skip:
+            desired = {k: v for k, v in desired.items() if setting_knob(k) != knob}
+        return self._converge(vm, desired, errors, asked - skip, outcome, dry=dry, skip=skip)
 
     def _restore(self, vm: VmRef, originals: dict[str, Any], *, dry: bool) -> Outcome:
-        return self._converge(vm, dict(originals), [], set(), dry=dry)
+        return self._converge(vm, dict(originals), [], set(), Outcome(), dry=dry)
 
     # -- converging --------------------------------------------------------------------------------
 
     def _converge(
-        self, vm: VmRef, desired: Settings, errors: list[str], needs: set[str], *, dry: bool
+        self,
+        vm: VmRef,
+        desired: Settings,
+        errors: list[str],
+        needs: set[Knob],
+        outcome: Outcome,
+        *,
+        dry: bool,
+        skip: frozenset[Knob] = frozenset(),
     ) -> Outcome:
-        """Write the knobs whose LIVE value differs from ``desired``, group by group, and
+        """Write the settings whose LIVE value differs from ``desired``, group by group, and
         read them back. A group that cannot be read is not written, and is reported when the
-        plan needs it (``needs``: "sched", "blkio", "disk") or gmd has originals to put back."""
-        current, failed = self._read(vm)
-        errors.extend(_unreadable(failed, desired, needs))
+        plan needs one of its knobs (``needs``) or gmd has originals to put back; a knob
+        libvirt refuses for the running VM is reported unsupported, and the rest applied."""
+        read = self._read(vm, skip)
+        current = read.values
+        outcome.unsupported.update(read.unsupported)
+        for group, why in read.failed.items():
+            knobs = _unreadable(group, desired, needs)
+            if knobs:
+                error = f"{_knobs(group)}: cannot read: {why}"
+                errors.append(error)
+                for knob in knobs:
+                    outcome.knob_failed(knob, error)
         diff = {k: v for k, v in desired.items() if k in current and current[k] != v}
         before = {k: current[k] for k in diff}
         if dry or not diff:
-            return Outcome(before, diff, prefixed(vm, errors))
+            outcome.before, outcome.after, outcome.errors = before, diff, prefixed(vm, errors)
+            return outcome
         failed_keys: set[str] = set()
         for what, keys, call in _writes(vm.handle, diff, desired):
             try:
                 self._call(vm, "changing", call)
             except libvirt.libvirtError as exc:
-                errors.append(f"{what} failed: {reason(exc)}")
+                error = f"{what} failed: {reason(exc)}"
+                errors.append(error)
                 failed_keys.update(keys)
-        after_all, _ = self._read(vm)
+                for written in {k for k in map(setting_knob, keys) if k is not None}:
+                    outcome.knob_failed(written, error)
+        after_all = self._read(vm, skip).values
         after: Settings = {}
         for key, want in diff.items():
             got = after_all.get(key)
             if got != before[key]:
                 after[key] = got
             if got != want and key not in failed_keys:
-                errors.append(f"{key}: reads {got!r} after setting {want!r}")
-        return Outcome({k: before[k] for k in after}, after, prefixed(vm, errors))
+                error = f"{key}: reads {got!r} after setting {want!r}"
+                errors.append(error)
+                read_back = setting_knob(key)
+                if read_back is not None:
+                    outcome.knob_failed(read_back, error)
+        outcome.before = {k: before[k] for k in after}
+        outcome.after, outcome.errors = after, prefixed(vm, errors)
+        return outcome
 
 
-def _unreadable(failed: dict[str, str], desired: Settings, needs: set[str]) -> list[str]:
-    """The groups that could not be read and matter: gmd has a value for them, or the plan
-    asks something of them."""
-    errors = []
-    for group, why in failed.items():
-        kind = "disk" if group.startswith("disk") else group
-        touches = (
-            (kind == "sched" and any(k in desired for k in SCHED_KEYS))
-            or (kind == "blkio" and "blkio_weight" in desired)
-            or (kind == "disk" and any("." in k for k in desired))
-        )
-        if touches or kind in needs:
-            errors.append(f"{_knobs(group)}: cannot read: {why}")
-    return errors
+def _unreadable(group: str, desired: Settings, needs: set[Knob]) -> list[Knob]:
+    """The knobs of a group that could not be read which matter: gmd has a value for them,
+    or the plan asks something of them."""
+    return [
+        knob
+        for knob in GROUP_KNOBS.get(group.split(" ", 1)[0], ())
+        if knob in needs or any(setting_knob(k) == knob for k in desired)
+    ]
 
 
 def _writes(dom: Any, diff: Settings, desired: Settings) -> list[Write]:

@@ -43,7 +43,12 @@ from gmd.agent.collect.base import (
 )
 from gmd.agent.collect.host import HostCpu, local_hypervisor
 from gmd.agent.collect.ownership import EVERY_DOMAIN, DomainFilter, ownership
-from gmd.agent.libvirt_conn import CONNECTION_LOST, DOMAIN_BUSY, DOMAIN_GONE, LibvirtConnection
+from gmd.agent.libvirt_conn import (
+    CONNECTION_LOST,
+    DOMAIN_BUSY,
+    DOMAIN_GONE_OR_INVALID,
+    LibvirtConnection,
+)
 
 log = logging.getLogger(__name__)
 
@@ -272,7 +277,7 @@ class LibvirtCollector:
                 continue
             except libvirt.libvirtError as exc:
                 code = exc.get_error_code()
-                if code in DOMAIN_GONE:
+                if code in DOMAIN_GONE_OR_INVALID:
                     log.info("domain %s stopped while being read: %s", uuid, exc)
                     gone.add(uuid)
                     continue
@@ -362,7 +367,7 @@ class LibvirtCollector:
         try:
             return call(dev)
         except libvirt.libvirtError as exc:
-            if exc.get_error_code() in DOMAIN_GONE | CONNECTION_LOST:
+            if exc.get_error_code() in DOMAIN_GONE_OR_INVALID | CONNECTION_LOST:
                 raise
             log.warning("domain %s: cannot read %s %s: %s", uuid, kind, dev, exc)
             return None

@@ -420,16 +420,21 @@ def v1_cgroup() -> Iterator[tuple[VmIdentity, dict[str, Path]]]:
 
 
 def test_v1_real_kernel_apply_read_back_idempotent_restore(v1_cgroup) -> None:
+    """On this host's kernel, whichever disk weight file it has: BFQ's (kernels built with
+    it), CFQ's (before 5.0), or none (no proportional scheduler: the weight is reported
+    unsupported and everything else is still applied)."""
     vm, dirs = v1_cgroup
     device = _block_device()
     backend = CgroupBackend(V1_ROOT, "{name}")
     assert backend.version == "v1"
+    bfq = (dirs["blkio"] / "blkio.bfq.weight").exists()
+    cfq = (dirs["blkio"] / "blkio.weight").exists()
     snapshot = backend.read_current(vm)
     assert snapshot.files == {  # a new v1 child cgroup, as the kernel creates it
         "cpu.shares": "1024",
         "cpu.cfs_quota_us": "-1",
-        "blkio.weight": None,  # CFQ is gone from this kernel; BFQ's file is the one
-        "blkio.bfq.weight": "100",
+        "blkio.weight": "500" if cfq else None,
+        "blkio.bfq.weight": "100" if bfq else None,
         "blkio.throttle.read_bps_device": "",
         "blkio.throttle.write_bps_device": "",
         "memory.soft_limit_in_bytes": UNLIMITED_SOFT,
@@ -443,11 +448,19 @@ def test_v1_real_kernel_apply_read_back_idempotent_restore(v1_cgroup) -> None:
     )
     report = backend.apply(vm, limits)
     assert report.ok, report.failures
+    if bfq or cfq:
+        assert report.unsupported == {}
+    else:
+        assert set(report.unsupported) == {"disk_weight"}
+        assert (
+            "neither blkio.weight nor blkio.bfq.weight exists" in report.unsupported["disk_weight"]
+        )
+    weights = {n: dirs["blkio"] / n for n in ("blkio.bfq.weight", "blkio.weight")}
     kernel = {
         "cpu.shares": (dirs["cpu"] / "cpu.shares").read_text(),
         "cpu.cfs_quota_us": (dirs["cpu"] / "cpu.cfs_quota_us").read_text(),
         "cpu.cfs_period_us": (dirs["cpu"] / "cpu.cfs_period_us").read_text(),
-        "blkio.bfq.weight": (dirs["blkio"] / "blkio.bfq.weight").read_text(),
+        **{n: p.read_text() for n, p in weights.items() if p.exists()},
         "read": (dirs["blkio"] / "blkio.throttle.read_bps_device").read_text(),
         "write": (dirs["blkio"] / "blkio.throttle.write_bps_device").read_text(),
         "soft": (dirs["memory"] / "memory.soft_limit_in_bytes").read_text(),
@@ -456,7 +469,8 @@ def test_v1_real_kernel_apply_read_back_idempotent_restore(v1_cgroup) -> None:
         "cpu.shares": "512\n",
         "cpu.cfs_quota_us": "20000\n",
         "cpu.cfs_period_us": "100000\n",
-        "blkio.bfq.weight": "300\n",
+        **({"blkio.bfq.weight": "300\n"} if bfq else {}),
+        **({"blkio.weight": "1000\n"} if cfq else {}),  # 300 on CFQ's scale of 500, clamped
         "read": f"{device} 1048576\n",
         "write": f"{device} 2097152\n",
         "soft": "99999744\n",  # the kernel keeps whole 4 KiB pages: 100000000 // 4096 * 4096
