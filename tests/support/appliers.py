@@ -77,6 +77,13 @@ class SchedDomain:
     def __init__(self, real: Any, params: dict[str, int]) -> None:
         self._real, self.params = real, params
         self.fail_blkio_by_destroying = False
+        self.no_proportional_scheduler = False
+        """answer blkio calls as libvirt does on a host whose disks no BFQ or CFQ runs"""
+
+    def blkioParameters(self, flags: int) -> dict[str, int]:
+        if self.no_proportional_scheduler:
+            raise no_bfq_error()
+        return self._real.blkioParameters(flags)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
@@ -91,9 +98,38 @@ class SchedDomain:
 
     def setBlkioParameters(self, params: dict[str, int], flags: int) -> None:
         assert flags == LIVE
+        if self.no_proportional_scheduler:
+            raise no_bfq_error()
         if self.fail_blkio_by_destroying:
             self._real.destroy()  # the VM stops between the lookup and the change
         self._real.setBlkioParameters(params, flags)
+
+
+NO_BFQ = (
+    "Requested operation is not valid: blkio device weight is valid only for bfq or cfq scheduler"
+)
+
+
+def no_bfq_error() -> Any:
+    """The error real libvirtd (9.0, QEMU driver) answers ``blkioParameters(LIVE)`` with for a
+    running domain on a host whose disks run none/mq-deadline/kyber (seen on this project's
+    machines, kernel 6.18): VIR_ERR_OPERATION_INVALID, the same code as for a domain that
+    stopped. The test driver cannot be made to say it."""
+    import libvirt
+
+    error = libvirt.libvirtError(NO_BFQ)
+    error.err = (
+        libvirt.VIR_ERR_OPERATION_INVALID,
+        libvirt.VIR_FROM_CGROUP,
+        NO_BFQ,
+        libvirt.VIR_ERR_ERROR,
+        None,
+        None,
+        None,
+        -1,
+        -1,
+    )
+    return error
 
 
 class SchedConn:

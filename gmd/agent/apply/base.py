@@ -424,16 +424,19 @@ class PlanApplier(ABC):
         """Queue a result, unless it repeats the failure or would-do last reported for the VM."""
         error = "; ".join(outcome.errors) or None
         signature = _signature(action, error, outcome)
-        if signature is None and outcome.unsupported and not outcome.changed:
-            # nothing changed and a knob is missing: said once, not at every fetch
-            signature = json.dumps([action, sorted(outcome.unsupported)])
+        # A knob missing here is said once, not at every fetch: with the change that first
+        # met it, or alone when nothing changed.
+        lacking = json.dumps([action, sorted(outcome.unsupported)]) if outcome.unsupported else None
+        if signature is None and lacking is not None and not outcome.changed:
+            signature = lacking
         if signature is not None and self.state.reported.get(uuid) == signature:
             log.debug("enforcement: VM %s: %s unchanged since reported", uuid, action)
             return
-        if signature is None:
+        remembered = signature or lacking
+        if remembered is None:
             self.state.reported.pop(uuid, None)
         else:
-            self.state.reported[uuid] = signature
+            self.state.reported[uuid] = remembered
         _log_result(uuid, action, error, outcome)
         self._pending.append(
             VmApplyResult(

@@ -556,7 +556,10 @@ def test_v1_real_kernel_quota_holds_a_busy_process_to_a_fifth_of_a_core(v1_cgrou
     finally:
         spinner.kill()
         spinner.wait()
-    assert 0.12 <= share <= 0.30, f"busy loop used {share:.2f} of a core under a 0.2 cap"
+    # The cap bounds it from above; from below only the machine's load does (a busy machine
+    # gives it less than the cap), so the invariant is: under the cap, still running, and
+    # held back by the kernel.
+    assert 0 < share <= 0.30, f"busy loop used {share:.2f} of a core under a 0.2 cap"
     assert int(stat["nr_throttled"]) >= 5
     assert backend.restore(vm, snapshot).ok
     assert (dirs["cpu"] / "cpu.cfs_quota_us").read_text() == "-1\n"
