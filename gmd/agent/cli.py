@@ -1,6 +1,7 @@
 """gmd-agent: samples VMs through libvirt and pushes per-interval usage to the daemon.
 
-Wiring only: the loop is :class:`gmd.agent.loop.Agent`; Prometheus metrics on ``/metrics``.
+Wiring only: the loop is :class:`gmd.agent.loop.Agent`; ``/metrics`` and ``/healthz`` are
+:mod:`gmd.agent.endpoints`.
 With ``agent.collector = "replay"`` the host is simulated from recorded traces
 (:mod:`gmd.agent.collect.replay`): the agent replays its simulated time span, then exits.
 """
@@ -17,12 +18,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from prometheus_client import start_http_server
 
 from gmd.agent.apply.state import EnforceBackend
 from gmd.agent.client import DaemonClient, Delivery
 from gmd.agent.collect.base import Collector
 from gmd.agent.config import AgentConfig, CollectorKind, load_agent
+from gmd.agent.endpoints import EndpointError, EndpointServer, TickHealth
 from gmd.agent.loop import Agent, dry_run_batch, new_key
 from gmd.agent.metrics import AgentMetrics
 from gmd.agent.sender import Sender
@@ -323,9 +324,7 @@ def _serve(
                 )
             return
         if config.metrics_port:
-            server, _thread = start_http_server(
-                config.metrics_port, config.metrics_bind, registry=metrics.registry
-            )
+            server = _endpoints(config, runner)
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda _n, _f: stop.set())
@@ -339,12 +338,23 @@ def _serve(
         raise fail(str(exc), ExitCode.UNAVAILABLE) from None
     finally:
         if server is not None:
-            server.shutdown()
+            server.stop()
         spool.close()
         client.close()
         collector.close()
         if applier is not None:
             applier.close()
+
+
+def _endpoints(config: AgentConfig, runner: Agent) -> EndpointServer:
+    """``/metrics`` and ``/healthz`` on ``agent.metrics_bind:metrics_port``; exit 1 if the
+    port cannot be had."""
+    try:
+        return EndpointServer(
+            config.metrics_bind, config.metrics_port, runner.metrics.registry, TickHealth(runner)
+        )
+    except EndpointError as exc:
+        raise fail(str(exc), ExitCode.UNAVAILABLE) from None
 
 
 def _log_start(config: AgentConfig, *, replaying: bool, enforcing: bool) -> None:
@@ -363,7 +373,9 @@ def _log_start(config: AgentConfig, *, replaying: bool, enforcing: bool) -> None
         f" {config.enforcement_state_path}"
         if enforcing
         else "off",
-        f", metrics on {config.metrics_bind}:{config.metrics_port}" if config.metrics_port else "",
+        f", /metrics and /healthz on {config.metrics_bind}:{config.metrics_port}"
+        if config.metrics_port
+        else "",
     )
 
 

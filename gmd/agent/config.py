@@ -144,7 +144,7 @@ class Agent(Table):
         "measure and throttle only the domains with Nova's metadata (an owner project); the"
         " others on a shared hypervisor are left alone",
     )
-    metrics_bind = Text("127.0.0.1", "where ``/metrics`` listens")
+    metrics_bind = Text("127.0.0.1", "where ``/metrics`` and ``/healthz`` listen")
     metrics_port = Count(8471, "its port; ``0`` turns it off", 0, 65535)
     timeout_s = Number(10.0, "HTTP timeout per request to the daemon", 0.1, 600)
     post_jitter_s = Number(

@@ -132,6 +132,8 @@ class Agent:
             config.disk_bytes_per_s, config.network_bytes_per_s, sys_class_net or SYS_CLASS_NET
         )
         self.capacity: Capacity | None = None
+        self.finished: tuple[float, TickReport] | None = None
+        """when the latest tick ended (``time.monotonic()``) and its report"""
         self._capacity_interval: int | None = None
 
     def _refresh_capacity(self, now_s: float) -> Capacity | None:
@@ -169,7 +171,7 @@ class Agent:
         if capacity is None:
             reading = HostReading(now_s, False)
             m.read(reading)
-            return TickReport(reading, 0, 0, self._send(now_s))
+            return self._finished(TickReport(reading, 0, 0, self._send(now_s)))
         reading = self.collector.collect()
         result = advance(self.state, reading, self.config.interval_s)
         m.read(reading)
@@ -197,7 +199,13 @@ class Agent:
         if self.sender is None:
             m.spooled.inc(min(len(batches), waiting))
         enforced = self._enforce(now_s) if reading.ok else ()
-        return TickReport(reading, len(batches), len(dropped), waiting, enforced)
+        m.throttling(len(self.applier.remembered) if self.applier is not None else 0)
+        return self._finished(TickReport(reading, len(batches), len(dropped), waiting, enforced))
+
+    def _finished(self, report: TickReport) -> TickReport:
+        """Keep the tick's report with when it ended (``time.monotonic()``): /healthz's."""
+        self.finished = (time.monotonic(), report)
+        return report
 
     def _enforce(self, now_s: float) -> tuple[VmApplyResult, ...]:
         """Fetch the plan if it is due, apply it, report; what was reported (or is kept)."""

@@ -22,7 +22,15 @@ from prometheus_client import (
 
 from gmd.agent.collect.base import FailureKind, HostReading
 from gmd.common.version import version
-from gmd.wire import PLAN_MODES, ApplyAction, PlanMode, VmApplyResult
+from gmd.wire import (
+    PLAN_MODES,
+    ApplyAction,
+    HostCapabilities,
+    Knob,
+    KnobSupport,
+    PlanMode,
+    VmApplyResult,
+)
 
 
 class TickOutcome(StrEnum):
@@ -175,6 +183,28 @@ class AgentMetrics:
             ["mode"],
             registry=r,
         )
+        self.vms = Gauge(
+            "gmd_agent_vms",
+            "VMs running on this host at the latest tick that read it (those the agent measures:"
+            " agent.domain_prefixes and agent.only_nova leave the others out).",
+            registry=r,
+        )
+        self.vms_throttled = Gauge(
+            "gmd_agent_vms_throttled",
+            "VMs gmd holds throttled now: those whose original settings it keeps to put back"
+            " (0 with agent.enforce_backend = none).",
+            registry=r,
+        )
+        self.knob_support = Gauge(
+            "gmd_agent_knob_support",
+            "Whether this host can set each knob (cpu_weight, cpu_cap, disk_weight, disk_limit,"
+            " network_limit): 1 for its support (supported, unsupported or unknown), 0 for the"
+            " others; unknown until the host is probed.",
+            ["knob", "support"],
+            registry=r,
+        )
+        for knob in Knob:
+            self._knob(knob, KnobSupport.unknown)
         for labelled, values in (
             (self.ticks, TickOutcome),
             (self.batches, BatchFate),
@@ -202,12 +232,26 @@ class AgentMetrics:
         if reading.ok:
             self.ticks.labels(TickOutcome.ok).inc()
             self.last_tick.set(reading.taken_s)
+            self.vms.set(len(reading.listed))
             for failure in reading.errors:
                 self.libvirt_errors.labels(failure.kind).inc()
             self.busy_domains.inc(len(reading.busy))
         else:
             self.ticks.labels(TickOutcome.host_unreadable).inc()
             self.libvirt_errors.labels(FailureKind.host).inc()
+
+    def throttling(self, count: int) -> None:
+        """``count`` VMs are held throttled now (the applier's remembered VMs)."""
+        self.vms_throttled.set(count)
+
+    def capabilities(self, caps: HostCapabilities) -> None:
+        """What probing the host found of each knob (one it did not report is unknown)."""
+        for knob in Knob:
+            self._knob(knob, caps.support(knob).support)
+
+    def _knob(self, knob: Knob, support: KnobSupport) -> None:
+        for s in KnobSupport:
+            self.knob_support.labels(knob, s).set(1 if s == support else 0)
 
     def batches_went(self, fate: BatchFate, count: int) -> None:
         """``count`` batches met ``fate``."""

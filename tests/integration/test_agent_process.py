@@ -177,6 +177,58 @@ def test_version_names_the_program(tmp_path: Path) -> None:
     assert (out.returncode, out.stdout, out.stderr) == (0, f"gmd-agent {version()}\n", "")
 
 
+def test_healthz_turns_200_once_ticks_read_the_host_and_the_port_is_freed_at_exit(
+    tmp_path: Path,
+) -> None:
+    """No daemon answers (port 9): the agent measures and spools all the same, so it is
+    healthy. A port another process holds is one error line and exit 1."""
+    port = free_port()
+    cfg = write_config(tmp_path / "gmd.toml", tmp_path / "spool.db", "http://127.0.0.1:9", port)
+    cfg.write_text(cfg.read_text() + 'enforce_backend = "none"\n')
+    log = tmp_path / "agent.log"
+    url = f"http://127.0.0.1:{port}"
+
+    def healthz() -> httpx.Response | None:
+        try:
+            return httpx.get(f"{url}/healthz", timeout=5)
+        except httpx.TransportError:
+            return None
+
+    with log.open("wb") as out:
+        proc = subprocess.Popen([str(AGENT), "--config", str(cfg)], stderr=out)
+    try:
+        answers: list[httpx.Response] = []
+
+        def healthy() -> bool:
+            answer = healthz()
+            if answer is not None:
+                answers.append(answer)
+            return answer is not None and answer.status_code == 200
+
+        wait_for("healthy /healthz", healthy, proc, log)
+        assert {a.status_code for a in answers} <= {200, 503}
+        body = answers[-1].json()
+        assert (body["status"], body["host"], body["vms"]) == ("ok", HOST, 4), body
+        assert httpx.get(f"{url}/", timeout=5).status_code == 404
+        assert "gmd_agent_vms 4.0" in httpx.get(f"{url}/metrics", timeout=5).text
+
+        # The port is taken: a second agent says so and exits 1.
+        other = write_config(tmp_path / "other.toml", tmp_path / "other.db", url, port)
+        other.write_text(other.read_text() + 'enforce_backend = "none"\n')
+        taken = run("--config", str(other))
+        assert taken.returncode == 1
+        assert taken.stderr.splitlines()[-1] == (
+            f"gmd-agent: error: cannot serve /metrics and /healthz on 127.0.0.1:{port}"
+            " (agent.metrics_bind, agent.metrics_port): Address already in use"
+        )
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(15)
+    assert proc.returncode == 0, log.read_text()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+
+
 def test_sigkill_with_a_full_spool_then_restart_loses_and_doubles_nothing(
     tmp_path: Path,
 ) -> None:

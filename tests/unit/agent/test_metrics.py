@@ -1,6 +1,7 @@
 """The agent's /metrics as Prometheus scrapes it: the client library's process and platform
 series, every label value from the start, the current enforcement mode, plans not applied
-through, and a busy domain counted apart from libvirt's errors.
+through, a busy domain counted apart from libvirt's errors, the VMs measured and held
+throttled, and which knobs the host can set.
 
 The page is scraped from the real gmd-agent on libvirt's test driver; the busy domains come
 from the collector on the test driver behind a connection that says it is QEMU (whose bulk
@@ -258,3 +259,106 @@ def test_read_failures_are_counted_by_their_kind() -> None:
         metrics.registry.get_sample_value("gmd_agent_ticks_total", {"outcome": "host_unreadable"})
         == 1.0
     )
+
+
+def test_the_vms_gauge_counts_the_domains_the_agent_measures(tmp_path: Path) -> None:
+    """node.xml runs four domains (a fifth is stopped), two of them named instance-*."""
+    every = agent_on(tmp_path / "every", LibvirtCollector(uri(NODE)))
+    assert value(every, "gmd_agent_vms") == 0
+    every.tick(1_800_000_000.0)
+    assert value(every, "gmd_agent_vms") == 4
+    every.spool.close()
+
+    config = parse_agent({"agent": {"libvirt_uri": "test:///x", "domain_prefixes": ["instance-"]}})
+    nova = agent_on(tmp_path / "nova", LibvirtCollector(uri(NODE), domains=config.domains))
+    nova.tick(1_800_000_000.0)
+    assert value(nova, "gmd_agent_vms") == 2
+    nova.spool.close()
+
+
+def test_the_throttled_gauge_follows_the_appliers_remembered_vms(conn: Any, tmp_path: Path) -> None:
+    from gmd.agent.collect.libvirt import LibvirtCollector as Collector
+    from tests.support.appliers import UUID_C
+
+    state = tmp_path / "s.json"
+    applier = LibvirtApplier(SchedConn(conn), state_path=state)
+    plans = Plans()
+    agent = agent_on(
+        tmp_path / "1", Collector("test:///x", opener=lambda _u: conn), applier=applier, plans=plans
+    )
+    assert value(agent, "gmd_agent_vms_throttled") == 0
+    plans.plan = plan("on", item(UUID_B))
+    agent.tick(1_800_000_000.0)
+    assert value(agent, "gmd_agent_vms_throttled") == 1 == len(applier.remembered)
+    plans.plan = plan("on", item(UUID_B), item(UUID_C), generated_s=1_800_000_060)
+    agent.tick(1_800_000_060.0)
+    assert value(agent, "gmd_agent_vms_throttled") == 2
+    agent.spool.close()
+
+    # Restarted, with the daemon out of reach: the VMs held throttled are those on disk.
+    applier = LibvirtApplier(SchedConn(conn), state_path=state)
+    plans.plan = None
+    agent = agent_on(
+        tmp_path / "2", Collector("test:///x", opener=lambda _u: conn), applier=applier, plans=plans
+    )
+    agent.tick(1_800_000_120.0)
+    assert value(agent, "gmd_agent_vms_throttled") == 2
+    # Mode "off" puts every VM back.
+    plans.plan = plan("off", generated_s=1_800_000_180)
+    agent.tick(1_800_000_180.0)
+    assert value(agent, "gmd_agent_vms_throttled") == 0 == len(applier.remembered)
+    agent.spool.close()
+
+
+def test_knob_support_is_unknown_until_the_host_is_probed_then_one_support_per_knob() -> None:
+    from gmd.wire import HostCapabilities, Knob, KnobCapability, KnobSupport
+
+    metrics = AgentMetrics()
+
+    def support() -> dict[str, str]:
+        """Each knob's support: the one label value whose sample is 1 (every other is 0)."""
+        got = samples(generate_latest(metrics.registry).decode())
+        ones: dict[str, list[str]] = {}
+        for (name, labels), v in got.items():
+            if name == "gmd_agent_knob_support":
+                assert v in (0, 1), (labels, v)
+                d = dict(labels)
+                ones.setdefault(d["knob"], [])
+                if v == 1:
+                    ones[d["knob"]].append(d["support"])
+        assert all(len(s) == 1 for s in ones.values()), ones
+        return {knob: s[0] for knob, s in ones.items()}
+
+    assert support() == dict.fromkeys(Knob, "unknown")
+    metrics.capabilities(
+        HostCapabilities(
+            backend="libvirt",
+            cgroup="v2",
+            knobs=[
+                KnobCapability(knob=Knob.cpu_weight, support=KnobSupport.supported),
+                KnobCapability(knob=Knob.cpu_cap, support=KnobSupport.supported),
+                KnobCapability(
+                    knob=Knob.disk_weight, support=KnobSupport.unsupported, reason="mq-deadline"
+                ),
+                KnobCapability(knob=Knob.disk_limit, support=KnobSupport.unknown),
+            ],
+            probed_s=1_800_000_000,
+        )
+    )
+    assert support() == {
+        "cpu_weight": "supported",
+        "cpu_cap": "supported",
+        "disk_weight": "unsupported",
+        "disk_limit": "unknown",
+        "network_limit": "unknown",  # not reported by the probe
+    }
+    metrics.capabilities(
+        HostCapabilities(
+            backend="cgroup",
+            cgroup="v1",
+            knobs=[KnobCapability(knob=Knob.disk_weight, support=KnobSupport.supported)],
+            probed_s=1_800_000_100,
+        )
+    )
+    assert support()["disk_weight"] == "supported"
+    assert support()["cpu_weight"] == "unknown"
