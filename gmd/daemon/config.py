@@ -39,7 +39,7 @@ from gmd.fairness.cloud import ConsumerMode, EndowmentMode
 from gmd.fairness.decay import DEFAULT_HALF_LIFE_S
 from gmd.fairness.directcontr import Utility
 from gmd.fairness.interval import IntervalSettings
-from gmd.fairness.policy import CapResource, ContentionPolicy, ThrottlePolicy
+from gmd.fairness.policy import CapResource, ContentionPolicy, DiskWeightFallback, ThrottlePolicy
 from gmd.wire import RESOURCES_COMBINED, RESOURCES_SPLIT, PlanMode, resource_names
 
 
@@ -437,6 +437,14 @@ class Enforcement(Table):
         whole=True,
         unit="intervals",
     )
+    disk_weight_fallback = Kind(
+        DiskWeightFallback.limit,
+        "on a host whose agent says it has no disk weight (no BFQ on its disks: most NVMe and"
+        " virtio hosts), ``limit``: a throttled VM's disk is held instead to a bytes/s limit of"
+        " the share its weight would give it, where the host's disk is contended"
+        " (``contended_above``); ``none``: weights only, and the host's plan says disk"
+        " throttling is unavailable there",
+    )
 
 
 class Quota(Table):
@@ -509,6 +517,7 @@ class EnforcementConfig:
     policy: ThrottlePolicy = field(default_factory=ThrottlePolicy)
     quota: QuotaConfig = field(default_factory=QuotaConfig)
     contention: ContentionPolicy = field(default_factory=ContentionPolicy)
+    disk_weight_fallback: DiskWeightFallback = Enforcement.disk_weight_fallback.default
 
 
 class Retention(Table):
@@ -921,7 +930,8 @@ def _enforcement(e: Reader) -> EnforcementConfig:
     )
     q.done()
     e.done()
-    return EnforcementConfig(mode, policy, quota, contention)
+    fallback = e.option(Enforcement.disk_weight_fallback)
+    return EnforcementConfig(mode, policy, quota, contention, fallback)
 
 
 def _contention(e: Reader) -> ContentionPolicy:

@@ -235,6 +235,8 @@ class Contention(enum.StrEnum):
     anyone needs protecting)"""
     always = "always"
     """the threshold is 0: caps applied on every host, busy or not"""
+    unsupported = "unsupported"
+    """the host cannot set this cap (its agent's probe says why): none is asked of it"""
 
 
 @dataclass(frozen=True)
@@ -288,10 +290,14 @@ class CapDecision:
     """how many intervals of the host were measured"""
     window: int
     """how many intervals were looked at (``contention_intervals``)"""
+    detail: str = ""
+    """for ``unsupported``: why the host cannot set it, in its agent's words"""
 
     def why(self) -> str:
         """The figures, in words: "cpu 91 % ≥ 80 %"."""
         r = self.resource.value
+        if self.reason is Contention.unsupported:
+            return f"{r}: this host cannot set the cap ({self.detail or 'its agent says so'})"
         if self.reason is Contention.always:
             return f"{r}: contended_above = 0 (caps on every host)"
         if self.utilisation is None:
@@ -352,6 +358,32 @@ def host_contention(
             resource, applied, reason, utilisation, threshold, n, policy.intervals
         )
     return out
+
+
+def unsupported(decision: CapDecision, detail: str) -> CapDecision:
+    """``decision`` on a host that cannot set the cap: withheld, and why."""
+    return replace(decision, applied=False, reason=Contention.unsupported, detail=detail)
+
+
+class DiskWeightFallback(enum.StrEnum):
+    """What a level's disk weight becomes on a host whose disks no proportional scheduler runs
+    (no BFQ: most NVMe and virtio hosts), where a weight would do nothing."""
+
+    limit = "limit"
+    """a bytes/s limit of the share the weight would have given, where the host's disk is
+    contended (:func:`weight_as_disk_limit`)"""
+    none = "none"
+    """weights only: disk throttling is unavailable on that host, and its plan says so"""
+
+
+def weight_as_disk_limit(weight_factor: float, disk_bytes_per_s: float, vms: int) -> float | None:
+    """The disk limit standing in for a weight where a host has none: the share of the disk a
+    proportional scheduler would give a VM of weight ``weight_factor`` against ``vms - 1``
+    neighbours of normal weight when all of them want the disk, ``w / (w + vms - 1)`` of its
+    bandwidth. None where the weight asks nothing (factor 1) or nobody shares the disk."""
+    if not weight_factor < 1 or vms < 2 or not disk_bytes_per_s > 0:
+        return None
+    return weight_factor / (weight_factor + vms - 1) * disk_bytes_per_s
 
 
 def capped_effect(effect: LevelEffect, caps: Mapping[CapResource, CapDecision]) -> LevelEffect:

@@ -6,6 +6,7 @@ the latest accounted interval; a host may only read and report on its own plan.
 
 from __future__ import annotations
 
+import logging
 from functools import partial
 
 from fastapi import APIRouter, Request
@@ -16,18 +17,33 @@ from gmd.daemon.api.deps import Caller, ServicesDep
 from gmd.daemon.api.errors import Refused, json_document, validation_problem
 from gmd.daemon.enforce.audit import record_host_report
 from gmd.daemon.enforce.plans import host_plan, wire_caps
-from gmd.wire import HostPlan, PlanReport, PlanReportReceipt, visible_name
+from gmd.daemon.ledger import capabilities
+from gmd.wire import (
+    HostCapabilities,
+    HostCapabilitiesReceipt,
+    HostPlan,
+    PlanReport,
+    PlanReportReceipt,
+    visible_name,
+)
 
 router = APIRouter()
+log = logging.getLogger(__name__)
+
 
 # The route reads its body itself (so that any body gets a 4xx, never FastAPI's form parsing
 # or a 500), so the spec is told what it holds.
-_REPORT_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/PlanReport"}}},
+def _body(model: str) -> dict[str, object]:
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model}"}}},
+        }
     }
-}
+
+
+_REPORT_BODY = _body("PlanReport")
+_CAPABILITIES_BODY = _body("HostCapabilities")
 
 
 @router.get("/v1/plan/{host}", response_model=HostPlan)
@@ -44,7 +60,7 @@ def get_plan(host: str, caller_host: Caller, services: ServicesDep) -> HostPlan:
         generated_s=int(services.clock()),
         mode=enforcement.mode,
         vms=plan.vms,
-        caps=wire_caps(plan.caps),
+        caps=wire_caps(plan.caps, plan.disk_weight),
     )
 
 
@@ -88,6 +104,37 @@ async def post_plan_report(
         if not result.ok and result.uuid not in ignored:
             services.metrics.report_host_failure(result.action)
     return PlanReportReceipt(recorded=done.rows, ignored=done.ignored)
+
+
+@router.put(
+    "/v1/hosts/{host}/capabilities",
+    response_model=HostCapabilitiesReceipt,
+    openapi_extra=_CAPABILITIES_BODY,
+)
+async def put_capabilities(
+    host: str, request: Request, caller_host: Caller, services: ServicesDep
+) -> HostCapabilitiesReceipt:
+    """What the host's agent found it can set (a ``HostCapabilities``: per knob supported,
+    unsupported and why, or unknown), replacing what it said before. Plans are made with it:
+    a knob the host lacks is not asked of it (``[enforcement] disk_weight_fallback``)."""
+    services.auth.check_host(caller_host, host)
+    check_host_name(host)
+    document = json_document(request.headers.get("content-type"), await request.body())
+    try:
+        caps = HostCapabilities.model_validate(document)
+    except ValidationError as exc:
+        raise validation_problem(exc.errors(), "invalid capabilities") from None
+    changed = await run_in_threadpool(
+        capabilities.record, services.engine, host, caps, services.clock()
+    )
+    if changed:
+        lacking = caps.unsupported()
+        log.info(
+            "host %s can set: %s",
+            host,
+            "every knob" if not lacking else "all but " + ", ".join(k.words for k in lacking),
+        )
+    return HostCapabilitiesReceipt(host=host, changed=changed)
 
 
 def check_host_name(host: str) -> None:

@@ -27,6 +27,7 @@ from gmd.daemon.ledger.tables import (
     hosts as _hosts,
     vms as _vms,
 )
+from gmd.wire import Knob, KnobOutcome
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,8 @@ def record_host_report(
                     "dry_run": dry,
                     "before": json.dumps({"vm": r["uuid"], **r["before"]}),
                     "after": json.dumps({"vm": r["uuid"], **r["after"]}),
-                    "reason": (r["error"] or "") + f" ({source}, reported by host {host})",
+                    "reason": (r["error"] or _lacking(r)) + f" ({source}, reported by host {host})",
+                    "knobs": knobs_column(r.get("knobs") or []),
                 }
             )
         if restore_all:
@@ -117,8 +119,24 @@ def record_host_report(
                     "after": json.dumps({"all": True}),
                     "reason": f"{RESTORE_ALL} on host {host}: every VM gmd had changed there is"
                     f" back to its original settings ({len(results)} reported)",
+                    "knobs": None,
                 }
             )
         if rows:
             conn.execute(insert(_actions), rows)
     return Recorded(len(rows), ignored)
+
+
+def knobs_column(knobs: Sequence[dict[str, Any]]) -> str | None:
+    """A result's knobs as the ``knobs`` column keeps them: ``{"cpu_cap": ["applied", ""]}``."""
+    if not knobs:
+        return None
+    return json.dumps({str(k["knob"]): [str(k["outcome"]), k["detail"]] for k in knobs})
+
+
+def _lacking(result: dict[str, Any]) -> str:
+    """An apply that worked but for knobs the host lacks, in words for the log's reason."""
+    lacking = [k for k in result.get("knobs") or [] if k["outcome"] == KnobOutcome.unsupported]
+    return "; ".join(
+        f"{Knob(k['knob']).words} not supported on this host: {k['detail']}" for k in lacking
+    )

@@ -18,11 +18,13 @@ history.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from sqlalchemy import Connection, Select, and_, false, func, select
 
 from gmd.daemon.config import EnforcementConfig
+from gmd.daemon.ledger import capabilities
 from gmd.daemon.ledger.models import BatchState, IntervalState
 from gmd.daemon.ledger.tables import (
     batches as _batches,
@@ -37,10 +39,14 @@ from gmd.daemon.ledger.tables import (
 from gmd.fairness.policy import (
     CapDecision,
     CapResource,
+    Contention,
     ContentionPolicy,
+    DiskWeightFallback,
     capped_effect,
     cpu_cap_cores,
     host_contention,
+    unsupported,
+    weight_as_disk_limit,
     weights_for,
 )
 from gmd.wire import (
@@ -51,7 +57,9 @@ from gmd.wire import (
     WEIGHT_DEFAULT,
     WEIGHT_MAX,
     WEIGHT_MIN,
+    HostCapabilities,
     HostCaps,
+    Knob,
     PlanMode,
     VmPlanItem,
     within,
@@ -195,17 +203,84 @@ def _host_busy_cpu_s(conn: Connection, host_id: int, window: Window) -> dict[int
     return {int(i): float(v) for i, v in rows}
 
 
-def wire_caps(caps: dict[CapResource, CapDecision]) -> list[HostCaps]:
-    """The decisions as the plan carries them."""
-    return [HostCaps.model_validate({**d.figures(), "why": d.words()}) for d in caps.values()]
+def wire_caps(
+    caps: dict[CapResource, CapDecision], disk_weight: DiskWeight | None = None
+) -> list[HostCaps]:
+    """The decisions as the plan carries them (and, where the host has no disk weight, what
+    stands in for it: :class:`DiskWeight`)."""
+    out = [HostCaps.model_validate({**d.figures(), "why": d.words()}) for d in caps.values()]
+    if disk_weight is not None:
+        out.append(disk_weight.wire())
+    return out
+
+
+def host_knobs(
+    caps: dict[CapResource, CapDecision], said: HostCapabilities | None
+) -> dict[CapResource, CapDecision]:
+    """The cap decisions on a host that said it cannot set a cap: withheld there, and why."""
+    if said is None:
+        return caps
+    lacking = said.unsupported()
+    out = dict(caps)
+    for resource, knob in ((CapResource.cpu, Knob.cpu_cap), (CapResource.disk, Knob.disk_limit)):
+        if knob in lacking:
+            out[resource] = unsupported(caps[resource], lacking[knob])
+    return out
+
+
+@dataclass(frozen=True)
+class DiskWeight:
+    """A host without a disk weight (its agent said so), and what the plan does instead:
+    ``limit`` — a bytes/s limit of the weight's share of the disk, where the disk is
+    contended — or ``none``: disk throttling unavailable there."""
+
+    why: str
+    """the host's reason (no proportional scheduler on its disks…)"""
+    fallback: DiskWeightFallback
+    disk: CapDecision
+    """the host's disk contention, which decides where a limit bites"""
+    disk_bytes_per_s: float | None
+    vms: int
+
+    @property
+    def limiting(self) -> bool:
+        return self.fallback == DiskWeightFallback.limit and self.disk.applied
+
+    def limit(self, weight_factor: float) -> float | None:
+        """The limit standing in for ``weight_factor`` on this host (None: none)."""
+        if not self.limiting or self.disk_bytes_per_s is None:
+            return None
+        return weight_as_disk_limit(weight_factor, self.disk_bytes_per_s, self.vms)
+
+    def words(self) -> str:
+        head = f"disk weight unsupported on this host ({self.why})"
+        if self.fallback == DiskWeightFallback.none:
+            return f"{head}: disk throttling unavailable here (disk_weight_fallback = none)"
+        if not self.limiting:
+            return f"{head}: a disk limit stands in where disk is contended; {self.disk.words()}"
+        return f"{head}: held by a disk limit of the weight's share instead; {self.disk.words()}"
+
+    def wire(self) -> HostCaps:
+        return HostCaps(
+            resource="disk_weight",
+            applied=self.limiting,
+            reason=Contention.unsupported.value,
+            utilisation=self.disk.utilisation,
+            threshold=self.disk.threshold,
+            intervals=self.disk.intervals,
+            window=self.disk.window,
+            why=self.words(),
+        )
 
 
 @dataclass(frozen=True)
 class Plan:
-    """One host's plan: its throttled VMs, and whether (and why) caps apply there."""
+    """One host's plan: its throttled VMs, whether (and why) caps apply there, and what
+    stands in for a disk weight the host lacks."""
 
     vms: list[VmPlanItem] = field(default_factory=list)
     caps: dict[CapResource, CapDecision] = field(default_factory=dict)
+    disk_weight: DiskWeight | None = None
 
 
 def host_plan(conn: Connection, host: str, config: EnforcementConfig) -> Plan:
@@ -215,10 +290,13 @@ def host_plan(conn: Connection, host: str, config: EnforcementConfig) -> Plan:
         return Plan()
     host_id = conn.execute(select(_hosts.c.id).where(_hosts.c.name == host)).scalar()
     window = recent_window(conn, config.contention.intervals)
-    caps = host_caps(conn, host_id, window, config.contention)
+    word = capabilities.of_host(conn, host)
+    said = word.capabilities if word is not None else None
+    caps = host_knobs(host_caps(conn, host_id, window, config.contention), said)
     if host_id is None:
         return Plan([], caps)
     running = running_vms(window, host_id).subquery()
+    disk_weight = _disk_weight(conn, host_id, window, config, caps, said, running)
     rows = conn.execute(
         select(_vms.c.id, _vms.c.uuid, _customers.c.name, _levels.c.level)
         .join(_levels, _levels.c.customer_id == _vms.c.customer_id)
@@ -232,22 +310,62 @@ def host_plan(conn: Connection, host: str, config: EnforcementConfig) -> Plan:
         effect = capped_effect(config.policy.effect(level), caps)
         weight = weights_for(effect.weight_factor, WEIGHT_DEFAULT, WEIGHT_MIN, WEIGHT_MAX)
         cpu_cap = cpu_cap_cores(effect.cpu_cap_fraction, vcpus.get(vm_id))
-        disk_cap = within(
-            effect.disk_bytes_per_s, DISK_CAP_MIN_BYTES_PER_S, DISK_CAP_MAX_BYTES_PER_S
-        )
+        disk_bytes = effect.disk_bytes_per_s
+        io_weight = weight
+        if disk_weight is not None:
+            # a weight would do nothing here: none is asked, a limit may stand in for it
+            io_weight = WEIGHT_DEFAULT
+            stand_in = disk_weight.limit(effect.weight_factor)
+            if stand_in is not None:
+                disk_bytes = stand_in if disk_bytes is None else min(disk_bytes, stand_in)
+        disk_cap = within(disk_bytes, DISK_CAP_MIN_BYTES_PER_S, DISK_CAP_MAX_BYTES_PER_S)
         plans.append(
             VmPlanItem(
                 uuid=uuid,
                 customer=customer,
                 level=level,
                 cpu_weight=weight,
-                io_weight=weight,
+                io_weight=io_weight,
                 cpu_quota_cores=within(cpu_cap, CPU_CAP_MIN_CORES, CPU_CAP_MAX_CORES),
                 disk_read_bytes_per_s=disk_cap,
                 disk_write_bytes_per_s=disk_cap,
             )
         )
-    return Plan(plans, caps)
+    return Plan(plans, caps, disk_weight)
+
+
+def _disk_weight(
+    conn: Connection,
+    host_id: int,
+    window: Window,
+    config: EnforcementConfig,
+    caps: dict[CapResource, CapDecision],
+    said: HostCapabilities | None,
+    running: Any,
+) -> DiskWeight | None:
+    """What stands in for the disk weight on a host that said it has none (None: it has one,
+    or said nothing)."""
+    if said is None or Knob.disk_weight not in said.unsupported():
+        return None
+    vms = conn.execute(select(func.count()).select_from(running)).scalar() or 0
+    capacity = None
+    if window.first is not None:
+        capacity = conn.execute(
+            select(_host_intervals.c.disk_bytes_per_s)
+            .where(
+                _host_intervals.c.host_id == host_id,
+                _host_intervals.c.interval_id.between(window.first, window.last),
+            )
+            .order_by(_host_intervals.c.interval_id.desc())
+            .limit(1)
+        ).scalar()
+    return DiskWeight(
+        said.unsupported()[Knob.disk_weight],
+        config.disk_weight_fallback,
+        caps[CapResource.disk],
+        None if capacity is None else float(capacity),
+        int(vms),
+    )
 
 
 def _flavor_vcpus(conn: Connection, host_id: int, window: Window) -> dict[int, float | None]:

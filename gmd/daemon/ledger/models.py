@@ -469,6 +469,22 @@ class EnforcementAction(Base):
     before: Mapped[str | None] = mapped_column(Text)
     after: Mapped[str | None] = mapped_column(Text)
     reason: Mapped[str] = mapped_column(Text)
+    knobs: Mapped[str | None] = mapped_column(Text)
+    """A host's report: per knob asked of (or put back on) the VM, ``{"cpu_cap": ["applied",
+    ""], "disk_weight": ["unsupported", "why"]}``; NULL for other actions and older agents"""
+
+
+class HostCapability(Base):
+    """What a host's agent last said it can set (``PUT /v1/hosts/{host}/capabilities``): one row
+    per host name, replaced whole. Keyed by name, not ``hosts.id``: an agent says it at start,
+    before its first batch makes the host's row."""
+
+    __tablename__ = "host_capabilities"
+    host: Mapped[str] = mapped_column(String(255), primary_key=True)
+    reported_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    probed_s: Mapped[int] = mapped_column(BigInteger)
+    document: Mapped[str] = mapped_column(Text)
+    """the :class:`gmd.wire.HostCapabilities` as JSON"""
 
 
 class BalanceReset(Base):

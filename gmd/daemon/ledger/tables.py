@@ -24,6 +24,7 @@ from gmd.daemon.ledger.models import (
     FederationEvent,
     FederationStanding,
     Host,
+    HostCapability,
     HostInterval,
     HostRollup,
     Interval,
@@ -40,6 +41,7 @@ from gmd.daemon.ledger.models import (
 organizations = cast(Table, Organization.__table__)
 customers = cast(Table, Customer.__table__)
 hosts = cast(Table, Host.__table__)
+host_capabilities = cast(Table, HostCapability.__table__)
 vms = cast(Table, Vm.__table__)
 intervals = cast(Table, Interval.__table__)
 batches = cast(Table, Batch.__table__)
