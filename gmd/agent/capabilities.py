@@ -206,7 +206,9 @@ class Probe:
         support, via, reason = _decide(knob, self)
         said = self.libvirt.get(knob)
         if said is not None and said[0] == KnobSupport.unsupported:
-            support, reason = said[0], said[1]
+            # libvirt's refusal is the fact; the files' reason, where they have one, the why
+            reason = f"{said[1]}; {reason}" if support == KnobSupport.unsupported else said[1]
+            support = said[0]
         return _cap(knob, support, via, reason)
 
 
@@ -380,6 +382,18 @@ def table(caps: HostCapabilities) -> list[dict[str, str]]:
         }
         for k in caps.knobs
     ]
+
+
+def text_table(caps: HostCapabilities) -> str:
+    """:func:`table` as aligned columns of plain text (the agent has no rich tables)."""
+    rows = table(caps)
+    keys = ("knob", "support", "via", "reason")
+    widths = {k: max(len(k), *(len(r[k]) for r in rows)) for k in keys[:-1]}
+    lines = []
+    for r in [dict(zip(keys, (k.upper() for k in keys), strict=True)), *rows]:
+        cells = [r[k].ljust(widths[k]) for k in keys[:-1]]
+        lines.append("  ".join([*cells, r["reason"]]).rstrip())
+    return "\n".join(lines) + "\n"
 
 
 def describe(caps: HostCapabilities) -> str:

@@ -14,6 +14,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -36,11 +37,19 @@ from gmd.wire import MAX_REPORT_RESULTS, PlanReport, VmApplyResult
 
 if TYPE_CHECKING:
     from gmd.agent.apply.base import PlanApplier
+    from gmd.agent.capabilities import HostProbe
     from gmd.agent.collect.replay import ReplayClock, ReplayCollector
 
 log = logging.getLogger("gmd.agent")
 
 app = typer.Typer(add_completion=False, rich_markup_mode=None)
+
+
+class CheckFormat(StrEnum):
+    """How ``--check`` prints the host's knobs."""
+
+    table = "table"
+    json = "json"
 
 
 def _applier(config: AgentConfig) -> PlanApplier | None:
@@ -143,6 +152,21 @@ def agent(
             " and send nothing. Implies --once.",
         ),
     ] = False,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="Probe which knobs this host can hold a VM to (CPU weight and cap, disk weight"
+            " and limit, network limit), through agent.enforce_backend, and print them with"
+            " the reason for each missing one; change nothing and exit. Exit 0 when the probe"
+            " ran (the table says what is missing), 1 when the host cannot be probed. With"
+            " --format json, the document the agent sends the daemon.",
+        ),
+    ] = False,
+    output: Annotated[
+        CheckFormat,
+        typer.Option("--format", help="--check's output: table or json."),
+    ] = CheckFormat.table,
     restore_all: Annotated[
         bool,
         typer.Option(
@@ -176,6 +200,9 @@ def agent(
     if restore_all:
         _restore_all(config)
         return
+    if check:
+        _check(config, output)
+        return
     collector: Collector
     clock: ReplayClock | None = None
     replayed: ReplayCollector | None = None
@@ -188,6 +215,63 @@ def agent(
         _dry_run(config, collector, replayed, clock)
     else:
         _serve(config, collector, clock, once=once)
+
+
+def _host_probe(config: AgentConfig) -> HostProbe:
+    from gmd.agent.capabilities import HostProbe
+
+    return HostProbe(config.enforce_backend)
+
+
+def _check(config: AgentConfig, output: CheckFormat) -> None:
+    """--check: the host's knobs, probed now, printed; nothing changed."""
+    from gmd.agent.capabilities import text_table
+
+    if config.collector == CollectorKind.replay:
+        raise fail(
+            "agent.collector = replay: the VMs are recorded traces, there is no host to check"
+        )
+    applier = _applier(config) if config.enforce_backend != EnforceBackend.none else None
+    names: list[str] = []
+    uuids: list[str] = []
+    try:
+        if config.enforce_backend != EnforceBackend.none:
+            names, uuids = _running(config)
+        said = applier.refused_knobs(uuids) if applier is not None else {}
+        caps = _host_probe(config).probe(names, libvirt_said=said).capabilities()
+    finally:
+        if applier is not None:
+            applier.close()
+    if output == CheckFormat.json:
+        print(caps.model_dump_json(indent=2))
+        return
+    where = f"a running VM's group ({names[0]})" if names else "the hierarchies' roots (no VM runs)"
+    print(
+        f"host {config.host}: backend {caps.backend}, cgroup {caps.cgroup}, probed in {where};"
+        f" disks: {', '.join(f'{d} [{s}]' for d, s in caps.schedulers.items()) or 'none seen'}"
+    )
+    print(text_table(caps), end="")
+
+
+def _running(config: AgentConfig) -> tuple[list[str], list[str]]:
+    """The names and uuids of the running domains this agent may touch, from libvirt."""
+    import libvirt
+
+    from gmd.agent.libvirt_conn import open_connection
+
+    try:
+        conn = open_connection(config.libvirt_uri, read_only=True)
+    except libvirt.libvirtError as exc:
+        raise fail(
+            f"cannot read the host through libvirt at {config.libvirt_uri}: {exc}",
+            ExitCode.UNAVAILABLE,
+        ) from None
+    try:
+        doms = conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE)
+        kept = [d for d in doms if config.domains.admits_name(d.name())]
+        return [d.name() for d in kept], [d.UUIDString() for d in kept]
+    finally:
+        conn.close()
 
 
 def _restore_all(config: AgentConfig) -> None:
@@ -310,6 +394,7 @@ def _serve(
             key=key,
             applier=applier,
             plans=client if applier is not None else None,
+            probe=_host_probe(config) if applier is not None else None,
         )
         if once and clock is not None:
             clock.end_s = clock.start_s + config.interval_s

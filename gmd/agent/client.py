@@ -22,7 +22,7 @@ import httpx
 from pydantic import ValidationError
 
 from gmd import GmdError
-from gmd.wire import HostPlan, PlanReport
+from gmd.wire import HostCapabilities, HostPlan, PlanReport
 
 log = logging.getLogger(__name__)
 
@@ -125,12 +125,27 @@ class DaemonClient:
             response = self._http.post(f"/v1/plan/{quote(host, safe='')}/report", content=body)
         except httpx.HTTPError as exc:
             return PostOutcome(Delivery.unavailable, None, f"{type(exc).__name__}: {exc}")
-        if response.status_code == 200:
-            return PostOutcome(Delivery.delivered, 200, "recorded")
-        detail = _detail(response)
-        if response.status_code >= 500 or response.status_code in RETRY_STATUSES:
-            return PostOutcome(Delivery.unavailable, response.status_code, detail)
-        return PostOutcome(Delivery.rejected, response.status_code, detail)
+        return _classified(response, "recorded")
+
+    def put_capabilities(self, host: str, caps: HostCapabilities) -> PostOutcome:
+        """``PUT /v1/hosts/{host}/capabilities``, classified like :meth:`post_batch`."""
+        try:
+            response = self._http.put(
+                f"/v1/hosts/{quote(host, safe='')}/capabilities", content=caps.model_dump_json()
+            )
+        except httpx.HTTPError as exc:
+            return PostOutcome(Delivery.unavailable, None, f"{type(exc).__name__}: {exc}")
+        return _classified(response, "recorded")
 
     def close(self) -> None:
         self._http.close()
+
+
+def _classified(response: httpx.Response, done: str) -> PostOutcome:
+    """A post's answer as the sender acts on it (see the module docstring)."""
+    if response.status_code == 200:
+        return PostOutcome(Delivery.delivered, 200, done)
+    detail = _detail(response)
+    if response.status_code >= 500 or response.status_code in RETRY_STATUSES:
+        return PostOutcome(Delivery.unavailable, response.status_code, detail)
+    return PostOutcome(Delivery.rejected, response.status_code, detail)

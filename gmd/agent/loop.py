@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
+from gmd.agent.capabilities import describe
 from gmd.agent.client import Delivery, PlanUnavailable, PostOutcome
 from gmd.agent.collect.aggregate import (
     AgentState,
@@ -50,12 +51,17 @@ from gmd.agent.config import AgentConfig
 from gmd.agent.metrics import AgentMetrics, ApplyFailure, BatchFate, FetchOutcome
 from gmd.agent.sender import Sender
 from gmd.agent.spool import Spool, Spooled, SpoolError
-from gmd.wire import HostPlan, PlanReport, VmApplyResult
+from gmd.wire import HostCapabilities, HostPlan, PlanReport, VmApplyResult
 
 if TYPE_CHECKING:
     from gmd.agent.apply.base import PlanApplier
+    from gmd.agent.capabilities import HostProbe
 
 log = logging.getLogger("gmd.agent")
+
+PROBE_EVERY_S = 600.0
+"""How often the host's knobs are probed again though its VMs stayed the same (a scheduler
+switched, a hierarchy remounted)."""
 
 MAX_PENDING_RESULTS = 10_000
 """Unposted enforcement results kept for the next round; older ones are dropped (logged)."""
@@ -65,6 +71,8 @@ class PlanClient(Protocol):
     """Where plans come from and reports go (:class:`gmd.agent.client.DaemonClient`)."""
 
     def get_plan(self, host: str) -> HostPlan: ...
+
+    def put_capabilities(self, host: str, caps: HostCapabilities) -> PostOutcome: ...
 
     def post_report(self, host: str, report: PlanReport) -> PostOutcome: ...
 
@@ -101,9 +109,16 @@ class Agent:
         applier: PlanApplier | None = None,
         plans: PlanClient | None = None,
         rng: random.Random | None = None,
+        probe: HostProbe | None = None,
     ) -> None:
         self.config, self.collector, self.spool, self.sender = config, collector, spool, sender
         self.applier, self.plans = applier, plans
+        self.probe = probe
+        self.capabilities: HostCapabilities | None = None
+        """what the latest probe of the host found (None: not probed)"""
+        self._probed_for: frozenset[str] | None = None
+        self._probe_due_s = 0.0
+        self._capabilities_unsaid = False
         self._rng = rng or random.Random()
         self._plan_due_s: float | None = None
         self._unreported: list[tuple[int, VmApplyResult]] = []
@@ -198,6 +213,8 @@ class Agent:
         waiting = self._send(now_s)
         if self.sender is None:
             m.spooled.inc(min(len(batches), waiting))
+        if reading.ok:
+            self._probe(now_s, reading)
         enforced = self._enforce(now_s) if reading.ok else ()
         m.throttling(len(self.applier.remembered) if self.applier is not None else 0)
         return self._finished(TickReport(reading, len(batches), len(dropped), waiting, enforced))
@@ -206,6 +223,44 @@ class Agent:
         """Keep the tick's report with when it ended (``time.monotonic()``): /healthz's."""
         self.finished = (time.monotonic(), report)
         return report
+
+    def _probe(self, now_s: float, reading: HostReading) -> None:
+        """Probe the host's knobs (:mod:`gmd.agent.capabilities`) at the first reading, when
+        the set of VMs changed (a VM's group is where its files are looked at) and every
+        :data:`PROBE_EVERY_S`; hand what changed to the applier, the metrics and the log, and
+        tell the daemon until it has heard it."""
+        if self.probe is None:
+            return
+        running = frozenset(vm.uuid for vm in reading.vms)
+        if running != self._probed_for or now_s >= self._probe_due_s:
+            self._probed_for, self._probe_due_s = running, now_s + PROBE_EVERY_S
+            said = self.applier.refused_knobs(sorted(running)) if self.applier else {}
+            names = sorted(vm.name for vm in reading.vms if vm.name)
+            caps = self.probe.probe(names, libvirt_said=said).capabilities()
+            before = self.capabilities
+            if before is None or _knobs(before) != _knobs(caps):
+                log.info("host %s: %s", self.config.host, describe(caps))
+                self._capabilities_unsaid = True
+            self.capabilities = caps
+            if self.applier is not None:
+                self.applier.capabilities = caps
+            self.metrics.capabilities(caps)
+        if self._capabilities_unsaid and self.plans is not None and self.capabilities:
+            outcome = self.plans.put_capabilities(self.config.host, self.capabilities)
+            if outcome.kind == Delivery.unavailable:
+                log.warning(
+                    "cannot tell the daemon this host's knobs (%s): tried again next tick",
+                    outcome.detail,
+                )
+                return
+            if outcome.kind == Delivery.rejected:
+                log.error(
+                    "the daemon refused this host's knobs (HTTP %s: %s); its plans are made as"
+                    " if every knob worked here",
+                    outcome.status,
+                    outcome.detail,
+                )
+            self._capabilities_unsaid = False
 
     def _enforce(self, now_s: float) -> tuple[VmApplyResult, ...]:
         """Fetch the plan if it is due, apply it, report; what was reported (or is kept)."""
@@ -391,3 +446,8 @@ def dry_run_batch(config: AgentConfig, collector: Collector) -> tuple[dict[str, 
     )
     span = second.spans[0].end_s - second.spans[0].start_s if second.spans else config.tick_s
     return doc, span
+
+
+def _knobs(caps: HostCapabilities) -> object:
+    """What of a probe is worth saying again: all but when it was made."""
+    return caps.model_dump(exclude={"probed_s"})

@@ -14,7 +14,7 @@ from gmd.agent.apply.cgroupfs import CgroupIO, libvirt_machine_name, systemd_esc
 from gmd.agent.apply.libvirt import LIVE
 from gmd.agent.cgroups import CgroupLocator
 from gmd.agent.client import PlanUnavailable
-from gmd.wire import HostPlan, PlanReport
+from gmd.wire import HostCapabilities, HostPlan, PlanReport
 from tests.support.canned_proc import CannedHost
 
 UUID_A = "a0000000-0000-4000-8000-00000000000a"
@@ -159,6 +159,7 @@ class Plans:
     def __init__(self) -> None:
         self.plan: HostPlan | None = plan("on")
         self.reports: list[PlanReport] = []
+        self.capabilities: list[HostCapabilities] = []
         self.fetches = 0
         self.report_outcome = "delivered"
 
@@ -174,6 +175,14 @@ class Plans:
         if self.report_outcome != "delivered":
             return PostOutcome("unavailable", 503, "down")
         self.reports.append(report)
+        return PostOutcome("delivered", 200, "recorded")
+
+    def put_capabilities(self, host: str, caps: HostCapabilities) -> Any:
+        from gmd.agent.client import PostOutcome
+
+        if self.report_outcome != "delivered":
+            return PostOutcome("unavailable", 503, "down")
+        self.capabilities.append(caps)
         return PostOutcome("delivered", 200, "recorded")
 
 

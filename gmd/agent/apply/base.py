@@ -33,7 +33,7 @@ import json
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -48,6 +48,7 @@ from gmd.wire import (
     Knob,
     KnobOutcome,
     KnobResult,
+    KnobSupport,
     PlanMode,
     VmApplyResult,
     VmPlanItem,
@@ -192,6 +193,11 @@ class PlanApplier(ABC):
 
     def close(self) -> None:  # noqa: B027 - most backends hold nothing to release
         """Release the backend's connections."""
+
+    def refused_knobs(self, uuids: Iterable[str]) -> dict[Knob, tuple[KnobSupport, str]]:
+        """What the backend itself refuses on one of the running VMs ``uuids`` (libvirt's word
+        on a knob outranks the files: :func:`gmd.agent.capabilities.refine_with_libvirt`)."""
+        return {}
 
     def _xml(self, vm: VmRef) -> str:
         """The domain's XML, for its owner (both backends find VMs through libvirt)."""

@@ -25,7 +25,7 @@ import logging
 import math
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,7 +53,7 @@ from gmd.agent.libvirt_conn import (
     gone,
     reason,
 )
-from gmd.wire import Knob, VmPlanItem
+from gmd.wire import Knob, KnobSupport, VmPlanItem
 
 log = logging.getLogger(__name__)
 
@@ -193,6 +193,18 @@ class LibvirtApplier(PlanApplier):
 
     def close(self) -> None:
         self._libvirt.close()
+
+    def refused_knobs(self, uuids: Iterable[str]) -> dict[Knob, tuple[KnobSupport, str]]:
+        from gmd.agent.capabilities import refine_with_libvirt
+
+        for uuid in uuids:
+            try:
+                vm = self._find(uuid)
+            except BackendUnavailable:
+                return {}
+            if vm is not None:
+                return refine_with_libvirt(vm.handle)
+        return {}
 
     def _find(self, uuid: str) -> VmRef | None:
         conn = connect(self._libvirt)

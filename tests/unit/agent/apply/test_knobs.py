@@ -223,3 +223,43 @@ def test_cgroup_backend_with_bfq_sets_its_weight(conn: Any, tmp_path: Path) -> N
     blkio = root / "blkio" / "machine" / "vm-a.libvirt-qemu"
     assert (blkio / "blkio.bfq.weight").read_text() == "50\n"
     assert knobs(results[0])["disk_weight"] == ("applied", "")
+
+
+# --- the agent: probe, tell the daemon, apply with it ---------------------------------------------
+
+
+def test_the_agent_probes_tells_the_daemon_once_and_applies_with_the_probe(
+    conn: Any, tmp_path: Path
+) -> None:
+    from gmd.agent.collect.libvirt import LibvirtCollector
+    from gmd.agent.config import parse_agent
+    from gmd.agent.loop import Agent
+    from gmd.agent.spool import Spool
+    from tests.support.appliers import Plans
+    from tests.support.knob_host import NO_BFQ, lay_out
+
+    config = parse_agent(
+        {"agent": {"host": "cmp-1", "tick_s": 1, "plan_every_s": 0, "libvirt_uri": "test:///x"}}
+    )
+    collector = LibvirtCollector("test:///x", opener=lambda _u: conn)
+    spool = Spool(tmp_path / "spool.db", max_bytes=2**20, max_batches=100)
+    applier = LibvirtApplier(SchedConn(conn), state_path=tmp_path / "s.json")
+    plans = Plans()
+    plans.plan = plan("on", item(UUID_A, cpu_weight=50))
+    probe = lay_out(tmp_path / "host", "hybrid", {"vda": NO_BFQ})
+    agent = Agent(config, collector, spool, None, applier=applier, plans=plans, probe=probe)
+    plans.report_outcome = "down"  # the daemon is away at first: the word waits
+    first = agent.tick(1_800_000_000)
+    assert plans.capabilities == []
+    assert agent.capabilities is not None and applier.capabilities is agent.capabilities
+    plans.report_outcome = "delivered"
+    agent.tick(1_800_000_001)
+    agent.tick(1_800_000_002)
+    assert len(plans.capabilities) == 1  # said once, then not again while nothing changes
+    said = plans.capabilities[0]
+    assert said.support(Knob.disk_weight).support.value == "unsupported"
+    assert weight(conn, UUID_A) == 0  # no weight written where it would do nothing
+    assert [k.knob for k in first.enforcement[0].knobs] == [Knob.cpu_weight, Knob.disk_weight]
+    gauge = agent.metrics.knob_support.labels("disk_weight", "unsupported")._value.get()
+    assert gauge == 1
+    spool.close()
