@@ -158,13 +158,21 @@ def toml_document(doc: dict[str, dict[str, Any]]) -> str:
 
 
 def live_settings(dom: Any) -> dict[str, Any]:
-    """What gmd changes on a guest, as libvirt reports it live: scheduler, blkio, iotune."""
+    """What gmd changes on a guest, as libvirt reports it live: scheduler, blkio, iotune.
+    On a host whose disks no BFQ or CFQ runs, libvirt refuses the blkio weight of a running
+    guest (VIR_ERR_OPERATION_INVALID): ``blkio`` then holds its words as ``unsupported``."""
     import libvirt
 
     live = libvirt.VIR_DOMAIN_AFFECT_LIVE
+    try:
+        blkio = dom.blkioParameters(live)
+    except libvirt.libvirtError as exc:
+        if exc.get_error_code() != libvirt.VIR_ERR_OPERATION_INVALID or not dom.isActive():
+            raise
+        blkio = {"unsupported": exc.get_error_message()}
     return {
         "sched": dom.schedulerParametersFlags(live),
-        "blkio": dom.blkioParameters(live),
+        "blkio": blkio,
         "iotune": dom.blockIoTune("vda", live),
     }
 
