@@ -929,8 +929,8 @@ def _enforcement(e: Reader) -> EnforcementConfig:
         names_every_s=q.option(Quota.names_every_s),
     )
     q.done()
-    e.done()
     fallback = e.option(Enforcement.disk_weight_fallback)
+    e.done()
     return EnforcementConfig(mode, policy, quota, contention, fallback)
 
 
