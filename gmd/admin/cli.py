@@ -19,6 +19,7 @@ from gmd.admin.commands import (
     database,
     enforcement,
     federation,
+    hosts,
     simulation,
 )
 from gmd.admin.common import Options
@@ -78,6 +79,7 @@ app.command("standings")(accounting.standings_command)
 app.command("whatif")(simulation.whatif_command)
 app.command("actions")(enforcement.actions_command)
 app.command("enforce")(enforcement.enforce_command)
+app.command("hosts")(hosts.hosts_command)
 app.command("report")(accounting.report_command)
 app.command("reset")(enforcement.reset_command)
 app.command("explain")(accounting.explain_command)

@@ -15,19 +15,19 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from sqlalchemy import Engine
 
-from gmd.daemon.api import health, plans, read, samples, web
+from gmd.daemon.api import health, hosts, plans, read, samples, web
 from gmd.daemon.api.handlers import install_handlers
 from gmd.daemon.api.headers import SecurityHeaders
 from gmd.daemon.api.intake import SampleIntake
 from gmd.daemon.api.services import Services
 from gmd.daemon.config import Config
-from gmd.wire import PlanReport, Problem, SampleBatch
+from gmd.wire import HostCapabilities, PlanReport, Problem, SampleBatch
 
 ROUTERS = (samples.router, plans.router, health.router)
 # Every route may answer with these; the bodies are all a Problem.
 PROBLEM_STATUSES = (400, 401, 403, 409, 413, 415, 422, 429, 503)
 # Request bodies the routes read and validate themselves (see describe_bodies).
-BODIES = (SampleBatch, PlanReport)
+BODIES = (SampleBatch, PlanReport, HostCapabilities)
 
 
 def create_app(
@@ -58,6 +58,7 @@ def create_app(
         app.include_router(router)
     if services.read_access is not None:
         app.include_router(read.router)
+        app.include_router(hosts.router)
         app.include_router(web.router)
     describe_bodies(app)
     return app

@@ -133,6 +133,8 @@ READ_PATHS = (
     "/v1/whatif",
     "/v1/federation",
     "/v1/federation/events",
+    "/v1/hosts",
+    "/v1/hosts/{host}",
 )
 READ_CHECKS = [c for c in CHECKS if c is not positive_data_acceptance]
 

@@ -231,3 +231,45 @@ def test_the_wire_model_reads_what_the_agent_sends() -> None:
     caps = HostCapabilities.model_validate(capabilities(disk_weight=NO_BFQ))
     assert caps.unsupported() == {Knob.disk_weight: NO_BFQ}
     assert HostCapabilities.model_validate_json(caps.model_dump_json()) == caps
+
+
+def test_hosts_lists_each_hosts_knobs_for_operators(database_url: str, tmp_path: Path) -> None:
+    import subprocess
+
+    from gmd.daemon.reports.host_knobs import hosts
+    from tests.support.daemon_support import GMD_ADMIN, gmd_admin
+
+    config = configured(tmp_path, database_url)
+    with serving(config) as d:
+        climb(d, config)
+        assert put(d, IDLE.name, capabilities(disk_weight=NO_BFQ)).status_code == 200
+        assert put(d, "cmp-new", capabilities(), as_host=IDLE.name).status_code == 403
+        with d.engine.connect() as c:
+            rows = hosts(c)
+    assert [r["host"] for r in rows] == [BUSY.name, IDLE.name]
+    busy, idle = rows
+    assert {k.value: busy[k.value] for k in Knob} == dict.fromkeys((k.value for k in Knob), "?")
+    assert {k.value: idle[k.value] for k in Knob} == {
+        "cpu_weight": "yes",
+        "cpu_cap": "yes",
+        "disk_weight": "no",
+        "disk_limit": "yes",
+        "network_limit": "yes",
+    }
+    assert idle["missing"] == f"disk_weight: {NO_BFQ}"
+    assert idle["disks"] == "nvme0n1 [none]" and idle["owner"] == "operator"
+    shown = gmd_admin(tmp_path / "gmd.toml", "hosts")
+    assert [h["host"] for h in shown["hosts"]] == [BUSY.name, IDLE.name]
+    assert shown["hosts"][1]["capabilities"]["knobs"][2]["reason"] == NO_BFQ
+    assert shown["hosts"][0]["capabilities"] is None
+    missing = subprocess.run(
+        [str(GMD_ADMIN), "--config", str(tmp_path / "gmd.toml"), "hosts", "no-such-host"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert missing.returncode == 3, missing.stderr
+    assert missing.stderr.strip().splitlines() == [
+        "gmd-admin: error: no host 'no-such-host' in the ledger,"
+        " and none by that name said its knobs"
+    ]
