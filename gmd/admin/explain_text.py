@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 from gmd.common.timespec import iso
+from gmd.daemon.reports.actions import knobs_words
 from gmd.daemon.reports.explain import (
     Explanation,
     drivers_words,
@@ -182,9 +183,13 @@ def render_text(e: Explanation, endowment_mode: str) -> str:
     for a in e.actions:
         dry = " (dry-run)" if a["dry_run"] else ""
         where = f" on {a['host']}" if a["host"] else ""
+        raw = a.get("knobs")
+        knobs = knobs_words(raw if isinstance(raw, dict) else None)
         say(
             f"   - {a['at']} {a['kind']}{where}{dry} {a['status']}:"
-            f" {json.dumps(a['before'])} → {json.dumps(a['after'])}; {a['reason']}"
+            f" {json.dumps(a['before'])} → {json.dumps(a['after'])}"
+            + (f" [{knobs}]" if knobs else "")
+            + f"; {a['reason']}"
         )
     if e.range_summary is not None:
         summary = e.range_summary

@@ -18,6 +18,7 @@ from gmd.daemon.ledger.tables import (
     intervals as _intervals,
 )
 from gmd.daemon.reports.columns import Column
+from gmd.wire import Knob
 
 COLUMNS = (
     Column("at", "At", None, "left"),
@@ -29,6 +30,7 @@ COLUMNS = (
     Column("dry_run", "Dry-run", None, "left"),
     Column("before", "Before", None, "left"),
     Column("after", "After", None, "left"),
+    Column("knobs", "Knobs", None, "left"),
     Column("reason", "Reason", None, "left"),
 )
 
@@ -57,6 +59,7 @@ def actions(
         _actions.c.dry_run,
         _actions.c.before,
         _actions.c.after,
+        _actions.c.knobs,
         _actions.c.reason,
     ).select_from(
         _actions.outerjoin(_customers, _customers.c.id == _actions.c.customer_id)
@@ -105,6 +108,7 @@ def actions(
                 "dry_run": bool(r.dry_run),
                 "before": _compact(r.before),
                 "after": _compact(r.after),
+                "knobs": knob_outcomes(r.knobs),
                 "reason": r.reason,
             }
         )
@@ -141,6 +145,37 @@ def level_changes(
     if before_s is not None:
         query = query.where(_intervals.c.start_s < before_s)
     return conn.execute(query)
+
+
+def knob_outcomes(text: str | None) -> dict[str, dict[str, str]] | None:
+    """A host report's knobs (``enforcement_actions.knobs``) as reports show them:
+    ``{"cpu_cap": {"outcome": "applied", "detail": ""}, …}``; None for other actions and
+    reports of agents older than knobs."""
+    if not text:
+        return None
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    out = {}
+    for knob, value in doc.items():
+        if isinstance(value, list) and len(value) == 2:
+            out[str(knob)] = {"outcome": str(value[0]), "detail": str(value[1])}
+    return out
+
+
+def knobs_words(knobs: dict[str, dict[str, str]] | None) -> str:
+    """ "CPU cap applied, disk weight unsupported (no BFQ …)"."""
+    if not knobs:
+        return ""
+    parts = []
+    for knob, o in knobs.items():
+        name = Knob(knob).words if knob in Knob.__members__ else knob
+        detail = f" ({o['detail']})" if o["detail"] and o["outcome"] != "applied" else ""
+        parts.append(f"{name} {o['outcome']}{detail}")
+    return ", ".join(parts)
 
 
 def _compact(text: str | None) -> object:

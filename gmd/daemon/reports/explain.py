@@ -32,8 +32,8 @@ from sqlalchemy import Connection, and_, func, or_, select
 from gmd import GmdError
 from gmd.common.timespec import iso
 from gmd.daemon.config import Config
-from gmd.daemon.enforce.plans import host_caps, recent_window
-from gmd.daemon.ledger import lookup, reset_window
+from gmd.daemon.enforce.plans import host_caps, host_knobs, recent_window
+from gmd.daemon.ledger import capabilities, lookup, reset_window
 from gmd.daemon.ledger.accounting import previous_standing, read_interval
 from gmd.daemon.ledger.models import (
     ActionKind,
@@ -55,7 +55,7 @@ from gmd.daemon.ledger.tables import (
     samples as _samples,
     vms as _vms,
 )
-from gmd.daemon.reports.actions import actions as list_actions
+from gmd.daemon.reports.actions import actions as list_actions, knobs_words
 from gmd.daemon.reports.enforcement import caps_words
 from gmd.fairness.decay import decay_factor
 from gmd.fairness.interval import account_interval
@@ -756,8 +756,23 @@ def _caps(
     effect = config.enforcement.policy.effect(level)
     out = []
     for host in sorted(hosts):
-        decisions = host_caps(conn, ids.get(host), window, contention)
+        said = capabilities.of_host(conn, host)
+        decisions = host_knobs(
+            host_caps(conn, ids.get(host), window, contention),
+            said.capabilities if said is not None else None,
+        )
         out.append(HostCaps(host, decisions, caps_words(effect, decisions)))
+    return out
+
+
+def reported_knobs(actions: list[dict[str, object]]) -> dict[str, str]:
+    """Per host, what its latest report on the customer's VMs said of each knob (in words),
+    for the hosts whose report says it (agents older than knobs say nothing)."""
+    out: dict[str, str] = {}
+    for a in actions:
+        knobs = a.get("knobs")
+        if a.get("kind") == "host_apply" and isinstance(knobs, dict) and knobs and a.get("host"):
+            out[str(a["host"])] = knobs_words(knobs)
     return out
 
 
@@ -903,6 +918,11 @@ def summary_lines(e: Explanation) -> list[str]:
             )
         if not wanted:
             done += f"; no hard caps below level {p.cap_level}"
+        reported = reported_knobs(e.actions)
+        if reported:
+            done += "; as its hosts last reported: " + "; ".join(
+                f"{host}: {words}" for host, words in sorted(reported.items())
+            )
         done += "."
     if effect.quota_steps == 0:
         quota = "Quota: unchanged" + (
