@@ -6,7 +6,9 @@ Each answer is the document ``gmd-admin … --format json`` prints, from the sam
 operator reads every customer; a project member reads only its own project, and gets 403 for
 any other, whether the ledger knows it or not (so a member cannot probe which projects exist).
 An explanation read by a member names no other project and none of its VMs: the hosts'
-figures are aggregates of every consumer on them.
+figures are aggregates of every consumer on them. What a member reads of an answer is
+:func:`~gmd.daemon.api.members.for_member`'s: its hosts as Nova's hostId, no host's owner, no
+host's own words (:func:`_seen_by`, on every answer of a customer's figures).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from gmd.common.timespec import NotATime, parse_time
 from gmd.daemon.api.access import Reader, Unauthenticated
 from gmd.daemon.api.deps import ServicesDep
 from gmd.daemon.api.errors import Refused
+from gmd.daemon.api.members import for_member
 from gmd.daemon.ledger.lookup import UnknownCustomer, customer_uuid
 from gmd.daemon.reports.standings import SortKey, standings
 from gmd.wire import PlanMode, Problem
@@ -82,6 +85,16 @@ def _customer(services: ServicesDep, who: Reader, customer: str) -> str:
     return uuid
 
 
+def _seen_by(who: Reader, services: ServicesDep, project: str, document: Any) -> Any:
+    """``document`` as ``who`` may see it: as it is for an operator, a member's view
+    (:func:`~gmd.daemon.api.members.for_member`: no host's name, owner or words) of ``project``
+    for a member."""
+    if who.everyone:
+        return document
+    with services.engine.connect() as conn:
+        return for_member(conn, project, document)
+
+
 def _times(services: ServicesDep, *given: tuple[str, str | None]) -> list[float | None]:
     """Each ``(name, value)``'s time in seconds, all against one "now" (None stays None); a
     400 naming the first that is not a time."""
@@ -118,7 +131,7 @@ def get_standings(
         rows = [r for r in result.rows if who.may_read(str(r["customer"]))]
         document["customers"] = rows
         document["reset_since"] = [c for c in result.reset if who.may_read(c)]
-    return document
+    return dict(_seen_by(who, services, who.project_id or "", document))
 
 
 @router.get("/customers/{customer:path}/explain", summary="Why a customer stands where it stands")
@@ -143,12 +156,11 @@ def get_explanation(
             result = explain(conn, services.config, uuid, at_s=at_s, from_s=from_s, to_s=to_s)
     except NothingToExplain as exc:
         raise Refused(404, str(exc)) from None
-    document = result.document()
-    if not who.everyone:
-        hosts: list[dict[str, object]] = document["hosts"]  # type: ignore[assignment]
-        for host in hosts:
-            host.pop("organization", None)  # the host's owner may be another customer
-    return document
+    if who.everyone:
+        return result.document()
+    # a member's summary is written from what a member may read: the explanation, not its
+    # document, is made a member's
+    return dict(_seen_by(who, services, uuid, result))
 
 
 @router.get(
@@ -174,7 +186,7 @@ def get_report(
             result = report(conn, group_by.value, from_s, to_s, customer=uuid)
     except OptionError as exc:
         raise Refused(400, str(exc)) from None
-    return result.document()
+    return dict(_seen_by(who, services, uuid, result.document()))
 
 
 @router.get("/enforcement", summary="The enforcement log (gmd-admin actions)")
@@ -202,7 +214,7 @@ def get_enforcement(
     from_s, to_s = _times(services, ("from", from_), ("to", to))
     with services.engine.connect() as conn:
         rows = actions(conn, from_s=from_s, to_s=to_s, customer=uuid, limit=limit)
-    return {"actions": rows}
+    return {"actions": _seen_by(who, services, uuid or "", rows)}
 
 
 @router.get("/federation", summary="The federation's standings (gmd-admin federation)")

@@ -4,8 +4,10 @@ plain words, its balance and level plot, and its recent enforcement actions.
 Plain server-rendered HTML (no script), from the read API's own answers, under the same
 access: the operator's local mode, or a Keystone token in the ``X-Auth-Token`` header or the
 ``gmd_token`` cookie (a portal that signed the user in can set it). A member sees its own
-project only. Every figure the page shows carries its exact value in ``data-value``, so that
-what a person reads can be checked against the API.
+project only, and what the read API gives a member of it
+(:func:`~gmd.daemon.api.members.for_member`): hosts as Nova's hostId, no host's words.
+Every figure the page shows carries its exact value in ``data-value``, so that what a person
+reads can be checked against the API.
 
 It is read by customers as much as by operators, on phones too: the log's kinds and statuses
 are said in words (with the log's own word in ``data-value``), dry-run rows are marked, every
@@ -50,6 +52,7 @@ th[title] { text-decoration: underline dotted; cursor: help; }
 .time { white-space: nowrap; }
 .words { min-width: 14rem; }
 .why { min-width: 18rem; }
+.words, .why, ul.summary { overflow-wrap: anywhere; }
 tr.dry-run td { color: #555; background: #f6f6f6; }
 .mark { font-size: 0.85em; border: 1px solid #999; border-radius: 0.2rem; padding: 0 0.2rem;
         white-space: nowrap; }
@@ -96,7 +99,7 @@ HEADS = {
     "at": "When gmd recorded it (UTC)",
     "action": "What was done",
     "status": "How it ended",
-    "why": "Why, in the log's words",
+    "why": "Why, in the log's words (a host's report said in gmd's own to a project's members)",
     # the what-if page's columns
     "throttle_hours": "Hours at a level above 0, replayed (recorded in brackets)",
     "max_level": "The highest level reached, replayed (recorded in brackets)",
