@@ -195,6 +195,14 @@ def tell(
             f" {sched['vcpu_period']} µs ({CAP:.0%} of a core); it now uses {rate:.2f} cores"
             f" (the definition on disk is unchanged)"
         )
+        say("  what the compute host can set, as its agent probed it (gmd-agent --check):")
+        admin(
+            root,
+            say,
+            "hosts",
+            *columns("host", "cgroup", "disks", "cpu_weight", "cpu_cap", "disk_weight"),
+            *columns("disk_limit", "missing"),
+        )
         wait_until(
             "acme's quota lowered",
             lambda: quota(nova, acme)["cores"] == ENFORCEMENT["quota"]["floor_cores"],
@@ -237,7 +245,14 @@ def tell(
             f"  after {decayed:.0f} s: level 0, the guest's live settings are exactly what they"
             f" were, acme's quota is {fmt_quota(quota(nova, acme))} again"
         )
-        admin(root, say, "actions", "--customer", "acme", *columns("at", "kind", "host", "status"))
+        admin(
+            root,
+            say,
+            "actions",
+            "--customer",
+            "acme",
+            *columns("at", "kind", "host", "status", "knobs"),
+        )
     finally:
         virt.close()
     return {"climb_s": round(climbed, 1), "restore_s": round(decayed, 1)}

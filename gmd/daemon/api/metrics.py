@@ -25,7 +25,7 @@ from prometheus_client import (
 
 from gmd.common.version import version
 from gmd.daemon.placement.view import Disagreement
-from gmd.wire import PLAN_MODES, ApplyAction
+from gmd.wire import PLAN_MODES, ApplyAction, Knob, KnobOutcome
 
 
 class Rejection(StrEnum):
@@ -184,6 +184,16 @@ class DaemonMetrics:
         )
         for action in HOST_ACTIONS:
             self.host_failures.labels(action)
+        self.host_knobs = Counter(
+            "gmd_enforcement_host_knobs",
+            "Knobs of VMs hosts reported on, by what became of them: applied, restored,"
+            " unsupported (the host cannot set it: gmd-admin hosts says why) or failed.",
+            ["knob", "outcome"],
+            registry=r,
+        )
+        for knob in Knob:
+            for outcome in KnobOutcome:
+                self.host_knobs.labels(knob.value, outcome.value)
         self.ledger_write_failures = Counter(
             "gmd_ledger_write_failures",
             "Requests whose ledger write failed with a database error (answered 503).",
@@ -246,6 +256,10 @@ class DaemonMetrics:
         """A host could not ``action`` (``apply``, ``restore``, or their ``would_`` forms) a
         VM's settings."""
         self.host_failures.labels(action.removeprefix("would_")).inc()
+
+    def report_knob(self, knob: str, outcome: str) -> None:
+        """A host reported ``outcome`` for ``knob`` of one VM."""
+        self.host_knobs.labels(knob, outcome).inc()
 
     def report_rejected(self, reason: Rejection) -> None:
         self.batches.labels("rejected").inc()

@@ -101,8 +101,12 @@ async def post_plan_report(
     ignored = set(done.ignored)
     for result in report.results:
         # A failure on a VM that is not the host's is not recorded, nor counted.
-        if not result.ok and result.uuid not in ignored:
+        if result.uuid in ignored:
+            continue
+        if not result.ok:
             services.metrics.report_host_failure(result.action)
+        for knob in result.knobs:
+            services.metrics.report_knob(knob.knob.value, knob.outcome.value)
     return PlanReportReceipt(recorded=done.rows, ignored=done.ignored)
 
 

@@ -211,6 +211,7 @@ def test_a_report_keeps_each_knobs_outcome(database_url: str, tmp_path: Path) ->
             f"{d.url}/v1/plan/{IDLE.name}/report", json=report, headers=auth(IDLE.name)
         )
         assert answer.status_code == 200, answer.text
+        scraped = httpx.get(f"{d.url}/metrics").text
         with d.engine.connect() as c:
             row = c.execute(
                 sa.text(
@@ -225,6 +226,10 @@ def test_a_report_keeps_each_knobs_outcome(database_url: str, tmp_path: Path) ->
         "disk_weight": ["unsupported", NO_BFQ],
     }
     assert row.reason.startswith(f"disk weight not supported on this host: {NO_BFQ}")
+    counted = 'gmd_enforcement_host_knobs_total{knob="%s",outcome="%s"} 1.0'
+    assert counted % ("disk_weight", "unsupported") in scraped
+    assert counted % ("cpu_weight", "applied") in scraped
+    assert 'gmd_enforcement_host_knobs_total{knob="cpu_cap",outcome="failed"} 0.0' in scraped
 
 
 def test_the_wire_model_reads_what_the_agent_sends() -> None:
