@@ -22,6 +22,7 @@ STANDING_COLUMNS = (
     ("vms", "VMs"),
     ("level", "Level"),
     ("enforced", "Enforced"),
+    ("enforced_why", "Why"),
 )
 
 

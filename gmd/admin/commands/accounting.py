@@ -80,6 +80,7 @@ def standings_command(
                     title="Standings",
                     notes=[result.caption()],
                     keep=("customer",),
+                    hide_if_empty=("name", "enforced_why"),
                 )
             ],
             document=lambda rows: {**result.document(), "customers": rows[0]},

@@ -227,7 +227,12 @@ def standings_page(who: WebReader, services: ServicesDep) -> HTMLResponse:
             + _number("greediness", r["greediness"])
             + f"<td data-key='level' data-value='{level}' class='level-{level}'>{level}</td>"
             + _word("does", level, level_does(policy.effect(level), policy), "text words")
-            + _word("enforced", enforced, str(enforced or ""))
+            + _word(
+                "enforced",
+                enforced,
+                str(enforced or "") + (f": {r['enforced_why']}" if r.get("enforced_why") else ""),
+                "text words",
+            )
             + "</tr>"
         )
     caption = "After the interval starting " + html.escape(str(document.get("as_of") or "-"))

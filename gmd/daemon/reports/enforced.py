@@ -30,6 +30,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
+from typing import cast
 
 from sqlalchemy import Connection, and_, or_, select
 
@@ -41,7 +42,7 @@ from gmd.daemon.ledger.tables import (
     vms as _vms,
 )
 from gmd.daemon.reports.actions import level_changes
-from gmd.wire import PlanMode
+from gmd.wire import Knob, PlanMode
 
 HOST_KINDS = (ActionKind.host_apply.value, ActionKind.host_restore.value)
 
@@ -93,6 +94,9 @@ class Throttling:
     """when a host in dry-run reported it would throttle one"""
     applied_now: frozenset[str] = frozenset()
     """the VMs (uuids) throttled at the end of what was read"""
+    knobs: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    """per VM (uuid), what its host's latest apply report said of each knob
+    (``{"disk_weight": ["unsupported", "why"]}``), for the VMs whose host says it"""
 
     def mode(self, start_s: float, end_s: float, decided_dry_run: bool) -> Enforced:
         """What the level ≥ 1 in force during ``[start_s, end_s)`` did."""
@@ -143,6 +147,7 @@ def throttling(
             _actions.c.dry_run,
             _actions.c.before,
             _actions.c.after,
+            _actions.c.knobs,
         )
         .where(
             _actions.c.kind.in_(HOST_KINDS),
@@ -154,9 +159,14 @@ def throttling(
     if before_s is not None:
         query = query.where(_actions.c.at < _dt(before_s))
     events: dict[int | None, list[_Event]] = defaultdict(list)
+    knobs: dict[int, dict[str, dict[str, list[str]]]] = defaultdict(dict)
     for r in conn.execute(query):
         after, before = _json(r.after), _json(r.before)
         uuid = after.get("vm") or before.get("vm")
+        said = _json(r.knobs)
+        applied_by_host = r.kind == ActionKind.host_apply.value and not r.dry_run
+        if said and applied_by_host and r.customer_id is not None and isinstance(uuid, str):
+            knobs[int(r.customer_id)][uuid] = cast(dict[str, list[str]], said)
         if r.customer_id is None:
             if after.get("all") is True and r.status == ActionStatus.ok.value:
                 # gmd-agent --restore-all: everything gmd changed on the host is back
@@ -185,7 +195,9 @@ def throttling(
             on = _fold(mine, start, stop, applied, would)
             if math.isinf(stop):
                 now = on
-        out[cid] = Throttling(Spans.merged(applied), Spans.merged(would), frozenset(now))
+        out[cid] = Throttling(
+            Spans.merged(applied), Spans.merged(would), frozenset(now), knobs.get(cid, {})
+        )
     return out
 
 
@@ -248,13 +260,40 @@ def level_runs(
     return runs, dict(changes)
 
 
-def enforced_now(
-    conn: Connection, mode: str, contention_intervals: int
-) -> dict[int, tuple[Enforced, int, int]]:
+@dataclass(frozen=True)
+class EnforcedNow:
+    """What a customer's level does now, and why in words (the standings' Enforced and Why)."""
+
+    word: Enforced
+    applied: int
+    """its running VMs its hosts report throttled"""
+    running: int
+    """its running VMs"""
+    lacking: dict[tuple[str, str], int] = field(default_factory=dict)
+    """(knob, "unsupported" or "failed") → of how many of its running VMs their hosts'
+    latest reports said so"""
+
+    def why(self) -> str:
+        """ "1 of 2 running VMs throttled; disk weight unsupported on 1" """
+        if self.word == Enforced.off:
+            return "enforcement is off"
+        if self.running == 0:
+            return "no VM running"
+        head = f"{self.applied} of {self.running} running VM(s) reported throttled"
+        if self.word == Enforced.dry_run and not self.applied:
+            head = f"dry-run: {self.running} running VM(s), none changed"
+        notes = [
+            f"{Knob(k).words} {outcome} on {n}" for (k, outcome), n in sorted(self.lacking.items())
+        ]
+        return head + ("; " + ", ".join(notes) if notes else "")
+
+
+def enforced_now(conn: Connection, mode: str, contention_intervals: int) -> dict[int, EnforcedNow]:
     """Each customer above level 0 → what its level does now, how many of its running VMs
-    (:func:`~gmd.daemon.enforce.plans.running_vms`) its hosts report throttled, and how many
-    run. ``applied`` needs one; otherwise ``dry-run`` or ``not applied`` by the mode (a
-    customer without a running VM has nothing applied), and ``off`` when the mode is."""
+    (:func:`~gmd.daemon.enforce.plans.running_vms`) its hosts report throttled, how many
+    run, and the knobs their hosts could not set. ``applied`` needs one; otherwise ``dry-run``
+    or ``not applied`` by the mode (a customer without a running VM has nothing applied), and
+    ``off`` when the mode is."""
     throttled = [
         int(c)
         for c in conn.execute(select(_levels.c.customer_id).where(_levels.c.level > 0)).scalars()
@@ -262,7 +301,7 @@ def enforced_now(
     if not throttled:
         return {}
     if mode == PlanMode.off:
-        return {c: (Enforced.off, 0, 0) for c in throttled}
+        return {c: EnforcedNow(Enforced.off, 0, 0) for c in throttled}
     running = running_vms(recent_window(conn, contention_intervals)).subquery()
     vms: dict[int, set[str]] = defaultdict(set)
     for cid, uuid in conn.execute(
@@ -283,7 +322,14 @@ def enforced_now(
             word = Enforced.dry_run
         else:
             word = Enforced.not_applied
-        out[cid] = (word, applied, len(mine))
+        lacking: dict[tuple[str, str], int] = defaultdict(int)
+        for uuid, said in (state[cid].knobs if cid in state else {}).items():
+            if uuid not in mine:
+                continue
+            for knob, (outcome, *_detail) in said.items():
+                if knob in Knob.__members__ and outcome in ("unsupported", "failed"):
+                    lacking[(knob, outcome)] += 1
+        out[cid] = EnforcedNow(word, applied, len(mine), dict(lacking))
     return out
 
 

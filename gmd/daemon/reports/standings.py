@@ -37,8 +37,11 @@ COLUMNS = (
     Column("vms", "VMs", None),
     Column("level", "Level", None),
     Column("enforced", "Enforced", None, "left"),
+    Column("enforced_why", "Why", None, "left"),
 )
-SORT_KEYS: tuple[str, ...] = tuple(c.key for c in COLUMNS if c.key != "enforced")
+SORT_KEYS: tuple[str, ...] = tuple(
+    c.key for c in COLUMNS if c.key not in ("enforced", "enforced_why")
+)
 
 
 class SortKey(StrEnum):
@@ -168,7 +171,8 @@ def standings(
     ids = dict(conn.execute(select(_customers.c.name, _customers.c.id)).all()) if now else {}
     for r in rows:
         state = now.get(ids.get(r["customer"], -1)) if r["level"] != 0 else None
-        r["enforced"] = None if state is None else state[0].value
+        r["enforced"] = None if state is None else state.word.value
+        r["enforced_why"] = None if state is None else state.why()
     if sort in ("customer", "name"):
         rows.sort(key=lambda r: (str(r[sort] or ""), str(r["customer"])))
     else:

@@ -219,6 +219,14 @@ def test_a_report_keeps_each_knobs_outcome(database_url: str, tmp_path: Path) ->
                     " WHERE kind = 'host_apply' ORDER BY id DESC"
                 )
             ).first()
+        from gmd.daemon.reports.standings import standings
+
+        with d.engine.connect() as c:
+            rows = {r["customer"]: r for r in standings(c, enforcement=config.enforcement).rows}
+    assert (rows["a"]["enforced"], rows["a"]["enforced_why"]) == (
+        "applied",
+        "1 of 2 running VM(s) reported throttled; disk weight unsupported on 1",
+    )
     assert row is not None
     assert row.status == "ok"
     assert json.loads(row.knobs) == {
