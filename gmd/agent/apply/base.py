@@ -23,7 +23,9 @@ file *before* any change, so that an agent restart still restores exactly. Polic
   ``gmd-agent --restore-all``, which puts every remembered VM back and exits).
 
 A failure on one VM (or on one knob of it) is logged and reported (``ok: false``) and the rest
-still goes on; the same failure is reported once, not at every fetch. A VM that vanished
+still goes on; the same failure is reported once, not at every fetch. Each result says per knob
+(:class:`~gmd.wire.Knob`) what became of it: applied (restored), unsupported on this host (the
+probe's reason, or libvirt's refusal: not a failure, the rest is applied) or failed (its error). A VM that vanished
 (stopped, undefined, migrated away) is forgotten: its live settings left with it.
 """
 
@@ -95,8 +97,8 @@ class Outcome:
         return bool(self.after)
 
     def knob_failed(self, knob: Knob, error: str) -> None:
-        """Record ``error`` as ``knob``'s (it also goes into :attr:`errors`, unprefixed here:
-        the caller prefixes the whole list)."""
+        """Record ``error`` as ``knob``'s. The caller puts it into :attr:`errors` too (where
+        it is prefixed with the VM, as every error of the report)."""
         self.knob_errors.setdefault(knob, []).append(error)
 
 
