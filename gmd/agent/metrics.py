@@ -138,6 +138,13 @@ class AgentMetrics:
             " file could not be read (one per VM per tick).",
             registry=r,
         )
+        self.disk_disagreeing = Gauge(
+            "gmd_agent_vms_disk_counters_disagreeing",
+            "VMs whose cgroup's disk bytes (the host devices' I/O) disagreed with their QEMU's"
+            " block stats (what the guest asked) at the latest check: their disk use is QEMU's"
+            " figure either way (kernel collector; 0 with the others).",
+            registry=r,
+        )
         self.counter_resets = Counter(
             "gmd_agent_counter_resets",
             "VM counters that went down (process restarted): counted from zero, not negative.",
@@ -233,6 +240,7 @@ class AgentMetrics:
             self.ticks.labels(TickOutcome.ok).inc()
             self.last_tick.set(reading.taken_s)
             self.vms.set(len(reading.listed))
+            self.disk_disagreeing.set(len(reading.disk_disagreements))
             for failure in reading.errors:
                 self.libvirt_errors.labels(failure.kind).inc()
             self.busy_domains.inc(len(reading.busy))

@@ -5,6 +5,7 @@ domain list and XML from libvirt's test driver (domain ``test``)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,8 +33,9 @@ PROC_CGROUP_V1 = f"""\
 0::/{MACHINE}/emulator
 """
 # Domain ``test`` of the test driver's default host, its disk opened O_DIRECT (cache='none',
-# as Nova opens local disks): the cgroup counts its bytes. The default host's own ``test``
-# leaves the cache to the host, so its disk is only known to QEMU's block stats.
+# as Nova opens local disks): its cgroup's bytes are checked against QEMU's where its image
+# is there (``v1_tree(checked=True)``). The default host's own ``test`` leaves the cache to
+# the host: its cgroup is never checked.
 NODE_XML = f"""<node><domain type='test'>
   <name>test</name><uuid>{TEST_UUID}</uuid>
   <memory unit='KiB'>8388608</memory><currentMemory unit='KiB'>2097152</currentMemory>
@@ -54,9 +56,12 @@ def v1_tree(
     tap: str = "testnet0",
     uri: str | None = None,
     opener: Callable[[str], Any] | None = None,
+    checked: bool = False,
 ) -> KernelCollector:
     """A v1 host with domain ``test`` (QEMU pid PID) laid out under ``root``, read from
-    ``uri`` (default: a test driver host of its own, :data:`NODE_XML`)."""
+    ``uri`` (default: a test driver host of its own, :data:`NODE_XML`). ``checked``: its disk
+    image is there (:func:`lay_out_image`), so its cgroup's bytes are checked against QEMU's;
+    its ``blkio.throttle.io_service_bytes`` then counts nothing yet (``Total 0``)."""
     cg = root / "sys/fs/cgroup"
     mountinfo = root / "mountinfo"
     mountinfo.write_text(MOUNTINFO_V1.replace("/sys/fs/cgroup", str(cg)))
@@ -64,10 +69,47 @@ def v1_tree(
     lay_out_domain(root, "test", PID, MACHINE, cpu_ns)
     (proc / "net").mkdir()
     (proc / "net" / "dev").write_text(net_dev({"lo": (5, 5), tap: (111, 999)}))
+    xml = NODE_XML
+    if checked:
+        xml = xml.replace("/guest/diskimage1", str(lay_out_image(root)[0]))
+        (cg / "blkio" / MACHINE / "blkio.throttle.io_service_bytes").write_text("Total 0\n")
     if uri is None:
-        (root / "node.xml").write_text(NODE_XML)
+        (root / "node.xml").write_text(xml)
         uri = f"test://{root / 'node.xml'}"
-    return KernelCollector(uri, proc=proc, run_dir=run, mountinfo=mountinfo, opener=opener)
+    return KernelCollector(
+        uri,
+        proc=proc,
+        run_dir=run,
+        mountinfo=mountinfo,
+        sys_dev_block=root / "sys/dev/block",
+        opener=opener,
+    )
+
+
+def lay_out_image(root: Path) -> tuple[Path, str]:
+    """A disk image under ``root``, and in ``root/sys/dev/block`` the block device of the
+    filesystem that holds it (this machine's, whichever it is), where the collector looks a
+    checked disk's device up. Returns the image and its device as the cgroup's I/O file names
+    it (``MAJ:MIN``)."""
+    image = root / "guest" / "disk.img"
+    image.parent.mkdir(parents=True, exist_ok=True)
+    image.write_bytes(bytes(4096))
+    dev = image.stat().st_dev
+    name = f"{os.major(dev)}:{os.minor(dev)}"
+    node = root / "sys/dev/block" / name
+    node.mkdir(parents=True, exist_ok=True)
+    (node / "dev").write_text(f"{name}\n")
+    return image, name
+
+
+def blkio_service_bytes(counted: dict[str, tuple[int, int]]) -> str:
+    """A v1 ``blkio.throttle.io_service_bytes`` with these devices' (read, written) bytes."""
+    lines = []
+    for dev, (read, written) in counted.items():
+        lines += [f"{dev} Read {read}", f"{dev} Write {written}", f"{dev} Sync {read + written}"]
+        lines += [f"{dev} Async 0", f"{dev} Discard 0", f"{dev} Total {read + written}"]
+    total = sum(r + w for r, w in counted.values())
+    return "\n".join([*lines, f"Total {total}"]) + "\n"
 
 
 def lay_out_domain(root: Path, name: str, pid: int, machine: str, cpu_ns: int) -> Path:

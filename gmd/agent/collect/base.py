@@ -151,6 +151,10 @@ class HostReading:
     host_cpu_s: float | None = None
     """the host's busy CPU seconds since boot, all CPUs (:mod:`gmd.agent.collect.host`: its
     VMs and everything else it runs); ``None`` when not known (a remote or test hypervisor)"""
+    disk_disagreements: frozenset[str] = frozenset()
+    """VMs whose cgroup's disk bytes disagreed with their QEMU's block stats at the latest
+    check (:class:`gmd.agent.collect.kernel.DiskCheck`; their disk use is QEMU's figure
+    either way); always empty for the collectors that do not check"""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,12 +1,13 @@
 """The kernel-counter collector: libvirt to list and describe domains, the kernel's files for
 the counters (issue 19).
 
-The libvirt collector's ``getAllDomainStats`` asks every QEMU over its monitor socket, every
-tick: ~5–7 ms of libvirtd and QEMU time per VM. The kernel already keeps the same counters, so
-per tick this collector reads files, and asks libvirt nothing unless a domain started or
-stopped: it lists the domains (``listAllDomains``: ids and uuids, no QEMU involved) after a
-lifecycle event (:mod:`gmd.agent.collect.lifecycle`) or every ``describe_every_s``. Per VM it
-reads three files, and one file for every VM's network:
+The libvirt collector's ``getAllDomainStats`` asks every QEMU over its monitor socket for
+every counter, every tick: ~5–7 ms of libvirtd and QEMU time per VM. The kernel already keeps
+the CPU, memory and network counters, so per tick this collector reads files for those, and
+asks libvirt only for the disks' bytes, in one call for every VM (below); it lists the domains
+(``listAllDomains``: ids and uuids, no QEMU involved) only after a lifecycle event
+(:mod:`gmd.agent.collect.lifecycle`) or every ``describe_every_s``. Per VM it reads two or
+three files, and one file for every VM's network:
 
 - CPU: the domain's cgroup (the parent of QEMU's ``emulator`` cgroup, which also holds the
   ``vcpuN`` cgroups): v1 ``cpuacct.usage`` (ns) when QEMU sits in a cpuacct group, else v2
@@ -22,16 +23,21 @@ reads three files, and one file for every VM's network:
 - network: the taps' lines of ``/proc/net/dev`` (what libvirt reads for ``net.N.*`` too),
   swapped to the guest's view as libvirt swaps them (what the host's tap receives, the guest
   transmitted);
-- disk: the domain cgroup's v1 ``blkio.throttle.io_service_bytes`` or v2 ``io.stat``
-  (``rbytes``/``wbytes``), per host block device (``host:MAJ:MIN``), for the local disks QEMU
-  opens ``O_DIRECT`` (``cache='none'``, as Nova opens them, or ``directsync``): every request
-  of the guest reaches the host's block layer, and the cgroup's bytes equal QEMU's own, byte
-  for byte (measured on a real guest). What the cgroup cannot see comes from QEMU's block
-  stats (:func:`plan_disks`): network disks (RBD, iSCSI, NBD: QEMU's socket I/O), volumes of a
-  storage pool, and every disk of a VM with a local disk left to the host's page cache, whose
-  reads the cache serves and whose writes, under cgroup v1, the host flushes from its own
-  threads. Those are asked in one bulk call per tick for just those VMs (``NOWAIT``): the only
-  requests that reach a QEMU's monitor.
+- disk: QEMU's block stats (``block.N.rd.bytes``/``wr.bytes``: what the guest asked of each
+  of its disks, :func:`plan_disks`), asked in one bulk call per tick for every VM with a disk
+  (``domainListGetStats``, the block group only, ``NOWAIT``: three QMP commands per VM, the
+  only ones that reach a QEMU). One figure for every disk whatever its cache mode, its storage
+  (a file, a block device, RBD, iSCSI, NBD) and the host's kernel and cgroup version, and the
+  one the libvirt collector reads. The cgroup's bytes (v1 ``blkio.throttle.io_service_bytes``,
+  v2 ``io.stat``: the host's block devices') are not that figure: under cgroup v1, Linux 6.10
+  and later count a device's I/O in ``blkio.throttle.*`` only once a throttle limit has been
+  set on that device (``blk_throtl_activated``), so on an untouched host they stay at 0 while
+  the guest reads (issue 42); the host's page cache serves a cached disk's reads; a network
+  disk is socket I/O. They are read beside it as a check (:class:`DiskCheck`), for the VMs
+  whose local disks QEMU opens ``O_DIRECT`` (``cache='none'``, as Nova opens them, or
+  ``directsync``), where the two agree byte for byte when the kernel counts: a VM whose cgroup
+  disagrees is logged once (again when they agree again) and named in the reading
+  (``disk_disagreements``).
 
 What the counters need (the QEMU pid from libvirt's pid file, its cgroups from
 ``/proc/<pid>/cgroup`` and the mount table, the taps and the owner from the domain XML) is
@@ -49,15 +55,13 @@ migration), so the use between the last tick and its end is sent with the next t
 of being lost with its process. A domain destroyed outright (``virsh destroy``, Nova deleting
 a running server) gives no such moment: libvirt removes its cgroups before it says it
 stopped, so its use since the last tick (at most one tick's) is lost, as with the libvirt
-collector; so is that of disks read from QEMU's block stats, which are not asked at an event.
+collector. Its disks' bytes since the last tick are lost in both cases: QEMU's block stats are
+not asked at an event.
 
 A VM whose files cannot be read is read through libvirt for the tick (the reading's
-``fallbacks`` names it; the agent counts them; logged once per VM). Because the cgroup names
-a VM's disks by host device (``host:254:0``) and libvirt by the guest's (``vda``), a VM's disk
-counters come from one source for its process's whole life: the kernel's if they could be
-read at its first reading, else libvirt's. A kernel-read VM falling back for a tick reports no
-disk counters then; its next kernel reading measures from its last, so nothing is lost or
-counted twice.
+``fallbacks`` names it; the agent counts them; logged once per VM). Its disks are QEMU's block
+stats either way, named by the guest's devices (``vda``), so a VM read now from its files and
+now through libvirt is measured from its last counters: nothing lost or counted twice.
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ import logging
 import math
 import os
 import re
+import stat
 import threading
 import time
 import xml.etree.ElementTree as ET
@@ -132,14 +137,6 @@ class IoFile(Enum):
     """cgroup v1: ``MAJ:MIN Read|Write N`` lines"""
     IO_STAT = "io.stat"
     """cgroup v2: ``MAJ:MIN rbytes=N wbytes=N …`` lines"""
-
-
-class DiskSource(Enum):
-    """Which collector a VM's disk counters come from for its process's life (see the module
-    docstring)."""
-
-    KERNEL = "kernel"
-    LIBVIRT = "libvirt"
 
 
 class KernelReadError(GmdError):
@@ -528,6 +525,28 @@ class CounterFiles:
             nics[tap] = guest
         return cpu_ns, self._pages * page_size, self._disks, nics
 
+    def io_again(self) -> Mapping[str, tuple[int, int]]:
+        """The I/O file's devices read again, alone (parsed only when its bytes changed): the
+        disk check's second look, after QEMU's figures (:class:`DiskCheck`). Empty without an
+        I/O file; :class:`KernelReadError` when it cannot be read or parsed (a file that failed
+        to read closes them all, as at :meth:`counters`)."""
+        if self._io_fd < 0:
+            return {}
+        try:
+            io = _pread(self._io_fd, _CHUNK, 0)
+            if len(io) == _CHUNK:
+                io = _rest(self._io_fd, io)
+        except OSError as exc:
+            self.close()
+            raise KernelReadError(f"{self._paths[2]}: {exc.strerror or exc}") from None
+        if io != self._io:
+            try:
+                self._disks = _io_stat(io) if self._io_v2 else _blkio_service_bytes(io)
+            except (ValueError, IndexError) as exc:
+                raise KernelReadError(f"{self._paths[2]}: unexpected content ({exc})") from None
+            self._io = io
+        return self._disks
+
     @staticmethod
     def _no_tap(tap: str) -> str:
         return f"interface {tap} is not among the host's (/proc/net/dev)"
@@ -553,41 +572,217 @@ class CounterFiles:
 
 DIRECT_CACHE_MODES = frozenset({"none", "directsync"})
 """Cache modes in which QEMU opens a local disk with ``O_DIRECT``: every guest request reaches
-the host's block layer, so the cgroup counts what the guest asked (measured, see
-``docs/agent.md``). In the others (``writeback``, the default, ``writethrough``, ``unsafe``)
-the host's page cache serves reads and, under cgroup v1, flushes writes from its own threads:
-the cgroup sees little or none of the guest's I/O."""
+the host's block layer, so the cgroup's bytes can be checked against QEMU's (equal, byte for
+byte, on a real guest where the kernel counts: ``docs/agent.md``). In the others
+(``writeback``, the default, ``writethrough``, ``unsafe``) the host's page cache serves reads
+and, under cgroup v1, flushes writes from its own threads: the cgroup sees little or none of
+the guest's I/O, and is not checked."""
 LOCAL_DISK_TYPES = frozenset({"file", "block"})
+SYS_DEV_BLOCK = Path("/sys/dev/block")
+
+
+class LocalDisk(NamedTuple):
+    """A local disk whose bytes the cgroup's are checked against: its target, its source's
+    path, and whether that is a block device (else a file)."""
+
+    target: str
+    path: str
+    block: bool
 
 
 @dataclass(frozen=True, slots=True)
 class DiskPlan:
-    """Where a domain's disk bytes are counted: its cgroup's I/O file (``cgroup``), and QEMU's
-    block stats for ``block_stats`` (disk targets). The cgroup cannot tell one disk from
-    another on the same host device, so it counts a domain's disks only when it sees them all
-    exactly; else all of them come from the block stats."""
+    """How a domain's disks are counted: every disk with a source, by QEMU's block stats
+    (``block_stats``: their targets); and the disks the cgroup's bytes are checked against
+    (``checked``): its local disks when QEMU opens them all ``O_DIRECT``, else none (one left
+    to the host's page cache blurs the cgroup's bytes of every disk on its device)."""
 
-    cgroup: bool
     block_stats: tuple[str, ...]
+    checked: tuple[LocalDisk, ...] = ()
 
 
 def plan_disks(xml: str) -> DiskPlan:
-    """The cgroup for local disks opened ``O_DIRECT`` (:data:`DIRECT_CACHE_MODES`); QEMU's
-    block stats for network disks (RBD, iSCSI, NBD, …: socket I/O, no cgroup file counts it)
-    and storage-pool volumes (which may be either), and for every disk of a domain with a
-    local disk cached by the host."""
-    local, remote, cached = [], [], False
+    """Every disk with a source from QEMU's block stats; the cgroup checked against the local
+    ones (files and block devices) when they are all opened ``O_DIRECT``
+    (:data:`DIRECT_CACHE_MODES`). Network disks (RBD, iSCSI, NBD, …: QEMU's socket I/O, which
+    no cgroup file counts) and storage-pool volumes (either) are never checked."""
+    every, local, unchecked = [], [], False
     for disk, dev in counted_disks(ET.fromstring(xml)):
-        if disk.get("type") in LOCAL_DISK_TYPES:
-            local.append(dev)
-            driver = disk.find("driver")
-            cache = driver.get("cache") if driver is not None else None
-            cached = cached or cache not in DIRECT_CACHE_MODES
+        every.append(dev)
+        kind = disk.get("type")
+        if kind not in LOCAL_DISK_TYPES:
+            continue
+        driver, source = disk.find("driver"), disk.find("source")
+        cache = driver.get("cache") if driver is not None else None
+        path = source.get("dev" if kind == "block" else "file") if source is not None else None
+        if cache not in DIRECT_CACHE_MODES or not path:
+            unchecked = True
         else:
-            remote.append(dev)
-    if cached:
-        return DiskPlan(False, tuple(local + remote))
-    return DiskPlan(bool(local), tuple(remote))
+            local.append(LocalDisk(dev, path, kind == "block"))
+    return DiskPlan(tuple(every), () if unchecked else tuple(local))
+
+
+def host_device(disk: LocalDisk, sys_dev_block: Path = SYS_DEV_BLOCK) -> str | None:
+    """The host block device that counts ``disk``'s I/O, as the cgroup's I/O file names it
+    (``host:MAJ:MIN``: the whole disk, whose queue the kernel counts per cgroup, not a
+    partition of it); ``None`` when there is none or it cannot be told: a file on a filesystem
+    of no block device (NFS, tmpfs; overlay and btrfs give anonymous devices), a source that
+    is not there."""
+    try:
+        st = os.stat(disk.path)
+    except OSError:
+        return None
+    if disk.block and not stat.S_ISBLK(st.st_mode):
+        return None
+    dev = st.st_rdev if disk.block else st.st_dev
+    name = f"{os.major(dev)}:{os.minor(dev)}"
+    node = sys_dev_block / name
+    try:
+        if (node / "partition").exists():
+            return "host:" + (node.resolve().parent / "dev").read_text().strip()
+    except OSError:
+        return None
+    return f"host:{name}" if node.exists() else None
+
+
+JUDGED_BYTES = 1 << 20
+"""a direction (read, written) is judged once the cgroup or QEMU moved this many bytes in it"""
+AGREE_FACTOR = 2
+"""the cgroup agrees with QEMU in a direction when neither counted more than this many times
+the other: the host's own I/O for a disk (a filesystem's or an image format's metadata, ~3 %
+measured) is within it, a cgroup that counts nothing or a sparse image's holes are not"""
+SETTLED_AFTER = 2
+"""judged spans in a row that must say otherwise before a VM's check changes its mind: I/O in
+flight at a tick (the cgroup counts a request when it is sent, QEMU when it is done) sways one
+span, not two"""
+
+
+def disk_counters_agree(
+    cgroup: tuple[int, int], qemu: tuple[int, int], cgroup_high: tuple[int, int] | None = None
+) -> bool | None:
+    """Whether a VM's cgroup counted, over one span, the bytes (read, written) its QEMU's
+    block stats counted: within :data:`AGREE_FACTOR` of each other in each direction in which
+    either moved :data:`JUDGED_BYTES`; ``None`` when neither did in either direction (too
+    little I/O to tell). ``cgroup_high``: where the cgroup was read twice at each end of the
+    span, around QEMU's figures, the most it can have counted in the span (``cgroup`` is then
+    the least): they disagree only if they do whatever it counted in between."""
+    high = cgroup if cgroup_high is None else cgroup_high
+    verdict = None
+    for low, top, guest in zip(cgroup, high, qemu, strict=True):
+        if max(low, guest) < JUDGED_BYTES:
+            continue
+        if AGREE_FACTOR * top < guest or low > AGREE_FACTOR * guest:
+            return False
+        verdict = True
+    return verdict
+
+
+class DiskVerdict(NamedTuple):
+    """A VM's cgroup came to agree or disagree with its QEMU (:meth:`DiskCheck.observe`): over
+    the spans that decided it, the bytes (read, written) each counted, and the checked devices
+    that the cgroup's I/O file has no line for (the kernel counted no I/O of the VM's on them
+    at all)."""
+
+    agree: bool
+    span_s: float
+    cgroup: tuple[int, int]
+    qemu: tuple[int, int]
+    unseen: tuple[str, ...]
+
+
+_Look = tuple[float, int, int, int, int, int, int]
+"""both counters at one tick: when; the cgroup's bytes read and written as read before QEMU's
+and after them; QEMU's bytes read and written"""
+
+
+@dataclass(slots=True)
+class DiskCheck:
+    """The check of one VM process's disk bytes: its cgroup's on ``devices`` (``host:MAJ:MIN``)
+    against QEMU's block stats of ``targets`` (its local disks, opened ``O_DIRECT``), over
+    spans from one tick that read both to a later one. A span in which too little moved to
+    judge (:func:`disk_counters_agree`), or in which QEMU's were not read (a busy domain), goes
+    on to the next tick that reads both. The cgroup is read just before and just after QEMU's
+    figures (a burst of I/O between the two reads then sways no verdict), and the check changes
+    its mind only when :data:`SETTLED_AFTER` judged spans in a row say so."""
+
+    devices: tuple[str, ...]
+    targets: tuple[str, ...]
+    since: _Look | None = None
+    """the span's start"""
+    agree: bool | None = None
+    """what the check holds (``None``: nothing yet)"""
+    leaning: bool | None = None
+    """the verdict of the last judged spans, when it is not :attr:`agree`"""
+    spans: int = 0
+    """how many judged spans in a row said :attr:`leaning`"""
+    leaning_from: _Look | None = None
+    """the start of the first of them"""
+
+    def observe(
+        self,
+        taken_s: float,
+        cgroup: Mapping[str, tuple[int, int]],
+        qemu: Mapping[str, tuple[int, int]],
+        cgroup_after: Mapping[str, tuple[int, int]] | None = None,
+    ) -> DiskVerdict | None:
+        """Both counters at one tick: the cgroup's I/O file's devices (read before QEMU's, and,
+        ``cgroup_after``, again after them) and QEMU's disks. The verdict when the check
+        changed its mind: a first one only when it is a disagreement (agreeing is what is
+        expected), then each change."""
+        low_r, low_w = self._host(cgroup)
+        high_r, high_w = (low_r, low_w) if cgroup_after is None else self._host(cgroup_after)
+        guest_r = guest_w = 0
+        for target in self.targets:
+            counted = qemu.get(target)
+            if counted is None:
+                return None
+            guest_r += counted[0]
+            guest_w += counted[1]
+        now = (taken_s, low_r, low_w, high_r, high_w, guest_r, guest_w)
+        since = self.since
+        if (
+            since is None
+            or high_r < since[1]
+            or high_w < since[2]
+            or guest_r < since[5]
+            or guest_w < since[6]
+        ):
+            # The first look, or a counter went down (blkio.reset_stats): anew.
+            self.since, self.spans = now, 0
+            return None
+        guest = (guest_r - since[5], guest_w - since[6])
+        verdict = disk_counters_agree(
+            (low_r - since[3], low_w - since[4]), guest, (high_r - since[1], high_w - since[2])
+        )
+        if verdict is None:
+            return None
+        self.since = now
+        if verdict == self.agree:
+            self.spans = 0
+            return None
+        if self.spans == 0 or verdict != self.leaning:
+            self.leaning, self.spans, self.leaning_from = verdict, 0, since
+        self.spans += 1
+        if self.spans < SETTLED_AFTER:
+            return None
+        first, start = self.agree is None, self.leaning_from or since
+        self.agree, self.spans = verdict, 0
+        if first and verdict:
+            return None
+        unseen = tuple(dev for dev in self.devices if dev not in (cgroup_after or cgroup))
+        host = (low_r - start[1], low_w - start[2])
+        return DiskVerdict(
+            verdict, taken_s - start[0], host, (guest_r - start[5], guest_w - start[6]), unseen
+        )
+
+    def _host(self, cgroup: Mapping[str, tuple[int, int]]) -> tuple[int, int]:
+        read = written = 0
+        for dev in self.devices:
+            counted = cgroup.get(dev)
+            if counted is not None:
+                read += counted[0]
+                written += counted[1]
+        return read, written
 
 
 def kernel_collector_fits(uri: str, proc: Path = PROC, run_dir: Path = LIBVIRT_QEMU_RUN) -> str:
@@ -623,37 +818,44 @@ class KernelDescription:
     files: CounterFiles | None
     """``None``: the files could not be located (``problem`` says why): read through libvirt"""
     disks: DiskPlan
-    """where this domain's disks are counted"""
+    """how this domain's disks are counted"""
     problem: str = ""
-    disk_source: DiskSource | None = None
-    """decided at the first reading of this process, kept across refreshes"""
-    io_unseen: bool = False
-    """its disks are to be counted in its cgroup, which has no I/O file: read through
-    libvirt (worked out when described, not at every reading)"""
+    check: DiskCheck | None = None
+    """its cgroup's disk bytes against QEMU's (``None``: not checked: no local disk, one not
+    opened ``O_DIRECT``, no I/O file, or a host device that cannot be told); kept across
+    refreshes of one process"""
+    kernel_read: bool = False
+    """whether a tick has read this process from its files (set at its first reading, kept
+    across refreshes): only then is it read at its lifecycle events"""
 
-    def reading(
+    def event_reading(
         self,
         uuid: str,
         taken_s: float,
         c: tuple[int, int, Mapping[str, tuple[int, int]], Mapping[str, tuple[int, int]]],
     ) -> VmReading:
-        """The VM's reading of counters ``c`` (:meth:`CounterFiles.counters`), taken at
-        ``taken_s`` (a tick's, or an event's)."""
-        cpu_ns, rss, disks, nics = c
+        """The VM's reading of counters ``c`` (:meth:`CounterFiles.counters`) taken at an
+        event, at ``taken_s``: without disks, whose bytes only QEMU's block stats give (its
+        next reading measures them from its last)."""
+        cpu_ns, rss, _cgroup, nics = c
         return vm_reading(
-            uuid, self.run_id, taken_s, cpu_ns, rss, disks, nics, self.owner, self.name
+            uuid, self.run_id, taken_s, cpu_ns, rss, _NO_DISKS, nics, self.owner, self.name
         )
+
+
+_NO_DISKS: Mapping[str, tuple[int, int]] = {}
+"""a reading's disks when QEMU's block stats were not read (never changed: readings never
+change their mappings)"""
 
 
 @dataclass(frozen=True, slots=True)
 class TickPlan:
     """What a tick reads: the listed domains, each described, in the listing's order.
 
-    Worked out when the listing changes, a domain is due to be described again, or a VM's
-    reading from the kernel starts or stops (its first reading, or a fall back to libvirt
-    for its process's life), and kept for the ticks in between, which then only read the
-    files: issue 33 (the tick's own CPU within 1.5 times the ``pread`` of its files) leaves
-    no room for looking each VM's state up again every tick.
+    Worked out when the listing changes, a domain is due to be described again, or a VM is
+    first read from its files, and kept for the ticks in between, which then only read the
+    files and ask QEMU's block stats: issue 33 (the tick's own CPU within 1.5 times the
+    ``pread`` of its files) leaves no room for looking each VM's state up again every tick.
     """
 
     listed: dict[str, tuple[Any, int]]
@@ -665,10 +867,10 @@ class TickPlan:
         ...,
     ]
     """per VM to read: uuid, domain, its id, description, the counter files to read (``None``:
-    read through libvirt), whether this is its process's first reading, whether any of its
-    disks is counted by QEMU's block stats (:func:`plan_disks`), and its owner and name from
-    the description (in the tuple, which the tick reads anyway: a tick that reads its files
-    fine looks nothing else up)"""
+    read through libvirt), whether this is its process's first reading, whether it has disks
+    (asked of QEMU's block stats, :func:`plan_disks`), and its owner and name from the
+    description (in the tuple, which the tick reads anyway: a tick that reads its files fine
+    looks nothing else up)"""
     measured: frozenset[str]
     """the listed domains that the domain filter admits"""
 
@@ -676,8 +878,9 @@ class TickPlan:
 class KernelCollector:
     """Reads every running domain's counters from the kernel (see the module docstring).
 
-    ``opener`` opens the libvirt connection (read-only by default); ``proc``, ``run_dir`` and
-    ``mountinfo`` point at the files, for tests on a laid-out tree.
+    ``opener`` opens the libvirt connection (read-only by default); ``proc``, ``run_dir``,
+    ``mountinfo`` and ``sys_dev_block`` (the host's block devices by number) point at the
+    files, for tests on a laid-out tree.
     """
 
     def __init__(
@@ -693,9 +896,11 @@ class KernelCollector:
         proc: Path = PROC,
         run_dir: Path = LIBVIRT_QEMU_RUN,
         mountinfo: Path | None = None,
+        sys_dev_block: Path = SYS_DEV_BLOCK,
         domains: DomainFilter = EVERY_DOMAIN,
     ) -> None:
         self.default_customer = default_customer
+        self.sys_dev_block = sys_dev_block
         self.domains = domains
         self._clock, self._monotonic = clock, monotonic
         self.describe_every_s = describe_every_s
@@ -727,6 +932,8 @@ class KernelCollector:
         self._last: dict[str, VmReading] = {}
         """readings taken at a lifecycle event, not yet superseded or sent (see _on_event)"""
         self._logged: set[str] = set()
+        self._disagreeing: set[str] = set()
+        """the VMs whose cgroup's disk bytes disagree with QEMU's at their latest verdict"""
         self._net_dev = KeptFile(self.net_dev)
         self._net_dev_parser = NetDevParser()
         self._host_cpu = HostCpu(proc / "stat")
@@ -783,7 +990,21 @@ class KernelCollector:
         errors: list[ReadFailure] = []
         busy: set[str] = set()
         fallback: dict[str, Any] = {}
-        stats_disks: dict[str, Any] = {}
+        asked: dict[str, Any] = {}
+        read: list[
+            tuple[
+                str,
+                int,
+                KernelDescription,
+                CounterFiles,
+                int,
+                int,
+                Mapping[str, tuple[int, int]],
+                Mapping[str, tuple[int, int]],
+                Ownership,
+                str,
+            ]
+        ] = []
         net = self._net()
         plan = self._plan
         if plan is None or plan.listed is not listed or plan.describe_at <= describe_before:
@@ -792,30 +1013,46 @@ class KernelCollector:
                 return HostReading(taken_s, False, errors=(self.conn.failure(),))
             # A VM that could not be described is tried again at the next tick.
             self._plan = None if gone or errors else plan
-        # The loop below runs for every VM and tick: what it calls is looked up once.
-        page_size, append = self._page_size, vms.append
-        for uuid, dom, run_id, d, files, first, counted_by_qemu, owner, name in plan.vms:
+        # The loops below run for every VM and tick: what they call is looked up once.
+        page_size, keep = self._page_size, read.append
+        for uuid, dom, run_id, d, files, first, has_disks, owner, name in plan.vms:
             if files is None:
-                self._not_from_kernel(uuid, d, net)
+                self._cannot(uuid, d, d.problem)
                 fallback[uuid] = dom
                 continue
             try:
-                cpu_ns, rss, disks, nics = files.counters(net, page_size)
+                cpu_ns, rss, cgroup, nics = files.counters(net, page_size)
             except KernelReadError as exc:
                 self._cannot(uuid, d, str(exc))
                 if not files.is_open:
                     self._describe_again(d)
                 fallback[uuid] = dom
                 continue
-            if first:  # the first reading of its process: its disks are the kernel's
-                d.disk_source = DiskSource.KERNEL
+            if first:  # its process's first reading: read at its events from now on
+                d.kernel_read = True
                 self._plan = None
-            append(vm_reading(uuid, run_id, taken_s, cpu_ns, rss, disks, nics, owner, name))
-            if counted_by_qemu:
-                stats_disks[uuid] = dom
-        if stats_disks:
-            vms, failed = self._block_stats(conn, stats_disks, vms)
+            keep((uuid, run_id, d, files, cpu_ns, rss, cgroup, nics, owner, name))
+            if has_disks:
+                asked[uuid] = dom
+        qemu: dict[str, Mapping[str, tuple[int, int]]] = {}
+        if asked:
+            qemu, failed = self._block_stats(conn, asked)
             errors.extend(failed)
+        append, disks_of = vms.append, qemu.get
+        for uuid, run_id, d, files, cpu_ns, rss, cgroup, nics, owner, name in read:
+            disks = disks_of(uuid, _NO_DISKS)
+            append(vm_reading(uuid, run_id, taken_s, cpu_ns, rss, disks, nics, owner, name))
+            check = d.check
+            if check is not None and disks:
+                try:  # the cgroup's second look, after QEMU's figures
+                    after = files.io_again()
+                except KernelReadError:  # not checked this tick; its next reading finds out
+                    if not files.is_open:
+                        self._describe_again(d)
+                    continue
+                verdict = check.observe(taken_s, cgroup, disks, after)
+                if verdict is not None:
+                    self._judged(uuid, d, check, verdict)
         if fallback:
             more, more_gone, more_errors, busy = self._fallback(fallback, taken_s)
             vms.extend(more)
@@ -833,6 +1070,7 @@ class KernelCollector:
             fallbacks=frozenset(fallback) - gone,
             busy=frozenset(busy),
             host_cpu_s=host_cpu_s,
+            disk_disagreements=frozenset(self._disagreeing),
         )
 
     def _make_plan(
@@ -870,15 +1108,13 @@ class KernelCollector:
                     mounts = self._mounts()
                 d = self._describe(xml, run_id, d, mounts)
                 descriptions[uuid] = d
+                if d.check is None or d.check.agree is not False:
+                    self._disagreeing.discard(uuid)  # a new process, or no longer checked
             if not self.domains.admits_owner(d.owner):
                 excluded.add(uuid)
                 continue
-            files = d.files
-            if d.disk_source is DiskSource.LIBVIRT or d.io_unseen:
-                files = None
-            first = d.disk_source is None
-            counted_by_qemu = bool(d.disks.block_stats)
-            vms.append((uuid, dom, run_id, d, files, first, counted_by_qemu, d.owner, d.name))
+            first, has_disks = not d.kernel_read, bool(d.disks.block_stats)
+            vms.append((uuid, dom, run_id, d, d.files, first, has_disks, d.owner, d.name))
         stale = descriptions.keys() - listed.keys()
         for uuid in stale:
             files = descriptions.pop(uuid).files
@@ -886,6 +1122,7 @@ class KernelCollector:
                 files.close()
         if stale:
             self._logged &= listed.keys()
+            self._disagreeing &= listed.keys()
         return TickPlan(
             listed,
             min((d.fetched_s for d in descriptions.values()), default=math.inf),
@@ -894,13 +1131,12 @@ class KernelCollector:
         )
 
     def _block_stats(
-        self, conn: Any, domains: dict[str, Any], vms: list[VmReading]
-    ) -> tuple[list[VmReading], list[ReadFailure]]:
-        """The counters of the kernel-read ``domains``' disks that their cgroup cannot count
-        (:func:`plan_disks`), from QEMU's block stats: one bulk call for them all, the only
-        one that reaches QEMU's monitor (two requests per domain). Skips a busy domain
-        (``NOWAIT``); a disk not read this tick keeps its last counters, and its next reading
-        measures from them."""
+        self, conn: Any, domains: dict[str, Any]
+    ) -> tuple[dict[str, Mapping[str, tuple[int, int]]], list[ReadFailure]]:
+        """The kernel-read ``domains``' disk counters (:func:`plan_disks`), from QEMU's block
+        stats: one bulk call for them all, the only one that reaches QEMU's monitor (three QMP
+        commands per domain). Skips a busy domain (``NOWAIT``); a disk not read this tick
+        keeps its last counters, and its next reading measures from them."""
         try:
             pairs = conn.domainListGetStats(
                 list(domains.values()),
@@ -910,18 +1146,72 @@ class KernelCollector:
         except libvirt.libvirtError as exc:
             why = f"the block stats of {len(domains)} VMs not read this tick: {exc}"
             log.warning("%s", why)
-            return vms, [ReadFailure(FailureKind.block_stats, why)]
-        read: dict[str, dict[str, tuple[int, int]]] = {}
+            return {}, [ReadFailure(FailureKind.block_stats, why)]
+        read: dict[str, Mapping[str, tuple[int, int]]] = {}
         for dom, stats in pairs:
             uuid = dom.UUIDString()
             wanted = self._descriptions[uuid].disks.block_stats
-            disks = bulk_devices(stats, "block", "rd.bytes", "wr.bytes") or {}
-            read[uuid] = {dev: rw for dev, rw in disks.items() if dev in wanted}
-        out = [
-            dataclasses.replace(v, disks={**v.disks, **read[v.uuid]}) if v.uuid in read else v
-            for v in vms
-        ]
-        return out, []
+            disks = bulk_devices(stats, "block", "rd.bytes", "wr.bytes")
+            if disks:
+                read[uuid] = {dev: rw for dev, rw in disks.items() if dev in wanted}
+        return read, []
+
+    def _judged(
+        self, uuid: str, d: KernelDescription, check: DiskCheck, verdict: DiskVerdict
+    ) -> None:
+        """A VM's cgroup came to disagree with its QEMU's block stats, or to agree again:
+        logged, once per change, and kept for the readings (``disk_disagreements``)."""
+        (host_r, host_w), (guest_r, guest_w) = verdict.cgroup, verdict.qemu
+        devices = ", ".join(dev.removeprefix("host:") for dev in check.devices)
+        if verdict.agree:
+            self._disagreeing.discard(uuid)
+            log.info(
+                "VM %s (%s): its cgroup's disk bytes agree with QEMU's block stats again"
+                " (%d read, %d written over %.0f s)",
+                uuid,
+                d.name,
+                guest_r,
+                guest_w,
+                verdict.span_s,
+            )
+            return
+        self._disagreeing.add(uuid)
+        if verdict.unseen:
+            why = (
+                f"its cgroup has no line for {', '.join(verdict.unseen)}: the kernel counted"
+                " none of its I/O there"
+            )
+            io = None if d.files is None else d.files.sources.cgroups.io
+            if io is not None and io[0] is IoFile.BLKIO_SERVICE_BYTES:
+                why += (
+                    " (under cgroup v1, Linux 6.10 and later count a device's I/O in"
+                    " blkio.throttle.* only once a throttle limit has been set on that"
+                    " device, by anyone, and from then on)"
+                )
+        elif host_r + host_w < guest_r + guest_w:
+            why = (
+                "the host did less I/O than the guest asked (a sparse image's holes cost"
+                " none) or its cgroup missed some"
+            )
+        else:
+            why = (
+                "the host did more I/O than the guest asked (an image format's metadata,"
+                " another process in the VM's cgroup)"
+            )
+        log.warning(
+            "VM %s (%s): its cgroup counted %d bytes read and %d written on host device %s"
+            " over %.0f s, QEMU's block stats of its disks %d and %d: its disk use is QEMU's"
+            " figure, the cgroup's only checks it; %s. Logged again when they agree.",
+            uuid,
+            d.name,
+            host_r,
+            host_w,
+            devices,
+            verdict.span_s,
+            guest_r,
+            guest_w,
+            why,
+        )
 
     def _net(self) -> NetCounters | None:
         """Every interface's counters, one file for all the VMs' taps; ``None`` (each VM with
@@ -941,7 +1231,7 @@ class KernelCollector:
         if kind not in LAST_MOMENTS:
             return
         d = self._descriptions.get(uuid)
-        if d is None or d.files is None or d.disk_source is not DiskSource.KERNEL:
+        if d is None or d.files is None or not d.kernel_read:
             return  # never read from the kernel (or outside the domain filter)
         with self._lock:
             if self._descriptions.get(uuid) is not d or d.run_id != dom.ID():
@@ -954,7 +1244,7 @@ class KernelCollector:
                 if not d.files.is_open:
                     self._describe_again(d)
                 return
-            self._last[uuid] = d.reading(uuid, taken_s, c)
+            self._last[uuid] = d.event_reading(uuid, taken_s, c)
         log.info("domain %s (%s) %s: its counters read", uuid, d.name, kind.name)
 
     def _last_moments(
@@ -988,6 +1278,7 @@ class KernelCollector:
     ) -> KernelDescription:
         name, owner, _disks, nics = describe(xml, self.default_customer)
         plan = plan_disks(xml)
+        devices = self._devices(plan)
         sources: KernelSources | None = None
         problem = ""
         try:
@@ -997,13 +1288,18 @@ class KernelCollector:
         else:
             try:
                 cgroups = counter_files(self.cgroups.of_process(pid, mounts))
-                if not plan.cgroup:  # its I/O file is not read: no disk is counted there
+                if devices is None:  # its I/O file is not read: nothing to check there
                     cgroups = dataclasses.replace(cgroups, io=None)
                 sources = KernelSources(cgroups, self.proc / str(pid) / "statm", nics)
             except (CgroupNotFound, KernelReadError) as exc:
                 problem = str(exc)
         same = before is not None and before.run_id == run_id
-        disk_source = before.disk_source if before is not None and same else None
+        check = None
+        if devices is not None and sources is not None and sources.cgroups.io is not None:
+            targets = tuple(disk.target for disk in plan.checked)
+            check = before.check if before is not None and same else None
+            if check is None or (check.devices, check.targets) != (devices, targets):
+                check = DiskCheck(devices, targets)
         files = before.files if before is not None else None
         if files is not None and (sources != files.sources or not same):
             files.close()
@@ -1018,27 +1314,24 @@ class KernelCollector:
             files,
             plan,
             problem,
-            disk_source,
-            io_unseen=plan.cgroup and sources is not None and sources.cgroups.io is None,
+            check,
+            kernel_read=before is not None and same and before.kernel_read,
         )
 
-    def _not_from_kernel(self, uuid: str, d: KernelDescription, net: NetCounters | None) -> None:
-        """A VM read through libvirt, the tick's plan says: its files could not be located,
-        or its disks come from libvirt for its process's life (so all its counters do), or
-        its disks were to be counted in a cgroup without an I/O file. In that last case the
-        files are read all the same, to name the first that fails; the first call settles
-        where its disks come from, as for any VM."""
-        if d.files is None:
-            self._cannot(uuid, d, d.problem)
-        elif d.disk_source is not DiskSource.LIBVIRT:
-            try:
-                d.files.counters(net, self._page_size)
-            except KernelReadError as exc:
-                self._cannot(uuid, d, str(exc))
-                if not d.files.is_open:
-                    self._describe_again(d)
-            else:
-                self._cannot(uuid, d, "QEMU is in no blkio (v1) nor v2 cgroup of its own")
+    def _devices(self, plan: DiskPlan) -> tuple[str, ...] | None:
+        """The host devices of the disks whose bytes the cgroup's are checked against
+        (:func:`host_device`), or ``None`` when there are none or one cannot be told."""
+        if not plan.checked:
+            return None
+        devices: list[str] = []
+        for disk in plan.checked:
+            dev = host_device(disk, self.sys_dev_block)
+            if dev is None:
+                log.debug("disk %s (%s): no host block device to check it on", *disk[:2])
+                return None
+            if dev not in devices:
+                devices.append(dev)
+        return tuple(devices)
 
     def _describe_again(self, d: KernelDescription) -> None:
         """At the next tick, before its files are opened again: they failed to read (a
@@ -1050,36 +1343,21 @@ class KernelCollector:
         self._plan = None
 
     def _cannot(self, uuid: str, d: KernelDescription, why: str) -> None:
-        """Mark the VM for libvirt this tick; a VM not yet read from the kernel in this process
-        takes its disk counters from libvirt for the process's life. Logged once per VM."""
-        if d.disk_source is None:
-            d.disk_source = DiskSource.LIBVIRT
-            self._plan = None  # the plan reads it from the kernel: no longer
+        """The VM is read through libvirt this tick: logged once per VM."""
         if uuid not in self._logged:
             self._logged.add(uuid)
             log.warning(
-                "VM %s (%s): read through libvirt instead of the kernel's files: %s%s",
+                "VM %s (%s): read through libvirt instead of the kernel's files: %s",
                 uuid,
                 d.name,
                 why,
-                " (its disk counters come from libvirt until its process restarts)"
-                if d.disk_source is DiskSource.LIBVIRT
-                else "",
             )
 
     def _fallback(
         self, domains: dict[str, Any], taken_s: float
     ) -> tuple[list[VmReading], set[str], list[ReadFailure], set[str]]:
         """Read ``domains`` through libvirt, one call per counter as the libvirt collector
-        does when bulk stats lack them. A VM whose disks come from the kernel reports no disk
-        counters here: its next kernel reading measures them from its last one."""
-        vms, gone, errors, busy = self._libvirt.read_listed(
+        does when bulk stats lack them: its disks are QEMU's block stats, as at any tick."""
+        return self._libvirt.read_listed(
             {uuid: (dom, {}) for uuid, dom in domains.items()}, taken_s
         )
-        out = []
-        for reading in vms:
-            d = self._descriptions.get(reading.uuid)
-            if d is not None and d.disk_source is DiskSource.KERNEL:
-                reading = dataclasses.replace(reading, disks={})
-            out.append(reading)
-        return out, gone, errors, busy

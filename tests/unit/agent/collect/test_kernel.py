@@ -34,6 +34,7 @@ from gmd.agent.collect.kernel import (
     KernelCollector,
     KernelReadError,
     KernelSources,
+    LocalDisk,
     counter_files,
     kernel_collector_fits,
     parse_blkio_service_bytes,
@@ -125,7 +126,9 @@ def test_a_v1_tree_is_read_as_the_guest_sees_it(tmp_path: Path) -> None:
     assert vm.uuid == TEST_UUID and vm.run_id == 1 and vm.name == "test"
     assert vm.cpu_time_ns == 7_000_000_123
     assert vm.memory_rss_bytes == 25000 * PAGE
-    assert vm.disks == {"host:254:0": (8192, 4096)}
+    # Its disks are QEMU's block stats, which the test driver's bulk reply does not give: none,
+    # never the cgroup's bytes of a host device (its disk is not even checked here: no image).
+    assert vm.disks == {}
     # The host's tap transmitted 999 bytes: the guest received them.
     assert vm.nics == {"testnet0": (999, 111)}
 
@@ -180,8 +183,8 @@ def test_a_missing_file_falls_back_to_libvirt_for_the_tick_counted_and_logged_on
         (vm,) = fell_back.vms
         # libvirt's test driver: info()'s CPU time (the wall clock), not the tree's figure.
         assert vm.cpu_time_ns is not None and vm.cpu_time_ns != 7_000_000_123
-        # Its disks were kernel-read: a libvirt tick reports none rather than mix the two.
-        assert vm.disks == {}
+        # Its disks are QEMU's block stats, read through libvirt as at any tick.
+        assert set(vm.disks) == {"vda"}
         # The tap's counter is the one libvirt reads too: libvirt's figure is kept.
         assert set(vm.nics) == {"testnet0"}
         assert vm.owner.flavor.vcpus == 2
@@ -191,9 +194,11 @@ def test_a_missing_file_falls_back_to_libvirt_for_the_tick_counted_and_logged_on
     assert fourth.vms[0].cpu_time_ns == 8_000_000_000
 
 
-def test_a_vm_unreadable_from_its_first_reading_takes_disks_from_libvirt(tmp_path: Path) -> None:
-    """Its disk counters then stay libvirt's (``vda``) even once its files can be read: the
-    kernel's host-device bytes would otherwise be counted from zero as new use."""
+def test_a_vm_unreadable_at_its_first_reading_is_read_from_its_files_once_it_can_be(
+    tmp_path: Path,
+) -> None:
+    """Read through libvirt, then from its files: its disks are named by the guest's devices
+    (``vda``) both ways, never by a host device, so each reading measures from the last."""
     collector = v1_tree(tmp_path)
     pid_file = tmp_path / "run" / "test.pid"
     pid_file.unlink()
@@ -204,9 +209,9 @@ def test_a_vm_unreadable_from_its_first_reading_takes_disks_from_libvirt(tmp_pat
         second = collector.collect()
     finally:
         collector.close()
-    for reading in (first, second):
-        assert reading.fallbacks == {TEST_UUID}
-        assert set(reading.vms[0].disks) == {"vda"}
+    assert first.fallbacks == {TEST_UUID} and set(first.vms[0].disks) == {"vda"}
+    assert second.fallbacks == frozenset() and second.vms[0].cpu_time_ns == 7_000_000_123
+    assert set(second.vms[0].disks) <= {"vda"}
 
 
 def _own_cpu_file() -> tuple[Path, Callable[[str], int]]:
@@ -414,29 +419,35 @@ def _disk(kind: str, dev: str, cache: str | None = None, source: str = "file='/x
 
 
 @pytest.mark.parametrize(
-    ("disks", "cgroup", "block_stats"),
+    ("disks", "block_stats", "checked"),
     [
-        # Nova's local disks: O_DIRECT, the cgroup counts them exactly.
-        (_disk("file", "vda", "none") + _disk("block", "vdb", "directsync"), True, ()),
-        # Left to the host's page cache (libvirt's default): QEMU's stats, for every disk.
-        (_disk("file", "vda", "none") + _disk("file", "vdb"), False, ("vda", "vdb")),
-        (_disk("file", "vda", "writethrough"), False, ("vda",)),
-        # Over the network, or a pool's volume that may be: QEMU's stats for those only.
+        # Nova's local disks: O_DIRECT, so the cgroup's bytes are checked against QEMU's.
+        (
+            _disk("file", "vda", "none") + _disk("block", "vdb", "directsync", "dev='/dev/b'"),
+            ("vda", "vdb"),
+            (LocalDisk("vda", "/x", False), LocalDisk("vdb", "/dev/b", True)),
+        ),
+        # One left to the host's page cache (libvirt's default) blurs the cgroup: no check.
+        (_disk("file", "vda", "none") + _disk("file", "vdb"), ("vda", "vdb"), ()),
+        (_disk("file", "vda", "writethrough"), ("vda",), ()),
+        # Over the network (socket I/O): counted, never checked; the local disk still is.
         (
             _disk("file", "vda", "none")
             + _disk("network", "vdb", "writeback", "protocol='rbd' name='pool/img'"),
-            True,
-            ("vdb",),
+            ("vda", "vdb"),
+            (LocalDisk("vda", "/x", False),),
         ),
-        (_disk("volume", "vda", "none", "pool='p' volume='v'"), False, ("vda",)),
+        (_disk("volume", "vda", "none", "pool='p' volume='v'"), ("vda",), ()),
+        # A block disk whose source names no device: it cannot be checked, nor the others.
+        (_disk("file", "vda", "none") + _disk("block", "vdb", "none"), ("vda", "vdb"), ()),
         # An empty CD-ROM drive has no counters.
-        ("<disk type='file' device='cdrom'><target dev='sda'/></disk>", False, ()),
+        ("<disk type='file' device='cdrom'><target dev='sda'/></disk>", (), ()),
     ],
 )
-def test_each_disk_is_counted_where_its_bytes_can_be_seen(
-    disks: str, cgroup: bool, block_stats: tuple[str, ...]
+def test_every_disk_is_counted_by_qemu_and_checked_where_the_cgroup_sees_it_all(
+    disks: str, block_stats: tuple[str, ...], checked: tuple[LocalDisk, ...]
 ) -> None:
-    assert plan_disks(_domain(disks)) == DiskPlan(cgroup, block_stats)
+    assert plan_disks(_domain(disks)) == DiskPlan(block_stats, checked)
 
 
 def test_auto_takes_the_kernel_collector_only_for_this_machines_qemu(tmp_path: Path) -> None:

@@ -20,7 +20,12 @@ import pytest
 
 from gmd.agent.collect.base import Ownership, VmReading, vm_reading
 from gmd.agent.collect.kernel import (
+    CgroupFiles,
+    CounterFiles,
+    CpuFile,
+    IoFile,
     KernelCollector,
+    KernelSources,
     NetDevParser,
     parse_cpu_stat,
     parse_cpuacct_usage,
@@ -182,27 +187,40 @@ def test_an_idle_vms_figures_are_not_parsed_again_and_any_change_is_read(tmp_pat
     usage = next(cg.glob("cpuacct/**/cpuacct.usage"))
     statm = tmp_path / "proc" / str(PID) / "statm"
     dev = tmp_path / "proc" / "net" / "dev"
+    # The cgroup's disk bytes, which the collector reads to check QEMU's (with the image of a
+    # checked disk), through the same files as it.
+    files = CounterFiles(
+        KernelSources(
+            CgroupFiles((CpuFile.CPUACCT_USAGE, usage), (IoFile.BLKIO_SERVICE_BYTES, blkio)),
+            statm,
+            ("testnet0",),
+        )
+    )
+    net = {b"testnet0": (999, 111)}
     try:
         first, idle = collector.collect(), collector.collect()
+        io_first, io_idle = files.read(net, PAGE), files.read(net, PAGE)
         usage.write_text("7000000999\n")
         blkio.write_text("254:0 Read 9000\n254:0 Write 5000\nTotal 14000\n")
         statm.write_text("100000 26000 3000 1 0 20000 0\n")
         dev.write_text(net_dev({"lo": (5, 5), "testnet0": (222, 1999)}))
-        changed = collector.collect()
+        changed, io_changed = collector.collect(), files.read(net, PAGE)
         blkio.write_text("254:0 Read 8192\n254:0 Write 4096\nTotal 12288\n")
-        back = collector.collect()
+        back, io_back = collector.collect(), files.read(net, PAGE)
     finally:
         collector.close()
+        files.close()
     (a,), (b,), (c,), (d,) = first.vms, idle.vms, changed.vms, back.vms
-    assert b.disks is a.disks and b.nics is a.nics
-    assert (b.memory_rss_bytes, b.disks, b.nics) == (
+    assert b.nics is a.nics and io_idle.disks is io_first.disks
+    assert (b.memory_rss_bytes, io_idle.disks, b.nics) == (
         25000 * PAGE,
         {"host:254:0": (8192, 4096)},
         {"testnet0": (999, 111)},
     )
     assert c.cpu_time_ns == 7_000_000_999 and c.memory_rss_bytes == 26000 * PAGE
-    assert c.disks == {"host:254:0": (9000, 5000)} and c.nics == {"testnet0": (1999, 222)}
-    assert d.disks == {"host:254:0": (8192, 4096)} and d.nics is c.nics
+    assert io_changed.disks == {"host:254:0": (9000, 5000)}
+    assert c.nics == {"testnet0": (1999, 222)}
+    assert io_back.disks == {"host:254:0": (8192, 4096)} and d.nics is c.nics
 
 
 def test_a_reading_made_for_the_tick_is_an_ordinary_frozen_reading() -> None:
