@@ -25,8 +25,9 @@ file *before* any change, so that an agent restart still restores exactly. Polic
 A failure on one VM (or on one knob of it) is logged and reported (``ok: false``) and the rest
 still goes on; the same failure is reported once, not at every fetch. Each result says per knob
 (:class:`~gmd.wire.Knob`) what became of it: applied (restored), unsupported on this host (the
-probe's reason, or libvirt's refusal: not a failure, the rest is applied) or failed (its error). A VM that vanished
-(stopped, undefined, migrated away) is forgotten: its live settings left with it.
+probe's reason, or libvirt's refusal: not a failure, the rest is applied) or failed (its error).
+A VM that vanished (stopped, undefined, migrated away) is forgotten: its live settings left
+with it.
 """
 
 from __future__ import annotations

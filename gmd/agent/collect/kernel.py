@@ -116,7 +116,7 @@ from gmd.agent.collect.lifecycle import (
     start_event_loop,
 )
 from gmd.agent.collect.ownership import EVERY_DOMAIN, DomainFilter
-from gmd.agent.libvirt_conn import CONNECTION_LOST, DOMAIN_GONE, LibvirtConnection
+from gmd.agent.libvirt_conn import CONNECTION_LOST, DOMAIN_GONE_OR_INVALID, LibvirtConnection
 
 log = logging.getLogger(__name__)
 
@@ -1096,7 +1096,7 @@ class KernelCollector:
                     xml = dom.XMLDesc(0)
                 except libvirt.libvirtError as exc:
                     code = exc.get_error_code()
-                    if code in DOMAIN_GONE:
+                    if code in DOMAIN_GONE_OR_INVALID:
                         gone.add(uuid)
                         continue
                     if code in CONNECTION_LOST:
