@@ -124,8 +124,19 @@ def _pairs_delta(
     what: str,
     resets: list[str],
 ) -> tuple[int, int]:
+    """The growth of a VM's per-device counters. ``previous`` None: the process is new, every
+    device counts from zero. A device the same process had no counters for counts from zero
+    beside devices it had (hot-plugged: its counters began with it). Where none of the
+    process's known devices is read (none known, or all under other names), the devices read
+    are measured from this reading on: their counters hold use from before gmd could read
+    them, which an earlier agent may have counted already — an upgraded agent whose
+    collector names devices otherwise (the kernel collector once named disks by their host
+    device, now by the guest's), counters unreadable until now."""
     first = second = 0
+    renamed = previous is not None and not any(d in previous for d in current)
     for device, (a, b) in current.items():
+        if renamed:
+            continue
         old = None if previous is None else previous.get(device)
         da, reset_a = counter_delta(None if old is None else old[0], a)
         db, reset_b = counter_delta(None if old is None else old[1], b)

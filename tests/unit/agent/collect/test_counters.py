@@ -308,3 +308,20 @@ def test_baseline_of_a_restarted_vm_does_not_carry_old_devices() -> None:
     old = Baseline(1, 0.0, 10, GIB, {"vda": (5, 5)}, {"tap0": (1, 1)})
     new = Baseline.of(reading(10.0, 1.0, run_id=2, disks={}, nics={}), old)
     assert new.disks == {} and new.nics == {}
+
+
+def test_a_device_first_seen_in_a_running_process_is_a_baseline_not_use() -> None:
+    """An agent upgraded mid-run: the old kernel collector named a disk by its host device and
+    read 0 from its cgroup; the new one names it by the guest's and reads QEMU's counters,
+    which hold the VM's whole history. That history is not this tick's use."""
+    _, base = step(None, reading(0.0, 1.0, disks={"host:254:0": (0, 0)}), new_since_s=None)
+    history = {"vda": (40 * GIB, 3 * GIB)}
+    span, base = step(base, reading(10.0, 2.0, disks=history), new_since_s=None)
+    assert span is not None
+    assert (span.usage.disk_read_bytes, span.usage.disk_write_bytes) == (0, 0)
+    assert span.usage.cpu_s == 1.0  # the rest is measured as ever
+    span, _ = step(
+        base, reading(20.0, 3.0, disks={"vda": (40 * GIB + 500, 3 * GIB + 7)}), new_since_s=None
+    )
+    assert span is not None
+    assert (span.usage.disk_read_bytes, span.usage.disk_write_bytes) == (500, 7)
