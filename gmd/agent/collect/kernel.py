@@ -23,20 +23,24 @@ three files, and one file for every VM's network:
 - network: the taps' lines of ``/proc/net/dev`` (what libvirt reads for ``net.N.*`` too),
   swapped to the guest's view as libvirt swaps them (what the host's tap receives, the guest
   transmitted);
-- disk: QEMU's block stats (``block.N.rd.bytes``/``wr.bytes``: what the guest asked of each
-  of its disks, :func:`plan_disks`), asked in one bulk call per tick for every VM with a disk
-  (``domainListGetStats``, the block group only, ``NOWAIT``: three QMP commands per VM, the
-  only ones that reach a QEMU). One figure for every disk whatever its cache mode, its storage
-  (a file, a block device, RBD, iSCSI, NBD) and the host's kernel and cgroup version, and the
-  one the libvirt collector reads. The cgroup's bytes (v1 ``blkio.throttle.io_service_bytes``,
-  v2 ``io.stat``: the host's block devices') are not that figure: under cgroup v1, Linux 6.10
-  and later count a device's I/O in ``blkio.throttle.*`` only once a throttle limit has been
-  set on that device (``blk_throtl_activated``), so on an untouched host they stay at 0 while
-  the guest reads (issue 42); the host's page cache serves a cached disk's reads; a network
-  disk is socket I/O. They are read beside it as a check (:class:`DiskCheck`), for the VMs
-  whose local disks QEMU opens ``O_DIRECT`` (``cache='none'``, as Nova opens them, or
-  ``directsync``), where the two agree byte for byte when the kernel counts: a VM whose cgroup
-  disagrees is logged once (again when they agree again) and named in the reading
+- disk: what reached the host's disk, which is what contends it and what its capacity
+  (``agent.disk_bytes_per_s``) bounds: for a VM whose local disks QEMU opens ``O_DIRECT``
+  (``cache='none'``, as Nova opens them, or ``directsync``) the bytes its cgroup counted on the
+  host devices under them (v1 ``blkio.throttle.io_service_bytes``, v2 ``io.stat``, named
+  ``host:MAJ:MIN``); for any other disk (a network disk: socket I/O no cgroup counts; a cached
+  one: the host's page cache serves it) QEMU's block stats, by the guest's device. QEMU's
+  block stats (``block.N.rd.bytes``/``wr.bytes``: what the guest asked) are asked in one bulk
+  call per tick for every VM with a disk (``domainListGetStats``, the block group only,
+  ``NOWAIT``). They are not the measure where the cgroup's bytes can be had: a guest reading
+  a sparse image's holes asks for bytes no disk serves (a test cloud's guests: 1 GB/s of
+  zeroes, twice the host's disk, which the daemon rightly refuses as more than the host can
+  give). Under cgroup v1, Linux 6.10 and later count a device's I/O in ``blkio.throttle.*``
+  only once a throttle limit has been set on it (``blk_throtl_activated``; on an untouched
+  host they stayed at 0 while a guest read: issue 42), so the collector sets that up for
+  every device it reads (:func:`enable_io_accounting`), and says so, with the command, where
+  it may not. QEMU's figures check the cgroup's (:class:`DiskCheck`): byte for byte where the
+  kernel counts, O_DIRECT; a VM whose cgroup disagrees (a device not counted, a sparse image's
+  holes) is logged once (again when they agree again) and named in the reading
   (``disk_disagreements``).
 
 What the counters need (the QEMU pid from libvirt's pid file, its cgroups from
@@ -66,6 +70,7 @@ now through libvirt is measured from its last counters: nothing lost or counted 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -75,7 +80,7 @@ import stat
 import threading
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -785,6 +790,49 @@ class DiskCheck:
         return read, written
 
 
+ACCOUNTING_GROUP = "gmd-io-accounting"
+"""the v1 blkio group :func:`enable_io_accounting` sets and lifts its limit in, then removes"""
+NO_LIMIT_BPS = 1 << 40
+"""1 TiB/s: a limit no disk reaches, set for an instant in a group of no process"""
+
+
+def enable_io_accounting(blkio_root: Path, devices: Iterable[str]) -> dict[str, str]:
+    """Make a v1 kernel count every cgroup's I/O on ``devices`` (``host:MAJ:MIN``).
+
+    Since Linux 6.10 ("blk-throttle: delay initialization until configuration") a device's
+    throttling is set up only when a throttle limit is first written for it, and under cgroup
+    v1 ``blkio.throttle.io_service_bytes`` counts only on a device so set up; the set-up
+    lasts as long as the device. So a limit no disk reaches is written for each device in a
+    group of gmd's own that holds no process, lifted at once, and the group removed: nothing
+    is ever throttled, and from then on the VMs' groups count their I/O there (measured:
+    byte for byte with QEMU's block stats on a guest whose disk QEMU opens ``O_DIRECT``).
+    Harmless on an older kernel, which counts anyway. Returns the devices it could not do
+    this for, with why (the agent is not root, a device went away)."""
+    group = blkio_root / ACCOUNTING_GROUP
+    failed: dict[str, str] = {}
+    try:
+        group.mkdir(exist_ok=True)
+    except OSError as exc:
+        return {dev: f"{group}: {exc.strerror or exc}" for dev in devices}
+    try:
+        for dev in devices:
+            majmin = dev.removeprefix("host:")
+            path = group / "blkio.throttle.read_bps_device"
+            try:
+                for line in (f"{majmin} {NO_LIMIT_BPS}", f"{majmin} 0"):
+                    fd = os.open(path, os.O_WRONLY)  # never creates: a control file or nothing
+                    try:
+                        os.write(fd, line.encode())
+                    finally:
+                        os.close(fd)
+            except OSError as exc:
+                failed[dev] = f"{path}: {exc.strerror or exc}"
+    finally:
+        with contextlib.suppress(OSError):
+            group.rmdir()
+    return failed
+
+
 def kernel_collector_fits(uri: str, proc: Path = PROC, run_dir: Path = LIBVIRT_QEMU_RUN) -> str:
     """Why the kernel collector cannot read this host, or ``""`` when it can: libvirt's
     system QEMU driver on this machine (its pid files in ``run_dir``, its VMs' files in this
@@ -934,6 +982,8 @@ class KernelCollector:
         self._logged: set[str] = set()
         self._disagreeing: set[str] = set()
         """the VMs whose cgroup's disk bytes disagree with QEMU's at their latest verdict"""
+        self._io_counted: set[str] = set()
+        """host devices whose v1 I/O accounting this collector set up (:meth:`_count_io`)"""
         self._net_dev = KeptFile(self.net_dev)
         self._net_dev_parser = NetDevParser()
         self._host_cpu = HostCpu(proc / "stat")
@@ -1040,17 +1090,21 @@ class KernelCollector:
             errors.extend(failed)
         append, disks_of = vms.append, qemu.get
         for uuid, run_id, d, files, cpu_ns, rss, cgroup, nics, owner, name in read:
-            disks = disks_of(uuid, _NO_DISKS)
-            append(vm_reading(uuid, run_id, taken_s, cpu_ns, rss, disks, nics, owner, name))
+            disks = guest = disks_of(uuid, _NO_DISKS)
             check = d.check
-            if check is not None and disks:
+            if check is not None:
+                # its local disks, opened O_DIRECT: what reached the host's disk, which is
+                # what contends it (QEMU's figures check it)
+                disks = {dev: cgroup[dev] for dev in check.devices if dev in cgroup}
+            append(vm_reading(uuid, run_id, taken_s, cpu_ns, rss, disks, nics, owner, name))
+            if check is not None and guest:
                 try:  # the cgroup's second look, after QEMU's figures
                     after = files.io_again()
                 except KernelReadError:  # not checked this tick; its next reading finds out
                     if not files.is_open:
                         self._describe_again(d)
                     continue
-                verdict = check.observe(taken_s, cgroup, disks, after)
+                verdict = check.observe(taken_s, cgroup, guest, after)
                 if verdict is not None:
                     self._judged(uuid, d, check, verdict)
         if fallback:
@@ -1200,8 +1254,9 @@ class KernelCollector:
             )
         log.warning(
             "VM %s (%s): its cgroup counted %d bytes read and %d written on host device %s"
-            " over %.0f s, QEMU's block stats of its disks %d and %d: its disk use is QEMU's"
-            " figure, the cgroup's only checks it; %s. Logged again when they agree.",
+            " over %.0f s, QEMU's block stats of its disks %d and %d: its disk use is the"
+            " cgroup's figure (the I/O that reached the disk), QEMU's only checks it; %s."
+            " Logged again when they agree.",
             uuid,
             d.name,
             host_r,
@@ -1266,6 +1321,29 @@ class KernelCollector:
                 out.append(self._last.pop(uuid))
         return out
 
+    def _count_io(self, mounts: CgroupMounts, devices: tuple[str, ...]) -> None:
+        """Have the kernel count the VMs' I/O on ``devices`` in their v1 cgroups, once per
+        device and process (:func:`enable_io_accounting`)."""
+        new = [dev for dev in devices if dev not in self._io_counted]
+        if not new:
+            return
+        self._io_counted.update(new)
+        root = mounts.v1.get("blkio")
+        if root is None:
+            return
+        for dev, problem in enable_io_accounting(root, new).items():
+            log.warning(
+                "cannot make the kernel count VMs' I/O on host device %s in their cgroups"
+                " (%s): under cgroup v1, Linux 6.10 and later count it only on a device some"
+                " throttle limit was set on; as root, once per boot: echo '%s 1099511627776'"
+                " > %s/blkio.throttle.read_bps_device && echo '%s 0' > the same file",
+                dev.removeprefix("host:"),
+                problem,
+                dev.removeprefix("host:"),
+                root,
+                dev.removeprefix("host:"),
+            )
+
     def _mounts(self) -> CgroupMounts:
         try:
             return self.cgroups.mounts()
@@ -1300,6 +1378,9 @@ class KernelCollector:
             check = before.check if before is not None and same else None
             if check is None or (check.devices, check.targets) != (devices, targets):
                 check = DiskCheck(devices, targets)
+            io = sources.cgroups.io
+            if io[0] is IoFile.BLKIO_SERVICE_BYTES:
+                self._count_io(mounts, devices)
         files = before.files if before is not None else None
         if files is not None and (sources != files.sources or not same):
             files.close()

@@ -291,12 +291,13 @@ class QemuBlockStats:
         ]
 
 
-def test_the_collector_counts_qemus_bytes_and_names_a_vm_whose_cgroup_disagrees(
+def test_the_collector_counts_the_cgroups_bytes_and_names_a_vm_whose_cgroup_disagrees(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A VM whose disk QEMU opens O_DIRECT, its cgroup counting nothing: every reading's disks
-    are QEMU's, by the guest's device; the VM is named in the readings (and the agent's gauge)
-    while they disagree, logged once; once the cgroup counts, once more, and no longer named."""
+    """A VM whose disk QEMU opens O_DIRECT, its cgroup counting nothing at first: every
+    reading's disks are what its cgroup counted on the host's device (the I/O that contends
+    the disk); the VM is named in the readings (and the agent's gauge) while QEMU's figures
+    say otherwise, logged once; once the cgroup counts, once more, and no longer named."""
     qemu: dict[str, tuple[int, int]] = {}
     collector = v1_tree(
         tmp_path,
@@ -329,7 +330,8 @@ def test_the_collector_counts_qemus_bytes_and_names_a_vm_whose_cgroup_disagrees(
         assert reading.ok and reading.fallbacks == frozenset(), reading
         (vm,) = reading.vms
         assert vm.uuid == TEST_UUID and vm.run_id == 1
-        assert vm.disks == {"vda": (k * 25 * MIB, k * 768 * 1024)}
+        host = (max(k - 5, 0) * 25 * MIB, max(k - 5, 0) * 768 * 1024)
+        assert vm.disks == ({} if k < 5 else {f"host:{device}": host})
     named = [TEST_UUID in r.disk_disagreements for r in readings]
     assert named == [False, False, True, True, True, True, True, False, False]
     assert gauges == [float(n) for n in named]
