@@ -57,11 +57,13 @@ def v1_tree(
     uri: str | None = None,
     opener: Callable[[str], Any] | None = None,
     checked: bool = False,
+    check_every_s: float = 0.0,
 ) -> KernelCollector:
     """A v1 host with domain ``test`` (QEMU pid PID) laid out under ``root``, read from
     ``uri`` (default: a test driver host of its own, :data:`NODE_XML`). ``checked``: its disk
     image is there (:func:`lay_out_image`), so its cgroup's bytes are checked against QEMU's;
-    its ``blkio.throttle.io_service_bytes`` then counts nothing yet (``Total 0``)."""
+    its ``blkio.throttle.io_service_bytes`` then counts nothing yet (``Total 0``). QEMU's block
+    stats are asked every tick unless ``check_every_s`` says otherwise."""
     cg = root / "sys/fs/cgroup"
     mountinfo = root / "mountinfo"
     mountinfo.write_text(MOUNTINFO_V1.replace("/sys/fs/cgroup", str(cg)))
@@ -83,6 +85,7 @@ def v1_tree(
         mountinfo=mountinfo,
         sys_dev_block=root / "sys/dev/block",
         opener=opener,
+        check_every_s=check_every_s,
     )
 
 

@@ -364,3 +364,51 @@ def test_a_vm_without_its_image_here_is_counted_all_the_same_and_not_checked(
     assert [r.vms[0].disks for r in readings] == [{"vda": (k * 25 * MIB, 0)} for k in range(3)]
     assert all(not r.disk_disagreements and not r.fallbacks for r in readings)
     assert not [m for m in caplog.messages if TEST_UUID in m]
+
+
+def test_qemu_is_asked_for_a_checked_vm_only_every_check_every_s(tmp_path: Path) -> None:
+    """A VM whose disks its cgroup counts needs QEMU's block stats only for the check: asked
+    once a minute, not every tick (QEMU's monitor is the costly part of a tick)."""
+    asked: list[float] = []
+    now = [1000.0]
+
+    class Counting(QemuBlockStats):
+        def domainListGetStats(self, *args: Any, **kwargs: Any) -> Any:
+            asked.append(now[0])
+            return super().domainListGetStats(*args, **kwargs)
+
+    qemu: dict[str, tuple[int, int]] = {"vda": (0, 0)}
+    collector = v1_tree(
+        tmp_path,
+        opener=lambda uri: Counting(open_connection(uri, read_only=True), qemu),
+        checked=True,
+        check_every_s=60.0,
+    )
+    collector._monotonic = lambda: now[0]  # the collector's clock, a tick every 10 s
+    try:
+        for _ in range(13):
+            reading = collector.collect()
+            assert reading.ok
+            now[0] += 10.0
+    finally:
+        collector.close()
+    assert asked == [1000.0, 1060.0, 1120.0]
+
+
+def test_the_kernel_is_made_to_count_a_devices_io_and_nothing_is_left_behind() -> None:
+    """On this host's v1 blkio hierarchy (root): the limit set and lifted in a group of gmd's
+    own, the group removed; a device that is not there is said, not raised."""
+    from gmd.agent.collect.kernel import ACCOUNTING_GROUP, enable_io_accounting
+
+    root = Path("/sys/fs/cgroup/blkio")
+    if os.geteuid() != 0 or not (root / "blkio.throttle.read_bps_device").exists():
+        pytest.fail("this test needs root and a cgroup v1 blkio hierarchy at /sys/fs/cgroup/blkio")
+    disk = next(
+        p for p in sorted(Path("/sys/block").iterdir()) if not p.name.startswith(("loop", "ram"))
+    )
+    device = (disk / "dev").read_text().strip()
+    assert enable_io_accounting(root, [f"host:{device}"]) == {}
+    assert not (root / ACCOUNTING_GROUP).exists()
+    missing = enable_io_accounting(root, ["host:254:999"])
+    assert set(missing) == {"host:254:999"} and "No such device" in missing["host:254:999"]
+    assert not (root / ACCOUNTING_GROUP).exists()
