@@ -15,7 +15,11 @@ from gmd.admin.output import Listing, Output, View, emit, output_options
 from gmd.common.cli import ExitCode, fail, notice
 from gmd.common.timespec import iso as iso_time
 from gmd.daemon.ledger.lookup import UnknownCustomer
-from gmd.daemon.reports.actions import COLUMNS as ACTION_COLUMNS, actions as list_actions
+from gmd.daemon.reports.actions import (
+    COLUMNS as ACTION_COLUMNS,
+    actions as list_actions,
+    knobs_words,
+)
 from gmd.daemon.reports.enforcement import (
     CAPS_COLUMNS,
     LEVEL_COLUMNS,
@@ -67,12 +71,17 @@ def actions_command(
     caption = f"{len(rows)} action(s)" + (" — none recorded" if not rows else "")
     if limit is not None and len(rows) == limit:
         caption += f" (the newest {limit})"
-    emit(
-        Listing(
-            [View(rows, ACTION_COLUMNS, title="Enforcement log", notes=[caption], name="actions")]
-        ),
-        out,
+    # a table says each knob's outcome in words; every other format keeps the document
+    shown = [{**r, "knobs": knobs_words(r["knobs"])} for r in rows]
+    view = View(
+        rows,
+        ACTION_COLUMNS,
+        title="Enforcement log",
+        notes=[caption],
+        name="actions",
+        table_rows=shown,
     )
+    emit(Listing([view]), out)
 
 
 @output_options

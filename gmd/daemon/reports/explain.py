@@ -60,7 +60,7 @@ from gmd.daemon.reports.enforcement import caps_words
 from gmd.fairness.decay import decay_factor
 from gmd.fairness.interval import account_interval
 from gmd.fairness.policy import CapDecision, CapResource, ThrottlePolicy, caps_wanted
-from gmd.wire import PlanMode
+from gmd.wire import Knob, PlanMode
 
 AGREEMENT = 1e-9
 """recomputed and stored greediness closer than this are the same number"""
@@ -120,11 +120,14 @@ class HostCaps:
     decisions: dict[CapResource, CapDecision]
     words: str
     """for the level in force: "applied: cpu 91 % ≥ 80 %", or "none at level 1"."""
+    disk_weight: bool = True
+    """whether the host has a disk weight (its agent's word: no BFQ on its disks, none)"""
 
     def document(self) -> dict[str, object]:
         return {
             "host": self.host,
             "caps": self.words,
+            "disk_weight": self.disk_weight,
             "resources": [d.figures() for d in self.decisions.values()],
         }
 
@@ -757,11 +760,10 @@ def _caps(
     out = []
     for host in sorted(hosts):
         said = capabilities.of_host(conn, host)
-        decisions = host_knobs(
-            host_caps(conn, ids.get(host), window, contention),
-            said.capabilities if said is not None else None,
-        )
-        out.append(HostCaps(host, decisions, caps_words(effect, decisions)))
+        knobs = said.capabilities if said is not None else None
+        decisions = host_knobs(host_caps(conn, ids.get(host), window, contention), knobs)
+        weight = knobs is None or Knob.disk_weight not in knobs.unsupported()
+        out.append(HostCaps(host, decisions, caps_words(effect, decisions), weight))
     return out
 
 
@@ -901,10 +903,22 @@ def summary_lines(e: Explanation) -> list[str]:
     elif not hosts:
         done = "On its hosts: it ran no VM in this interval, so no host holds it back now."
     else:
-        done = (
-            f"On its hosts: CPU and I/O weights × {effect.weight_factor:g} on {hosts} (they only"
-            " take effect where a host is busy)"
-        )
+        weighed = ", ".join(c.host for c in e.caps if c.disk_weight)
+        unweighed = ", ".join(c.host for c in e.caps if not c.disk_weight)
+        if not unweighed:
+            done = (
+                f"On its hosts: CPU and I/O weights × {effect.weight_factor:g} on {hosts} (they"
+                " only take effect where a host is busy)"
+            )
+        else:
+            done = (
+                f"On its hosts: CPU weights × {effect.weight_factor:g} on {hosts}"
+                + (f", I/O weights on {weighed}" if weighed else "")
+                + " (they only take effect where a host is busy); no disk weight on"
+                f" {unweighed}, whose disks no proportional I/O scheduler runs (a disk limit of"
+                " the weight's share stands in where the disk is contended, unless"
+                " disk_weight_fallback = none)"
+            )
         wanted = caps_wanted(effect)
         if CapResource.cpu in wanted:
             done += (

@@ -286,3 +286,20 @@ def test_hosts_lists_each_hosts_knobs_for_operators(database_url: str, tmp_path:
         "gmd-admin: error: no host 'no-such-host' in the ledger,"
         " and none by that name said its knobs"
     ]
+
+
+def test_explain_says_where_a_host_has_no_disk_weight(database_url: str, tmp_path: Path) -> None:
+    from gmd.daemon.reports.explain import explain, summary_lines
+
+    config = configured(tmp_path, database_url)
+    with serving(config) as d:
+        climb(d, config)
+        assert put(d, IDLE.name, capabilities(disk_weight=NO_BFQ)).status_code == 200
+        with d.engine.connect() as c:
+            e = explain(c, config, "a")
+    assert {c.host: c.disk_weight for c in e.caps} == {BUSY.name: True, IDLE.name: False}
+    done = summary_lines(e)[2]
+    assert done.startswith(
+        f"On its hosts: CPU weights × 0.25 on {BUSY.name}, {IDLE.name}, I/O weights on {BUSY.name}"
+    ), done
+    assert f"no disk weight on {IDLE.name}, whose disks no proportional I/O scheduler runs" in done
