@@ -31,6 +31,8 @@ import pytest
 import sqlalchemy as sa
 
 from gmd.daemon.ledger.migrate import upgrade
+from gmd.daemon.ledger.tables import actions
+from gmd.daemon.reports.host_knobs import hosts
 from tests.support.cloud_story import (
     CAP,
     CAP_MARGIN,
@@ -207,6 +209,30 @@ def test_nova_boots_gmd_measures_throttles_explains_and_restores(
             while rates[-1] > CAP + CAP_MARGIN and len(rates) < 5:
                 rates.append(cpu_rate(spin_dom))
             assert rates[-1] <= CAP + CAP_MARGIN, rates
+            # The host's agent told the daemon what it can set, and its report says per knob
+            # what became of the plan: the CPU cap applied whatever the host's disks run, the
+            # disk weight applied only where BFQ runs them (libvirt refuses it otherwise).
+            blkio = live_settings(spin_dom)["blkio"]
+            with d.engine.connect() as conn:
+                (listed,) = hosts(conn, host)
+                reported = conn.execute(
+                    sa.select(actions.c.knobs)
+                    .where(actions.c.kind == "host_apply", actions.c.knobs.is_not(None))
+                    .order_by(actions.c.id.desc())
+                    .limit(1)
+                ).scalar()
+            assert listed["cpu_cap"] == "yes"
+            assert listed["disk_weight"] == ("no" if "unsupported" in blkio else "yes")
+            knobs = json.loads(reported)
+            assert knobs["cpu_cap"][0] == "applied"
+            # Where the host has no disk weight the plan asks none (its agent said so before
+            # it fetched the plan), or, asked, the weight is reported unsupported.
+            weight = knobs.get("disk_weight", ["not asked"])[0]
+            if "unsupported" in blkio:
+                assert weight in ("not asked", "unsupported"), knobs
+                assert planned[spin.id]["io_weight"] == 100
+            else:
+                assert weight == "applied", knobs
 
             # Its Nova quota goes to the floor (with force: it runs two cores), and its member's
             # next boot is refused by Nova itself.
