@@ -238,7 +238,9 @@ def _check(config: AgentConfig, output: CheckFormat) -> None:
         if config.enforce_backend != EnforceBackend.none:
             names, uuids = _running(config)
         said = applier.refused_knobs(uuids) if applier is not None else {}
-        caps = _host_probe(config).probe(names, libvirt_said=said).capabilities()
+        devices = applier.disk_devices(uuids) if applier is not None else None
+        probe = _host_probe(config).probe(names, devices=devices, libvirt_said=said)
+        caps = probe.capabilities()
     finally:
         if applier is not None:
             applier.close()

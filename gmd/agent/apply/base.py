@@ -202,6 +202,28 @@ class PlanApplier(ABC):
         on a knob outranks the files: :func:`gmd.agent.capabilities.refine_with_libvirt`)."""
         return {}
 
+    def disk_devices(self, uuids: Iterable[str]) -> list[str] | None:
+        """``MAJ:MIN`` of the host's whole disks under the local disks of the running VMs
+        ``uuids``: the disks whose schedulers decide whether a disk weight does anything
+        (:mod:`gmd.agent.capabilities`). None when none can be told (no VM runs, libvirt is
+        away, only network disks)."""
+        from gmd.agent.apply.cgroup import block_device, disk_sources
+
+        devices: set[str] = set()
+        for uuid in uuids:
+            try:
+                vm = self._find(uuid)
+                if vm is None:
+                    continue
+                sources = disk_sources(self._xml(vm))
+            except BackendUnavailable:
+                return None
+            except Exception as exc:  # one VM's XML: the others still tell
+                log.debug("VM %s: its disks cannot be read for the probe: %s", uuid, exc)
+                continue
+            devices.update(d for d in map(block_device, sources) if d is not None)
+        return sorted(devices) or None
+
     def _xml(self, vm: VmRef) -> str:
         """The domain's XML, for its owner (both backends find VMs through libvirt)."""
         return str(vm.handle.XMLDesc(0))

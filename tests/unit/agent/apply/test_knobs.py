@@ -263,3 +263,38 @@ def test_the_agent_probes_tells_the_daemon_once_and_applies_with_the_probe(
     gauge = agent.metrics.knob_support.labels("disk_weight", "unsupported")._value.get()
     assert gauge == 1
     spool.close()
+
+
+def test_the_probe_judges_the_disks_under_the_vms_not_every_disk(tmp_path: Path) -> None:
+    """A VM whose image is a file on this machine: the applier names the host's whole disk
+    under it, and the probe reads that disk's scheduler alone (an OS disk without BFQ beside a
+    VMs' disk with it must not make the disk weight unsupported)."""
+    import os
+
+    from gmd.agent.apply.state import EnforceBackend
+    from gmd.agent.capabilities import HostProbe
+
+    image = tmp_path / "a.img"
+    image.write_bytes(b"\0" * 4096)
+    node = tmp_path / "node.xml"
+    node.write_text(NODE.replace("/guest/a.img", str(image)))
+    conn = libvirt.open(f"test://{node}")
+    try:
+        applier = LibvirtApplier(conn, state_path=tmp_path / "state.json")
+        devices = applier.disk_devices([UUID_A, UUID_B])  # b's image is not here: not told
+    finally:
+        conn.close()
+    dev = os.stat(image).st_dev
+    sysdir = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
+    if not sysdir.exists():
+        assert devices is None  # a filesystem of no block device (overlay, tmpfs)
+        return
+    whole = (
+        (sysdir.resolve().parent / "dev").read_text().strip()
+        if (sysdir / "partition").exists()
+        else f"{os.major(dev)}:{os.minor(dev)}"
+    )
+    assert devices == [whole]
+    caps = HostProbe(EnforceBackend.libvirt).probe(devices=devices).capabilities()
+    name = Path(f"/sys/dev/block/{whole}").resolve().name
+    assert list(caps.schedulers) == [name]
