@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from gmd import GmdError
+from gmd.agent.apply.disks import block_device, disk_sources
 from gmd.agent.apply.state import EnforceBackend, EnforcementState, Settings, VmRecord
 from gmd.agent.collect.ownership import EVERY_DOMAIN, DomainFilter, ownership_from_xml
 from gmd.wire import (
@@ -207,8 +208,6 @@ class PlanApplier(ABC):
         ``uuids``: the disks whose schedulers decide whether a disk weight does anything
         (:mod:`gmd.agent.capabilities`). None when none can be told (no VM runs, libvirt is
         away, only network disks)."""
-        from gmd.agent.apply.cgroup import block_device, disk_sources
-
         devices: set[str] = set()
         for uuid in uuids:
             try:

@@ -5,12 +5,9 @@ run, under which name, domain id and disks."""
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
 import math
-import os
-import stat
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
@@ -32,6 +29,7 @@ from gmd.agent.apply.cgroupfs import (
     apply as cgroup_apply,
     restore as cgroup_restore,
 )
+from gmd.agent.apply.disks import block_device, disk_sources
 from gmd.agent.apply.libvirt import applier_connection, connect
 from gmd.agent.apply.limits import LimitsError, VmLimits
 from gmd.agent.apply.state import EnforceBackend
@@ -77,39 +75,6 @@ _KEYED_REMOVAL: dict[str, Callable[[str], bool]] = {
     "blkio.throttle.read_bps_device": lambda value: value == "0",
     "blkio.throttle.write_bps_device": lambda value: value == "0",
 }
-
-
-def block_device(path: str) -> str | None:
-    """``MAJ:MIN`` of the whole disk holding ``path`` (a block device itself, or a file on a
-    filesystem), since cgroups throttle disks, not partitions; ``None`` when there is none (a
-    network disk, a missing file)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    dev = st.st_rdev if stat.S_ISBLK(st.st_mode) else st.st_dev
-    major, minor = os.major(dev), os.minor(dev)
-    if major == 0:  # tmpfs, overlay, NFS...: no block device to throttle
-        return None
-    sysdir = Path(f"/sys/dev/block/{major}:{minor}")
-    if (sysdir / "partition").exists():
-        with contextlib.suppress(OSError):
-            return (sysdir.resolve().parent / "dev").read_text().strip()
-    return f"{major}:{minor}"
-
-
-def disk_sources(xml: str) -> list[str]:
-    """Host paths of the domain's file and block disks: the only ones a cgroup can throttle."""
-    root = ET.fromstring(xml)
-    out = []
-    for disk in root.iterfind("devices/disk"):
-        source = disk.find("source")
-        if disk.get("device", "disk") != "disk" or source is None:
-            continue
-        path = source.get("file") or source.get("dev")
-        if path:
-            out.append(path)
-    return out
 
 
 _FILE_KNOBS = {

@@ -1,0 +1,45 @@
+"""Where a VM's disks are on the host: their sources in its domain XML, and the host's whole
+disk under each, for the cgroup applier's disk limits (cgroups throttle disks) and for the
+knob probe (a disk weight does something only where a proportional scheduler runs the disk
+under a VM's image)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+
+def block_device(path: str) -> str | None:
+    """``MAJ:MIN`` of the whole disk holding ``path`` (a block device itself, or a file on a
+    filesystem), since cgroups throttle disks, not partitions; ``None`` when there is none (a
+    network disk, a missing file)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    dev = st.st_rdev if stat.S_ISBLK(st.st_mode) else st.st_dev
+    major, minor = os.major(dev), os.minor(dev)
+    if major == 0:  # tmpfs, overlay, NFS...: no block device to throttle
+        return None
+    sysdir = Path(f"/sys/dev/block/{major}:{minor}")
+    if (sysdir / "partition").exists():
+        with contextlib.suppress(OSError):
+            return (sysdir.resolve().parent / "dev").read_text().strip()
+    return f"{major}:{minor}"
+
+
+def disk_sources(xml: str) -> list[str]:
+    """Host paths of the domain's file and block disks: the only ones a cgroup can throttle."""
+    root = ET.fromstring(xml)
+    out = []
+    for disk in root.iterfind("devices/disk"):
+        source = disk.find("source")
+        if disk.get("device", "disk") != "disk" or source is None:
+            continue
+        path = source.get("file") or source.get("dev")
+        if path:
+            out.append(path)
+    return out
