@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -78,6 +79,26 @@ def daemon_process(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def listening(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds a socket listening on TCP ``port`` (its descriptors'
+    socket inodes against the kernel's table of listening sockets)."""
+    try:
+        inodes = {
+            os.readlink(fd).removeprefix("socket:[").removesuffix("]")
+            for fd in Path(f"/proc/{pid}/fd").iterdir()
+        }
+    except OSError:
+        return False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                local, state, inode = fields[1], fields[3], fields[9]
+                if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port and inode in inodes:
+                    return True
+    return False
 
 
 def seed(url: str, starts: list[int], hosts: int, vms_per_host: int, customers: int) -> None:
@@ -262,9 +283,16 @@ def test_daemons_sharing_a_port_each_take_agents_connections(
         logs = [tmp_path / "d0.log", tmp_path / "d1.log"]
         with (
             # --log-level debug: each process logs the requests it answered.
-            daemon_process(shared, port, logs[0], "--log-level", "debug"),
-            daemon_process(shared, port, logs[1], "--log-level", "debug"),
+            daemon_process(shared, port, logs[0], "--log-level", "debug") as first,
+            daemon_process(shared, port, logs[1], "--log-level", "debug") as second,
         ):
+            # The second's /healthz on the shared port may be answered by the first: each
+            # must hold its own listening socket before the agents connect (seen on CI: the
+            # first took all 40 connections while the second was still starting).
+            deadline = time.monotonic() + 30
+            while not (listening(first.pid, port) and listening(second.pid, port)):
+                assert time.monotonic() < deadline, "both daemons never listened"
+                time.sleep(0.05)
             for h in hosts:
                 body = batch(h, start, [cpu_only(f"vm-{h.name}", "acme", 30.0)])
                 # A new connection per batch, as an agent's once-an-interval post.
