@@ -38,6 +38,7 @@ from typing import Any
 
 from gmd.agent.apply.state import EnforceBackend
 from gmd.agent.cgroups import CgroupLocator, CgroupMounts, CgroupNotFound, DomainCgroups
+from gmd.agent.disks import SYS_DEV_BLOCK
 from gmd.wire import HostCapabilities, Knob, KnobCapability, KnobSupport
 
 log = logging.getLogger(__name__)
@@ -92,7 +93,7 @@ def disks(sys_block: Path = SYS_BLOCK, only: Iterable[str] | None = None) -> lis
     return out
 
 
-def device_name(majmin: str, sys_dev_block: Path = Path("/sys/dev/block")) -> str | None:
+def device_name(majmin: str, sys_dev_block: Path = SYS_DEV_BLOCK) -> str | None:
     """The ``/sys/block`` name of device ``MAJ:MIN`` (``vda`` for ``254:0``)."""
     try:
         return (sys_dev_block / majmin).resolve().name
@@ -269,8 +270,7 @@ def _disk_weight(p: Probe) -> tuple[KnobSupport, str, str]:
         return KnobSupport.unknown, "", "no disk scheduler readable under /sys/block"
     if layout == "v2" and "io.weight" in files and p.view.io_cost:
         return KnobSupport.supported, _via("io.weight", layout, libvirt, Knob.disk_weight), ""
-    by = {d.name: d.active for d in p.disks}
-    running = sorted({a or "?" for a in by.values()})
+    running = sorted({d.active or "?" for d in p.disks})
     off = [d for d in p.disks if d.active not in PROPORTIONAL]
     weight_file = "io.bfq.weight" if layout == "v2" else "blkio.bfq.weight"
     if not off:
@@ -332,7 +332,7 @@ class HostProbe:
     backend: EnforceBackend
     locator: CgroupLocator = field(default_factory=CgroupLocator)
     sys_block: Path = SYS_BLOCK
-    sys_dev_block: Path = Path("/sys/dev/block")
+    sys_dev_block: Path = SYS_DEV_BLOCK
     clock: Callable[[], float] = time.time
     tc: Callable[[], bool] = lambda: shutil.which("tc") is not None
 

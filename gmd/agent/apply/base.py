@@ -42,9 +42,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from gmd import GmdError
-from gmd.agent.apply.disks import block_device, disk_sources
 from gmd.agent.apply.state import EnforceBackend, EnforcementState, Settings, VmRecord
 from gmd.agent.collect.ownership import EVERY_DOMAIN, DomainFilter, ownership_from_xml
+from gmd.agent.disks import block_device, disk_sources
 from gmd.wire import (
     ApplyAction,
     HostCapabilities,

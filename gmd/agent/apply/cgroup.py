@@ -29,12 +29,12 @@ from gmd.agent.apply.cgroupfs import (
     apply as cgroup_apply,
     restore as cgroup_restore,
 )
-from gmd.agent.apply.disks import block_device, disk_sources
 from gmd.agent.apply.libvirt import applier_connection, connect
 from gmd.agent.apply.limits import LimitsError, VmLimits
 from gmd.agent.apply.state import EnforceBackend
 from gmd.agent.cgroups import CgroupLocator
 from gmd.agent.collect.ownership import EVERY_DOMAIN, DomainFilter
+from gmd.agent.disks import block_device, disk_sources
 from gmd.agent.libvirt_conn import NO_SUCH_DOMAIN, gone, reason
 from gmd.wire import Knob, VmPlanItem
 

@@ -121,6 +121,7 @@ from gmd.agent.collect.lifecycle import (
     start_event_loop,
 )
 from gmd.agent.collect.ownership import EVERY_DOMAIN, DomainFilter
+from gmd.agent.disks import SYS_DEV_BLOCK, whole_disk
 from gmd.agent.libvirt_conn import CONNECTION_LOST, DOMAIN_GONE_OR_INVALID, LibvirtConnection
 
 log = logging.getLogger(__name__)
@@ -583,7 +584,6 @@ byte, on a real guest where the kernel counts: ``docs/agent.md``). In the others
 and, under cgroup v1, flushes writes from its own threads: the cgroup sees little or none of
 the guest's I/O, and is not checked."""
 LOCAL_DISK_TYPES = frozenset({"file", "block"})
-SYS_DEV_BLOCK = Path("/sys/dev/block")
 
 
 class LocalDisk(NamedTuple):
@@ -641,13 +641,10 @@ def host_device(disk: LocalDisk, sys_dev_block: Path = SYS_DEV_BLOCK) -> str | N
         return None
     dev = st.st_rdev if disk.block else st.st_dev
     name = f"{os.major(dev)}:{os.minor(dev)}"
-    node = sys_dev_block / name
-    try:
-        if (node / "partition").exists():
-            return "host:" + (node.resolve().parent / "dev").read_text().strip()
-    except OSError:
+    whole = whole_disk(name, sys_dev_block)
+    if whole is None or (whole == name and not (sys_dev_block / name).exists()):
         return None
-    return f"host:{name}" if node.exists() else None
+    return f"host:{whole}"
 
 
 JUDGED_BYTES = 1 << 20

@@ -5,11 +5,26 @@ under a VM's image)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import stat
 import xml.etree.ElementTree as ET
 from pathlib import Path
+
+SYS_DEV_BLOCK = Path("/sys/dev/block")
+"""the host's block devices by number (``MAJ:MIN``), each a link to its place in sysfs"""
+
+
+def whole_disk(majmin: str, sys_dev_block: Path = SYS_DEV_BLOCK) -> str | None:
+    """``MAJ:MIN`` of the whole disk a device is a partition of, or the device itself (what
+    cgroups count and throttle, and whose scheduler runs it); None when a partition's disk
+    cannot be read."""
+    node = sys_dev_block / majmin
+    try:
+        if (node / "partition").exists():
+            return (node.resolve().parent / "dev").read_text().strip()
+    except OSError:
+        return None
+    return majmin
 
 
 def block_device(path: str) -> str | None:
@@ -24,11 +39,7 @@ def block_device(path: str) -> str | None:
     major, minor = os.major(dev), os.minor(dev)
     if major == 0:  # tmpfs, overlay, NFS...: no block device to throttle
         return None
-    sysdir = Path(f"/sys/dev/block/{major}:{minor}")
-    if (sysdir / "partition").exists():
-        with contextlib.suppress(OSError):
-            return (sysdir.resolve().parent / "dev").read_text().strip()
-    return f"{major}:{minor}"
+    return whole_disk(f"{major}:{minor}") or f"{major}:{minor}"
 
 
 def disk_sources(xml: str) -> list[str]:
