@@ -31,15 +31,18 @@ import logging
 import re
 import shutil
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gmd.agent.apply.state import EnforceBackend
 from gmd.agent.cgroups import CgroupLocator, CgroupMounts, CgroupNotFound, DomainCgroups
 from gmd.agent.disks import SYS_DEV_BLOCK
 from gmd.wire import HostCapabilities, Knob, KnobCapability, KnobSupport
+
+if TYPE_CHECKING:
+    from gmd.agent.apply.base import PlanApplier
 
 log = logging.getLogger(__name__)
 
@@ -369,6 +372,15 @@ class HostProbe:
             dict(libvirt_said or {}),
             int(self.clock()),
         )
+
+    def through(
+        self, applier: PlanApplier | None, names: Sequence[str], uuids: Sequence[str]
+    ) -> HostCapabilities:
+        """The host's knobs now, the running VMs ``names``/``uuids`` asked through
+        ``applier``'s backend too: the disks under them, and what it refuses on them."""
+        said = applier.refused_knobs(uuids) if applier is not None else {}
+        devices = applier.disk_devices(uuids) if applier is not None else None
+        return self.probe(names, devices=devices, libvirt_said=said).capabilities()
 
 
 def table(caps: HostCapabilities) -> list[dict[str, str]]:

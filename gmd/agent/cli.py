@@ -237,10 +237,7 @@ def _check(config: AgentConfig, output: CheckFormat) -> None:
     try:
         if config.enforce_backend != EnforceBackend.none:
             names, uuids = _running(config)
-        said = applier.refused_knobs(uuids) if applier is not None else {}
-        devices = applier.disk_devices(uuids) if applier is not None else None
-        probe = _host_probe(config).probe(names, devices=devices, libvirt_said=said)
-        caps = probe.capabilities()
+        caps = _host_probe(config).through(applier, names, uuids)
     finally:
         if applier is not None:
             applier.close()

@@ -13,6 +13,7 @@ A post ends in one of three ways, and the sender acts on each differently:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from enum import StrEnum
@@ -92,16 +93,11 @@ class DaemonClient:
             response = self._http.post("/v1/samples", content=body)
         except httpx.HTTPError as exc:
             return PostOutcome(Delivery.unavailable, None, f"{type(exc).__name__}: {exc}")
+        status = "accepted"
         if response.status_code == 200:
-            try:
+            with contextlib.suppress(ValueError):
                 status = str(response.json().get("status", "accepted"))
-            except ValueError:
-                status = "accepted"
-            return PostOutcome(Delivery.delivered, 200, status)
-        detail = _detail(response)
-        if response.status_code >= 500 or response.status_code in RETRY_STATUSES:
-            return PostOutcome(Delivery.unavailable, response.status_code, detail)
-        return PostOutcome(Delivery.rejected, response.status_code, detail)
+        return _classified(response, status)
 
     def get_plan(self, host: str) -> HostPlan:
         """``GET /v1/plan/{host}``; raises :class:`PlanUnavailable` for anything but a valid plan

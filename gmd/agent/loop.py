@@ -234,10 +234,8 @@ class Agent:
         running = frozenset(vm.uuid for vm in reading.vms)
         if running != self._probed_for or now_s >= self._probe_due_s:
             self._probed_for, self._probe_due_s = running, now_s + PROBE_EVERY_S
-            said = self.applier.refused_knobs(sorted(running)) if self.applier else {}
-            devices = self.applier.disk_devices(sorted(running)) if self.applier else None
             names = sorted(vm.name for vm in reading.vms if vm.name)
-            caps = self.probe.probe(names, devices=devices, libvirt_said=said).capabilities()
+            caps = self.probe.through(self.applier, names, sorted(running))
             before = self.capabilities
             if before is None or _knobs(before) != _knobs(caps):
                 log.info("host %s: %s", self.config.host, describe(caps))
