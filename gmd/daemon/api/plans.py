@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import logging
 from functools import partial
+from typing import TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from gmd.daemon.api.deps import Caller, ServicesDep
 from gmd.daemon.api.errors import Refused, json_document, validation_problem
+from gmd.daemon.api.services import Services
 from gmd.daemon.enforce.audit import record_host_report
 from gmd.daemon.enforce.plans import host_plan, wire_caps
 from gmd.daemon.ledger import capabilities
@@ -28,6 +30,7 @@ from gmd.wire import (
 )
 
 router = APIRouter()
+M = TypeVar("M", bound=BaseModel)
 log = logging.getLogger(__name__)
 
 
@@ -73,13 +76,7 @@ async def post_plan_report(
     interval, each error text cut to ``max_error_chars``. Results about VMs that do not run on
     the host as far as the ledger knows are not recorded: the receipt names them in
     ``ignored``."""
-    services.auth.check_host(caller_host, host)
-    check_host_name(host)
-    document = json_document(request.headers.get("content-type"), await request.body())
-    try:
-        report = PlanReport.model_validate(document)
-    except ValidationError as exc:
-        raise validation_problem(exc.errors(), "invalid report") from None
+    report = await _own(host, request, caller_host, services, PlanReport, "invalid report")
     limits, now_s = services.limits, services.clock()
     limits.admit_rows(host, now_s, len(report.results))
     try:
@@ -121,13 +118,9 @@ async def put_capabilities(
     """What the host's agent found it can set (a ``HostCapabilities``: per knob supported,
     unsupported and why, or unknown), replacing what it said before. Plans are made with it:
     a knob the host lacks is not asked of it (``[enforcement] disk_weight_fallback``)."""
-    services.auth.check_host(caller_host, host)
-    check_host_name(host)
-    document = json_document(request.headers.get("content-type"), await request.body())
-    try:
-        caps = HostCapabilities.model_validate(document)
-    except ValidationError as exc:
-        raise validation_problem(exc.errors(), "invalid capabilities") from None
+    caps = await _own(
+        host, request, caller_host, services, HostCapabilities, "invalid capabilities"
+    )
     changed = await run_in_threadpool(
         capabilities.record, services.engine, host, caps, services.clock()
     )
@@ -139,6 +132,25 @@ async def put_capabilities(
             "every knob" if not lacking else "all but " + ", ".join(k.words for k in lacking),
         )
     return HostCapabilitiesReceipt(host=host, changed=changed)
+
+
+async def _own(
+    host: str,
+    request: Request,
+    caller_host: str | None,
+    services: Services,
+    model: type[M],
+    what: str,
+) -> M:
+    """What ``host`` posts about itself, as ``model``: the caller must be that host, the name
+    a host's, the body JSON of that model (a 4xx saying ``what`` and where otherwise)."""
+    services.auth.check_host(caller_host, host)
+    check_host_name(host)
+    document = json_document(request.headers.get("content-type"), await request.body())
+    try:
+        return model.model_validate(document)
+    except ValidationError as exc:
+        raise validation_problem(exc.errors(), what) from None
 
 
 def check_host_name(host: str) -> None:
