@@ -63,16 +63,16 @@ def _parse(host: str, document: str, at: datetime) -> Said | None:
 
 def of_host(conn: Connection, host: str) -> Said | None:
     """What ``host`` last said, or None."""
-    row = conn.execute(
-        select(_caps.c.document, _caps.c.reported_at).where(_caps.c.host == host)
-    ).first()
-    return None if row is None else _parse(host, row.document, row.reported_at)
+    return every_host(conn, host).get(host)
 
 
-def every_host(conn: Connection) -> dict[str, Said]:
-    """Every host's last word, by host name."""
+def every_host(conn: Connection, host: str | None = None) -> dict[str, Said]:
+    """Every host's last word, by host name (``host``: that one's only)."""
+    query = select(_caps.c.host, _caps.c.document, _caps.c.reported_at)
+    if host is not None:
+        query = query.where(_caps.c.host == host)
     out = {}
-    for row in conn.execute(select(_caps.c.host, _caps.c.document, _caps.c.reported_at)):
+    for row in conn.execute(query):
         said = _parse(row.host, row.document, row.reported_at)
         if said is not None:
             out[row.host] = said

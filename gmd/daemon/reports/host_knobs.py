@@ -37,19 +37,15 @@ def hosts(conn: Connection, host: str | None = None) -> list[dict[str, Any]]:
     """One row per host (``host``: that one only), by name: its owner and last batch from the
     ledger, and per knob ``yes``, ``no`` or ``?`` with the reasons of the missing ones; the
     whole of what it said under ``capabilities`` (None: nothing)."""
-    known = {
-        r.name: r
-        for r in conn.execute(
-            select(_hosts.c.name, _hosts.c.last_seen_s, _orgs.c.name.label("owner")).join(
-                _orgs, _orgs.c.id == _hosts.c.organization_id
-            )
-        )
-    }
-    said = every_host(conn)
+    query = select(_hosts.c.name, _hosts.c.last_seen_s, _orgs.c.name.label("owner")).join(
+        _orgs, _orgs.c.id == _hosts.c.organization_id
+    )
+    if host is not None:
+        query = query.where(_hosts.c.name == host)
+    known = {r.name: r for r in conn.execute(query)}
+    said = every_host(conn, host)
     rows = []
     for name in sorted(set(known) | set(said)):
-        if host is not None and name != host:
-            continue
         seen, word = known.get(name), said.get(name)
         row: dict[str, Any] = {
             "host": name,
