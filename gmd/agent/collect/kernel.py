@@ -30,8 +30,8 @@ three files, and one file for every VM's network:
   ``host:MAJ:MIN``); for any other disk (a network disk: socket I/O no cgroup counts; a cached
   one: the host's page cache serves it) QEMU's block stats, by the guest's device. QEMU's
   block stats (``block.N.rd.bytes``/``wr.bytes``: what the guest asked) are asked in one bulk
-  call per tick for every VM with a disk (``domainListGetStats``, the block group only,
-  ``NOWAIT``). They are not the measure where the cgroup's bytes can be had: a guest reading
+  call (``domainListGetStats``, the block group only, ``NOWAIT``): every tick of the VMs whose
+  disk use they are, once a ``check_every_s`` of the others, for the check. They are not the measure where the cgroup's bytes can be had: a guest reading
   a sparse image's holes asks for bytes no disk serves (a test cloud's guests: 1 GB/s of
   zeroes, twice the host's disk, which the daemon rightly refuses as more than the host can
   give). Under cgroup v1, Linux 6.10 and later count a device's I/O in ``blkio.throttle.*``
