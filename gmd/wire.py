@@ -292,6 +292,15 @@ _KNOB_WORDS = {
 }
 
 
+def knob_words(name: str) -> str:
+    """A knob as reports name it, from its name as a report or the log holds it; a name this
+    side does not know (a newer agent's) as it is."""
+    try:
+        return Knob(name).words
+    except ValueError:
+        return name
+
+
 class KnobOutcome(enum.StrEnum):
     """What became of one knob of one VM in an apply or restore."""
 

@@ -47,7 +47,7 @@ from sqlalchemy import Connection, select
 
 from gmd.daemon.ledger.models import ActionKind, ActionStatus
 from gmd.daemon.ledger.tables import hosts as _hosts
-from gmd.wire import Knob, KnobOutcome
+from gmd.wire import KnobOutcome, knob_words
 
 if TYPE_CHECKING:
     from gmd.daemon.reports.explain import Explanation
@@ -189,7 +189,7 @@ def report_words(row: dict[str, Any]) -> str:
     words = _REPORT_WORDS[apply, outcome, bool(row.get("dry_run"))]
     for knob, said in knob_outcomes(row.get("knobs")):
         if said in OUTCOME_WORDS:
-            words += f"; its {_knob_words(knob)}: {OUTCOME_WORDS[said]}"
+            words += f"; its {knob_words(knob)}: {OUTCOME_WORDS[said]}"
     found = _SOURCE.search(str(row.get("reason") or ""))
     return words + (f" ({found.group(1)})" if found else "")
 
@@ -211,13 +211,6 @@ def knob_outcomes(knobs: Any) -> list[tuple[str, str]]:
             if isinstance(k, dict) and "knob" in k
         ]
     return []
-
-
-def _knob_words(knob: str) -> str:
-    try:
-        return Knob(knob).words
-    except ValueError:  # a knob this daemon does not know (a newer agent's)
-        return knob
 
 
 _LIMITS = "the plan's limits to this VM"

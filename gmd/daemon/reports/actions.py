@@ -18,7 +18,7 @@ from gmd.daemon.ledger.tables import (
     intervals as _intervals,
 )
 from gmd.daemon.reports.columns import Column
-from gmd.wire import Knob
+from gmd.wire import knob_words
 
 COLUMNS = (
     Column("at", "At", None, "left"),
@@ -172,9 +172,8 @@ def knobs_words(knobs: dict[str, dict[str, str]] | None) -> str:
         return ""
     parts = []
     for knob, o in knobs.items():
-        name = Knob(knob).words if knob in Knob.__members__ else knob
         detail = f" ({o['detail']})" if o["detail"] and o["outcome"] != "applied" else ""
-        parts.append(f"{name} {o['outcome']}{detail}")
+        parts.append(f"{knob_words(knob)} {o['outcome']}{detail}")
     return ", ".join(parts)
 
 
