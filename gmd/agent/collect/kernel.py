@@ -28,20 +28,20 @@ three files, and one file for every VM's network:
   (``cache='none'``, as Nova opens them, or ``directsync``) the bytes its cgroup counted on the
   host devices under them (v1 ``blkio.throttle.io_service_bytes``, v2 ``io.stat``, named
   ``host:MAJ:MIN``); for any other disk (a network disk: socket I/O no cgroup counts; a cached
-  one: the host's page cache serves it) QEMU's block stats, by the guest's device. QEMU's
-  block stats (``block.N.rd.bytes``/``wr.bytes``: what the guest asked) are asked in one bulk
-  call (``domainListGetStats``, the block group only, ``NOWAIT``): every tick of the VMs whose
-  disk use they are, once a ``check_every_s`` of the others, for the check. They are not the
-  measure where the cgroup's bytes can be had: a guest reading a sparse image's holes asks
-  for bytes no disk serves (a test cloud's guests: 1 GB/s of zeroes, twice the host's disk,
-  which the daemon rightly refuses as more than the host can give). Under cgroup v1, Linux 6.10 and later count a device's I/O in ``blkio.throttle.*``
-  only once a throttle limit has been set on it (``blk_throtl_activated``; on an untouched
-  host they stayed at 0 while a guest read: issue 42), so the collector sets that up for
-  every device it reads (:func:`enable_io_accounting`), and says so, with the command, where
-  it may not. QEMU's figures check the cgroup's (:class:`DiskCheck`): byte for byte where the
-  kernel counts, O_DIRECT; a VM whose cgroup disagrees (a device not counted, a sparse image's
-  holes) is logged once (again when they agree again) and named in the reading
-  (``disk_disagreements``).
+  one: the host's page cache serves it) QEMU's block stats, by the guest's device. QEMU's block
+  stats (``block.N.rd.bytes``/``wr.bytes``: what the guest asked) are asked in one bulk call
+  (``domainListGetStats``, the block group only, ``NOWAIT``): every tick of the VMs whose disk
+  use they are, once a ``check_every_s`` of the others, for the check. They are not the measure
+  where the cgroup's bytes can be had: a guest reading a sparse image's holes asks for bytes no
+  disk serves (a test cloud's guests: 1 GB/s of zeroes, twice the host's disk, which the daemon
+  rightly refuses as more than the host can give). Under cgroup v1, Linux 6.10 and later count a
+  device's I/O in ``blkio.throttle.*`` only once a throttle limit has been set on it
+  (``blk_throtl_activated``; on an untouched host they stayed at 0 while a guest read: issue
+  42), so the collector sets that up for every device it reads (:func:`enable_io_accounting`),
+  and says so, with the command, where it may not. QEMU's figures check the cgroup's
+  (:class:`DiskCheck`): byte for byte where the kernel counts, O_DIRECT; a VM whose cgroup
+  disagrees (a device not counted, a sparse image's holes) is logged once (again when they agree
+  again) and named in the reading (``disk_disagreements``).
 
 What the counters need (the QEMU pid from libvirt's pid file, its cgroups from
 ``/proc/<pid>/cgroup`` and the mount table, the taps and the owner from the domain XML) is
