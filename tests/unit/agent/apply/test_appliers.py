@@ -52,17 +52,6 @@ from tests.support.appliers import (
     weight,
 )
 
-
-@pytest.fixture
-def conn(tmp_path: Path) -> Any:
-    """A private test-driver host (each open of a node file starts from the file)."""
-    node = tmp_path / "node.xml"
-    node.write_text(NODE)
-    c = libvirt.open(f"test://{node}")
-    yield c
-    c.close()
-
-
 # --- pure arithmetic ------------------------------------------------------------------------------
 
 

@@ -34,15 +34,6 @@ from tests.support.appliers import (
 )
 
 
-@pytest.fixture
-def conn(tmp_path: Path) -> Any:
-    node = tmp_path / "node.xml"
-    node.write_text(NODE)
-    c = libvirt.open(f"test://{node}")
-    yield c
-    c.close()
-
-
 def knobs(result: Any) -> dict[str, tuple[str, str]]:
     return {k.knob.value: (k.outcome.value, k.detail) for k in result.knobs}
 

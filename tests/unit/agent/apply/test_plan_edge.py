@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import libvirt
 import pytest
 
 from gmd.agent.apply.cgroup import CgroupApplier
@@ -29,7 +28,6 @@ from gmd.agent.spool import Spool
 from gmd.daemon.config import load
 from gmd.wire import CPU_CAP_MIN_CORES, DISK_CAP_MIN_BYTES_PER_S, HostPlan, PlanReport
 from tests.support.appliers import (
-    NODE,
     UUID_A,
     UUID_B,
     UUID_C,
@@ -46,15 +44,6 @@ from tests.support.contention import BUSY, FIRST, account, busy_vms, fetch, post
 from tests.support.daemon_support import INTERVAL_S, serving
 
 T0 = 1_800_000_000.0
-
-
-@pytest.fixture
-def conn(tmp_path: Path) -> Any:
-    node = tmp_path / "node.xml"
-    node.write_text(NODE)
-    c = libvirt.open(f"test://{node}")
-    yield c
-    c.close()
 
 
 def plan_json(mode: str, *items: dict[str, Any]) -> bytes:
