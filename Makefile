@@ -34,6 +34,7 @@ lint: setup
 # Tests of the one real cloud, or of the one replica, run on one worker (xdist_group).
 test: lint
 	@GMD_WITH_POSTGRES=1 bash tests/scripts/bootstrap.sh
+	@bash tests/scripts/reachable.sh
 	@bash tests/scripts/libvirt.sh >/dev/null
 	@cloud=$$(bash tests/scripts/openstack.sh) || cloud=; url=$$(bash tests/scripts/postgres.sh) && \
 		{ replica=$$(bash tests/scripts/postgres.sh replica) || replica=; } && \
