@@ -437,6 +437,15 @@ class Enforcement(Table):
         whole=True,
         unit="intervals",
     )
+    others_above = Number(
+        ContentionPolicy.others_above,
+        "a customer's caps apply on a contended host only where the other customers' VMs used"
+        " at least this fraction of it (per resource, over the same intervals): caps protect"
+        " others, and a customer alone on a host it keeps busy loses to a cap only what nobody"
+        " else wanted; 0: wherever the host is contended",
+        0,
+        1,
+    )
     disk_weight_fallback = Kind(
         DiskWeightFallback.limit,
         "on a host whose agent says it has no disk weight (no BFQ on its disks: most NVMe and"
@@ -956,7 +965,8 @@ def _contention(e: Reader) -> ContentionPolicy:
         both = e.option(declared)
         above = dict.fromkeys(CapResource, both)
     intervals = e.option(Enforcement.contention_intervals)
-    return ContentionPolicy(above[CapResource.cpu], above[CapResource.disk], intervals)
+    others = e.option(Enforcement.others_above)
+    return ContentionPolicy(above[CapResource.cpu], above[CapResource.disk], intervals, others)
 
 
 def _placement(r: Reader) -> PlacementConfig:

@@ -237,6 +237,11 @@ class Contention(enum.StrEnum):
     """the threshold is 0: caps applied on every host, busy or not"""
     unsupported = "unsupported"
     """the host cannot set this cap (its agent's probe says why): none is asked of it"""
+    alone = "alone"
+    """the host is contended, but by the capped customer alone: the other customers' VMs used
+    less than ``others_above`` of it, so a cap would take from the customer what nobody else
+    wanted (measured: a greedy project alone on a host lost 18 % of its work to caps there,
+    and nobody gained; docs/benchmarks.md, bench/protection.py): caps withheld for it"""
 
 
 @dataclass(frozen=True)
@@ -248,6 +253,10 @@ class ContentionPolicy:
     cpu_above: float = 0.8
     disk_above: float = 0.8
     intervals: int = 3
+    others_above: float = 0.05
+    """A customer's caps apply on a contended host only where the other customers' VMs used at
+    least this fraction of it (per resource, over the same intervals): caps protect others,
+    and with nobody else there they protect no one. 0: wherever the host is contended."""
 
     def __post_init__(self) -> None:
         problems = [
@@ -255,6 +264,11 @@ class ContentionPolicy:
             for r, t in ((CapResource.cpu, self.cpu_above), (CapResource.disk, self.disk_above))
             if not (math.isfinite(t) and 0 <= t <= 1)
         ]
+        if not (math.isfinite(self.others_above) and 0 <= self.others_above <= 1):
+            problems.append(
+                f"others_above = {self.others_above!r} must lie in [0, 1] (a fraction of the"
+                " host's capacity)"
+            )
         if isinstance(self.intervals, bool) or not isinstance(self.intervals, int):
             problems.append(f"contention_intervals = {self.intervals!r} must be a whole number")
         elif self.intervals < 1:
@@ -268,10 +282,12 @@ class ContentionPolicy:
 
 def _percent(x: float, threshold: float) -> str:
     """``x`` as a percentage with as few decimals as keep it from reading like the threshold
-    it is compared with (0.7996 against 0.8 is "79.96 %", not "80 %")."""
+    it is compared with (0.7996 against 0.8 is "79.96 %", not "80 %"), or like none at all
+    when it is some (0.005 is "0.5 %", not "0 %")."""
     for digits in range(5):
         shown = f"{100 * x:.{digits}f}"
-        if x == threshold or float(shown) != round(100 * threshold, digits):
+        some = x == 0 or float(shown) != 0
+        if some and (x == threshold or float(shown) != round(100 * threshold, digits)):
             return f"{shown} %"
     return f"{100 * x:g} %"
 
@@ -292,12 +308,23 @@ class CapDecision:
     """how many intervals were looked at (``contention_intervals``)"""
     detail: str = ""
     """for ``unsupported``: why the host cannot set it, in its agent's words"""
+    others: float | None = None
+    """for ``alone``: what the other customers' VMs used of the host (a fraction)"""
+    others_above: float = 0.0
+    """for ``alone``: the fraction they needed to use for the caps to apply"""
 
     def why(self) -> str:
         """The figures, in words: "cpu 91 % ≥ 80 %"."""
         r = self.resource.value
         if self.reason is Contention.unsupported:
             return f"{r}: this host cannot set the cap ({self.detail or 'its agent says so'})"
+        if self.reason is Contention.alone and self.utilisation is not None:
+            o, t = self.others or 0.0, self.others_above
+            return (
+                f"{r} {_percent(self.utilisation, self.threshold)} ≥ {100 * self.threshold:g} %,"
+                f" but the other customers used {_percent(o, t)} < {100 * t:g} %: nobody to"
+                " protect"
+            )
         if self.reason is Contention.always:
             return f"{r}: contended_above = 0 (caps on every host)"
         if self.utilisation is None:
@@ -357,6 +384,29 @@ def host_contention(
         out[resource] = CapDecision(
             resource, applied, reason, utilisation, threshold, n, policy.intervals
         )
+    return out
+
+
+def for_customer(
+    caps: Mapping[CapResource, CapDecision],
+    others: Mapping[CapResource, float],
+    policy: ContentionPolicy,
+) -> dict[CapResource, CapDecision]:
+    """A host's cap decisions for one customer: a cap the host's contention applies is
+    withheld (``alone``) where the other customers' VMs used less than ``others_above`` of the
+    host (``others``: their use as a fraction of its capacity over the same intervals).
+    Decisions of ``contended_above = 0`` (caps everywhere) stand as they are."""
+    out = dict(caps)
+    for resource, decision in caps.items():
+        used = others.get(resource, 0.0)
+        if decision.reason is Contention.contended and used < policy.others_above:
+            out[resource] = replace(
+                decision,
+                applied=False,
+                reason=Contention.alone,
+                others=used,
+                others_above=policy.others_above,
+            )
     return out
 
 

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
+GUEST_IMAGE_PY = REPO / "tests" / "support" / "guest_image.py"
 # Ports of its own, below Linux's ephemeral range (32768-60999), apart from
 # tests/scripts/openstack.sh's (25357, 25378, 25774, 25775) and gmd's test PostgreSQL (54329).
 PORTS = {
@@ -100,7 +101,7 @@ COMPUTE_HOST = "gmdnova-compute"
 RABBIT_NODE = "gmdnova@localhost"
 FLAVOR = {"name": "gmdnova-tiny", "vcpus": 1, "ram": 128, "disk": 1}
 """A disk of 1 GB, not 0: members may not boot zero-disk flavors (the default policy)."""
-ROLES = ("spin", "idle")
+ROLES = ("spin", "idle", "job")
 """The tiny guest's roles (tests/support/guest_image.py), one AMI each."""
 CMDLINE = "console=ttyS0 panic=1 no_timer_check gmd.role={role}"
 DATABASES = ("keystone", "placement", "glance", "nova_api", "nova_cell0", "nova_cell1")
@@ -169,8 +170,11 @@ def main() -> int:
 
 
 def recipe() -> str:
-    """What the seed is built by (this file): a seed another version built is built anew."""
-    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+    """What the seed is built by (this file, and the guest's roles, whose initramfs its images
+    hold): a seed another version built is built anew."""
+    digest = hashlib.sha256(Path(__file__).read_bytes())
+    digest.update(GUEST_IMAGE_PY.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def seed_recipe(seed: Path) -> str | None:

@@ -56,10 +56,16 @@ def busy_vms(a_cpu_s: float = 90.0, b_cpu_s: float = 30.0) -> list[dict[str, Any
     ]
 
 
-def idle_vms(read_bytes: float = 54e6) -> list[dict[str, Any]]:
+def idle_vms(
+    read_bytes: float = 48e6, b_read_bytes: float = 6e6, b_cpu_s: float = 0.0
+) -> list[dict[str, Any]]:
+    """a's VM reads most of the disk, b's some of it: with ``others_above`` = 5 %, a's disk
+    cap has someone to protect (b's 10 %)."""
     vm = cpu_only("vm-a2", "a", 60.0, vcpus=4.0)
     vm["disk_read_bytes"] = read_bytes
-    return [vm]
+    other = cpu_only("vm-b2", "b", b_cpu_s, vcpus=1.0)
+    other["disk_read_bytes"] = b_read_bytes
+    return [vm, other]
 
 
 def post(d: Any, host: HostSpec, start: int, vms: list[dict[str, Any]]) -> None:

@@ -12,6 +12,13 @@ whose behaviour the kernel command line chooses:
   ICMP echo requests to the link-local all-hosts group 224.0.0.1 from a link-local address
   (169.254.77.7) on its NIC, five a second: the tap is isolated, nothing answers and nothing
   leaves the host.
+- `gmd.role=job` runs work of a known size in bursts, as a moderate customer's batch jobs do:
+  job k (k = 1, 2, ...) counts to `gmd.job_loops=N` in the shell (default 100000: ~1.6 s on an
+  idle 2-core host under TCG), a pure CPU loop, then sleeps `gmd.job_pause=S` seconds (default
+  2), and so on. It prints
+  `gmd-job: start K UPTIME` and `gmd-job: end K UPTIME` on the serial console around each job
+  (UPTIME: the guest's /proc/uptime, 10 ms steps), so that the guest's work itself is measured,
+  not only its QEMU's CPU time (tests/support/protection.py reads them).
 - `gmd.role=idle` (the default) only sleeps.
 - `gmd.poweroff_after=S` (with either role) powers the guest off from inside S seconds after its
   devices are up, as a guest's own `poweroff` does: the kernel's ACPI power-off, a SHUTDOWN
@@ -66,10 +73,14 @@ for m in $(cat /lib/modules/load-order); do
 done
 role=idle
 poweroff_after=
+job_loops=100000
+job_pause=2
 for arg in $(cat /proc/cmdline); do
     case "$arg" in
     gmd.role=*) role=${arg#gmd.role=} ;;
     gmd.poweroff_after=*) poweroff_after=${arg#gmd.poweroff_after=} ;;
+    gmd.job_loops=*) job_loops=${arg#gmd.job_loops=} ;;
+    gmd.job_pause=*) job_pause=${arg#gmd.job_pause=} ;;
     esac
 done
 ip link set lo up
@@ -100,7 +111,24 @@ spin)
         done
     ) &
     echo "gmd-guest: ready role=spin"
+    # every vCPU of the guest spins, not only the first
+    cpus=$(grep -c ^processor /proc/cpuinfo)
+    for _ in $(seq 2 "$cpus"); do (while :; do :; done) & done
     while :; do :; done
+    ;;
+job)
+    echo "gmd-guest: ready role=job"
+    k=0
+    while :; do
+        k=$((k + 1))
+        read -r up _ </proc/uptime
+        echo "gmd-job: start $k $up"
+        i=0
+        while [ "$i" -lt "$job_loops" ]; do i=$((i + 1)); done
+        read -r up _ </proc/uptime
+        echo "gmd-job: end $k $up"
+        sleep "$job_pause"
+    done
     ;;
 *)
     echo "gmd-guest: ready role=$role"

@@ -44,6 +44,7 @@ from gmd.fairness.policy import (
     DiskWeightFallback,
     capped_effect,
     cpu_cap_cores,
+    for_customer,
     host_contention,
     unsupported,
     weight_as_disk_limit,
@@ -145,20 +146,7 @@ def host_caps(
     used = np.zeros((0, len(resources)))
     supply = np.zeros((0, len(resources)))
     if host_id is not None and window.ids:
-        in_window = and_(
-            _host_intervals.c.host_id == host_id,
-            _host_intervals.c.interval_id.between(window.first, window.last),
-            _host_intervals.c.interval_id.in_(window.ids),
-        )
-        offered = conn.execute(
-            select(
-                _host_intervals.c.interval_id,
-                *(_CAPACITY[r] * _intervals.c.length_s for r in resources),
-            )
-            .join(_intervals, _intervals.c.id == _host_intervals.c.interval_id)
-            .where(in_window)
-            .order_by(_host_intervals.c.interval_id)
-        ).all()
+        offered = _offered(conn, host_id, window)
         taken = {
             int(row[0]): row[1:]
             for row in conn.execute(
@@ -182,6 +170,75 @@ def host_caps(
             host = np.array([busy.get(int(row[0]), 0.0) for row in offered], dtype=np.float64)
             used[:, k] = np.maximum(used[:, k], host)
     return host_contention(used, supply, policy)
+
+
+def _offered(conn: Connection, host_id: int, window: Window) -> list[Any]:
+    """Per interval of ``window`` the host reported in: (interval id, what it could give of
+    each :class:`CapResource`: capacity × length), oldest first."""
+    in_window = and_(
+        _host_intervals.c.host_id == host_id,
+        _host_intervals.c.interval_id.between(window.first, window.last),
+        _host_intervals.c.interval_id.in_(window.ids),
+    )
+    return list(
+        conn.execute(
+            select(
+                _host_intervals.c.interval_id,
+                *(_CAPACITY[r] * _intervals.c.length_s for r in CapResource),
+            )
+            .join(_intervals, _intervals.c.id == _host_intervals.c.interval_id)
+            .where(in_window)
+            .order_by(_host_intervals.c.interval_id)
+        ).all()
+    )
+
+
+def others_use(
+    conn: Connection, host_id: int | None, window: Window
+) -> dict[int, dict[CapResource, float]]:
+    """Per customer with VMs on the host in ``window``: what everyone else used there of each
+    cap resource — the other customers' VMs, and for CPU the host's own work beyond its VMs
+    where its agent reports it (as :func:`host_caps` counts it) — as a fraction of what the
+    host could give over the intervals it reported in. :func:`gmd.fairness.policy.for_customer`
+    withholds the caps of a customer who contends a host alone."""
+    if host_id is None or not window.ids:
+        return {}
+    offered = _offered(conn, host_id, window)
+    supply = np.array([row[1:] for row in offered], dtype=np.float64).reshape(-1, len(CapResource))
+    total_supply = supply.sum(axis=0)
+    at = {int(row[0]): i for i, row in enumerate(offered)}
+    rows = conn.execute(
+        select(
+            _samples.c.interval_id,
+            _vms.c.customer_id,
+            *(func.sum(_USE[r]) for r in CapResource),
+        )
+        .select_from(_samples.join(_vms, _vms.c.id == _samples.c.vm_id))
+        .where(
+            _samples.c.host_id == host_id,
+            _samples.c.interval_id.between(window.first, window.last),
+            _samples.c.interval_id.in_(sorted(at) or [-1]),
+        )
+        .group_by(_samples.c.interval_id, _vms.c.customer_id)
+    ).all()
+    own: dict[int, np.ndarray] = {}
+    host = np.zeros_like(supply)
+    for interval_id, customer_id, *used in rows:
+        figures = np.array([float(v or 0.0) for v in used])
+        own.setdefault(int(customer_id), np.zeros_like(supply))[at[int(interval_id)]] += figures
+        host[at[int(interval_id)]] += figures
+    cpu = list(CapResource).index(CapResource.cpu)
+    busy = _host_busy_cpu_s(conn, host_id, window)
+    for interval_id, i in at.items():
+        host[i, cpu] = max(host[i, cpu], busy.get(interval_id, 0.0))
+    out = {}
+    for customer, theirs in own.items():
+        others = (host - theirs).sum(axis=0)
+        out[customer] = {
+            r: float(others[k] / total_supply[k]) if total_supply[k] > 0 else 0.0
+            for k, r in enumerate(CapResource)
+        }
+    return out
 
 
 def _host_busy_cpu_s(conn: Connection, host_id: int, window: Window) -> dict[int, float]:
@@ -298,16 +355,18 @@ def host_plan(conn: Connection, host: str, config: EnforcementConfig) -> Plan:
     running = running_vms(window, host_id).subquery()
     disk_weight = _disk_weight(conn, host_id, window, config, caps, said, running)
     rows = conn.execute(
-        select(_vms.c.id, _vms.c.uuid, _customers.c.name, _levels.c.level)
+        select(_vms.c.id, _vms.c.uuid, _customers.c.name, _levels.c.level, _vms.c.customer_id)
         .join(_levels, _levels.c.customer_id == _vms.c.customer_id)
         .join(_customers, _customers.c.id == _vms.c.customer_id)
         .where(_vms.c.id.in_(select(running.c.vm_id)), _levels.c.level > 0)
         .order_by(_vms.c.uuid)
     ).all()
     vcpus = _flavor_vcpus(conn, host_id, window) if rows else {}
+    others = others_use(conn, host_id, window) if rows else {}
     plans = []
-    for vm_id, uuid, customer, level in rows:
-        effect = capped_effect(config.policy.effect(level), caps)
+    for vm_id, uuid, customer, level, customer_id in rows:
+        theirs = for_customer(caps, others.get(customer_id, {}), config.contention)
+        effect = capped_effect(config.policy.effect(level), theirs)
         weight = weights_for(effect.weight_factor, WEIGHT_DEFAULT, WEIGHT_MIN, WEIGHT_MAX)
         cpu_cap = cpu_cap_cores(effect.cpu_cap_fraction, vcpus.get(vm_id))
         disk_bytes = effect.disk_bytes_per_s

@@ -32,7 +32,7 @@ from sqlalchemy import Connection, and_, func, or_, select
 from gmd import GmdError
 from gmd.common.timespec import iso
 from gmd.daemon.config import Config
-from gmd.daemon.enforce.plans import host_caps, host_knobs, recent_window
+from gmd.daemon.enforce.plans import host_caps, host_knobs, others_use, recent_window
 from gmd.daemon.ledger import capabilities, lookup, reset_window
 from gmd.daemon.ledger.accounting import previous_standing, read_interval
 from gmd.daemon.ledger.models import (
@@ -59,7 +59,13 @@ from gmd.daemon.reports.actions import actions as list_actions, knobs_words
 from gmd.daemon.reports.enforcement import caps_words
 from gmd.fairness.decay import decay_factor
 from gmd.fairness.interval import account_interval
-from gmd.fairness.policy import CapDecision, CapResource, ThrottlePolicy, caps_wanted
+from gmd.fairness.policy import (
+    CapDecision,
+    CapResource,
+    ThrottlePolicy,
+    caps_wanted,
+    for_customer,
+)
 from gmd.wire import Knob, PlanMode
 
 AGREEMENT = 1e-9
@@ -703,7 +709,7 @@ def explain(
     summary = None
     if from_s is not None or to_s is not None:
         summary = _range_summary(conn, customer_id, from_s, to_s)
-    caps = _caps(conn, config, [h.name for h in hosts], interval_id, in_force.level)
+    caps = _caps(conn, config, [h.name for h in hosts], interval_id, in_force.level, customer_id)
     return Explanation(
         customer=customer,
         name=name,
@@ -746,10 +752,16 @@ def explain(
 
 
 def _caps(
-    conn: Connection, config: Config, hosts: list[str], interval_id: int, level: int
+    conn: Connection,
+    config: Config,
+    hosts: list[str],
+    interval_id: int,
+    level: int,
+    customer_id: int,
 ) -> list[HostCaps]:
-    """Whether the level's caps apply on each host, measured as the plan served after the
-    interval measured it: over the accounted intervals up to it."""
+    """Whether the level's caps apply to the customer on each host, measured as the plan
+    served after the interval measured it: over the accounted intervals up to it (withheld
+    where the customer contends the host alone: :func:`gmd.fairness.policy.for_customer`)."""
     if not hosts:
         return []
     contention = config.enforcement.contention
@@ -761,7 +773,11 @@ def _caps(
     for host in sorted(hosts):
         said = capabilities.of_host(conn, host)
         knobs = said.capabilities if said is not None else None
-        decisions = host_knobs(host_caps(conn, ids.get(host), window, contention), knobs)
+        host_id = ids.get(host)
+        others = others_use(conn, host_id, window).get(customer_id, {})
+        decisions = for_customer(
+            host_knobs(host_caps(conn, host_id, window, contention), knobs), others, contention
+        )
         weight = knobs is None or Knob.disk_weight not in knobs.unsupported()
         out.append(HostCaps(host, decisions, caps_words(effect, decisions), weight))
     return out

@@ -103,6 +103,10 @@ token_sha256 = "%s"
             r"enforcement\.contended_above: 80 is not in \[0, 1\]",
         ),
         (
+            "[enforcement]\nothers_above = 2\n",
+            r"enforcement\.others_above: 2 is not in \[0, 1\]",
+        ),
+        (
             "[enforcement]\ncontended_above = 'busy'\n",
             "enforcement.contended_above: expected a number or a table, got 'busy'",
         ),
@@ -203,3 +207,5 @@ def test_contention_thresholds_one_for_all_or_one_per_resource(tmp_path: Path) -
     assert each.enforcement.contention == ContentionPolicy(0.8, 0.5, 3)
     always = load(write(tmp_path, "[enforcement]\ncontended_above = 0\n"))
     assert always.enforcement.contention == ContentionPolicy(0.0, 0.0, 3)
+    others = load(write(tmp_path, "[enforcement]\nothers_above = 0.1\n"))
+    assert others.enforcement.contention == ContentionPolicy(0.8, 0.8, 3, 0.1)

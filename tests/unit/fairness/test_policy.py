@@ -18,6 +18,7 @@ from gmd.fairness.policy import (
     caps_wanted,
     cpu_cap_cores,
     decide_levels,
+    for_customer,
     host_contention,
     scores,
     weights_for,
@@ -228,8 +229,38 @@ def test_the_decision_says_why_in_words() -> None:
         ({"disk_above": -0.1}, "contended_above.disk = -0.1 must lie in [0, 1]"),
         ({"intervals": 0}, "contention_intervals = 0 must be >= 1"),
         ({"intervals": 2.5}, "contention_intervals = 2.5 must be a whole number"),
+        ({"others_above": 1.5}, "others_above = 1.5 must lie in [0, 1]"),
+        ({"others_above": float("nan")}, "others_above = nan must lie in [0, 1]"),
     ],
 )
 def test_contention_settings_out_of_range_are_refused(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         ContentionPolicy(**kwargs)
+
+
+def test_a_customer_alone_on_the_host_it_contends_keeps_its_caps_withheld() -> None:
+    """Caps protect others: where the other customers used less than ``others_above`` of a
+    contended host, a customer's caps there are withheld (``alone``), and said so; from the
+    threshold on they apply. Hosts that are idle, unmeasured or capped everywhere
+    (``contended_above = 0``) are not the rule's to change."""
+    policy = ContentionPolicy(others_above=0.05)
+    busy = host_contention([(95.0, 90.0)], [(100.0, 100.0)], policy)
+    alone = for_customer(busy, {CPU: 0.01, DISK: 0.05}, policy)
+    assert (alone[CPU].applied, alone[CPU].reason) == (False, Contention.alone)
+    assert (alone[DISK].applied, alone[DISK].reason) == (True, Contention.contended)
+    assert alone[CPU].words() == (
+        "not applied: cpu 95 % ≥ 80 %, but the other customers used 1 % < 5 %: nobody to protect"
+    )
+    assert alone[CPU].figures()["reason"] == "alone"
+    effect = ThrottlePolicy(cap_level=1, cpu_cap_fractions=(0.5, 0.5, 0.5)).effect(1)
+    assert capped_effect(effect, alone).cpu_cap_fraction is None
+    assert capped_effect(effect, busy).cpu_cap_fraction == 0.5
+    # a customer the ledger saw no use of beside others: everyone else's use counts
+    assert for_customer(busy, {}, policy)[CPU].reason is Contention.alone
+    assert for_customer(busy, {CPU: 0.3, DISK: 0.3}, policy) == busy
+    # 0: the old rule, caps wherever the host is contended
+    assert for_customer(busy, {CPU: 0.0}, ContentionPolicy(others_above=0.0)) == busy
+    idle = host_contention([(10.0, 0.0)], [(100.0, 100.0)], policy)
+    assert for_customer(idle, {}, policy) == idle
+    always = host_contention([(10.0, 0.0)], [(100.0, 100.0)], ContentionPolicy(cpu_above=0.0))
+    assert for_customer(always, {}, policy)[CPU].applied

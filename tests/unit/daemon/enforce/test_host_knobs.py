@@ -68,11 +68,7 @@ def configured(tmp_path: Path, url: str, fallback: str | None = None) -> Any:
 
 def crowded_idle_host() -> list[dict[str, Any]]:
     """cmp-idle with a's disk reader and two of b's VMs beside it."""
-    return [
-        *idle_vms(),
-        cpu_only("vm-b2", "b", 1.0, vcpus=1.0),
-        cpu_only("vm-b3", "b", 1.0, vcpus=1.0),
-    ]
+    return [*idle_vms(b_cpu_s=1.0), cpu_only("vm-b3", "b", 1.0, vcpus=1.0)]
 
 
 def climb(d: Any, config: Any) -> None:
