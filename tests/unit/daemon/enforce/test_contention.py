@@ -195,8 +195,7 @@ def test_a_customer_alone_on_a_host_it_keeps_busy_is_not_capped_there(
     assert vm.cpu_quota_cores is None  # alone: no cap
     assert {c.resource: c.why for c in alone.caps}["cpu"] == "applied: cpu 100 % ≥ 80 %"
     assert words["cmp-busy"].startswith(
-        "not applied: cpu 100 % ≥ 80 %, but the other customers used 0.5 % < 5 %: nobody to"
-        " protect"
+        "not applied: cpu 100 % ≥ 80 %, but the other customers used 0.5 % < 5 %: nobody to protect"
     )
     (vm,) = [v for v in shared.vms if v.uuid == UUID_A]
     assert (vm.level, vm.cpu_weight, vm.cpu_quota_cores) == (2, 25, 1.0)
