@@ -25,13 +25,14 @@ Phases, in this order, on the same guests:
   gmd off and on: what gmd costs the greedy project where nobody else wants the host.
 
 Figures, as JSON on the last line: per phase the moderate jobs' completion time over the
-baseline's median (median and p90; ``settled``: the jobs started after the greedy project's
-level last changed in the phase), each project's CPU share of the host against its fair share
-(an equal share of the projects running), the seconds from the greedy load's start to gmd's
-first change of a greedy guest, to its first CPU cap and to the moderate jobs' recovery (the
-first job from which every later one completes within 1.25× of the baseline), the greedy
-project's cores while capped against what its caps allowed; the host's capabilities
-(``gmd-agent --check``), cores and load.
+baseline's median (median and p90; by the greedy project's level when each job started; and
+``top_level``: the jobs started while it stood at the highest level it reached), each
+project's CPU share of the host against its fair share (an equal share of the projects
+running), the seconds from the greedy load's start to gmd's first change of a greedy guest,
+to its first CPU cap and to the moderate jobs' recovery (the end of the first job from which
+five in a row have a median within 1.25× of the baseline), the greedy project's cores while
+capped against what its caps allowed, and once its level no longer changed; the host's
+capabilities (``gmd-agent --check``), cores and load.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ from tests.support.protection import (  # noqa: E402
     quantile,
     recovery_s,
     run_phase,
+    stop_on_sigterm,
 )
 
 PHASES = ("baseline", "off", "dry-run", "on", "weights", "caps", "idle-off", "idle-on")
@@ -90,6 +92,16 @@ def settled_after(r: PhaseResult) -> float:
     return last
 
 
+def level_at(r: PhaseResult, t: float) -> int:
+    """The greedy project's level ``t`` seconds into the phase, as its standings last said."""
+    level = 0
+    for at, lv in r.levels:
+        if at > t:
+            break
+        level = lv
+    return level
+
+
 def _r(x: float | None, nd: int = 3) -> float | None:
     return None if x is None else round(x, nd)
 
@@ -101,7 +113,12 @@ def figures(results: list[PhaseResult], baseline_s: float, host_cores: int) -> d
         by_name.setdefault(r.phase.name, []).append(r)
     for name, runs in by_name.items():
         ratios = [x for r in runs for x in r.ratios(baseline_s)]
-        settled = [x for r in runs for x in r.ratios(baseline_s, settled_after(r))]
+        top = [
+            job.seconds / baseline_s
+            for r in runs
+            for job in r.jobs
+            if r.max_level > 0 and level_at(r, job.started - r.began) == r.max_level
+        ]
         projects = sorted({p for r in runs for p in r.cores})
         running = 1 + (len(projects) - 1 if runs[0].phase.moderate else 0)
         if not runs[0].phase.greedy:
@@ -113,6 +130,12 @@ def figures(results: list[PhaseResult], baseline_s: float, host_cores: int) -> d
         greedy_settled = [
             _settled_cores(r, s) for r, s in zip(runs, after, strict=True) if r.phase.greedy
         ]
+        by_level: dict[int, list[float]] = {}
+        for r in runs:
+            for job in r.jobs:
+                by_level.setdefault(level_at(r, job.started - r.began), []).append(
+                    job.seconds / baseline_s
+                )
         out[name] = {
             "seconds": runs[0].phase.seconds,
             "mode": runs[0].phase.mode,
@@ -120,13 +143,17 @@ def figures(results: list[PhaseResult], baseline_s: float, host_cores: int) -> d
             "jobs": len(ratios),
             "ratio_median": _r(quantile(ratios, 0.5)),
             "ratio_p90": _r(quantile(ratios, 0.9)),
-            "settled_after_s": [_r(a, 1) for a in after],
-            "settled_jobs": len(settled),
-            "settled_ratio_median": _r(quantile(settled, 0.5)),
-            "settled_ratio_p90": _r(quantile(settled, 0.9)),
+            "ratio_median_by_level": {
+                str(level): _r(statistics.median(v)) for level, v in sorted(by_level.items())
+            },
+            "jobs_by_level": {str(level): len(v) for level, v in sorted(by_level.items())},
+            "top_level_jobs": len(top),
+            "top_level_ratio_median": _r(quantile(top, 0.5)),
+            "top_level_ratio_p90": _r(quantile(top, 0.9)),
             "cpu_share_of_host": shares,
             "fair_share": _r(1 / max(1, running)),
             "greedy_cores_settled": [_r(c) for c in greedy_settled],
+            "greedy_cores_settled_after_s": [_r(a, 1) for a in after],
             "max_level": [r.max_level for r in runs],
             "first_throttle_s": [_r(r.first_throttle_s, 1) for r in runs],
             "first_cap_s": [_r(r.first_cap_s, 1) for r in runs],
@@ -190,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--phases: baseline is needed (the ratios are over its median)")
     if os.geteuid() != 0:
         parser.error("run as root: the guests run under the system libvirtd")
+    stop_on_sigterm()
     load_before = os.getloadavg()
     results: list[PhaseResult] = []
     with tempfile.TemporaryDirectory(prefix="gmd-protection-") as tmp:

@@ -149,14 +149,15 @@ def test_a_greedy_customers_spinner_is_capped_then_restored_exactly(
             assert agent.tick().enforcement == ()
             before = cpu_rate()
 
-            # The spinner's customer uses nearly the whole host for two past intervals.
+            # The spinner's customer uses most of the host for two past intervals, the other
+            # customer some of it (8 %: someone the cap protects, above others_above's 5 %).
             for k in (10, 9):
                 body = batch(
                     HOST,
                     aligned_past(k),
                     [
-                        use(spin.uuid, spin.project_uuid, 110.0),
-                        use(idle.uuid, idle.project_uuid, 1),
+                        use(spin.uuid, spin.project_uuid, 101.0),
+                        use(idle.uuid, idle.project_uuid, 10.0),
                     ],
                 )
                 r = httpx.post(f"{daemon.url}/v1/samples", json=body, headers=auth(HOST.name))

@@ -42,6 +42,7 @@ from tests.support.protection import (
     Vm,
     quantile,
     run_phase,
+    stop_on_sigterm,
 )
 from tests.support.realvm import RealVMError, _libvirt
 
@@ -72,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         info = json.loads(args.cloud_json.read_text())
     except (OSError, ValueError) as exc:
         parser.error(f"cannot read {args.cloud_json}: {exc}")
+    stop_on_sigterm()
     try:
         run(NovaCloud(info, Path(info["clouds_yaml"])), args.dir, sys.stdout)
     except (RealVMError, AssertionError, OSError, KeyError) as exc:
