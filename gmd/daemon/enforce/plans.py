@@ -338,6 +338,12 @@ class Plan:
     vms: list[VmPlanItem] = field(default_factory=list)
     caps: dict[CapResource, CapDecision] = field(default_factory=dict)
     disk_weight: DiskWeight | None = None
+    customer_caps: dict[str, dict[CapResource, CapDecision]] = field(default_factory=dict)
+    """per throttled customer of the host, the caps as they apply to it: the host's, but
+    withheld where it contends the host alone (:func:`gmd.fairness.policy.for_customer`)"""
+
+    def caps_of(self, customer: str) -> dict[CapResource, CapDecision]:
+        return self.customer_caps.get(customer, self.caps)
 
 
 def host_plan(conn: Connection, host: str, config: EnforcementConfig) -> Plan:
@@ -364,8 +370,10 @@ def host_plan(conn: Connection, host: str, config: EnforcementConfig) -> Plan:
     vcpus = _flavor_vcpus(conn, host_id, window) if rows else {}
     others = others_use(conn, host_id, window) if rows else {}
     plans = []
+    customer_caps: dict[str, dict[CapResource, CapDecision]] = {}
     for vm_id, uuid, customer, level, customer_id in rows:
         theirs = for_customer(caps, others.get(customer_id, {}), config.contention)
+        customer_caps[customer] = theirs
         effect = capped_effect(config.policy.effect(level), theirs)
         weight = weights_for(effect.weight_factor, WEIGHT_DEFAULT, WEIGHT_MIN, WEIGHT_MAX)
         cpu_cap = cpu_cap_cores(effect.cpu_cap_fraction, vcpus.get(vm_id))
@@ -390,7 +398,7 @@ def host_plan(conn: Connection, host: str, config: EnforcementConfig) -> Plan:
                 disk_write_bytes_per_s=disk_cap,
             )
         )
-    return Plan(plans, caps, disk_weight)
+    return Plan(plans, caps, disk_weight, customer_caps)
 
 
 def _disk_weight(

@@ -105,7 +105,7 @@ def plans(
     for name in names:
         plan = host_plan(conn, name, config)
         for p in plan.vms:
-            words = caps_words(config.policy.effect(p.level), plan.caps)
+            words = caps_words(config.policy.effect(p.level), plan.caps_of(p.customer))
             rows.append({"host": name, **p.model_dump(), "caps": words})
         if plan.vms or host is not None:
             decisions += [{"host": name, **d.figures()} for d in plan.caps.values()]
