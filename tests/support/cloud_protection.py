@@ -202,7 +202,8 @@ def tell(results: dict[str, PhaseResult], say: Any) -> dict[str, Any]:
     say(
         f"\n[4/4] the same, gmd on: {throttled}{capped} (level {on.max_level} at most);"
         f" from {on_from:.0f} s on, initech's job takes {_times(on_r, base)}; acme took"
-        f" {share(on, 'greedy')} of the host over the phase"
+        f" {share(on, 'greedy')} of the host over the phase (the weights are work-conserving:"
+        " acme keeps what initech leaves between its jobs)"
     )
     off_m = statistics.median(off_r) if off_r else None
     on_m = statistics.median(on_r) if on_r else None
