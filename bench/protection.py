@@ -52,10 +52,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from gmd.wire import PlanMode  # noqa: E402
 from tests.support.protection import (  # noqa: E402
     BOUND,
     HOST,
     Console,
+    Knobs,
     Phase,
     PhaseResult,
     booted,
@@ -73,11 +75,13 @@ def phase_of(name: str, args: argparse.Namespace) -> Phase:
     if name == "baseline":
         return Phase(name, args.baseline_s, greedy=False)
     if name in ("off", "dry-run"):
-        return Phase(name, args.contended_s, greedy=True, mode=name)
+        return Phase(name, args.contended_s, greedy=True, mode=PlanMode(name))
     if name in ("on", "weights", "caps"):
-        return Phase(name, args.on_s, greedy=True, knobs="both" if name == "on" else name)
+        return Phase(
+            name, args.on_s, greedy=True, knobs=Knobs.both if name == "on" else Knobs(name)
+        )
     if name == "idle-off":
-        return Phase(name, args.idle_s, greedy=True, moderate=False, mode="off")
+        return Phase(name, args.idle_s, greedy=True, moderate=False, mode=PlanMode.off)
     if name == "idle-on":
         return Phase(name, args.on_s, greedy=True, moderate=False)
     raise ValueError(name)
@@ -268,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
             "job_loops": args.job_loops,
             "job_pause_s": args.job_pause_s,
             "rounds": args.rounds,
-            "enforcement": enforcement("on"),
+            "enforcement": enforcement(PlanMode.on),
         },
         "baseline_job_s": {
             "median": round(baseline_s, 3),

@@ -20,6 +20,7 @@ pytestmark = pytest.mark.realvm
 def test_moderate_jobs_run_faster_beside_a_greedy_project_with_gmd_on_than_off(
     tmp_path: Path,
 ) -> None:
+    from gmd.wire import PlanMode
     from tests.support.protection import Console, Phase, booted, run_phase
     from tests.support.realvm import RealVMError
 
@@ -27,7 +28,8 @@ def test_moderate_jobs_run_faster_beside_a_greedy_project_with_gmd_on_than_off(
         with booted(tmp_path, greedy_vms=3, moderates=1) as host:
             console = Console(host.moderate)
             baseline = run_phase(tmp_path, host, Phase("baseline", 25, greedy=False), console)
-            off = run_phase(tmp_path, host, Phase("off", 40, greedy=True, mode="off"), console)
+            gmd_off = Phase("off", 40, greedy=True, mode=PlanMode.off)
+            off = run_phase(tmp_path, host, gmd_off, console)
             on = run_phase(tmp_path, host, Phase("on", 100, greedy=True), console)
     except RealVMError as e:
         pytest.fail(f"real VMs: {e}", pytrace=False)
@@ -48,3 +50,31 @@ def test_moderate_jobs_run_faster_beside_a_greedy_project_with_gmd_on_than_off(
     assert statistics.median(protected) < statistics.median(unprotected)
     # the greedy project did take more than its share while gmd was off: a real contest
     assert off.cores["greedy"] > sum(c for p, c in off.cores.items() if p != "greedy")
+
+
+def test_the_protection_bench_runs_its_phases_and_prints_json_last() -> None:
+    """bench/protection.py end to end on short phases (its figures are not asserted: the test
+    above holds the direction): every phase named is in the JSON line, with its jobs counted."""
+    import json
+    import subprocess
+    import sys
+
+    bench = Path(__file__).resolve().parents[2] / "bench" / "protection.py"
+    short = ["--greedy-vms", "2", "--moderates", "1", "--baseline-s", "15", "--contended-s", "15"]
+    out = subprocess.run(
+        [sys.executable, str(bench), "--phases", "baseline,off,on,idle-on", *short, "--on-s", "25"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    figures = json.loads(out.stdout.strip().splitlines()[-1])
+    assert figures["benchmark"] == "protection"
+    assert list(figures["phases"]) == ["baseline", "off", "on", "idle-on"]
+    assert figures["baseline_job_s"]["jobs"] > 0
+    assert figures["phases"]["baseline"]["ratio_median"] is not None
+    assert figures["phases"]["idle-on"]["jobs"] == 0  # the moderates' guests were paused
+    assert figures["phases"]["off"]["max_level"] == [0]
+    knobs = {k["knob"] for k in figures["host"]["capabilities"]["knobs"]}
+    assert {"cpu_weight", "cpu_cap"} <= knobs

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from gmd.wire import PlanMode
 from tests.support.cloud_story import server_action
 from tests.support.nova_support import NovaCloud, Server
 from tests.support.protection import (
@@ -50,7 +51,7 @@ REPO = Path(__file__).resolve().parents[2]
 GREEDY_SERVERS = 3
 PHASES = (
     Phase("alone", 40, greedy=False),
-    Phase("gmd-off", 90, greedy=True, mode="off"),
+    Phase("gmd-off", 90, greedy=True, mode=PlanMode.off),
     Phase("gmd-on", 150, greedy=True),
 )
 

@@ -28,6 +28,7 @@ cap" is measured from a greedy project gmd has not seen before, as it would be o
 from __future__ import annotations
 
 import contextlib
+import enum
 import hashlib
 import itertools
 import json
@@ -39,11 +40,13 @@ import statistics
 import subprocess
 import time
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from gmd.wire import PlanMode
 from tests.support.cloud_story import toml_document
 from tests.support.guest_image import build_guest_image
 from tests.support.realvm import (
@@ -88,15 +91,25 @@ def stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, stop)
 
 
-def enforcement(mode: str, knobs: str = "both", **overrides: Any) -> dict[str, Any]:
+class Knobs(enum.StrEnum):
+    """Which of a level's knobs a phase lets gmd use."""
+
+    both = "both"
+    """weights and caps, as etc/gmd.toml's level table"""
+    weights = "weights"
+    """no cap at any level"""
+    caps = "caps"
+    """weight factors 1: the caps alone"""
+
+
+def enforcement(mode: PlanMode, knobs: Knobs = Knobs.both, **overrides: Any) -> dict[str, Any]:
     """``[enforcement]`` of a phase: gmd's level table (weights from level 1, caps from
     ``cap_level``, as etc/gmd.toml), its thresholds scaled to the bench's minutes.
 
-    ``knobs``: ``"both"`` (weights and caps), ``"weights"`` (no cap at any level), ``"caps"``
-    (weights left at 1: the caps alone).
+    ``knobs``: which of the level table's knobs are left in it (:class:`Knobs`).
     """
     section: dict[str, Any] = {
-        "mode": mode,
+        "mode": mode.value,
         # A greedy project of this host adds ~0.2 a 10 s interval to its balance, which its
         # 30 s half-life holds near 1: level 1 within ~20 s of accounting, level 3 within ~60 s.
         "enter": [0.2, 0.4, 0.6],
@@ -111,12 +124,10 @@ def enforcement(mode: str, knobs: str = "both", **overrides: Any) -> dict[str, A
         "contention_intervals": 3,
         "quota_level": 4,  # no cloud here: never
     }
-    if knobs == "weights":
+    if knobs is Knobs.weights:
         section["cap_level"] = 4
-    elif knobs == "caps":
+    elif knobs is Knobs.caps:
         section["weight_factors"] = [1.0, 1.0, 1.0]
-    elif knobs != "both":
-        raise ValueError(f"knobs: {knobs!r} is not one of both, weights, caps")
     section.update(overrides)
     return section
 
@@ -177,7 +188,7 @@ def booted(
         with contextlib.ExitStack() as cleanup:
             cleanup.callback(_remove_domains, conn, made)
             pid = os.getpid()
-            greedy_project = str(_uuid())
+            greedy_project = str(uuid.uuid4())
             greedy = tuple(
                 replace(
                     _new_guest("spin", pid, workdir, index=k),
@@ -208,12 +219,6 @@ def booted(
             )
     finally:
         conn.close()
-
-
-def _uuid() -> str:
-    import uuid
-
-    return str(uuid.uuid4())
 
 
 # --- gmd, as processes -----------------------------------------------------------------------
@@ -347,8 +352,8 @@ class Phase:
     seconds: float
     greedy: bool  # the greedy project's guests run
     moderate: bool = True  # the moderate projects' guests run
-    mode: str = "on"  # gmd's enforcement mode
-    knobs: str = "both"
+    mode: PlanMode = PlanMode.on  # gmd's enforcement mode
+    knobs: Knobs = Knobs.both
 
 
 @dataclass
@@ -373,7 +378,6 @@ class PhaseResult:
     greedy_cap_cores: float | None  # what its caps allowed, summed (vcpu_quota / period × vCPUs)
     max_level: int
     levels: list[tuple[float, int]] = field(default_factory=list)
-    cores_after_cap: dict[str, float] = field(default_factory=dict)
     greedy_cpu: list[tuple[float, float]] = field(default_factory=list)
     """(host monotonic time, the greedy project's CPU seconds so far), a sample a second"""
 
@@ -508,19 +512,13 @@ def run_phase(
         None,
     )
     capped_cores = cap_cores = None
-    after_cap: dict[str, float] = {}
     if first_cap is not None:
         # Windows between consecutive samples in which every greedy guest held a cap.
         used = allowed = span_capped = 0.0
-        per_project: dict[str, float] = {}
         for (t0, c0, s0), (t1, c1, _s1) in itertools.pairwise(samples):
             if not all(s.get("vcpu_quota", 0) > 0 for s in s0.values()):
                 continue
             span_capped += t1 - t0
-            for name in c1:
-                per_project[project_of[name]] = (
-                    per_project.get(project_of[name], 0.0) + (c1[name] - c0[name]) / 1e9
-                )
             used += sum((c1[n] - c0[n]) / 1e9 for n in s0)
             allowed += (t1 - t0) * sum(
                 s["vcpu_quota"] / s["vcpu_period"] * _vcpus(host, n) for n, s in s0.items()
@@ -528,7 +526,6 @@ def run_phase(
         if span_capped > 0:
             capped_cores = used / span_capped
             cap_cores = allowed / span_capped
-            after_cap = {p: v / span_capped for p, v in per_project.items()}
     return PhaseResult(
         phase=phase,
         began=began,
@@ -541,7 +538,6 @@ def run_phase(
         greedy_cap_cores=cap_cores,
         max_level=max((lv for _, lv in levels), default=0),
         levels=levels,
-        cores_after_cap=after_cap,
         greedy_cpu=[(t, sum(cpu[g.name] for g in host.greedy) / 1e9) for t, cpu, _ in samples],
     )
 
