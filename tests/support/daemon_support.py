@@ -101,6 +101,26 @@ def kill(engine: sa.Engine, pid: int | None = None) -> int:
         admin.dispose()
 
 
+@contextmanager
+def unreachable_ledger(d: Daemon, url: str) -> Iterator[None]:
+    """PostgreSQL refuses every connection to the ledger's database inside the block, as a
+    stopped or restarting server does ("database … is not currently accepting connections"):
+    its sessions are ended, new ones refused; the daemon's pool is emptied so that its next
+    connection meets the outage. Connections are taken again after the block."""
+    database = d.engine.url.database
+    admin = sa.create_engine(url.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false'))
+        kill(d.engine)
+        d.engine.dispose()
+        yield
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true'))
+        admin.dispose()
+
+
 def aligned_past(intervals_ago: int) -> int:
     """The start of the interval that began ``intervals_ago`` intervals before the current."""
     return (int(time.time()) // INTERVAL_S - intervals_ago) * INTERVAL_S

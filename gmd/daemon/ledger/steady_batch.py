@@ -140,14 +140,21 @@ def store(
     """Run :data:`STATEMENT` on one of ``engine``'s pooled connections, in autocommit:
     ``scalars`` are its parameters but the arrays, ``arrays`` each :data:`PER_VM` column in
     its binary form. The new batch's id and whether it is late, or None when it stored
-    nothing (the caller's general path decides why). A database error is logged and taken as
-    nothing stored: the general path meets it again and answers it as it always has (a
-    connection found dead is dropped from the pool first)."""
+    nothing (the caller's general path decides why). A database error, a refused connection
+    included, is taken as nothing stored: the general path meets it again and answers it as
+    it always has (a connection found dead is dropped from the pool first)."""
     params = {
         **scalars,
         **{c: (_Int4Array if c in SAMPLE_IDS else _Float8Array)(arrays[c]) for c in PER_VM},
     }
-    raw = engine.raw_connection()
+    try:
+        raw = engine.raw_connection()
+    except psycopg.Error:
+        # The server refuses or cannot be reached. Taken outside SQLAlchemy's connection, the
+        # driver's own error is no SQLAlchemyError, and was answered 500 (issue 44): the
+        # general path meets the outage through SQLAlchemy, which answers it 503 and holds
+        # the accountant (gmd.daemon.ledger.write_health); it also says it in the log.
+        return None
     conn = raw.driver_connection
     assert isinstance(conn, psycopg.Connection)
     try:

@@ -26,6 +26,7 @@ from tests.support.daemon_support import (
     full_ledger,
     make_config,
     serving,
+    unreachable_ledger,
 )
 
 A = HostSpec("cmp-a", cpu_cores=64, memory_bytes=512e9)
@@ -120,3 +121,44 @@ def test_no_interval_closes_while_the_ledger_cannot_write(database_url: str) -> 
                 {"i": start},
             ).scalar_one()
         assert counted == 300
+
+
+def test_a_ledger_server_that_refuses_connections_is_a_503_on_the_known_hosts_path(
+    postgres_server_url: str,
+) -> None:
+    """Issue 44: PostgreSQL stopped under steady ingest. A known host's batch takes the
+    one-statement write (gmd.daemon.ledger.steady_batch), whose pooled connection is taken
+    outside SQLAlchemy's error handling: the server's refusal came out as psycopg's own error
+    and the daemon answered 500, never entering its write-failing state, so the accountant
+    closed the outage's intervals and the spooled batches arrived late. Now: 503, the state
+    entered (/healthz, gmd_ledger_write_failing), the interval held open, and the batch
+    replayed after the outage counts on time."""
+    from tests.support.daemon_support import fresh_postgres_database
+
+    start = aligned_past(3)
+    now = {"s": float(start + 5)}
+    with fresh_postgres_database(postgres_server_url) as url:
+        config = make_config(url, {A.name: "operator"}, accounting={"grace_s": GRACE_S})
+        with serving(config, clock=lambda: now["s"]) as d:
+            accountant = d.app.state.accountant
+            # A is known: its later batches take the one-statement write.
+            assert post(
+                d, batch(A, start - INTERVAL_S, [cpu_only("a-vm", "a", 10.0)]), A
+            ).is_success
+            spooled = batch(A, start, [cpu_only("a-vm", "a", 20.0)])
+            with unreachable_ledger(d, url):
+                refused = post(d, spooled, A)
+                assert refused.status_code == 503, refused.text
+                assert "ledger database unavailable" in refused.json()["detail"]
+                health = httpx.get(f"{d.url}/healthz")
+                assert health.status_code == 503
+                assert metric(d, "gmd_ledger_write_failing") == 1
+                now["s"] = start + INTERVAL_S + GRACE_S + 600
+                accountant.run_once(now["s"])  # held: it cannot even reach the ledger
+            now["s"] += 5
+            replayed = post(d, spooled, A)
+            assert replayed.status_code == 200, replayed.text
+            assert replayed.json()["late"] == 0
+            assert metric(d, "gmd_ledger_write_failing") == 0
+            accountant.run_once(now["s"] + GRACE_S + 1)
+            assert interval_state(d, start) == "accounted"
