@@ -2,7 +2,8 @@
 
 The first run waits one grace period after start, so that agents which spooled while the
 daemon was down can replay before the intervals they missed are closed. Runs never overlap;
-a run that fails is logged, counted and retried at the next tick (the interval it was on stays
+a run that fails is logged (a database outage once as it begins and once as it ends, not
+at every run: :class:`Outage`), counted and retried at the next tick (the interval it was on stays
 closed and unaccounted: nothing is half written). While ``hold`` gives a reason (the ledger's
 writes fail, :mod:`.write_health`), no interval is closed: those already closed are still
 accounted, and the outage's wait for the batches that agents spool meanwhile. Stopping asks a
@@ -20,11 +21,57 @@ from datetime import UTC, datetime, timedelta
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
 
 from gmd.daemon.config import AccountingConfig
 from gmd.daemon.ledger.accounting import AccountingStuck, AfterInterval, RunReport, account_due
+from gmd.daemon.ledger.write_health import first_line
 
 log = logging.getLogger(__name__)
+
+
+def database_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is the ledger database's (an outage, a refusal), not gmd's: SQLAlchemy's
+    errors, and a driver's own where a connection was taken outside SQLAlchemy."""
+    if isinstance(exc, SQLAlchemyError):
+        return True
+    module = type(exc).__module__.split(".")[0]
+    return module in ("psycopg", "sqlite3")
+
+
+class Outage:
+    """One log line when a recurring job starts failing on the ledger database, and one when
+    it works again: a database down for an hour is two lines, not a traceback every run
+    (issue 44). Errors of any other kind are gmd's and logged in full each time."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.since: float | None = None
+
+    def failed(self, exc: BaseException, retry_s: float) -> bool:
+        """Log ``exc`` if it starts an outage; True when it is the database's (said once)."""
+        if not database_error(exc):
+            return False
+        if self.since is None:
+            self.since = time.monotonic()
+            log.error(
+                "%s: the ledger database fails (%s: %s); retrying every %g s, quietly until it"
+                " answers",
+                self.name,
+                type(exc).__name__,
+                first_line(exc),
+                retry_s,
+            )
+        return True
+
+    def ok(self) -> None:
+        if self.since is not None:
+            log.info(
+                "%s: the ledger database answers again, after %.0f s",
+                self.name,
+                time.monotonic() - self.since,
+            )
+            self.since = None
 
 
 class Accountant:
@@ -48,6 +95,7 @@ class Accountant:
         self._held: str | None = None
         self._scheduler = BackgroundScheduler(timezone=UTC)
         self._stopping = threading.Event()
+        self._outage = Outage("accountant")
 
     def run_once(self, now_s: float | None = None) -> RunReport | None:
         now = time.time() if now_s is None else now_s
@@ -74,10 +122,12 @@ class Accountant:
                 self.on_error(exc)
             return None
         except Exception as exc:
-            log.exception("accounting failed; retrying at the next run")
+            if not self._outage.failed(exc, self.every_s):
+                log.exception("accounting failed; retrying at the next run")
             if self.on_error is not None:
                 self.on_error(exc)
             return None
+        self._outage.ok()
         waiting = report.waiting
         if waiting is not None and waiting.start_s != self._waiting:
             log.warning(
@@ -117,11 +167,16 @@ class Accountant:
         """Run ``job`` every ``seconds`` beside the accountant (never two at once), and once at
         start when ``at_start``; a failure is logged and the job runs again at its next time."""
 
+        outage = Outage(name)
+
         def guarded() -> None:
             try:
                 job()
-            except Exception:
-                log.exception("%s failed; it runs again in %g s", name, seconds)
+            except Exception as exc:
+                if not outage.failed(exc, seconds):
+                    log.exception("%s failed; it runs again in %g s", name, seconds)
+            else:
+                outage.ok()
 
         first = {"next_run_time": datetime.now(UTC)} if at_start else {}
         self._scheduler.add_job(

@@ -39,7 +39,7 @@ class WriteHealth:
             if self.failing_since_s is None or self.recovered_s is not None:
                 self.failing_since_s = now_s
             self.recovered_s = None
-            self.failure = f"{type(error).__name__}: {_first_line(error)}"
+            self.failure = f"{type(error).__name__}: {first_line(error)}"
 
     def succeeded(self, now_s: float) -> None:
         """A write committed at ``now_s``."""
@@ -71,7 +71,7 @@ class WriteHealth:
         return None
 
 
-def _first_line(error: BaseException) -> str:
+def first_line(error: BaseException) -> str:
     """The database's own message: SQLAlchemy's text after the driver's first line is the
     statement and its parameters, which say nothing about the cause."""
     orig = getattr(error, "orig", None)

@@ -9,9 +9,11 @@ daemon's engine reconnects (``dispose``) so that its new connections meet the ou
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import httpx
+import pytest
 import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -162,3 +164,29 @@ def test_a_ledger_server_that_refuses_connections_is_a_503_on_the_known_hosts_pa
             assert metric(d, "gmd_ledger_write_failing") == 0
             accountant.run_once(now["s"] + GRACE_S + 1)
             assert interval_state(d, start) == "accounted"
+
+
+def test_a_database_outage_is_two_log_lines_not_a_traceback_a_run(
+    postgres_server_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 44: the accountant logged a traceback at every run (every few seconds) for the
+    whole of a database outage. Now one line when it begins, naming the database's error, and
+    one when the database answers again; a failure of gmd's own is still logged in full."""
+    from tests.support.daemon_support import fresh_postgres_database
+
+    with fresh_postgres_database(postgres_server_url) as url:
+        config = make_config(url, {A.name: "operator"})
+        with serving(config) as d:
+            accountant = d.app.state.accountant
+            caplog.set_level(logging.INFO, logger="gmd.daemon.ledger.schedule")
+            with unreachable_ledger(d, url):
+                for _ in range(3):
+                    assert accountant.run_once() is None
+            assert accountant.run_once() is not None
+    said = [r for r in caplog.records if r.name == "gmd.daemon.ledger.schedule"]
+    failing = [r for r in said if r.levelno >= logging.ERROR]
+    assert len(failing) == 1, [r.getMessage() for r in failing]
+    assert failing[0].exc_info is None
+    assert "accountant: the ledger database fails (OperationalError: " in failing[0].getMessage()
+    assert "not currently accepting connections" in failing[0].getMessage()
+    assert any("accountant: the ledger database answers again" in r.getMessage() for r in said)
