@@ -30,7 +30,8 @@ def test_moderate_jobs_run_faster_beside_a_greedy_project_with_gmd_on_than_off(
             baseline = run_phase(tmp_path, host, Phase("baseline", 25, greedy=False), console)
             gmd_off = Phase("off", 40, greedy=True, mode=PlanMode.off)
             off = run_phase(tmp_path, host, gmd_off, console)
-            on = run_phase(tmp_path, host, Phase("on", 100, greedy=True), console)
+            gmd_on = Phase("on", 100, greedy=True, protected_jobs=5, max_seconds=400)
+            on = run_phase(tmp_path, host, gmd_on, console)
     except RealVMError as e:
         pytest.fail(f"real VMs: {e}", pytrace=False)
 
