@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from gmd.wire import PlanMode
+from tests.support.cloud_demo import answers, free_port, process
 from tests.support.cloud_story import toml_document
 from tests.support.guest_image import build_guest_image
 from tests.support.realvm import (
@@ -236,43 +237,6 @@ class Gmd:
         return body["customers"] if isinstance(body, dict) else body
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _answers(url: str) -> bool:
-    try:
-        urllib.request.urlopen(url, timeout=2).close()
-    except OSError:
-        return False
-    return True
-
-
-@contextlib.contextmanager
-def _process(root: Path, name: str, *args: str) -> Iterator[subprocess.Popen[bytes]]:
-    with (root / f"{name}.log").open("ab") as log:
-        proc = subprocess.Popen(
-            [str(BIN / name), *args, "--log-level", "info"],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=root,
-            start_new_session=True,
-        )
-    try:
-        yield proc
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-
-
 @contextlib.contextmanager
 def gmd_running(
     root: Path, host: Host, section: dict[str, Any], sections: dict[str, Any] | None = None
@@ -281,7 +245,7 @@ def gmd_running(
     ends; then the agent's --restore-all puts back whatever it changed. ``sections``: more of
     the daemon's configuration (a cloud's Placement, say)."""
     root.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    port = free_port()
     token = secrets.token_urlsafe(24)
     digest = hashlib.sha256(token.encode()).hexdigest()
     (root / "agent.token").write_text(token + "\n")
@@ -316,10 +280,10 @@ def gmd_running(
     agent_config = root / "agent.toml"
     agent_config.write_text(toml_document(agent_doc))
     url = f"http://127.0.0.1:{port}"
-    with _process(root, "gmd-daemon", "--config", str(root / "gmd.toml")):
-        _wait("gmd-daemon answers", lambda: _answers(f"{url}/healthz"), root / "gmd-daemon.log")
+    with process(root, "gmd-daemon", "--config", str(root / "gmd.toml")):
+        _wait("gmd-daemon answers", lambda: answers(f"{url}/healthz"), root / "gmd-daemon.log")
         try:
-            with _process(root, "gmd-agent", "--config", str(agent_config)):
+            with process(root, "gmd-agent", "--config", str(agent_config)):
                 yield Gmd(root, url, agent_config)
         finally:
             done = subprocess.run(
