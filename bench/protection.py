@@ -96,16 +96,6 @@ def settled_after(r: PhaseResult) -> float:
     return last
 
 
-def level_at(r: PhaseResult, t: float) -> int:
-    """The greedy project's level ``t`` seconds into the phase, as its standings last said."""
-    level = 0
-    for at, lv in r.levels:
-        if at > t:
-            break
-        level = lv
-    return level
-
-
 def _r(x: float | None, nd: int = 3) -> float | None:
     return None if x is None else round(x, nd)
 
@@ -121,7 +111,7 @@ def figures(results: list[PhaseResult], baseline_s: float, host_cores: int) -> d
             job.seconds / baseline_s
             for r in runs
             for job in r.jobs
-            if r.max_level > 0 and level_at(r, job.started - r.began) == r.max_level
+            if r.max_level > 0 and r.level_at(job) == r.max_level
         ]
         projects = sorted({p for r in runs for p in r.cores})
         running = 1 + (len(projects) - 1 if runs[0].phase.moderate else 0)
@@ -137,9 +127,7 @@ def figures(results: list[PhaseResult], baseline_s: float, host_cores: int) -> d
         by_level: dict[int, list[float]] = {}
         for r in runs:
             for job in r.jobs:
-                by_level.setdefault(level_at(r, job.started - r.began), []).append(
-                    job.seconds / baseline_s
-                )
+                by_level.setdefault(r.level_at(job), []).append(job.seconds / baseline_s)
         out[name] = {
             "seconds": runs[0].phase.seconds,
             "mode": runs[0].phase.mode,

@@ -16,6 +16,12 @@ import pytest
 
 pytestmark = pytest.mark.realvm
 
+STRONG = {"weight_factors": [0.1, 0.1, 0.1]}
+"""The test's level table: the default's strongest weight from level 1 on. With the default's
+x 0.5 at level 1 the bench measured the jobs at 1.6-1.9x against 2.3x with gmd off, too close to
+tell apart on a busy machine, and which level a run reaches depends on the machine: CI once
+compared level-1 jobs against gmd off and saw no difference (2.36x against 2.33x)."""
+
 
 def test_moderate_jobs_run_faster_beside_a_greedy_project_with_gmd_on_than_off(
     tmp_path: Path,
@@ -28,10 +34,10 @@ def test_moderate_jobs_run_faster_beside_a_greedy_project_with_gmd_on_than_off(
         with booted(tmp_path, greedy_vms=3, moderates=1) as host:
             console = Console(host.moderate)
             baseline = run_phase(tmp_path, host, Phase("baseline", 25, greedy=False), console)
-            gmd_off = Phase("off", 40, greedy=True, mode=PlanMode.off)
+            gmd_off = Phase("off", 60, greedy=True, mode=PlanMode.off)
             off = run_phase(tmp_path, host, gmd_off, console)
             gmd_on = Phase("on", 100, greedy=True, protected_jobs=5, max_seconds=400)
-            on = run_phase(tmp_path, host, gmd_on, console)
+            on = run_phase(tmp_path, host, gmd_on, console, overrides=STRONG)
     except RealVMError as e:
         pytest.fail(f"real VMs: {e}", pytrace=False)
 
@@ -39,15 +45,15 @@ def test_moderate_jobs_run_faster_beside_a_greedy_project_with_gmd_on_than_off(
     base = statistics.median(j.seconds for j in baseline.jobs)
     assert off.max_level == 0 and off.first_throttle_s is None  # gmd off changes nothing
     assert on.first_throttle_s is not None, f"gmd on never throttled the greedy: {on.levels}"
-    # The jobs that started once gmd had throttled the greedy project, against those beside
+    # The jobs that started while gmd held the greedy project throttled, against those beside
     # the same load with gmd off.
-    protected = on.ratios(base, after=on.first_throttle_s + 20)
+    protected = on.ratios(base, at_level=1)
     unprotected = off.ratios(base)
     print(
         f"baseline job {base:.2f} s; off: {sorted(round(x, 2) for x in unprotected)}; "
         f"on, throttled from {on.first_throttle_s:.0f} s: {sorted(round(x, 2) for x in protected)}"
     )
-    assert protected, f"no job completed once the greedy was throttled ({on.levels})"
+    assert protected, f"no job completed while the greedy was throttled ({on.levels})"
     assert statistics.median(protected) < statistics.median(unprotected)
     # the greedy project did take more than its share while gmd was off: a real contest
     assert off.cores["greedy"] > sum(c for p, c in off.cores.items() if p != "greedy")

@@ -320,9 +320,28 @@ class Phase:
     knobs: Knobs = Knobs.both
     protected_jobs: int = 0
     """go on past ``seconds`` (up to ``max_seconds``) until this many moderate jobs have
-    started 20 s or more after gmd first throttled the greedy project: on a busy machine gmd
-    takes longer, and a test waits for the state rather than a time"""
+    started while the greedy project stood at ``protected_level`` or above (and had for an
+    interval, so that the agent had applied it): on a busy machine gmd takes longer to get
+    there, and a test waits for the state rather than a time"""
+    protected_level: int = 1
     max_seconds: float = 0.0
+
+
+def protected(levels: Sequence[tuple[float, int]], t: float, level: int) -> bool:
+    """Whether the greedy project stood at ``level`` or above ``t`` seconds into a phase, and
+    an interval before (the agent applies a plan at its next post)."""
+    return min(level_at(levels, t), level_at(levels, t - INTERVAL_S)) >= level
+
+
+def level_at(levels: Sequence[tuple[float, int]], t: float) -> int:
+    """The greedy project's level ``t`` seconds into a phase, as its standings last said
+    (``levels``: (seconds into the phase, level) as read)."""
+    level = 0
+    for at, lv in levels:
+        if at > t:
+            break
+        level = lv
+    return level
 
 
 @dataclass
@@ -350,11 +369,18 @@ class PhaseResult:
     greedy_cpu: list[tuple[float, float]] = field(default_factory=list)
     """(host monotonic time, the greedy project's CPU seconds so far), a sample a second"""
 
-    def ratios(self, baseline_s: float, after: float | None = None) -> list[float]:
-        """Each completed job's time over the baseline median, of jobs started after ``after``
-        (seconds into the phase)."""
-        start = self.began + (after or 0.0)
-        return [j.seconds / baseline_s for j in self.jobs if j.started >= start]
+    def level_at(self, job: Job) -> int:
+        """The greedy project's level when ``job`` started."""
+        return level_at(self.levels, job.started - self.began)
+
+    def ratios(self, baseline_s: float, at_level: int = 0) -> list[float]:
+        """Each completed job's time over the baseline median, of the jobs started while the
+        greedy project stood at ``at_level`` or above and had an interval before."""
+        return [
+            j.seconds / baseline_s
+            for j in self.jobs
+            if protected(self.levels, j.started - self.began, at_level)
+        ]
 
 
 class Console:
@@ -430,7 +456,6 @@ def run_phase(
             samples: list[tuple[float, dict[str, int], dict[str, dict[str, int]]]] = []
             levels: list[tuple[float, int]] = []
             next_levels = began
-            throttled_at: float | None = None
 
             def more() -> bool:
                 now = time.monotonic()
@@ -438,10 +463,12 @@ def run_phase(
                     return True
                 if now >= began + phase.max_seconds or not phase.protected_jobs:
                     return False
-                if throttled_at is None:
-                    return True
-                after = throttled_at + 20
-                return sum(j.started >= after for j in console.jobs) < phase.protected_jobs
+                jobs = sum(
+                    j.started >= began
+                    and protected(levels, j.started - began, phase.protected_level)
+                    for j in console.jobs
+                )
+                return jobs < phase.protected_jobs
 
             while more():
                 now = time.monotonic()
@@ -449,8 +476,6 @@ def run_phase(
                 cpu = {n: d.info()[4] for n, d in doms.items()}
                 sched = {g.name: _sched(doms[g.name]) for g in host.greedy}
                 samples.append((now, cpu, sched))
-                if throttled_at is None and any(sched[n] != originals[n] for n in sched):
-                    throttled_at = now
                 if now >= next_levels:
                     next_levels = now + 2.0
                     with contextlib.suppress(OSError, ValueError, KeyError):
