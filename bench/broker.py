@@ -616,6 +616,7 @@ def latency_at(
             probe = Request(f"probe-{size}-{i}", "org-probe", "prober", 1.0, 1.0, float(i))
             published = time.monotonic()
             prober.publish(probe)
+            prober.published(probe)
             while True:
                 rid, site, at = starts.get(timeout=args.probe_timeout_s)
                 seen[rid] += 1
@@ -759,6 +760,9 @@ def month_part(zk: KazooClient, base: str, args: argparse.Namespace) -> dict:
 
     def flow(request: Request, runner: str, started_s: float, used_s: float) -> None:
         name = federations[request.site].publish(request)
+        if name is None:
+            raise RuntimeError(f"{request.id} was published before")
+        federations[request.site].published(request)  # as its broker does once it knows
         claim = federations[runner].claim(name)
         running = None if claim is None else federations[runner].consume(claim, started_s)
         done = federations[runner].complete(name, used_s) if running else None
@@ -797,8 +801,9 @@ def month_part(zk: KazooClient, base: str, args: argparse.Namespace) -> dict:
     contributed = sum(s["contributed"] for s in last["summaries"].values())
     used = sum(s["used"] for s in last["summaries"].values())
     # Bounded: nothing per completion stays. At most the layout's top nodes, one summary per
-    # organisation and one record per site (none queued, running or claimed between days).
-    bound = top + len(orgs) + len(site_org)
+    # organisation, one record per site and one parent of each site's publish markers (none
+    # queued, running or claimed between days, no marker left once its publish is known).
+    bound = top + len(orgs) + 2 * len(site_org)
     largest = max(k["largest_bytes"] for s in snapshots.values() for k in s["by_kind"].values())
     completed = args.days * args.requests_per_day
     return {

@@ -139,9 +139,8 @@ class Broker:
     """requests that finished here whose completion ZooKeeper has not taken yet"""
     _unpublished: list[Request] = field(default_factory=list)
     """local requests whose publish failed (ZooKeeper unreachable): published once it is back,
-    unless ZooKeeper holds them already (the answer was lost, not the request)"""
-    _attempted: set[tuple[str, str]] = field(default_factory=set)
-    """local requests (site, id) a publish was tried for whose answer never came"""
+    unless ZooKeeper's marker says the publish was made (the answer was lost, not the
+    request)"""
     _take_wanted: bool = True
     _free_seen: float = -1.0
     _take_due: float = 0.0
@@ -163,6 +162,7 @@ class Broker:
         """Join the federation, watch the queue and the members, and handle events."""
         self.federation.ensure()
         self._join()
+        self.federation.forget_published()  # an earlier process's pending publishes went with it
         self.zk.add_listener(self._on_state)
         self.zk.ChildrenWatch(self.federation.path("queue"), self._on_queue)
         self.zk.ChildrenWatch(self.federation.path("members"), self._on_members)
@@ -284,12 +284,10 @@ class Broker:
         """Publish the local requests not yet published (in order), while connected."""
         while self._unpublished and not self._suspended.is_set():
             request = self._unpublished[0]
-            key = (request.site, request.id)
             try:
-                # Only a publish whose answer was lost may have been made: only then look.
-                if key not in self._attempted or not self.federation.holds(request):
-                    self._attempted.add(key)
-                    self.federation.publish(request)
+                # None: made already, its answer lost (the marker refused it again)
+                self.federation.publish(request)
+                self.federation.published(request)
             except UNREACHABLE as exc:
                 LOG.warning(
                     "%s: publishing %s: ZooKeeper unreachable (%s): later",
@@ -299,7 +297,6 @@ class Broker:
                 )
                 return
             self._unpublished.pop(0)
-            self._attempted.discard(key)
             self._decide(Choice.published, request)
 
     def _take(self) -> None:

@@ -6,6 +6,8 @@ Layout under ``root`` (``/gmd/federation`` by default)::
     queue/req-<seq>          persistent, sequential: a request waiting, JSON :class:`Request`
     claims/req-<seq>-c-<seq> ephemeral, sequential: brokers about to take that request
     running/req-<seq>        persistent: a request some site runs, JSON :class:`Running`
+    published/<site>/<id>    persistent: the site published its request ``id`` and has not yet
+                             heard so (the marker of a publish whose answer may be lost)
     summaries/<org>          persistent: an organisation's contribution and use so far
     sites/<site>             persistent: how many completions a site made, and its last one
 
@@ -25,6 +27,13 @@ counted twice. Summaries are written in the same transactions, each fenced by it
 and so is the site's completion count (``sites/<site>``), the number its cloud's ledger files
 the completion under before it is made: a broker that stopped between the two learns from it
 whether its last completion counted (:mod:`gmd.broker.history`).
+
+**Published once.** A publish creates the queue node and the site's marker for the request in
+one transaction, which fails if the marker exists: a publish whose answer was lost, tried
+again, is refused by ZooKeeper itself, however far the request went meanwhile (taken, run and
+completed by another site while the publisher was cut off, when neither ``queue/`` nor
+``running/`` holds it any more). The publisher deletes the marker once it knows the outcome,
+and all its markers when it starts (an earlier process's pending publishes went with it).
 
 **A failed transaction raises nothing in kazoo**: each operation's result is checked
 (:func:`_failed`). Every call is bounded (``*_async(...).get(timeout)``): during a loss of
@@ -211,7 +220,7 @@ class Federation:
     def __post_init__(self) -> None:
         self._paths = {
             k: f"{self.root}/{k}"
-            for k in ("members", "queue", "claims", "running", "summaries", "sites")
+            for k in ("members", "queue", "claims", "running", "summaries", "sites", "published")
         }
 
     def _wait(self, async_result: Any) -> Any:
@@ -263,24 +272,45 @@ class Federation:
 
     # -- the queue ----------------------------------------------------------------------------
 
-    def publish(self, request: Request) -> str:
-        """Put ``request`` in the global queue; its node's name."""
+    def publish(self, request: Request) -> str | None:
+        """Put ``request`` in the global queue; its node's name, or None when this site's
+        marker says it was published already (an earlier publish's answer was lost: see the
+        module's notes). The marker stays until :meth:`published`."""
         if request.site != self.site:
             raise FederationError(f"site {self.site!r} cannot publish {request.site!r}'s request")
-        path = self._wait(
-            self.zk.create_async(self.path("queue", "req-"), _dump(asdict(request)), sequence=True)
-        )
-        return str(path).rsplit("/", 1)[1]
+        for _ in range(2):
+            tx = self.zk.transaction()
+            tx.create(self._marker(request), b"")
+            tx.create(self.path("queue", "req-"), _dump(asdict(request)), sequence=True)
+            results = self._wait(tx.commit_async())
+            if isinstance(results[0], NodeExistsError):
+                return None
+            if not isinstance(results[0], NoNodeError):
+                break
+            # the site's first publish: its markers' parent made once
+            self._create_quietly(self.path("published", self.site), b"")
+        if _failed(results):
+            raise FederationError(f"publishing {request.id}: {results}")
+        return str(results[1]).rsplit("/", 1)[1]
 
-    def holds(self, request: Request) -> bool:
-        """Whether ``request`` (by its site and id) is queued or running: a publish whose answer
-        was lost (the connection dropped after ZooKeeper created the node) is not repeated.
-        Synced first: the server the session reconnected to may not have applied that create."""
-        self.sync()
-        same = (request.site, request.id)
-        if any((q.request.site, q.request.id) == same for q in self.queued()):
-            return True
-        return any((r.request.site, r.request.id) == same for r in self.running_requests())
+    def published(self, request: Request) -> None:
+        """This site knows ``request``'s publish made: its marker is no longer needed."""
+        self._delete_quietly(self._marker(request))
+
+    def forget_published(self) -> int:
+        """Delete every marker of this site (a broker starting: no publish of its is pending);
+        how many."""
+        base = self.path("published", self.site)
+        try:
+            names = self._wait(self.zk.get_children_async(base))
+        except NoNodeError:
+            return 0
+        for name in names:
+            self._delete_quietly(f"{base}/{name}")
+        return len(names)
+
+    def _marker(self, request: Request) -> str:
+        return self.path("published", f"{self.site}/{request.id}")
 
     def queued(self, names: Iterable[str] | None = None) -> list[Queued]:
         """The requests waiting, oldest node first; a node that is not a request is skipped

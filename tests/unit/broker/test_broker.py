@@ -175,6 +175,50 @@ def test_a_completion_whose_answer_was_lost_is_counted_once_and_said_completed(
     assert record.seq == 1 and record.last is not None and record.last.request.id == "r"
 
 
+def test_a_publish_whose_answer_was_lost_is_not_made_again_once_the_request_ran_elsewhere(
+    federation: Any,
+) -> None:
+    """Issue 44's second break. The publish is made, its answer lost, and the publisher stays
+    cut off while another site takes, runs and completes the request: when the publisher is
+    back, neither the queue nor ``running/`` holds the request. Before, it looked only there,
+    published again, and the request ran twice and was counted twice. The lost answer is played
+    by raising after the real publish; the cut-off by holding the broker suspended until the
+    completion (as its connection listener does while ZooKeeper is unreachable)."""
+    home = federation("home", 0)
+    real = home.federation.publish
+    lost: list[Any] = []
+
+    def made_then_cut_off(request: Request) -> Any:
+        made = real(request)
+        if not lost:
+            lost.append(made)
+            home._suspended.set()
+            raise ConnectionLoss()
+        return made
+
+    home.federation.publish = made_then_cut_off  # type: ignore[method-assign]
+    lender = federation("lender", 1)
+    home.submit(Request("r", "org-home", "home", 1.0, 0.2, 1.0))
+    wait_until(
+        "the lender to complete it",
+        lambda: any(d.choice == Choice.completed for d in lender.decisions),
+    )
+    home._suspended.clear()  # connected again
+    wait_until(
+        "home to settle its publish",
+        lambda: any(d.choice == Choice.published for d in home.decisions),
+    )
+    wait_until(
+        "nothing queued or running",
+        lambda: not home.federation.queued() and not home.federation.running(),
+    )
+    starts = [rid for _, rid, what in journal_lines(federation.journal) if what == "start"]
+    assert lost and starts == ["r"]
+    assert [d.request for d in lender.decisions if d.choice == Choice.completed] == ["r"]
+    # the marker went once the publisher knew: nothing is left behind for the request
+    assert home.federation.zk.get_children(home.federation.path("published", "home")) == []
+
+
 def test_a_request_that_finished_and_is_not_yet_collected_is_not_requeued_by_a_reconcile(
     zookeeper_hosts: str, zk_root: str, tmp_path: Any
 ) -> None:

@@ -228,6 +228,24 @@ def test_garbage_in_the_queue_stops_no_broker_and_bad_requests_are_refused(
         f.publish(request("b", 1))
 
 
+def test_a_request_is_published_once_until_its_publisher_knows(brokers: Any) -> None:
+    """The marker written with the queue node refuses the same request again (a retry after a
+    lost answer), wherever the request went meanwhile; once the publisher knows, it goes."""
+    home, taker = brokers("home"), brokers("taker")
+    r = request("home", 1)
+    name = home.publish(r)
+    assert name is not None
+    claim = taker.claim(name)
+    assert claim is not None and taker.consume(claim) is not None
+    assert taker.complete(name, 1.0) is not None  # run and completed elsewhere
+    assert home.publish(r) is None  # the retry: refused, not queued again
+    assert home.queued() == [] and home.running() == {}
+    home.published(r)
+    assert home.zk.get_children(home.path("published", "home")) == []
+    assert home.publish(request("home", 2)) is not None
+    assert home.forget_published() == 1
+
+
 def test_one_site_one_broker(brokers: Any) -> None:
     first, second = brokers("a"), brokers("a")
     first.join(4.0)
