@@ -219,7 +219,8 @@ class Agent(Table):
     )
     replay_end = Option(
         None,
-        "simulated end (never past the present or the traces' end)",
+        "simulated end (never past the traces' end, nor past the present unless the replay"
+        " is live: ``replay_speed`` 1 or slower from a start in the past)",
         shown="the present",
     )
     replay_speed = Option(

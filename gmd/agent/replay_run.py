@@ -139,6 +139,7 @@ def save_plan(config: AgentConfig, clock: ReplayClock) -> None:
             "end_s": clock.end_s,
             "trace_start_s": clock.trace_start_s,
             "speed": clock.speed,
+            "live": clock.live,
         },
     }
     path = plan_path(config)
@@ -181,6 +182,7 @@ def load_plan(config: AgentConfig) -> ReplayClock | None:
             float(c["trace_start_s"]),
             config.replay_speed,
             resumed=True,
+            live=bool(c.get("live", False)),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ReplayError(f"the replay plan {path} has no usable clock ({exc!r})") from None
@@ -262,6 +264,7 @@ def replay_run(
     wall: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], Any] = time.sleep,
     resume: bool = False,
+    present: Callable[[], float] = time.time,
 ) -> ReplayReport:
     """Tick ``agents`` (the hosts of one replay, sharing ``clock``) through simulated time.
 
@@ -269,7 +272,8 @@ def replay_run(
     each agent ticks once (``agent.tick(now_s=…)``: read, fold, spool, send), in lock step, so
     that at any moment the daemon has every host's batches up to the same instant. Without a
     speed nothing sleeps; with one, tick k waits until ``k × tick_s / speed`` wall seconds
-    after the first. ``stop`` ends the run early (between ticks); ``on_tick`` is called after
+    after the first; a live replay's (:attr:`ReplayClock.live`) until ``present()`` reaches
+    its instant. ``stop`` ends the run early (between ticks); ``on_tick`` is called after
     each tick (a progress bar: ``clock.fraction``). At the end each spool is sent once more.
 
     An agent whose spool holds the state of an earlier run either resumes it (``resume``: the
@@ -321,13 +325,16 @@ def replay_run(
     for t in tick_times(clock.start_s, clock.end_s, tick_s):
         if all(d is not None and t <= d for d in done):
             continue  # ticked before the interruption
-        if clock.speed is not None:
+        delay = 0.0
+        if clock.live:
+            delay = t - present()
+        elif clock.speed is not None:
             delay = wall_start + (t - first) / clock.speed - wall()
-            if delay > 0:
-                if stop is not None:
-                    stop.wait(delay)
-                else:
-                    sleep(delay)
+        if delay > 0:
+            if stop is not None:
+                stop.wait(delay)
+            else:
+                sleep(delay)
         if stop is not None and stop.is_set():
             stopped = True
             break

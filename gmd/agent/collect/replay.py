@@ -159,6 +159,9 @@ class ReplayClock:
     resumed: bool = False
     """the clock is the one an earlier run of this replay recorded (see
     :func:`gmd.agent.replay_run.save_plan`)"""
+    live: bool = False
+    """simulated time is the wall clock's (:func:`plan_clock`): each tick waits for its instant,
+    so a replay resumed after a stop catches up and then keeps to the present"""
 
     def __post_init__(self) -> None:
         if math.isnan(self.now_s):
@@ -196,6 +199,11 @@ def plan_clock(
     default the wall clock: the daemon refuses the future) and the end of the traces, aligned
     down to ``interval_s`` so that the last interval is closed whole. Several hosts replayed
     in step share one clock (and so one mapping).
+
+    A replay at ``speed`` 1 from a start no later than the present to an end after it is
+    *live*: its simulated time is the wall clock's (each tick waits for its instant), so its
+    end may lie in the future (a soak's hosts replay known usage as it happens, against a
+    daemon whose accountant runs).
     """
     traces = list(traces)
     firsts = [t.first_s for t in traces if t.first_s is not None]
@@ -205,9 +213,11 @@ def plan_clock(
     if speed is not None and not speed > 0:
         raise ReplayError(f"speed {speed!r}: give a number > 0, or None for as fast as possible")
     start = math.floor(start_s / interval_s) * interval_s
-    clock = ReplayClock(start, start, min(firsts) + offset_s, speed)
     now = time.time() if now_s is None else now_s
-    last = min(now, clock.to_sim(max(ends)), math.inf if end_s is None else end_s)
+    live = speed == 1 and start <= now and end_s is not None and end_s > now
+    clock = ReplayClock(start, start, min(firsts) + offset_s, speed, live=live)
+    present = math.inf if live else now
+    last = min(present, clock.to_sim(max(ends)), math.inf if end_s is None else end_s)
     clock.end_s = math.floor(last / interval_s) * interval_s
     if clock.end_s < start + interval_s:
         raise ReplayError(
