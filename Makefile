@@ -2,7 +2,7 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: all setup setup-demo test test-fast lint demo cloud-demo cloud-protection bench clean module-map
+.PHONY: all setup setup-demo test test-fast lint demo cloud-demo cloud-protection soak bench clean module-map
 
 all: test
 
@@ -29,8 +29,8 @@ lint: setup
 # with QEMU (tests/scripts/libvirt.sh installs and starts them) and real Keystone, Nova and
 # Placement from PyPI (tests/scripts/openstack.sh; its venv and seed under var/), a three-node
 # ZooKeeper ensemble from Debian (tests/scripts/zookeeper.sh). Every core runs
-# the tests but those on real VMs, which follow alone: they measure what a guest gets of the
-# machine's CPU.
+# the tests but those on real VMs and the short soak, which follow alone: they measure what a
+# guest gets of the machine's CPU, and whether batches arrive within an interval's grace.
 # Tests of the one real cloud, or of the one replica, run on one worker (xdist_group).
 test: lint
 	@GMD_WITH_POSTGRES=1 bash tests/scripts/bootstrap.sh
@@ -41,7 +41,8 @@ test: lint
 		{ zookeeper=$$(bash tests/scripts/zookeeper.sh) || zookeeper=; } && \
 		export GMD_TEST_OPENSTACK=$$cloud GMD_TEST_POSTGRES_URL=$$url \
 		GMD_TEST_POSTGRES_REPLICA_URL=$$replica GMD_TEST_ZOOKEEPER=$$zookeeper; \
-		$(BIN)/pytest -n auto --dist loadgroup -m "not realvm" --durations=15 && $(BIN)/pytest -m realvm; \
+		$(BIN)/pytest -n auto --dist loadgroup -m "not realvm and not soak" --durations=15 && \
+		$(BIN)/pytest -m "realvm or soak"; \
 		status=$$?; bash tests/scripts/openstack.sh stop; bash tests/scripts/nova_cloud.sh stop; \
 		bash tests/scripts/zookeeper.sh stop; \
 		exit $$status
@@ -49,7 +50,7 @@ test: lint
 # The quick loop while editing (about a minute on 2 cores): no PostgreSQL, no real VMs, none of
 # the slow tests (tests/conftest.py marks them), on every core. `make test` runs everything.
 test-fast: lint
-	$(BIN)/pytest -q -n auto -m "not postgres and not realvm and not openstack and not slow and not zookeeper"
+	$(BIN)/pytest -q -n auto -m "not postgres and not realvm and not openstack and not slow and not zookeeper and not soak"
 
 # A small cloud on this machine: gmd-daemon on SQLite, one gmd-agent per simulated host
 # replaying real Bitbrains VMs, then standings, reports, explain, enforcement and a plot
@@ -75,6 +76,15 @@ cloud-protection: setup
 	@cloud=$$(bash tests/scripts/nova_cloud.sh) && \
 		$(BIN)/python -m tests.support.cloud_protection "$$cloud"; \
 		status=$$?; bash tests/scripts/nova_cloud.sh stop; exit $$status
+
+# gmd's processes under faults drawn from seeds, against an oracle (bench/soak.py; docs/operations.md
+# says what each fault does): PostgreSQL with a streaming replica, then SQLite, for each seed.
+# Root, for full filesystems. `make soak SOAK_SECONDS=900 SOAK_SEEDS=1,2` is an hour of soak.
+SOAK_SECONDS ?= 900
+SOAK_SEEDS ?= 1,2
+soak: setup
+	@GMD_WITH_POSTGRES=1 bash tests/scripts/bootstrap.sh
+	$(BIN)/python bench/soak.py --seconds $(SOAK_SECONDS) --seeds $(SOAK_SEEDS)
 
 # Each benchmark prints its figures as JSON on its last line; docs/benchmarks.md has the latest.
 bench: setup

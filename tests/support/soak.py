@@ -1169,7 +1169,7 @@ def figures(run: Run, found: Findings, seconds: float) -> dict[str, Any]:
         "faults_by_kind": dict(sorted(by_kind.items())),
         "answers_lost": lost_answers,
         "restarts_after_exit": {
-            s.name: s.restarts
+            f"{s.root.name}/{s.name}": s.restarts
             for s in [*run.world.daemons, *(h.agent for h in run.world.hosts)]
             if s.restarts
         },

@@ -8,6 +8,7 @@ and prefix sums, so a wrong integral, a lost or a doubled tick shows as a mismat
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import itertools
 import json
@@ -385,6 +386,7 @@ class Recorder:
         self.sender = None
         self.times: list[float] = []
         self.spool = self
+        self.collector = None
 
     def tick(self, now_s: float):
         self.times.append(now_s)
@@ -427,6 +429,41 @@ def test_replay_run_steps_simulated_time_and_paces_it_at_the_speed() -> None:
         [halted], clock, stop=stop, on_tick=lambda c: stop.set() if c.now_s >= 6080 else None
     )
     assert (halted.times, report.stopped, report.reached_s) == ([6000, 6040, 6080], True, 6080)
+
+
+def test_a_live_replay_keeps_to_the_wall_clock_and_catches_up_after_a_stop() -> None:
+    """Issue 44's soak replays known usage as it happens. A replay at speed 1 from the present
+    to a future end is live: its end is not cut at the present, and each tick waits for its
+    instant on the wall clock, so one resumed after a stop catches up at once and then keeps
+    to the present. Before, the end was cut at the present (nothing to replay), and a resumed
+    replay ran as far behind the present as it had been stopped, its batches all late."""
+    traces = [read_trace(bb(1))]
+    now = PAST + 1000
+    live = plan_clock(traces, start_s=now - 50, interval_s=60, end_s=now + 600, speed=1, now_s=now)
+    assert live.live and live.end_s > now  # its end is not cut at the present
+    replayed = plan_clock(traces, start_s=now - 50, interval_s=60, end_s=now + 600, now_s=now)
+    assert not replayed.live and replayed.end_s <= now  # as fast as possible: not past the present
+
+    clock = ReplayClock(start_s=6000, end_s=6200, trace_start_s=FIRST_ROW_S, speed=1, live=True)
+    present = [6000.0]
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        present[0] += s
+
+    agent = Recorder(tick_s=40)
+    replay_run([agent], clock, present=lambda: present[0], sleep=sleep)  # type: ignore[list-item]
+    assert agent.times == [6000, 6040, 6080, 6120, 6160, 6200]
+    assert slept == [40.0] * 5  # each tick at its instant
+    # Resumed 100 s late (the agent was down): the missed ticks at once, then the present's pace.
+    agent.state = dataclasses.replace(agent.state, last_ok_s=6040)
+    clock = ReplayClock(start_s=6000, end_s=6200, trace_start_s=FIRST_ROW_S, speed=1, live=True)
+    present[0], slept[:] = 6140.0, []
+    agent.times = []
+    replay_run([agent], clock, present=lambda: present[0], sleep=sleep, resume=True)  # type: ignore[list-item]
+    assert agent.times == [6080, 6120, 6160, 6200]
+    assert slept == [20.0, 40.0]  # 6080 and 6120 at once; 6160 at 6160, not at 6140 + 80
 
 
 # -- end to end -------------------------------------------------------------------------------
