@@ -1026,19 +1026,17 @@ USE_COLUMNS = (
 
 def cut_off(run: Run, host: str, interval_end_s: float) -> bool:
     """Whether ``host`` was cut off from the daemons around ``interval_end_s`` (its batch's
-    post), by a fault that keeps its batches from them (:data:`CUT_OFF`), or by every daemon
-    being down or stopped: then its samples may arrive late."""
+    post) by a fault that keeps its batches from them (:data:`CUT_OFF`): then its samples may
+    arrive late. A fault of the daemons' side (the ledger's server down or read-only, a daemon
+    killed or stopped, answers lost) allows nothing late: the daemon holds its accountant
+    while it cannot write, and waits a grace after it starts (docs/operations.md)."""
     world = run.world
     lo = interval_end_s - world.start_s - 2.0
     hi = interval_end_s - world.start_s + GRACE_S + AGENT_TIMEOUT_S + 2.0
-    for f in run.faults:
-        if f.at_s > hi or f.at_s + f.span_s < lo:
-            continue
-        if f.kind in CUT_OFF and f.target == host:
-            return True
-        if len(world.daemons) == 1 and f.kind in (Kind.daemon_kill, Kind.daemon_pause):
-            return True
-    return False
+    return any(
+        f.kind in CUT_OFF and f.target == host and f.at_s <= hi and f.at_s + f.span_s >= lo
+        for f in run.faults
+    )
 
 
 def check(run: Run, figures: bool = True) -> Findings:

@@ -17,6 +17,7 @@ from gmd.daemon.api.auth import AuthError
 from gmd.daemon.api.errors import Refused, invalid, refused
 from gmd.daemon.api.metrics import Rejection
 from gmd.daemon.api.services import Services
+from gmd.daemon.ledger.write_health import first_line
 
 log = logging.getLogger(__name__)
 
@@ -31,12 +32,18 @@ async def unauthorized(request: Request, exc: AuthError) -> JSONResponse:
 
 
 async def database(request: Request, exc: SQLAlchemyError) -> JSONResponse:
-    log.error("%s %s: ledger database error: %s", request.method, request.url.path, exc)
+    said = f"{request.method} {request.url.path}: ledger database error: {first_line(exc)}"
     if request.method == "POST":
         # Every POST writes to the ledger: a failure holds the accountant (see
-        # gmd.daemon.ledger.write_health) and turns /healthz 503.
+        # gmd.daemon.ledger.write_health) and turns /healthz 503. An outage is said once as
+        # it begins (and the accountant says when it ends), not at every agent's retry.
         services: Services = request.app.state.services
-        services.ledger_write_failed(exc)
+        if services.ledger_write_failed(exc):
+            log.error("%s (answering 503 until it writes again)", said)
+        else:
+            log.debug("%s", said)
+    else:
+        log.error("%s", said)
     return await refused(
         request, Refused(503, f"ledger database unavailable: {type(exc).__name__}")
     )

@@ -80,6 +80,7 @@ class Services:
             after=after_interval(config.enforcement, on_levels=self._count_levels),
             hold=self.write_health.hold_closing,
             unverified_wait_s=config.placement.wait_s if config.placement.on else None,
+            writes=self.write_health,
         )
         self.placement: PlacementView | None = None
         """Placement's view, when it vouches for batches (``[placement] verify = "on"``)"""
@@ -193,10 +194,11 @@ class Services:
         finally:
             self.stop()
 
-    def ledger_write_failed(self, error: Exception) -> None:
-        """A write to the ledger failed with a database error (the request answers 503)."""
-        self.write_health.failed(self.clock(), error)
+    def ledger_write_failed(self, error: Exception) -> bool:
+        """A write to the ledger failed with a database error (the request answers 503);
+        whether it begins an outage."""
         self.metrics.ledger_write_failures.inc()
+        return self.write_health.failed(self.clock(), error)
 
     def run_quotas(self) -> QuotaRun:
         """One pass of the quota reconciler, counted in the metrics."""

@@ -6,7 +6,9 @@ a run that fails is logged (a database outage once as it begins and once as it e
 at every run: :class:`Outage`), counted and retried at the next tick (the interval it was on stays
 closed and unaccounted: nothing is half written). While ``hold`` gives a reason (the ledger's
 writes fail, :mod:`.write_health`), no interval is closed: those already closed are still
-accounted, and the outage's wait for the batches that agents spool meanwhile. Stopping asks a
+accounted, and the outage's wait for the batches that agents spool meanwhile. The accountant's
+own database failures are failed writes too, and while writes fail a run that succeeded
+probes whether the ledger writes again before it says so. Stopping asks a
 run in progress to end after the interval it is on, so that a daemon told to stop
 mid-catch-up does so within about one interval's accounting, not after the whole catch-up.
 """
@@ -25,7 +27,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from gmd.daemon.config import AccountingConfig
 from gmd.daemon.ledger.accounting import AccountingStuck, AfterInterval, RunReport, account_due
-from gmd.daemon.ledger.write_health import first_line
+from gmd.daemon.ledger.write_health import WriteHealth, first_line, probe_write
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +87,7 @@ class Accountant:
         after: AfterInterval | None = None,
         hold: Callable[[float], str | None] | None = None,
         unverified_wait_s: float | None = None,
+        writes: WriteHealth | None = None,
     ) -> None:
         self.engine, self.config, self.every_s = engine, config, every_s
         self.unverified_wait_s = unverified_wait_s
@@ -92,6 +95,9 @@ class Accountant:
         self._waiting: int | None = None
         self.on_run, self.on_error, self.after = on_run, on_error, after
         self.hold = hold
+        self.writes = writes
+        """where the accountant's own failed and recovered writes are told (it holds, through
+        ``hold``, a daemon that received no batch in an outage)"""
         self._held: str | None = None
         self._scheduler = BackgroundScheduler(timezone=UTC)
         self._stopping = threading.Event()
@@ -124,10 +130,20 @@ class Accountant:
         except Exception as exc:
             if not self._outage.failed(exc, self.every_s):
                 log.exception("accounting failed; retrying at the next run")
+            elif self.writes is not None:
+                self.writes.failed(now, exc)
             if self.on_error is not None:
                 self.on_error(exc)
             return None
         self._outage.ok()
+        if self.writes is not None and self.writes.failing() is not None:
+            # This run may have written nothing (closing held): does the ledger write again?
+            try:
+                probe_write(self.engine)
+            except SQLAlchemyError as exc:
+                self.writes.failed(now, exc)
+            else:
+                self.writes.succeeded(now)
         waiting = report.waiting
         if waiting is not None and waiting.start_s != self._waiting:
             log.warning(

@@ -171,7 +171,10 @@ def store(
     except psycopg.Error as exc:
         if isinstance(exc, psycopg.OperationalError) or conn.closed:
             raw.invalidate()
-        if not isinstance(exc, psycopg.errors.UniqueViolation):
+        if isinstance(exc, psycopg.OperationalError | psycopg.errors.ReadOnlySqlTransaction):
+            # the ledger cannot write: the general path answers (503) and says so once
+            log.debug("batch %s: its one-statement write failed: %s", scalars.get("key"), exc)
+        elif not isinstance(exc, psycopg.errors.UniqueViolation):
             log.warning("batch %s: its one-statement write failed: %s", scalars.get("key"), exc)
         return None
     finally:

@@ -7,6 +7,12 @@ no interval is closed, and after the first write that succeeds again the account
 grace period more, for the agents to replay their spools, before it closes the outage's
 intervals. ``/healthz`` reports the same state.
 
+The daemon's writes are its batches' and its accountant's: a daemon that received no batch in
+the outage (another daemon on the same port took them all) learns of it from its accountant's
+own failures, and of the end of it from a write that succeeds (:func:`probe_write`), so it does
+not close the outage's intervals the moment the database answers again, before the agents'
+spooled batches are back.
+
 The state lives in the daemon's memory: a daemon restarted during an outage knows of no failure
 until its first write fails.
 """
@@ -15,6 +21,8 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+
+from sqlalchemy import Engine, text
 
 from gmd.common.timespec import iso
 
@@ -33,13 +41,16 @@ class WriteHealth:
     """the first success after the latest failure; None while writes still fail"""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def failed(self, now_s: float, error: BaseException) -> None:
-        """A write failed at ``now_s`` with ``error`` (a database error)."""
+    def failed(self, now_s: float, error: BaseException) -> bool:
+        """A write failed at ``now_s`` with ``error`` (a database error); whether this failure
+        begins an outage (the log says so once, not at every request)."""
         with self._lock:
-            if self.failing_since_s is None or self.recovered_s is not None:
+            begins = self.failing_since_s is None or self.recovered_s is not None
+            if begins:
                 self.failing_since_s = now_s
             self.recovered_s = None
             self.failure = f"{type(error).__name__}: {first_line(error)}"
+            return begins
 
     def succeeded(self, now_s: float) -> None:
         """A write committed at ``now_s``."""
@@ -69,6 +80,18 @@ class WriteHealth:
                 f" until {iso(recovered + self.grace_s)} (accounting.grace_s)"
             )
         return None
+
+
+PROBE = text("UPDATE intervals SET length_s = length_s WHERE 1 = 0")
+"""A write that changes nothing: PostgreSQL refuses it while read-only or unreachable."""
+
+
+def probe_write(engine: Engine) -> None:
+    """Whether the ledger takes a write now: raises the database's error when it does not.
+    (SQLite with a full disk takes it, writing nothing; a daemon on SQLite is the only one,
+    and its batches tell.)"""
+    with engine.begin() as conn:
+        conn.execute(PROBE)
 
 
 def first_line(error: BaseException) -> str:

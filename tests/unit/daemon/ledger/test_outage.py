@@ -190,3 +190,40 @@ def test_a_database_outage_is_two_log_lines_not_a_traceback_a_run(
     assert "accountant: the ledger database fails (OperationalError: " in failing[0].getMessage()
     assert "not currently accepting connections" in failing[0].getMessage()
     assert any("accountant: the ledger database answers again" in r.getMessage() for r in said)
+
+
+def test_a_daemon_that_received_no_batch_in_an_outage_holds_its_intervals_after_it(
+    postgres_server_url: str,
+) -> None:
+    """Issue 44's soak: two daemons share the port; in a read-only spell of PostgreSQL every
+    batch happened to reach the other one. This daemon's accountant failed at every run and,
+    the moment the database wrote again, closed and accounted the outage's interval, before
+    the agents' spooled batches were back: they were kept as late and counted nowhere. Its
+    own failures now hold it as a failed batch does: the interval stays open until a grace
+    period after the ledger writes again, and the replayed batch counts on time."""
+    from tests.support.daemon_support import fresh_postgres_database
+
+    start = aligned_past(3)
+    now = {"s": float(start + 5)}
+    with fresh_postgres_database(postgres_server_url) as url:
+        hosts = {A.name: "operator", B.name: "operator"}
+        config = make_config(url, hosts, accounting={"grace_s": GRACE_S})
+        with serving(config, clock=lambda: now["s"]) as d:
+            accountant = d.app.state.accountant
+            assert post(
+                d, batch(A, start - INTERVAL_S, [cpu_only("a-vm", "a", 10.0)]), A
+            ).is_success
+            # B's batch of the interval came before the outage; A's is in its spool.
+            assert post(d, batch(B, start, [cpu_only("b-vm", "b", 10.0)]), B).is_success
+            with full_ledger(d, url):  # read-only; no batch reaches this daemon meanwhile
+                now["s"] = start + INTERVAL_S + GRACE_S + 60
+                assert accountant.run_once(now["s"]) is None  # it cannot close: it fails
+                assert interval_state(d, start) == "open"
+            now["s"] += 5
+            accountant.run_once(now["s"])  # the ledger writes again: held for a grace
+            assert interval_state(d, start) == "open"
+            replayed = post(d, batch(A, start, [cpu_only("a-vm", "a", 20.0)]), A)
+            assert replayed.status_code == 200, replayed.text
+            assert replayed.json()["late"] == 0
+            accountant.run_once(now["s"] + GRACE_S + 1)
+            assert interval_state(d, start) == "accounted"
