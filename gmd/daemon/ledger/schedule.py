@@ -8,7 +8,10 @@ closed and unaccounted: nothing is half written). While ``hold`` gives a reason 
 writes fail, :mod:`.write_health`), no interval is closed: those already closed are still
 accounted, and the outage's wait for the batches that agents spool meanwhile. The accountant's
 own database failures are failed writes too, and while writes fail a run that succeeded
-probes whether the ledger writes again before it says so. Stopping asks a
+probes whether the ledger writes again before it says so. A daemon that was stopped (SIGSTOP, a
+frozen VM) or starved of CPU took no batch meanwhile either: when the scheduler's runs come
+later than they can (:meth:`Accountant.scheduled`), closing waits one grace period, as at the
+daemon's start, so that the agents' batches of those seconds arrive first. Stopping asks a
 run in progress to end after the interval it is on, so that a daemon told to stop
 mid-catch-up does so within about one interval's accounting, not after the whole catch-up.
 """
@@ -99,13 +102,42 @@ class Accountant:
         """where the accountant's own failed and recovered writes are told (it holds, through
         ``hold``, a daemon that received no batch in an outage)"""
         self._held: str | None = None
+        self._last_end: float | None = None
+        """monotonic time the latest scheduled run ended"""
+        self._resumed_until: float = 0.0
+        """closing waits until then (wall time): the daemon was stopped or starved"""
         self._scheduler = BackgroundScheduler(timezone=UTC)
         self._stopping = threading.Event()
         self._outage = Outage("accountant")
 
+    def scheduled(self, at_s: float | None = None, now_s: float | None = None) -> RunReport | None:
+        """One run as the scheduler makes it (``at_s``: monotonic now; ``now_s``: wall now).
+        A run that comes long after the previous one ended (more than ``every_s`` and
+        ``max(2, every_s)`` of slack) means the process did not run meanwhile: closing then
+        waits one grace period."""
+        at = time.monotonic() if at_s is None else at_s
+        now = time.time() if now_s is None else now_s
+        if self._last_end is not None and at - self._last_end > self.every_s + max(
+            2.0, self.every_s
+        ):
+            self._resumed_until = now + self.config.grace_s
+            log.warning(
+                "accountant: the daemon did not run for %.0f s (stopped, or starved of CPU);"
+                " closing no interval until %s, so that the agents' batches of that time"
+                " arrive first",
+                at - self._last_end,
+                datetime.fromtimestamp(self._resumed_until, UTC).strftime("%H:%M:%S"),
+            )
+        try:
+            return self.run_once(now)
+        finally:
+            self._last_end = time.monotonic() if at_s is None else at_s
+
     def run_once(self, now_s: float | None = None) -> RunReport | None:
         now = time.time() if now_s is None else now_s
         held = None if self.hold is None else self.hold(now)
+        if held is None and now < self._resumed_until:
+            held = "the daemon did not run for a while; the agents' batches of that time first"
         if held != self._held:
             if held is not None:
                 log.warning("accountant: closing no interval: %s", held)
@@ -162,7 +194,7 @@ class Accountant:
         delay = self.config.grace_s if delay_s is None else delay_s
         first = datetime.now(UTC) + timedelta(seconds=delay)
         self._scheduler.add_job(
-            self.run_once,
+            self.scheduled,
             "interval",
             seconds=self.every_s,
             next_run_time=first,

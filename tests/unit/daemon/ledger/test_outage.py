@@ -227,3 +227,33 @@ def test_a_daemon_that_received_no_batch_in_an_outage_holds_its_intervals_after_
             assert replayed.json()["late"] == 0
             accountant.run_once(now["s"] + GRACE_S + 1)
             assert interval_state(d, start) == "accounted"
+
+
+def test_a_daemon_stopped_across_an_intervals_grace_waits_a_grace_before_closing_it(
+    database_url: str,
+) -> None:
+    """Issue 44's soak: the only daemon, on SQLite, was stopped (SIGSTOP) for 13 s across an
+    interval's close. The agents' batches waited in their spools and connections meanwhile; on
+    SIGCONT the accountant ran first and closed the interval whose grace had passed, and the
+    batches that came a second later were kept as late (8 samples counted nowhere). A scheduled
+    run that comes long after the previous one now holds closing for one grace period, as the
+    daemon's start does."""
+    start = aligned_past(3)
+    now = {"s": float(start + 5)}
+    hosts = {A.name: "operator", B.name: "operator"}
+    config = make_config(database_url, hosts, accounting={"grace_s": GRACE_S})
+    with serving(config, clock=lambda: now["s"]) as d:
+        accountant = d.app.state.accountant
+        assert post(d, batch(B, start, [cpu_only("b-vm", "b", 10.0)]), B).is_success
+        mono = 1000.0
+        accountant.scheduled(at_s=mono, now_s=now["s"])  # on time: nothing due yet
+        assert interval_state(d, start) == "open"
+        # Stopped past the interval's end and grace: the next run comes 90 s later.
+        now["s"] = start + INTERVAL_S + GRACE_S + 20
+        accountant.scheduled(at_s=mono + 90, now_s=now["s"])
+        assert interval_state(d, start) == "open"
+        late = post(d, batch(A, start, [cpu_only("a-vm", "a", 20.0)]), A)
+        assert late.status_code == 200, late.text
+        assert late.json()["late"] == 0
+        accountant.scheduled(at_s=mono + 91, now_s=now["s"] + GRACE_S + 1)
+        assert interval_state(d, start) == "accounted"
