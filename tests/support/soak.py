@@ -110,17 +110,32 @@ class Backend(enum.StrEnum):
     sqlite = "sqlite"
 
 
-def kinds_for(backend: Backend, daemons: int, root: bool) -> list[Kind]:
+def kinds_for(backend: Backend, full_disks: bool) -> list[Kind]:
     """The faults a run can inject: PostgreSQL's on PostgreSQL, the SQLite ledger's on SQLite;
-    a full filesystem needs root (a tmpfs is mounted)."""
+    full filesystems where a tmpfs can be mounted (:func:`can_fill_disks`)."""
     kinds = [Kind.daemon_kill, Kind.daemon_pause, *HOST_KINDS]
     if backend is Backend.postgres:
         kinds += POSTGRES_KINDS
-    elif root:
+    elif full_disks:
         kinds.append(Kind.ledger_full)
-    if not root:
+    if not full_disks:
         kinds.remove(Kind.spool_full)
     return kinds
+
+
+def can_fill_disks() -> bool:
+    """Whether this machine lets the soak mount a small tmpfs to fill (root, and a kernel and
+    container that allow the mount): probed, not assumed."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        return False
+    with tempfile.TemporaryDirectory(prefix="gmd-soak-probe-") as d:
+        made = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", d], capture_output=True, check=False
+        )
+        if made.returncode != 0:
+            return False
+        subprocess.run(["umount", d], capture_output=True, check=False)
+    return True
 
 
 # -- the fault schedule -----------------------------------------------------------------------
@@ -562,10 +577,8 @@ def write_trace(path: Path, vm: VmUse, rows: int, step_s: int = 300) -> None:
 class Host:
     name: str
     vms: list[VmUse]
-    token: str
     proxy: Proxy
     agent: Service
-    config: Path
     spool_dir: Path
 
 
@@ -598,7 +611,6 @@ class World:
     postgres: Postgres | None
     daemon_doc: dict[str, Any]
     mounts: list[Path] = field(default_factory=list)
-    ballast: dict[str, Path] = field(default_factory=dict)
 
 
 def _mount_tmpfs(path: Path, size_mb: int, mounts: list[Path]) -> None:
@@ -741,7 +753,7 @@ def _build(
         config = root / name / "agent.toml"
         config.write_text(toml_document(agent_doc))
         agent = Service(root / name, "gmd-agent", [str(BIN / "gmd-agent"), "--config", str(config)])
-        made.append(Host(name, vms, tokens[name], proxy, agent, config, spool_dir))
+        made.append(Host(name, vms, proxy, agent, spool_dir))
     world.start_s, world.end_s, world.hosts = start, end, made
     time.sleep(max(0.0, start - time.time() + 0.05))
     for host in made:
@@ -794,7 +806,7 @@ def inject(world: World, fault: Fault, trail: Trail, rng: random.Random) -> Call
         daemon.signal(signal.SIGSTOP)
         return lambda: daemon.signal(signal.SIGCONT)
     if kind is Kind.ledger_full:
-        return _fill(world.root / "ledger", world)
+        return _fill(world.root / "ledger")
     assert host is not None
     if kind is Kind.agent_kill:
         return _held_down(host.agent)
@@ -802,7 +814,7 @@ def inject(world: World, fault: Fault, trail: Trail, rng: random.Random) -> Call
         host.agent.signal(signal.SIGSTOP)
         return lambda: host.agent.signal(signal.SIGCONT)
     if kind is Kind.spool_full:
-        return _fill(host.spool_dir, world)
+        return _fill(host.spool_dir)
     mode = {
         Kind.network_partition: ProxyMode.cut,
         Kind.delay: ProxyMode.delay,
@@ -827,7 +839,7 @@ def _held_down(service: Service) -> Callable[[], None]:
     return heal
 
 
-def _fill(directory: Path, world: World) -> Callable[[], None]:
+def _fill(directory: Path) -> Callable[[], None]:
     """Fill the filesystem under ``directory`` (a tmpfs of the soak's); the healer frees it."""
     ballast = directory / "ballast"
     with ballast.open("wb") as f, contextlib.suppress(OSError):
@@ -864,13 +876,15 @@ def soak(
     """One run: build the world, inject the drawn faults as the replay goes, heal them all,
     wait for every host's replay to end and its spool to drain, and every interval to be
     accounted."""
-    is_root = os.geteuid() == 0
+    full_disks = can_fill_disks()
     daemons = 2 if backend is Backend.postgres else 1
     names = [f"soak-{h}" for h in range(hosts)]
-    kinds = kinds_for(backend, daemons, is_root)
+    kinds = kinds_for(backend, full_disks)
     faults = draw(seed, duration_s, kinds, names, daemons)
     say(f"soak: seed {seed}, {duration_s:.0f} s on {backend}, {len(faults)} faults drawn")
-    world = build(root, backend, duration_s, hosts, vms_per_host, daemons, full_disks=is_root)
+    if not full_disks:
+        say("soak: no tmpfs can be mounted here (root needed): no full filesystems")
+    world = build(root, backend, duration_s, hosts, vms_per_host, daemons, full_disks)
     trail = Trail(began=float(world.start_s))
     run = Run(seed, backend, duration_s, faults, trail, world)
     rng = random.Random(seed + 1)
