@@ -220,7 +220,7 @@ class Agent(Table):
     replay_end = Option(
         None,
         "simulated end (never past the traces' end, nor past the present unless the replay"
-        " is live: ``replay_speed`` 1 or slower from a start in the past)",
+        " is live: ``replay_speed = 1`` from a start no later than the present)",
         shown="the present",
     )
     replay_speed = Option(
