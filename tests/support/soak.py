@@ -1053,16 +1053,16 @@ def cut_off(run: Run, host: str, interval_end_s: float) -> bool:
     )
 
 
-def check(run: Run, figures: bool = True) -> Findings:
+def check(run: Run, with_figures: bool = True) -> Findings:
     """The oracle: every VM's use in every interval once, as known, on time unless its host was
-    cut off; every accounted figure as an independent recomputation (``figures``); the replica
+    cut off; every accounted figure as an independent recomputation (``with_figures``); the replica
     as the primary."""
     world = run.world
     found = Findings()
     engine = sa.create_engine(world.url)
     try:
         check_samples(run, engine, found)
-        if figures:
+        if with_figures:
             from tests.support.soak_oracle import Accounting, recompute
 
             settings = Accounting.from_config(world.daemon_doc)
