@@ -24,6 +24,7 @@ import json
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -74,6 +75,16 @@ def main(argv: list[str] | None = None) -> int:
                 )
             except SoakError as exc:
                 print(f"soak: seed {seed} on {backend}: could not run: {exc}", file=sys.stderr)
+                return 2
+            except Exception as exc:  # the harness's own failure: said in one line, kept whole
+                where = root / f"{backend}-{seed}" / "harness-error.txt"
+                where.parent.mkdir(parents=True, exist_ok=True)
+                where.write_text(traceback.format_exc())
+                print(
+                    f"soak: seed {seed} on {backend}: the harness failed: {type(exc).__name__}:"
+                    f" {exc} (traceback in {where})",
+                    file=sys.stderr,
+                )
                 return 2
             try:
                 found = check(run)

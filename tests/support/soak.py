@@ -162,11 +162,11 @@ def draw(
 ) -> list[Fault]:
     """The faults of a run, from ``seed``: arrivals a Poisson process (mean ``mean_gap_s``
     apart), each of a kind, target and span (2–40 s, mostly short) drawn; overlapping freely,
-    but never two of one kind on one target at once. None in the first and last ``quiet_s``
-    (the replay starts and its last batches are delivered)."""
+    but never two of one kind on one target at once, nor two of PostgreSQL's. None in the
+    first and last ``quiet_s`` (the replay starts and its last batches are delivered)."""
     rng = random.Random(seed)
     faults: list[Fault] = []
-    busy: dict[tuple[Kind, str], float] = {}
+    busy: dict[tuple[str, str], float] = {}
     t = quiet_s
     while True:
         t += rng.expovariate(1.0 / mean_gap_s)
@@ -181,9 +181,12 @@ def draw(
             target = "ledger"
         span = min(2.0 + rng.expovariate(1 / 8.0), 40.0)
         span = min(span, duration_s - quiet_s - t)
-        if busy.get((kind, target), -1.0) > t or span < 1.0:
+        # One PostgreSQL fault at a time: a server stopped cannot also be killed or made
+        # read-only. Other faults of one target overlap (a paused agent killed, say).
+        slot = ("postgres", target) if kind in POSTGRES_KINDS else (kind, target)
+        if busy.get(slot, -1.0) > t or span < 1.0:
             continue
-        busy[(kind, target)] = t + span
+        busy[slot] = t + span
         faults.append(Fault(kind, target, round(t, 2), round(span, 2)))
     return faults
 
