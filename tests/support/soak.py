@@ -48,7 +48,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from tests.support.cloud_demo import free_port
+from gmd.wire import USAGE_FIELDS
+from tests.support.cloud_demo import answers, free_port
 from tests.support.cloud_story import toml_document
 
 BIN = Path(sys.executable).parent
@@ -708,7 +709,7 @@ def _build(
         d.start()
     _wait(
         "a daemon answering",
-        lambda: _answers(f"http://127.0.0.1:{port}/healthz"),
+        lambda: answers(f"http://127.0.0.1:{port}/healthz"),
         60,
         lambda: services[0].log_tail(),
     )
@@ -762,16 +763,6 @@ def _build(
     for host in made:
         host.agent.start()
     return world
-
-
-def _answers(url: str) -> bool:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            return bool(r.status < 500)
-    except OSError:
-        return False
 
 
 def _wait(what: str, check: Callable[[], bool], timeout_s: float, tail: Callable[[], str]) -> None:
@@ -1031,14 +1022,8 @@ class Findings:
         )
 
 
-USE_COLUMNS = (
-    "cpu_s",
-    "memory_byte_s",
-    "disk_read_bytes",
-    "disk_write_bytes",
-    "network_rx_bytes",
-    "network_tx_bytes",
-)
+USE_COLUMNS = USAGE_FIELDS
+"""the samples' use columns, the wire's fields (the harness, unlike the oracle, may take gmd's)"""
 
 
 def cut_off(run: Run, host: str, interval_end_s: float) -> bool:
