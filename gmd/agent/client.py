@@ -9,6 +9,10 @@ A post ends in one of three ways, and the sender acts on each differently:
 - ``unavailable``: connection refused, timeout, 5xx — and also 401/403 (the host's token is
   wrong or not yet configured on the daemon: the operator can fix that, and the usage must
   still be there when they have), 408 and 429. The batch stays in the spool.
+
+An ``unavailable`` post whose request went out whole and whose connection then closed without
+an answer is marked ``answer_lost``: something is there and reading, and the daemon may well
+hold the batch. The sender does not let such a batch hold up the ones behind it.
 """
 
 from __future__ import annotations
@@ -29,6 +33,11 @@ log = logging.getLogger(__name__)
 
 RETRY_STATUSES = frozenset({401, 403, 408, 429})
 
+ANSWER_LOST = (httpx.RemoteProtocolError, httpx.ReadError)
+"""Transport errors raised after the request was written: the connection closed (or was reset)
+before an answer. A timeout is not one of them: a daemon that does not answer in time is slow
+or stopped, and every post behind would wait as long."""
+
 
 class Delivery(StrEnum):
     """What became of a post to the daemon."""
@@ -47,6 +56,19 @@ class PostOutcome:
     status: int | None
     detail: str
     """the daemon's ``status`` (accepted/duplicate) or ``detail``, or the transport error"""
+    answer_lost: bool = False
+    """the request went out and the connection closed before an answer (see the module
+    docstring)"""
+
+
+def _unreached(exc: httpx.HTTPError) -> PostOutcome:
+    """A post that ended in a transport error, classified."""
+    return PostOutcome(
+        Delivery.unavailable,
+        None,
+        f"{type(exc).__name__}: {exc}",
+        answer_lost=isinstance(exc, ANSWER_LOST),
+    )
 
 
 def _detail(response: httpx.Response) -> str:
@@ -92,7 +114,7 @@ class DaemonClient:
         try:
             response = self._http.post("/v1/samples", content=body)
         except httpx.HTTPError as exc:
-            return PostOutcome(Delivery.unavailable, None, f"{type(exc).__name__}: {exc}")
+            return _unreached(exc)
         status = "accepted"
         if response.status_code == 200:
             with contextlib.suppress(ValueError):
@@ -120,7 +142,7 @@ class DaemonClient:
             body = report.model_dump_json(exclude=None if report.restore_all else {"restore_all"})
             response = self._http.post(f"/v1/plan/{quote(host, safe='')}/report", content=body)
         except httpx.HTTPError as exc:
-            return PostOutcome(Delivery.unavailable, None, f"{type(exc).__name__}: {exc}")
+            return _unreached(exc)
         return _classified(response, "recorded")
 
     def put_capabilities(self, host: str, caps: HostCapabilities) -> PostOutcome:
@@ -130,7 +152,7 @@ class DaemonClient:
                 f"/v1/hosts/{quote(host, safe='')}/capabilities", content=caps.model_dump_json()
             )
         except httpx.HTTPError as exc:
-            return PostOutcome(Delivery.unavailable, None, f"{type(exc).__name__}: {exc}")
+            return _unreached(exc)
         return _classified(response, "recorded")
 
     def close(self) -> None:

@@ -3,7 +3,13 @@
 A batch leaves the spool only when the daemon has it (``accepted``, or ``duplicate`` when an
 earlier post arrived but its answer did not) or can never take it (``rejected``: logged as an
 error with the daemon's explanation, and counted). The first batch the daemon cannot take now
-(down, 5xx, bad token) stops the replay until the next tick, so batches arrive in order.
+(down, 5xx, bad token, no answer in time) stops the replay until the next tick, so batches
+arrive in order. One exception: a batch whose answer was lost (the request went out whole, the
+connection closed before an answer) stays in the spool for the next tick, but the batches
+behind it go on. The daemon is there and may well hold it; waiting on it would make every
+later batch late for as long as answers are lost, which a daemon cannot tell from a host cut
+off (seen in the soak: 37 s of lost answers made one host's batches arrive after the grace).
+The daemon does not need batches in order (each carries its own interval and key).
 
 A new batch can be scheduled: its first post waits until a given time (``agent.post_jitter_s``
 spreads the hosts' posts after an interval's end), and the batches behind it wait with it, so
@@ -36,6 +42,8 @@ class DrainReport:
     missed: int = 0
     """scheduled batches that were due but are still in the spool (the daemon could not take
     them, or the time budget ran out): their first chance to go has passed"""
+    unanswered: int = 0
+    """batches posted whose answers were lost: still in the spool, sent again next tick"""
 
 
 class Sender:
@@ -74,15 +82,18 @@ class Sender:
         has passed (the rest goes on the next tick)."""
         now = self._clock() if now_s is None else now_s
         deadline = None if budget_s is None else self._monotonic() + budget_s
-        accepted = duplicates = rejected = missed = 0
+        accepted = duplicates = rejected = missed = unanswered = 0
         unavailable: str | None = None
+        lost: str | None = None
         status: int | None = None
         held = out_of_time = False
+        after = 0
         while unavailable is None and not (held or out_of_time):
-            batch = self.spool.oldest(self._chunk)
+            batch = self.spool.oldest(self._chunk, after)
             if not batch:
                 break
             for item in batch:
+                after = item.seq
                 if self._first_post_s.get(item.key, now) > now:
                     held = True
                     break
@@ -93,6 +104,10 @@ class Sender:
                 outcome = self.client.post_batch(item.body)
                 if outcome.kind == Delivery.unavailable:
                     missed += first
+                    if outcome.answer_lost:
+                        unanswered += 1
+                        lost = outcome.detail
+                        continue
                     status = outcome.status
                     unavailable = (
                         f"{outcome.detail} (HTTP {outcome.status})"
@@ -125,14 +140,17 @@ class Sender:
         if not held:
             missed += len(due)
         waiting, _bytes = self.spool.size()
-        if unavailable:
+        trouble = unavailable or (
+            f"the answers to {unanswered} batches were lost ({lost})" if unanswered else None
+        )
+        if trouble:
             if not self._down_since_logged:
                 # A refused token is the operator's to fix: say it as loudly as a rejection.
                 log.log(
                     logging.ERROR if status in (401, 403) else logging.WARNING,
                     "daemon %s cannot take batches: %s; %d batches spooled, retrying every tick",
                     self.client.base_url,
-                    unavailable,
+                    trouble,
                     waiting,
                 )
             self._down_since_logged = True
@@ -144,4 +162,4 @@ class Sender:
                 waiting,
             )
             self._down_since_logged = False
-        return DrainReport(accepted, duplicates, rejected, waiting, unavailable, missed)
+        return DrainReport(accepted, duplicates, rejected, waiting, unavailable, missed, unanswered)

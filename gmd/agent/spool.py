@@ -170,11 +170,13 @@ class Spool:
         self._db.executemany("DELETE FROM outbox WHERE seq = ?", [(d.seq,) for d in dropped])
         return dropped
 
-    def oldest(self, limit: int) -> list[Spooled]:
+    def oldest(self, limit: int, after: int = 0) -> list[Spooled]:
+        """Up to ``limit`` batches, oldest first, of those spooled after sequence ``after``."""
         with self._sqlite() as db:
             rows = db.execute(
-                "SELECT seq, key, interval_start_s, body FROM outbox ORDER BY seq LIMIT ?",
-                (limit,),
+                "SELECT seq, key, interval_start_s, body FROM outbox WHERE seq > ?"
+                " ORDER BY seq LIMIT ?",
+                (after, limit),
             ).fetchall()
         return [Spooled(seq, key, start, bytes(body)) for seq, key, start, body in rows]
 

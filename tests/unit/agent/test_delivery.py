@@ -45,12 +45,14 @@ TICK_S = 10
 
 class Flaky(httpx.BaseTransport):
     """The real HTTP transport, which can be made to fail: ``down`` refuses connections,
-    ``lose_answers`` delivers the request but loses the response (a timeout after sending)."""
+    ``lose_answers`` delivers the request but loses the response (a timeout after sending),
+    ``cut_answers`` delivers it and closes the connection before the response."""
 
     def __init__(self) -> None:
         self.real = httpx.HTTPTransport()
         self.down = False
         self.lose_answers = False
+        self.cut_answers = False
         self.posts = 0
         self.clock: Callable[[], float] | None = None
         self.sent: list[tuple[float, int]] = []
@@ -66,6 +68,11 @@ class Flaky(httpx.BaseTransport):
         if self.lose_answers:
             response.read()
             raise httpx.ReadTimeout("timed out (test: answer lost)", request=request)
+        if self.cut_answers:
+            response.read()
+            raise httpx.RemoteProtocolError(
+                "Server disconnected without sending a response.", request=request
+            )
         return response
 
 
@@ -247,6 +254,37 @@ def test_a_lost_answer_is_resent_under_its_key_and_counted_once(
     assert h.metric("gmd_agent_batches_total", outcome="accepted") == 1
     assert_every_interval_exactly_once(daemon, h, [start, start + 60])
     assert ledger(daemon)[1] == {start: 1, start + 60: 1}
+
+
+def test_batches_behind_one_whose_answer_was_cut_off_still_go(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    start = aligned_past(20)
+    starts = [start + 60 * k for k in range(5)]
+    h = Host(tmp_path, daemon.url, start)
+    h.transport.cut_answers = True
+    h.ticks(24)  # intervals 0..3 close: each reaches the daemon in time, no answer comes back
+    assert ledger(daemon)[1] == dict.fromkeys(starts[:4], 1)
+    assert h.metric("gmd_agent_spool_batches") == 4
+    h.transport.cut_answers = False
+    h.ticks(6)
+    assert h.metric("gmd_agent_spool_batches") == 0
+    assert h.metric("gmd_agent_batches_total", outcome="duplicate") == 4
+    assert h.metric("gmd_agent_batches_total", outcome="accepted") == 1
+    assert_every_interval_exactly_once(daemon, h, starts)
+
+
+def test_a_daemon_that_does_not_answer_in_time_holds_the_batches_behind(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    """A timeout is a slow or stopped daemon: posting every batch behind would wait as long
+    each time, so the replay stops at the first, as when the daemon is down."""
+    start = aligned_past(20)
+    h = Host(tmp_path, daemon.url, start)
+    h.transport.lose_answers = True
+    h.ticks(24)
+    assert ledger(daemon)[1] == {start: 1}
+    assert h.metric("gmd_agent_spool_batches") == 4
 
 
 def test_agent_crash_and_restart_lose_and_double_nothing(daemon: Daemon, tmp_path: Path) -> None:
