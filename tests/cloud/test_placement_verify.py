@@ -17,7 +17,6 @@ import contextlib
 import json
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,74 +54,16 @@ from tests.support.daemon_support import (
     serving,
 )
 from tests.support.openstack_support import LEGACY, RealCloud
+from tests.support.placement_support import RealPlacement
 
 pytest_plugins = ["tests.support.openstack_support"]
 
-VERSION = "1.12"
 
-
-class Placement:
-    """The real Placement, written to as Nova would: providers with inventories, and
-    allocations of consumers (servers) with their project and user."""
+class Placement(RealPlacement):
+    """The real Placement of this cloud, as gmd's admin account writes to it."""
 
     def __init__(self, cloud: RealCloud) -> None:
-        self.conn = cloud.connect(LEGACY)
-        self.providers: list[str] = []
-        self.consumers: list[str] = []
-
-    def _call(self, method: str, path: str, body: Any = None, version: str = VERSION) -> Any:
-        for _ in range(20):
-            response = self.conn.placement.request(
-                path, method, json=body, microversion=version, raise_exc=False
-            )
-            # This Placement keeps its data in SQLite (tests/scripts/openstack.sh), which answers a
-            # write beside the daemon's reads with 500 "database is locked": asked again.
-            if response.status_code != 500 or "database is locked" not in response.text:
-                break
-            time.sleep(0.2)
-        assert response.status_code < 300, f"{method} {path}: {response.text}"
-        return response.json() if response.content else None
-
-    def host(self, name: str, vcpus: int = 16, ram_mb: int = 65536, ratio: float = 1.0) -> str:
-        """A compute host's provider with its inventory; its uuid."""
-        rp = self._call("POST", "/resource_providers", {"name": name}, "1.20")
-        self.providers.append(rp["uuid"])
-        self._call(
-            "PUT",
-            f"/resource_providers/{rp['uuid']}/inventories",
-            {
-                "resource_provider_generation": rp["generation"],
-                "inventories": {
-                    "VCPU": {"total": vcpus, "allocation_ratio": ratio, "reserved": 0},
-                    "MEMORY_MB": {"total": ram_mb, "reserved": 512},
-                    "DISK_GB": {"total": 1000},
-                },
-            },
-        )
-        return str(rp["uuid"])
-
-    def server(self, provider: str, project: str, vm: str | None = None) -> str:
-        """A server's allocations on ``provider``, owned by ``project`` (placed anew if it
-        exists: a migration); its uuid."""
-        vm = vm or str(uuid.uuid4())
-        self._call(
-            "PUT",
-            f"/allocations/{vm}",
-            {
-                "allocations": {provider: {"resources": {"VCPU": 1, "MEMORY_MB": 1024}}},
-                "project_id": project,
-                "user_id": uuid.uuid4().hex,
-            },
-        )
-        self.consumers.append(vm)
-        return vm
-
-    def close(self) -> None:
-        for vm in self.consumers:
-            self.conn.placement.request(f"/allocations/{vm}", "DELETE", raise_exc=False)
-        for rp in self.providers:
-            self.conn.placement.request(f"/resource_providers/{rp}", "DELETE", raise_exc=False)
-        self.conn.close()
+        super().__init__(cloud.connect(LEGACY))
 
 
 @pytest.fixture

@@ -45,12 +45,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import sqlalchemy as sa
 
 from gmd.wire import USAGE_FIELDS
 from tests.support.cloud_demo import answers, free_port
 from tests.support.cloud_story import toml_document
+from tests.support.placement_support import PlacementWriter
 
 BIN = Path(sys.executable).parent
 INTERVAL_S = 10
@@ -89,9 +91,14 @@ class Kind(enum.StrEnum):
     """the filesystem under one host's spool filled up"""
     ledger_full = "ledger-full"
     """the filesystem under the SQLite ledger filled up"""
+    placement_down = "placement-down"
+    """Placement unreachable from the daemons: their connections cut and new ones refused"""
+    placement_slow = "placement-slow"
+    """Placement's answers come after the daemons' timeout (each request held 1.5–4 s)"""
 
 
 POSTGRES_KINDS = (Kind.pg_stop, Kind.pg_kill, Kind.pg_readonly)
+PLACEMENT_KINDS = (Kind.placement_down, Kind.placement_slow)
 HOST_KINDS = (
     Kind.agent_kill,
     Kind.agent_pause,
@@ -114,7 +121,7 @@ class Backend(enum.StrEnum):
 def kinds_for(backend: Backend, full_disks: bool) -> list[Kind]:
     """The faults a run can inject: PostgreSQL's on PostgreSQL, the SQLite ledger's on SQLite;
     full filesystems where a tmpfs can be mounted (:func:`can_fill_disks`)."""
-    kinds = [Kind.daemon_kill, Kind.daemon_pause, *HOST_KINDS]
+    kinds = [Kind.daemon_kill, Kind.daemon_pause, *HOST_KINDS, *PLACEMENT_KINDS]
     if backend is Backend.postgres:
         kinds += POSTGRES_KINDS
     elif full_disks:
@@ -178,13 +185,21 @@ def draw(
             target = rng.choice(list(hosts))
         elif kind in (Kind.daemon_kill, Kind.daemon_pause):
             target = f"daemon-{rng.randrange(daemons)}"
+        elif kind in PLACEMENT_KINDS:
+            target = "placement"
         else:
             target = "ledger"
         span = min(2.0 + rng.expovariate(1 / 8.0), 40.0)
         span = min(span, duration_s - quiet_s - t)
         # One PostgreSQL fault at a time: a server stopped cannot also be killed or made
         # read-only. Other faults of one target overlap (a paused agent killed, say).
-        slot = ("postgres", target) if kind in POSTGRES_KINDS else (kind, target)
+        slot = (
+            ("postgres", target)
+            if kind in POSTGRES_KINDS
+            else ("placement", target)
+            if kind in PLACEMENT_KINDS
+            else (kind, target)
+        )
         if busy.get(slot, -1.0) > t or span < 1.0:
             continue
         busy[slot] = t + span
@@ -202,8 +217,11 @@ class Service:
     RESTART_S = 5.0
     """as the systemd units' ``RestartSec``"""
 
-    def __init__(self, root: Path, name: str, argv: Sequence[str]) -> None:
+    def __init__(
+        self, root: Path, name: str, argv: Sequence[str], env: dict[str, str] | None = None
+    ) -> None:
         self.root, self.name, self.argv = root, name, list(argv)
+        self.env = None if env is None else {**os.environ, **env}
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self.held = False
@@ -219,6 +237,7 @@ class Service:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=self.root,
+                env=self.env,
                 start_new_session=True,
             )
         self.starts += 1
@@ -269,11 +288,12 @@ class Service:
                 self.kill()
         return self.proc.returncode
 
-    def log_tail(self, lines: int = 30) -> str:
+    def log_text(self) -> str:
         path = self.root / f"{self.name}.log"
-        if not path.exists():
-            return ""
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def log_tail(self, lines: int = 30) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
 
 
 class ProxyMode(enum.StrEnum):
@@ -615,6 +635,86 @@ class World:
     postgres: Postgres | None
     daemon_doc: dict[str, Any]
     mounts: list[Path] = field(default_factory=list)
+    placement: SoakPlacement | None = None
+
+
+@dataclass
+class SoakPlacement:
+    """The Placement the daemons verify every batch against (``[placement] verify = "on"``),
+    reached through a proxy of the soak's that can cut it off or slow it down: the test
+    cloud's real Placement where it is started (``GMD_TEST_OPENSTACK``, as ``make test``
+    does), a stub of ours otherwise (tests.support.placement_support)."""
+
+    writer: PlacementWriter
+    proxy: Proxy
+    real: bool
+
+    def close(self) -> None:
+        self.proxy.close()
+        self.writer.close()
+
+
+PLACEMENT_TIMEOUT_S = 1.0
+"""the daemons' ``[placement] timeout_s``: a slow Placement answers after it"""
+
+
+def start_placement(
+    root: Path, vms: dict[str, list[VmUse]]
+) -> tuple[SoakPlacement, dict[str, Any]]:
+    """Every host's provider and every VM's allocations written to Placement, as Nova would;
+    the daemons' ``clouds.yaml`` (``<root>/clouds.yaml``) and ``[placement]`` table."""
+    import openstack
+    import yaml
+    from openstack.config import OpenStackConfig
+
+    from tests.support.openstack_support import LEGACY
+    from tests.support.placement_support import RealPlacement, StubPlacement, stub_clouds_entry
+
+    cloud_json = os.environ.get("GMD_TEST_OPENSTACK")
+    writer: RealPlacement | StubPlacement
+    if cloud_json:
+        theirs = Path(cloud_json).parent / "clouds.yaml"
+        config = OpenStackConfig(config_files=[str(theirs)]).get_one(cloud=LEGACY)
+        writer = RealPlacement(openstack.connection.Connection(config=config))
+        entry = dict(yaml.safe_load(theirs.read_text())["clouds"][LEGACY])
+    else:
+        writer = StubPlacement()
+        entry = {}
+    endpoint = urlsplit(writer.endpoint)
+    if endpoint.hostname not in ("127.0.0.1", "localhost") or endpoint.port is None:
+        writer.close()
+        raise SoakError(f"Placement at {writer.endpoint}: the soak proxies 127.0.0.1 only")
+    proxy = Proxy(endpoint.port)
+    through = f"http://127.0.0.1:{proxy.port}{endpoint.path.rstrip('/')}"
+    if cloud_json:
+        entry["placement_endpoint_override"] = through + "/"
+    else:
+        entry = stub_clouds_entry(through)
+    (root / "clouds.yaml").write_text(json.dumps({"clouds": {"soak": entry}}, indent=1))
+    run = secrets.token_hex(3)
+    providers = {}
+    try:
+        for host, host_vms in vms.items():
+            providers[host] = f"{host}-{run}"
+            rp = writer.host(
+                providers[host], vcpus=VM_CORES * len(host_vms), ram_mb=8 * 1024 * len(host_vms)
+            )
+            for vm in host_vms:
+                writer.server(rp, vm.customer, vm.uuid)
+    except BaseException:
+        proxy.close()
+        writer.close()
+        raise
+    table = {
+        "verify": "on",
+        "cloud": "soak",
+        "timeout_s": PLACEMENT_TIMEOUT_S,
+        "refresh_s": 5,
+        "miss_s": 5,
+        "wait_s": 60,
+        "providers": providers,
+    }
+    return SoakPlacement(writer, proxy, bool(cloud_json)), table
 
 
 def _mount_tmpfs(path: Path, size_mb: int, mounts: list[Path]) -> None:
@@ -673,6 +773,11 @@ def _build(
     customers = [f"customer-{c}" for c in range(5)]
     names = [f"soak-{h}" for h in range(hosts)]
     tokens = {n: secrets.token_urlsafe(24) for n in names}
+    vms = {
+        name: traced_vms(name, h, root / name / "traces", vms_per_host, customers)
+        for h, name in enumerate(names)
+    }
+    world.placement, placement_table = start_placement(root, vms)
     port = free_port()
     daemon_doc: dict[str, Any] = {
         "database": {"url": url},
@@ -686,6 +791,7 @@ def _build(
         "accounting": {"interval_s": INTERVAL_S, "grace_s": GRACE_S, "half_life_s": 600},
         "enforcement": {"mode": "off"},
         "read_api": {"auth": "local"},
+        "placement": placement_table,
         "hosts": {
             n: {"owner": "operator", "token_sha256": hashlib.sha256(t.encode()).hexdigest()}
             for n, t in tokens.items()
@@ -701,7 +807,12 @@ def _build(
         cwd=root,
     )
     services = [
-        Service(root, f"daemon-{k}", [str(BIN / "gmd-daemon"), "--config", str(root / "gmd.toml")])
+        Service(
+            root,
+            f"daemon-{k}",
+            [str(BIN / "gmd-daemon"), "--config", str(root / "gmd.toml")],
+            env={"OS_CLIENT_CONFIG_FILE": str(root / "clouds.yaml")},
+        )
         for k in range(daemons)
     ]
     world.daemons, world.daemon_port, world.url, world.daemon_doc = services, port, url, daemon_doc
@@ -719,11 +830,10 @@ def _build(
     end = start + math.ceil(duration_s / INTERVAL_S) * INTERVAL_S
     rows = (end - start) // 300 + 2
     made: list[Host] = []
-    for h, name in enumerate(names):
+    for name in names:
         traces = root / name / "traces"
         traces.mkdir(parents=True, exist_ok=True)
-        vms = traced_vms(name, h, traces, vms_per_host, customers)
-        for k, vm in enumerate(vms, start=1):
+        for k, vm in enumerate(vms[name], start=1):
             write_trace(traces / f"{k}.csv", vm, rows)
         spool_dir = root / name / "spool"
         if full_disks:
@@ -740,7 +850,7 @@ def _build(
                 "collector": "replay",
                 "replay_dir": "traces",
                 "replay_vms": list(range(1, vms_per_host + 1)),
-                "replay_customers": [vm.customer for vm in vms],
+                "replay_customers": [vm.customer for vm in vms[name]],
                 "replay_start": start,
                 "replay_end": end,
                 "replay_speed": 1,
@@ -757,7 +867,7 @@ def _build(
         config = root / name / "agent.toml"
         config.write_text(toml_document(agent_doc))
         agent = Service(root / name, "gmd-agent", [str(BIN / "gmd-agent"), "--config", str(config)])
-        made.append(Host(name, vms, proxy, agent, spool_dir))
+        made.append(Host(name, vms[name], proxy, agent, spool_dir))
     world.start_s, world.end_s, world.hosts = start, end, made
     time.sleep(max(0.0, start - time.time() + 0.05))
     for host in made:
@@ -801,6 +911,15 @@ def inject(world: World, fault: Fault, trail: Trail, rng: random.Random) -> Call
         return lambda: daemon.signal(signal.SIGCONT)
     if kind is Kind.ledger_full:
         return _fill(world.root / "ledger")
+    if kind in PLACEMENT_KINDS:
+        assert world.placement is not None
+        proxy = world.placement.proxy
+        if kind is Kind.placement_down:
+            proxy.set(ProxyMode.cut)
+        else:
+            slow = rng.uniform(1.5, 4.0) * PLACEMENT_TIMEOUT_S
+            proxy.set(ProxyMode.delay, delay_s=slow)
+        return lambda: proxy.set(ProxyMode.through)
     assert host is not None
     if kind is Kind.agent_kill:
         return _held_down(host.agent)
@@ -945,6 +1064,15 @@ def finish(run: Run, say: Callable[[str], None]) -> None:
             world.daemon_doc["accounting"]["grace_s"] + 120,
             lambda: world.daemons[0].log_tail(),
         )
+        # Batches stored while Placement was away are verified by the daemons' Placement job;
+        # the oracle reports any it has not reached (a minute is many of its runs).
+        with contextlib.suppress(SoakError):
+            _wait(
+                "every batch verified",
+                lambda: not _unvouched(engine, world),
+                60,
+                lambda: "",
+            )
     finally:
         engine.dispose()
 
@@ -989,6 +1117,8 @@ def teardown(world: World) -> dict[str, int | None]:
         codes[d.name] = d.stop()
     if world.postgres is not None:
         world.postgres.close()
+    if world.placement is not None:
+        world.placement.close()
     for m in reversed(world.mounts):
         subprocess.run(["umount", "-l", str(m)], check=False, capture_output=True)
     return codes
@@ -1009,6 +1139,8 @@ class Findings:
     figures_checked: int = 0
     figures_off: list[str] = field(default_factory=list)
     replica_behind: list[str] = field(default_factory=list)
+    unvouched: list[str] = field(default_factory=list)
+    """batches still unverified at the end, or quarantined: every host here is honest"""
 
     @property
     def violations(self) -> int:
@@ -1019,6 +1151,7 @@ class Findings:
             + len(self.late_unexplained)
             + len(self.figures_off)
             + len(self.replica_behind)
+            + len(self.unvouched)
         )
 
 
@@ -1050,6 +1183,7 @@ def check(run: Run, with_figures: bool = True) -> Findings:
     engine = sa.create_engine(world.url)
     try:
         check_samples(run, engine, found)
+        found.unvouched = _unvouched(engine, world)
         if with_figures:
             from tests.support.soak_oracle import Accounting, recompute
 
@@ -1120,6 +1254,25 @@ def check_samples(run: Run, engine: sa.Engine, found: Findings) -> None:
                         found.late_unexplained.append(label)
 
 
+def _unvouched(engine: sa.Engine, world: World) -> list[str]:
+    """The replay's batches Placement has not vouched for (still unverified), and its samples
+    quarantined: none may be, since every host here claims only what Placement holds."""
+    span = {"a": world.start_s, "b": world.end_s}
+    with engine.connect() as c:
+        unverified = c.execute(
+            sa.text(
+                "SELECT b.key FROM batches b WHERE b.unverified AND b.interval_id >= :a"
+                " AND b.interval_id < :b"
+            ),
+            span,
+        ).scalars()
+        out = [f"batch {key}: still unverified" for key in unverified]
+        quarantined = c.execute(sa.text("SELECT count(*) FROM quarantined_samples")).scalar_one()
+    if quarantined:
+        out.append(f"{quarantined} samples quarantined")
+    return out
+
+
 def _replica_behind(world: World) -> list[str]:
     """The replica's ledger, once it has replayed the primary's last write, as the
     primary's: what gmd-admin's read-only commands read there is the ledger."""
@@ -1168,6 +1321,9 @@ def figures(run: Run, found: Findings, seconds: float) -> dict[str, Any]:
         "faults": len(run.faults),
         "faults_by_kind": dict(sorted(by_kind.items())),
         "answers_lost": lost_answers,
+        "batches_stored_unverified": sum(
+            d.log_text().count("stored unverified") for d in run.world.daemons
+        ),
         "restarts_after_exit": {
             f"{s.root.name}/{s.name}": s.restarts
             for s in [*run.world.daemons, *(h.agent for h in run.world.hosts)]
@@ -1183,6 +1339,8 @@ def figures(run: Run, found: Findings, seconds: float) -> dict[str, Any]:
         "figures_checked": found.figures_checked,
         "figures_off": len(found.figures_off),
         "replica_behind": len(found.replica_behind),
+        "unvouched": len(found.unvouched),
+        "placement": "real" if run.world.placement and run.world.placement.real else "stub",
         "violations": found.violations,
     }
     if found.violations:
