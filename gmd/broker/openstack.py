@@ -282,6 +282,7 @@ class PlacementSpare(OpenStackClient):
     """The cloud's spare VCPU, from Placement: one request (no retries)."""
 
     subject = "spare VCPU in Placement"
+    of = "of "
     hints: ClassVar[dict[QuotaErrorKind, str]] = {
         QuotaErrorKind.forbidden: "not allowed by Placement's policy: allocation candidates"
         " need an admin (or service) account: broker.openstack.placement_cloud",
@@ -306,7 +307,7 @@ class PlacementSpare(OpenStackClient):
                 checked(conn.placement.get(SPARE_QUERY, microversion=PLACEMENT_MICROVERSION))
             )
 
-        result: float = self.call("read", "(all)", read)
+        result: float = self.call("read", "every compute host", read)
         return result
 
 

@@ -37,6 +37,7 @@ class ProjectNames(OpenStackClient):
     """Lists the cloud's projects (id → name) with the clouds.yaml account of the quotas."""
 
     subject = "project names"
+    of = "of "
     hints: ClassVar[dict[QuotaErrorKind, str]] = {
         QuotaErrorKind.forbidden: "not allowed by Keystone's policy: listing every project"
         " needs a reader or admin role",
@@ -58,7 +59,7 @@ class ProjectNames(OpenStackClient):
                 url = links.get("next") if isinstance(links, dict) else None
             return names
 
-        return self.call("list", "*", read)
+        return self.call("list", "every project", read)
 
 
 def store_names(

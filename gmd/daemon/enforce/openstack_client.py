@@ -170,6 +170,9 @@ class OpenStackClient:
 
     subject = "quota"
     hints: ClassVar[dict[QuotaErrorKind, str]] = {}
+    of: ClassVar[str] = "of project "
+    """what the target a call names is, in messages (``of project <id>``); a subclass whose
+    calls name their target themselves (``provider <name>``) says ``"of "``"""
 
     def __init__(
         self,
@@ -259,7 +262,7 @@ class OpenStackClient:
         """A QuotaError whose message names the operation, project and cloud."""
         return QuotaError(
             kind,
-            f"{operation} of the {self.subject} of project {project_id} on cloud "
+            f"{operation} of the {self.subject} {self.of}{project_id} on cloud "
             f"{self.cloud!r} failed: {text}",
             cloud=self.cloud,
             project_id=project_id,
@@ -277,7 +280,7 @@ class OpenStackClient:
             exc = failure.cause
             raise QuotaError(
                 QuotaErrorKind.config,
-                f"{operation} of the {self.subject} of project {project_id} on cloud "
+                f"{operation} of the {self.subject} {self.of}{project_id} on cloud "
                 f"{self.cloud!r} failed: cannot connect with the clouds.yaml entry "
                 f"{self.cloud!r}: {describe(exc)}",
                 cloud=self.cloud,
@@ -290,7 +293,7 @@ class OpenStackClient:
             hint = self.hints.get(kind) or _HINTS[kind]
             raise QuotaError(
                 kind,
-                f"{operation} of the {self.subject} of project {project_id} on cloud "
+                f"{operation} of the {self.subject} {self.of}{project_id} on cloud "
                 f"{self.cloud!r} failed: {hint}{http}: {message}",
                 cloud=self.cloud,
                 project_id=project_id,

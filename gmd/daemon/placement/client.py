@@ -50,6 +50,7 @@ class PlacementClient(OpenStackClient):
     """The few reads the Placement view makes; each is one HTTP request."""
 
     subject = "Placement view"
+    of = "of "
     hints: ClassVar[dict[QuotaErrorKind, str]] = {
         QuotaErrorKind.forbidden: "not allowed by Placement's policy: reading providers and"
         " allocations needs an admin (or service) role",
