@@ -51,6 +51,7 @@ from gmd.agent.config import AgentConfig
 from gmd.agent.metrics import AgentMetrics, ApplyFailure, BatchFate, FetchOutcome
 from gmd.agent.sender import Sender
 from gmd.agent.spool import Spool, Spooled, SpoolError
+from gmd.common.timespec import iso
 from gmd.wire import HostCapabilities, HostPlan, PlanReport, VmApplyResult
 
 if TYPE_CHECKING:
@@ -119,6 +120,8 @@ class Agent:
         self._probed_for: frozenset[str] | None = None
         self._probe_due_s = 0.0
         self._capabilities_unsaid = False
+        self._clock_behind = False
+        """the last reading came before the one before it (the clock was stepped back)"""
         self._rng = rng or random.Random()
         self._plan_due_s: float | None = None
         self._unreported: list[tuple[int, VmApplyResult]] = []
@@ -188,6 +191,15 @@ class Agent:
             m.read(reading)
             return self._finished(TickReport(reading, 0, 0, self._send(now_s)))
         reading = self.collector.collect()
+        last = self.state.last_ok_s
+        if last is not None and reading.taken_s < last and not self._clock_behind:
+            log.warning(
+                "the clock went back %.1f s: readings are timed at the last one's (%s) until it"
+                " is past it again, so that no second is counted twice",
+                last - reading.taken_s,
+                iso(last),
+            )
+        self._clock_behind = last is not None and reading.taken_s < last
         result = advance(self.state, reading, self.config.interval_s)
         m.read(reading)
         for span in result.spans:

@@ -119,6 +119,7 @@ def _host_cpu(
 
 def advance(state: AgentState, reading: HostReading, interval_s: int) -> TickResult:
     """Fold one host reading into the state; return the new state and the closed intervals."""
+    reading = _not_before(reading, state.last_ok_s)
     open_ = {start: dict(vms) for start, vms in state.open.items()}
     open_host = dict(state.open_host_cpu)
     spans: list[Span] = []
@@ -166,6 +167,25 @@ def advance(state: AgentState, reading: HostReading, interval_s: int) -> TickRes
         if start + interval_s <= reading.taken_s
     ]
     return TickResult(state, closed, spans)
+
+
+def _not_before(reading: HostReading, last_ok_s: float | None) -> HostReading:
+    """``reading`` timed no earlier than the last good reading.
+
+    A clock stepped back (NTP's step, an operator's ``date``) would stamp the next readings
+    with seconds that were already measured: spreading their use over them again would count
+    memory twice for those seconds and close their intervals a second time. Until the clock
+    is past the last good reading again, a reading is timed at it: the counters' growth
+    meanwhile lands in that instant's interval (nothing lost), and the memory of the seconds
+    the step took back is not counted again. A clock stepped forward is not undone: the reading
+    after it spans the step, and its memory is counted over the step's seconds (once)."""
+    if last_ok_s is None or reading.taken_s >= last_ok_s:
+        return reading
+    return replace(
+        reading,
+        taken_s=last_ok_s,
+        vms=tuple(replace(vm, taken_s=max(vm.taken_s, last_ok_s)) for vm in reading.vms),
+    )
 
 
 def batch_document(

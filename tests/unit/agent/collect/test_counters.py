@@ -197,6 +197,27 @@ def test_advance_closes_intervals_with_exact_totals() -> None:
     assert total == pytest.approx(0.5 * (185 - 55), abs=1e-9)
 
 
+def test_a_clock_stepped_back_makes_no_second_happen_twice() -> None:
+    """NTP steps the host's clock back 30 s at true time 130: the readings after it are
+    stamped 30 s early. The seconds between the new time and the last reading's were already
+    counted: none is counted again (no interval closed a second time, no interval with more
+    memory than its length holds), and no CPU second is lost or invented."""
+    state = AgentState()
+    closed = []
+    true_times = [55.0 + 10 * k for k in range(21)]  # 55 .. 255
+    for true_t in true_times:
+        stamped = true_t if true_t < 130 else true_t - 30
+        r = advance(state, host(stamped, [reading(stamped, 0.5 * true_t)]), 60)
+        state, closed = r.state, closed + r.closed
+    starts = [c.start_s for c in closed]
+    assert starts == sorted(set(starts)) == [0, 60, 120]
+    for c in closed:
+        assert c.vms[VM1].usage.memory_byte_s <= GIB * 60 * (1 + 1e-12), c.start_s
+    cpu = sum(c.vms[VM1].usage.cpu_s for c in closed) + state.open[180][VM1].usage.cpu_s
+    assert cpu == pytest.approx(0.5 * (255 - 55), abs=1e-9)
+    assert state.last_ok_s == 225.0
+
+
 def test_vanished_vm_is_dropped_and_failed_vm_keeps_its_baseline() -> None:
     a, b = reading(0.0, 1.0, uuid="a"), reading(0.0, 1.0, uuid="b")
     state = advance(AgentState(), host(0.0, [a, b]), 60).state
