@@ -8,7 +8,8 @@ A post ends in one of three ways, and the sender acts on each differently:
   key reused with other content, too large): resending it can never succeed;
 - ``unavailable``: connection refused, timeout, 5xx — and also 401/403 (the host's token is
   wrong or not yet configured on the daemon: the operator can fix that, and the usage must
-  still be there when they have), 408 and 429. The batch stays in the spool.
+  still be there when they have), 408, 425 (the batch is early: this host's clock is ahead
+  of the daemon's by more than its ``clock_skew_s``) and 429. The batch stays in the spool.
 
 An ``unavailable`` post whose request went out whole and whose connection then closed without
 an answer is marked ``answer_lost``: something is there and reading, and the daemon may well
@@ -31,7 +32,7 @@ from gmd.wire import HostCapabilities, HostPlan, PlanReport
 
 log = logging.getLogger(__name__)
 
-RETRY_STATUSES = frozenset({401, 403, 408, 429})
+RETRY_STATUSES = frozenset({401, 403, 408, 425, 429})
 
 ANSWER_LOST = (httpx.RemoteProtocolError, httpx.ReadError)
 """Transport errors raised after the request was written: the connection closed (or was reset)

@@ -145,9 +145,10 @@ class Sender:
         )
         if trouble:
             if not self._down_since_logged:
-                # A refused token is the operator's to fix: say it as loudly as a rejection.
+                # A refused token, or a clock ahead, is the operator's to fix: say it as loudly
+                # as a rejection.
                 log.log(
-                    logging.ERROR if status in (401, 403) else logging.WARNING,
+                    logging.ERROR if status in (401, 403, 425) else logging.WARNING,
                     "daemon %s cannot take batches: %s; %d batches spooled, retrying every tick",
                     self.client.base_url,
                     trouble,

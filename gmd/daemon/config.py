@@ -249,7 +249,8 @@ class Daemon(Table):
     )
     clock_skew_s = Count(
         300,
-        "batches for intervals that end more than this far in the future are refused",
+        "batches for intervals that end more than this far in the future are refused (425: the"
+        " agent keeps them and sends them again)",
         0,
         86400,
     )

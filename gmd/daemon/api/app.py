@@ -25,7 +25,7 @@ from gmd.wire import HostCapabilities, PlanReport, Problem, SampleBatch
 
 ROUTERS = (samples.router, plans.router, health.router)
 # Every route may answer with these; the bodies are all a Problem.
-PROBLEM_STATUSES = (400, 401, 403, 409, 413, 415, 422, 429, 503)
+PROBLEM_STATUSES = (400, 401, 403, 409, 413, 415, 422, 425, 429, 503)
 # Request bodies the routes read and validate themselves (see describe_bodies).
 BODIES = (SampleBatch, PlanReport, HostCapabilities)
 

@@ -46,7 +46,8 @@ class Rejection(StrEnum):
     interval_mismatch = "interval_mismatch"
     """an interval of another length, or misaligned: the agent's interval_s is not ours (422)"""
     future = "future"
-    """an interval or VM from the future beyond daemon.clock_skew_s: a host's clock (422)"""
+    """an interval (425: the agent keeps the batch and sends it again) or a VM (422) from the
+    future beyond daemon.clock_skew_s: a host's clock"""
     too_old = "too_old"
     """an interval that ended more than daemon.max_late_s ago (422)"""
     implausible = "implausible"

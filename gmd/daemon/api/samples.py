@@ -226,7 +226,8 @@ def ingest_within_limits(
 
 def check_batch(services: Services, batch: BatchRecord) -> None:
     """Raise :class:`Refused` listing every problem of ``batch`` here: 413 when it holds too
-    many VMs (the agent must split it), else 422."""
+    many VMs (the agent must split it), 425 when it is only early (its host's clock is
+    ahead), else 422."""
     config = services.config
     problems = batch_problems(
         batch,
@@ -246,13 +247,21 @@ def refuse(batch: BatchRecord, problems: list[BatchProblem]) -> None:
     messages = [p.message for p in problems]
     more = f" (and {len(messages) - 1} more)" if len(messages) > 1 else ""
     too_many = any(p.code is ProblemCode.TOO_MANY_VMS for p in problems)
+    # Only early (the host's clock is ahead): nothing is wrong with the batch but its time.
+    # 425 tells the agent to keep it and send it again; dropped, a host whose clock ran
+    # ahead of daemon.clock_skew_s would lose its use for as long.
+    early = all(p.code in EARLY for p in problems)
     raise Refused(
-        413 if too_many else 422,
+        413 if too_many else 425 if early else 422,
         f"batch {batch.key} from {batch.host}: {messages[0]}{more}",
         messages,
         Rejection.too_large if too_many else REJECTION_OF[problems[0].code],
     )
 
+
+EARLY = frozenset({ProblemCode.FUTURE})
+"""Problems that time cures: a batch with these only is refused 425 (sent again later). A VM
+created in the future is not one: its time is Nova's, not the host's clock."""
 
 REJECTION_OF = {
     ProblemCode.INTERVAL_LENGTH: Rejection.interval_mismatch,

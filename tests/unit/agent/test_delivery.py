@@ -287,6 +287,32 @@ def test_a_daemon_that_does_not_answer_in_time_holds_the_batches_behind(
     assert h.metric("gmd_agent_spool_batches") == 4
 
 
+def test_a_host_whose_clock_runs_ahead_keeps_its_batches_until_the_daemon_takes_them(
+    tmp_path: Path,
+) -> None:
+    """The agent's clock 10 minutes ahead of the daemon's, past its clock_skew_s (300 s):
+    each batch is early (425), kept, and taken once the clocks agree. Nothing is dropped."""
+    start = aligned_past(20)
+    behind = [600.0]
+    agents: list[Host] = []  # the daemon's clock is the agent's, less what it is behind
+
+    def daemon_clock() -> float:
+        return (agents[0].now if agents else float(start)) - behind[0]
+
+    config = make_config(f"sqlite:///{tmp_path / 'ledger.db'}", {HOST: "operator"})
+    with serving(config, clock=daemon_clock) as d:
+        h = Host(tmp_path, d.url, start)
+        agents.append(h)
+        h.ticks(24)  # intervals 0..3 close; each is 'in the future' for the daemon
+        assert ledger(d)[1] == {}
+        assert h.metric("gmd_agent_spool_batches") == 4
+        assert h.metric("gmd_agent_batches_total", outcome="rejected") == 0
+        behind[0] = 0.0  # the clock is put right
+        h.ticks(6)
+        assert h.metric("gmd_agent_spool_batches") == 0
+        assert_every_interval_exactly_once(d, h, [start + 60 * k for k in range(5)])
+
+
 def test_agent_crash_and_restart_lose_and_double_nothing(daemon: Daemon, tmp_path: Path) -> None:
     start = aligned_past(20)
     h = Host(tmp_path, daemon.url, start)

@@ -114,14 +114,15 @@ MAX_RESPONSE_TIME_S = 10.0
 # refuses some of that by rules the JSON schema does not say, with statuses the spec documents:
 # 403, the token names another host than the path's {host} or the batch's host; 409, a batch
 # key already used for a different batch; 413, more VMs than daemon.max_batch_vms (the agent
-# must split the batch); 422, an interval in the future, misaligned or before the ledger's
-# first, more use than the host can give, a VM created in the future, and the wire types' own
+# must split the batch); 425, an interval in the future (beyond the allowed clock skew); 422,
+# an interval misaligned or before the ledger's first, more use than the host can give, a VM
+# created in the future, and the wire types' own
 # rules: names (host, customer) without control, bidi or zero-width characters, integers
 # written as integers (JSON Schema's "integer" admits 5.0, the strict wire types do not). So
 # these count as accepted. 400 (not JSON), 401 (no or a wrong token) and 415 (not
 # application/json) do not: schemathesis sends JSON and we a valid token, so one of those for
 # valid data is a defect.
-POSITIVE_REFUSALS = ["2xx", "403", "409", "413", "422"]
+POSITIVE_REFUSALS = ["2xx", "403", "409", "413", "422", "425"]
 # The read API's routes (read_api.auth = "local" here): every check but the one above, whose
 # statuses are the ingest's; the test checks theirs itself.
 READ_PATHS = (

@@ -291,7 +291,7 @@ REFUSALS = [
     ),
     pytest.param(
         lambda b: b.update(interval_start_s=aligned_past(-5)),
-        422,
+        425,  # early: the agent keeps it and sends it again
         "in the future",
         id="clock-skew",
     ),

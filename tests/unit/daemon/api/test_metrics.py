@@ -126,7 +126,7 @@ def test_every_refused_batch_is_counted_by_its_reason(tmp_path: Path) -> None:
         Rejection.unauthorized: 401,
         Rejection.wrong_host: 403,
         Rejection.interval_mismatch: 422,
-        Rejection.future: 422,
+        Rejection.future: 425,
         Rejection.too_old: 422,
         Rejection.implausible: 422,
         Rejection.key_reused: 409,
@@ -157,7 +157,7 @@ def test_each_hosts_last_batch_is_a_gauge_that_survives_a_restart(database_url: 
     with serving(config, clock=lambda: seen_s + 0.75) as d:
         assert sample(d, "gmd_ingest_last_batch_seconds", host=H1.name) is None
         assert post(d, usage(aligned_past(2))).status_code == 200
-        assert post(d, usage(aligned_past(-20), key="future")).status_code == 422
+        assert post(d, usage(aligned_past(-20), key="future")).status_code == 425
         assert post(d, usage(aligned_past(2)), host="cmp-9").status_code == 401
         after_post = scrape(d)
     hosts = {
