@@ -39,7 +39,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,7 +47,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import KazooState
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from gmd.broker.coordination import (
     ROOT,
@@ -151,6 +151,11 @@ class Broker:
     _standings_due: float = 0.0
     _unsure: bool = False
     """a step failed midway: what it did in ZooKeeper is not known (see :meth:`_settle`)"""
+    handed: Callable[[Request], None] | None = None
+    """called with a local request once it is handed on: in ZooKeeper's queue (or its marker
+    says it was put there), or running here; the inbox then lets its file go
+    (:func:`gmd.broker.inbox.handed`). Called before the request's publish marker is deleted:
+    a broker killed in between finds the marker when it starts and does not publish it again"""
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -158,11 +163,16 @@ class Broker:
 
     # -- life ---------------------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Join the federation, watch the queue and the members, and handle events."""
+    def start(self, held: Sequence[Request] = ()) -> None:
+        """Join the federation, watch the queue and the members, and handle events. ``held``:
+        local requests an earlier process of this site took and never handed on (it was killed
+        while ZooKeeper could not be reached, say: :mod:`gmd.broker.inbox`). They are published
+        first, never run here: one whose publish was made is refused by its marker, which is
+        kept for it (an earlier process's other pending publishes went with it)."""
         self.federation.ensure()
         self._join()
-        self.federation.forget_published()  # an earlier process's pending publishes went with it
+        self.federation.forget_published(keep={r.id for r in held})
+        self._unpublished.extend(held)
         self.zk.add_listener(self._on_state)
         self.zk.ChildrenWatch(self.federation.path("queue"), self._on_queue)
         self.zk.ChildrenWatch(self.federation.path("members"), self._on_members)
@@ -265,6 +275,7 @@ class Broker:
         if request.cores <= free and not self._waiting(free):
             self._local += 1
             self.handler.start(f"local-{self._local}-{request.id}", request)
+            self._hand_on(request)
             self._decide(Choice.ran_locally, request)
             return
         self._unpublished.append(request)
@@ -287,6 +298,7 @@ class Broker:
             try:
                 # None: made already, its answer lost (the marker refused it again)
                 self.federation.publish(request)
+                self._hand_on(request)  # before the marker goes: see `handed`
                 self.federation.published(request)
             except UNREACHABLE as exc:
                 LOG.warning(
@@ -298,6 +310,10 @@ class Broker:
                 return
             self._unpublished.pop(0)
             self._decide(Choice.published, request)
+
+    def _hand_on(self, request: Request) -> None:
+        if self.handed is not None:
+            self.handed(request)
 
     def _take(self) -> None:
         """While the reservation is below the threshold, take the queued request of the
@@ -352,6 +368,19 @@ class Broker:
                 completed = self.federation.complete(
                     done.name, done.ran_s, functools.partial(self._file_completion, filed=filed)
                 )
+            except IntegrityError:
+                # The ledger holds this number counted already: ZooKeeper's count of this
+                # site's completions went back (it lost writes it had acknowledged). Waiting
+                # would not help: reconciling puts the lost completions back, and the next try
+                # takes the number after the ledger's (History.reconcile).
+                LOG.warning(
+                    "%s: completing %s: the ledger holds its number counted already:"
+                    " ZooKeeper's count is behind the ledger's: reconciling",
+                    self.settings.site,
+                    done.name,
+                )
+                self._unsure = True
+                return
             except SQLAlchemyError as exc:  # the ledger first: the completion waits for it
                 LOG.warning(
                     "%s: completing %s: the ledger: %s: later",

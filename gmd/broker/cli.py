@@ -6,6 +6,7 @@ Wiring only: the loop is :class:`gmd.broker.broker.Broker`, the shared state
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import threading
@@ -89,6 +90,7 @@ def run_command(
     logs.setup(log_level.value, quiet=("kazoo.client",))
     config = _config(config_path)
     from kazoo.client import KazooClient
+    from kazoo.exceptions import KazooException
     from kazoo.handlers.threading import KazooTimeoutError
     from sqlalchemy.exc import SQLAlchemyError
 
@@ -123,12 +125,20 @@ def run_command(
     settings = BrokerSettings(
         config.site, config.org, config.threshold, root=config.root, tick_s=config.tick_s
     )
-    broker = Broker(zk, settings, handler, history=History(ledger, config.site))
+    broker = Broker(
+        zk,
+        settings,
+        handler,
+        history=History(ledger, config.site),
+        handed=functools.partial(_handed, config.inbox),
+    )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        broker.start()
+        config.inbox.mkdir(parents=True, exist_ok=True)
+        held = inbox.held(config.inbox, config.site, config.org)
+        broker.start(held)
         log.info(
             "%s (%s) brokering: %g cores, threshold %g, ZooKeeper %s%s",
             config.site,
@@ -138,13 +148,24 @@ def run_command(
             config.zookeeper,
             config.root,
         )
-        config.inbox.mkdir(parents=True, exist_ok=True)
+        if held:
+            log.info(
+                "%s: %d request(s) an earlier process took from the inbox and did not hand on:"
+                " published again unless ZooKeeper has them",
+                config.site,
+                len(held),
+            )
         while not stop.is_set():
             for request in inbox.take(config.inbox, config.site, config.org):
                 broker.submit(request)
             stop.wait(config.tick_s)
     except FederationError as exc:
         raise fail(str(exc), ExitCode.UNAVAILABLE) from None
+    except (KazooException, KazooTimeoutError) as exc:
+        # starting while ZooKeeper has no quorum, or expired the session meanwhile: one line,
+        # exit 1, and systemd starts the broker again (the loop itself waits ZooKeeper out)
+        message = f"ZooKeeper at {config.zookeeper}: {type(exc).__name__} while starting"
+        raise fail(message, ExitCode.UNAVAILABLE) from None
     except SQLAlchemyError as exc:
         message = f"the ledger: {type(exc).__name__}: {exc.args[0] if exc.args else ''}"
         raise fail(message.splitlines()[0], ExitCode.UNAVAILABLE) from None
@@ -154,6 +175,15 @@ def run_command(
         zk.stop()
         zk.close()
     log.info("%s stopped", config.site)
+
+
+def _handed(box: Path, request: Request) -> None:
+    """The broker handed ``request`` on: its inbox file goes (a file left is only submitted
+    again by the next start, and its marker refuses it then)."""
+    try:
+        inbox.handed(box, request.id)
+    except OSError as exc:
+        log.warning("%s: %s", box, exc)
 
 
 @app.command("submit")

@@ -46,7 +46,7 @@ import contextlib
 import json
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -297,17 +297,20 @@ class Federation:
         """This site knows ``request``'s publish made: its marker is no longer needed."""
         self._delete_quietly(self._marker(request))
 
-    def forget_published(self) -> int:
-        """Delete every marker of this site (a broker starting: no publish of its is pending);
-        how many."""
+    def forget_published(self, keep: Collection[str] = ()) -> int:
+        """Delete every marker of this site but those of the request ids ``keep`` (a broker
+        starting: no publish of its is pending, but those of the requests an earlier process
+        took from the inbox and never said were handed on, which it publishes again: their
+        markers refuse a publish that was made); how many deleted."""
         base = self.path("published", self.site)
         try:
             names = self._wait(self.zk.get_children_async(base))
         except NoNodeError:
             return 0
-        for name in names:
+        gone = [name for name in names if name not in keep]
+        for name in gone:
             self._delete_quietly(f"{base}/{name}")
-        return len(names)
+        return len(gone)
 
     def _marker(self, request: Request) -> str:
         return self.path("published", f"{self.site}/{request.id}")
@@ -522,15 +525,19 @@ class Federation:
         else:
             tx.set_data(path, _dump(doc), version=version)
 
-    def reseed(self, seq: int, lent: dict[str, float], contributed: float) -> bool:
+    def reseed(
+        self, seq: int, lent: dict[str, float], contributed: float, version: int | None = None
+    ) -> bool:
         """Put back what this site's ledger says it counted, into a ZooKeeper that has no
-        record of the site (its data was lost, or the federation was started anew): the
-        site's organisation contributed ``contributed`` core-seconds, each organisation of
-        ``lent`` used its figure, and the site made ``seq`` completions. One transaction that
-        creates the site's record, so that it is done once. False: the record exists (or a
+        record of the site (its data was lost, or the federation was started anew), or whose
+        record is behind the ledger's (``version``: the record's, as read; ZooKeeper lost some
+        of its writes): the site's organisation contributed ``contributed`` core-seconds more,
+        each organisation of ``lent`` used its figure more, and the site made ``seq``
+        completions. One transaction that creates the site's record, or changes it at the
+        version read, so that it is done once. False: the record exists, or changed (or a
         summary changed meanwhile: try again)."""
         tx = self.zk.transaction()
-        self._write_site_record(tx, None, None, seq=seq)
+        self._write_site_record(tx, None, version, seq=seq)
         if contributed > 0:
             self._add_to_summary(tx, self.org, contributed=contributed)
         for org, amount in sorted(lent.items()):

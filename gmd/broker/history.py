@@ -19,6 +19,12 @@ is then requeued by the broker's own reconciliation, and counted when it complet
 - ZooKeeper's count is past the ledger's last counted completion: the ledger lost rows (it was
   restored from an older backup). This cannot be rebuilt from ZooKeeper's sums; it is logged
   and filed as a ``behind`` event with the missing count, so that an audit sees the gap.
+- ZooKeeper's count is behind the ledger's: ZooKeeper lost completions it had counted (writes
+  it had acknowledged: the federation's soak met ZooKeeper 3.8 electing a leader that had not
+  logged what it had synced, ZOOKEEPER-4643's kind; or it was restored from an older copy).
+  The completions numbered past its count are put back into the summaries, with the count, in
+  one transaction fenced by the site record's version, so once. Until then every completion
+  of the site would take a number the ledger holds counted already, and be refused for good.
 
 Other decisions (published, took, requeued …) are written in batches by the broker's tick; a
 ledger that cannot be reached keeps them in memory (at most :data:`MAX_UNWRITTEN`, the oldest
@@ -67,7 +73,9 @@ class Entry:
 class Reseed(Protocol):
     """:meth:`gmd.broker.coordination.Federation.reseed`'s shape."""
 
-    def __call__(self, seq: int, lent: dict[str, float], contributed: float) -> bool: ...
+    def __call__(
+        self, seq: int, lent: dict[str, float], contributed: float, version: int | None = None
+    ) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -79,6 +87,8 @@ class Reconciled:
     reseeded: bool = False
     missing: int = 0
     """completions ZooKeeper counted that the ledger has no row of"""
+    caught_up: int = 0
+    """completions the ledger counted that ZooKeeper had lost, put back"""
 
 
 @dataclass
@@ -164,11 +174,13 @@ class History:
 
     # -- reconciliation -----------------------------------------------------------------------
 
-    def counted(self) -> tuple[int, float, dict[str, float]]:
-        """The ledger's counted completions of this site: the highest number, and the
-        core-seconds lent in all and to each organisation."""
+    def counted(self, after: int = 0) -> tuple[int, float, dict[str, float]]:
+        """The ledger's counted completions of this site (those numbered past ``after``): the
+        highest number, and the core-seconds lent in all and to each organisation."""
         with self.engine.connect() as conn:
-            mine = and_(_events.c.site == self.site, _events.c.counted.is_(True))
+            mine = and_(
+                _events.c.site == self.site, _events.c.counted.is_(True), _events.c.seq > after
+            )
             last = conn.execute(select(func.max(_events.c.seq)).where(mine)).scalar()
             lent = {
                 str(org): float(amount)
@@ -213,7 +225,7 @@ class History:
                 )
         last, contributed, lent = self.counted()
         reseeded = False
-        missing = 0
+        missing = caught_up = 0
         if record.version is None and last > 0:
             reseeded = reseed(last, lent, contributed)
             if reseeded:
@@ -223,6 +235,20 @@ class History:
                     self.site,
                     last,
                     contributed,
+                )
+        elif record.seq < last:
+            _, ahead, lent_ahead = self.counted(after=record.seq)
+            if reseed(last, lent_ahead, ahead, version=record.version):
+                caught_up = last - record.seq
+                LOG.warning(
+                    "%s: ZooKeeper's count of this site's completions (%d) is behind the"
+                    " ledger's (%d): ZooKeeper lost writes it had acknowledged; the %d"
+                    " completion(s) (%.0f core-seconds lent) put back into the summaries",
+                    self.site,
+                    record.seq,
+                    last,
+                    caught_up,
+                    ahead,
                 )
         elif record.seq > last:
             missing = record.seq - last
@@ -235,7 +261,7 @@ class History:
                 record.seq,
             )
             self._file_gap(last, record.seq, now_s)
-        return Reconciled(len(counted), len(refused), reseeded, missing)
+        return Reconciled(len(counted), len(refused), reseeded, missing, caught_up)
 
     def _file_gap(self, last: int, zk_seq: int, now_s: float) -> None:
         entry = Entry(now_s, BEHIND, f"completions {last + 1}-{zk_seq}", "", self.site)

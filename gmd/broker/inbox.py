@@ -1,9 +1,17 @@
 """The broker's inbox: local submits as files, one JSON request each.
 
 ``gmd-broker submit`` writes ``<inbox>/<id>.json`` (to a temporary name first, then renamed, so
-that the broker never reads half a file); the running broker takes each file in name order,
-submits it and deletes it. A file that is not a request of this site is moved to
-``<inbox>/rejected/`` with a log line saying why: it stops nothing.
+that the broker never reads half a file); the running broker takes each file in name order
+and submits it. A file that is not a request of this site is moved to ``<inbox>/rejected/``
+with a log line saying why: it stops nothing.
+
+**A taken request stays on disk until it is handed on.** :func:`take` moves its file to
+``<inbox>/taken/``, and the broker deletes it there (:func:`handed`) only once the request is
+in ZooKeeper's queue, or its publish marker says it was put there, or it runs here. Before
+(issue 44), the file was deleted when read: a request the broker held in memory, because
+ZooKeeper could not be reached, was lost when the broker was killed, though its submit had
+said yes. A broker that starts submits the requests an earlier process left there
+(:func:`held`) before any new one.
 """
 
 from __future__ import annotations
@@ -18,13 +26,15 @@ from gmd.broker.coordination import FederationError, Request
 
 LOG = logging.getLogger(__name__)
 MAX_BYTES = 64 * 1024
+TAKEN = "taken"
+"""the subdirectory of the requests the broker took and has not handed on yet"""
 
 
 def write(inbox: Path, request: Request) -> Path:
     """Leave ``request`` in ``inbox`` for the broker; the file written."""
     inbox.mkdir(parents=True, exist_ok=True)
     final = inbox / f"{request.id}.json"
-    if final.exists():
+    if final.exists() or (inbox / TAKEN / final.name).exists():
         raise FederationError(f"{final}: request {request.id!r} is already waiting")
     temporary = inbox / f".{request.id}.json.tmp"
     temporary.write_text(json.dumps(request.__dict__))
@@ -33,22 +43,52 @@ def write(inbox: Path, request: Request) -> Path:
 
 
 def take(inbox: Path, site: str, org: str) -> list[Request]:
-    """The requests waiting in ``inbox`` (each file removed once read)."""
+    """The requests waiting in ``inbox``, each file moved to ``taken/`` once read (the broker
+    calls :func:`handed` once it has handed the request on)."""
     if not inbox.is_dir():
         return []
+    taken = inbox / TAKEN
     out = []
     for path in sorted(inbox.glob("*.json")):
-        try:
-            request = _read(path, site, org)
-        except FederationError as exc:
-            rejected = inbox / "rejected"
-            rejected.mkdir(exist_ok=True)
-            os.replace(path, rejected / path.name)
-            LOG.warning("%s: rejected: %s", path, exc)
+        request = _accepted(inbox, path, site, org)
+        if request is None:
             continue
-        path.unlink(missing_ok=True)
+        taken.mkdir(exist_ok=True)
+        os.replace(path, taken / path.name)
         out.append(request)
     return out
+
+
+def held(inbox: Path, site: str, org: str) -> list[Request]:
+    """The requests an earlier broker process took from ``inbox`` and never handed on (it was
+    killed, or stopped with them unpublished), in name order; their files stay until
+    :func:`handed`."""
+    taken = inbox / TAKEN
+    if not taken.is_dir():
+        return []
+    return [
+        request
+        for path in sorted(taken.glob("*.json"))
+        if (request := _accepted(inbox, path, site, org)) is not None
+    ]
+
+
+def handed(inbox: Path, request_id: str) -> None:
+    """The broker handed ``request_id`` on (published it, or started it here): its file goes."""
+    (inbox / TAKEN / f"{request_id}.json").unlink(missing_ok=True)
+
+
+def _accepted(inbox: Path, path: Path, site: str, org: str) -> Request | None:
+    """``path``'s request; None, the file moved to ``rejected/``, when it is not one of this
+    site's."""
+    try:
+        return _read(path, site, org)
+    except FederationError as exc:
+        rejected = inbox / "rejected"
+        rejected.mkdir(exist_ok=True)
+        os.replace(path, rejected / path.name)
+        LOG.warning("%s: rejected: %s", path, exc)
+        return None
 
 
 def _read(path: Path, site: str, org: str) -> Request:

@@ -204,3 +204,32 @@ def test_work_flows_through_a_follower_stopped_and_then_the_leader_stopped(
         raise AssertionError(f"{exc}\n{logs}") from None
     assert completions(everyone) == Counter(dict.fromkeys(ids, 1))
     wait_until("the ledgers to agree", lambda: filed(everyone) == Counter(dict.fromkeys(ids, 1)))
+
+
+def test_a_request_taken_from_the_inbox_while_zookeeper_is_down_survives_its_broker_s_kill(
+    sites: Callable[[str, float], Site], ensemble: Ensemble, tmp_path: Path
+) -> None:
+    """The soak's seed 11 (tests/support/soak_federation.py): a request home had taken from
+    its inbox and could not publish (no quorum) was lost when home was killed: the submit had
+    said yes, and neither the inbox nor ZooKeeper held it any more."""
+    home, lender = sites("home", 0), sites("lender", 1)
+    follower = next(i for i, m in ensemble.modes().items() if m == "follower")
+    leader = ensemble.leader()
+    ensemble.stop(follower)
+    ensemble.stop(leader)  # one node of three: no quorum, nothing can be published
+    home.submit("s1", 1.0)
+    wait_until("home to take s1 from its inbox", lambda: not (home.dir / "inbox/s1.json").exists())
+    home.signal(signal.SIGKILL)
+    assert home.process is not None
+    home.process.wait(30)
+    ensemble.start(follower)
+    ensemble.start(leader)
+    ensemble.wait_serving()
+    home.start()
+    try:
+        wait_until("s1 to be completed", lambda: completions([home, lender])["s1"] >= 1)
+    except AssertionError as exc:
+        logs = "\n".join(f"--- {s.name}\n{s.text()[-3000:]}" for s in (home, lender))
+        raise AssertionError(f"{exc}\n{logs}") from None
+    assert completions([home, lender]) == Counter({"s1": 1})
+    wait_until("the ledgers to agree", lambda: filed([home, lender]) == Counter({"s1": 1}))

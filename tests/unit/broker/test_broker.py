@@ -287,3 +287,48 @@ def test_a_site_that_joins_and_takes_work_while_a_broker_reconciles_is_not_lost(
         for zk in clients:
             zk.stop()
             zk.close()
+
+
+def test_requests_an_earlier_process_held_are_published_once_when_the_broker_starts(
+    zookeeper_hosts: str, zk_root: str, tmp_path: Any
+) -> None:
+    """The soak's seed 11: a broker killed while it held requests it had taken from its inbox
+    (gmd.broker.inbox keeps their files until they are handed on). The next process publishes
+    them first: one the earlier process had published (it was killed before it said so) is
+    refused by its marker, which the start keeps for it, and is not queued twice; one it had
+    not is published. Each is handed on once ZooKeeper has it, and its marker then goes."""
+    clients = [client(zookeeper_hosts) for _ in range(2)]
+    try:
+        earlier = Federation(clients[0], "home", "org-home", root=zk_root)
+        earlier.ensure()
+        made = Request("made", "org-home", "home", 1.0, 60.0, 1.0)
+        unmade = Request("unmade", "org-home", "home", 1.0, 60.0, 2.0)
+        assert earlier.publish(made) is not None  # then killed: no published(), no hand-off
+        clients[0].stop()
+        clients[0].close()
+        handed: list[str] = []
+        broker = Broker(
+            clients[1],
+            BrokerSettings("home", "org-home", 1.0, root=zk_root, tick_s=0.05),
+            LocalProcesses("home", 0.0, journal=tmp_path / "journal"),
+            handed=lambda r: handed.append(r.id),
+        )
+        broker.start([made, unmade])
+        try:
+            wait_until("both handed on", lambda: sorted(handed) == ["made", "unmade"])
+            wait_until(
+                "both markers gone",
+                lambda: not clients[1].get_children(f"{zk_root}/published/home"),
+            )
+        finally:
+            broker.stop()
+        queued = [q.request.id for q in broker.federation.queued()]
+        assert sorted(queued) == ["made", "unmade"]  # each once
+        assert sorted(d.request for d in broker.decisions if d.choice == Choice.published) == [
+            "made",
+            "unmade",
+        ]
+    finally:
+        for zk in clients[1:]:
+            zk.stop()
+            zk.close()

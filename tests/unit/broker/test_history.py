@@ -6,6 +6,7 @@ count each completion once; the standings reach gmd-admin and the read API."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -252,3 +253,52 @@ def test_three_brokers_file_each_completion_once_and_the_standings_reach_the_rea
     assert served == gmd_admin(config_file, "federation", "standings")
     assert events == gmd_admin(config_file, "federation", "log")
     assert bad.status_code == 400 and "from" in bad.text
+
+
+def test_a_zookeeper_that_lost_completions_it_counted_is_caught_up_and_completions_go_on(
+    federation: Any, zk_root: str, zookeeper_hosts: str
+) -> None:
+    """The federation's soak, seed 5: ZooKeeper 3.8 lost writes it had acknowledged (a
+    follower took a new epoch before it had logged what it synced, then led: ZOOKEEPER-4643's
+    kind), and its count of a lender's completions went back below the lender's ledger. Each
+    later completion took a number the ledger held counted: IntegrityError, "the ledger:
+    later", for good, and the lender completed nothing again. The rollback is played by
+    writing the site's record and the summaries back as they were after the first
+    completion; the broker must put back what ZooKeeper lost, once, and complete the next."""
+    home = federation("home", 0, ledger=True)
+    lender = federation("lender", 1, ledger=True)
+    zk = client(zookeeper_hosts)
+    try:
+
+        def completions() -> list[str]:
+            return [d.request for d in lender.decisions if d.choice == Choice.completed]
+
+        def state() -> dict[str, bytes]:
+            paths = [f"{zk_root}/sites/lender"]
+            paths += [f"{zk_root}/summaries/{o}" for o in zk.get_children(f"{zk_root}/summaries")]
+            return {p: zk.get(p)[0] for p in paths}
+
+        home.submit(Request("a", "org-home", "home", 1.0, 0.1, 1.0))
+        wait_until("a completed", lambda: completions() == ["a"])
+        after_one = state()
+        home.submit(Request("b", "org-home", "home", 1.0, 0.1, 2.0))
+        wait_until("b completed", lambda: completions() == ["a", "b"])
+        wait_until("b settled", lambda: lender.history.counted()[0] == 2)
+        after_two = state()
+        for path, data in after_one.items():  # ZooKeeper's lost writes
+            zk.set(path, data)
+        home.submit(Request("c", "org-home", "home", 1.0, 0.1, 3.0))
+        wait_until("c completed", lambda: completions() == ["a", "b", "c"], timeout_s=20)
+        wait_until("c settled", lambda: lender.history.counted()[0] == 3)
+        record = lender.federation.site_record()
+        assert record.seq == 3
+        assert record.last is not None and record.last.request.id == "c"
+        # the summaries: what they were before the rollback, and c's once
+        sums = lender.federation.summaries()
+        lent = lender.history.counted()[1]
+        assert sums["org-lender"].contributed == pytest.approx(lent)
+        assert sums["org-home"].used == pytest.approx(lent)
+        assert json.loads(after_two[f"{zk_root}/summaries/org-lender"])["contributed"] < lent
+    finally:
+        zk.stop()
+        zk.close()
