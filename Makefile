@@ -79,12 +79,14 @@ cloud-protection: setup
 
 # gmd's processes under faults drawn from seeds, against an oracle (bench/soak.py; docs/operations.md
 # says what each fault does): PostgreSQL with a streaming replica, then SQLite, for each seed.
-# The daemons verify against the tests' real Placement (a stub of the soak's if it cannot start).
+# The daemons verify against the tests' real Placement (a stub of the soak's if it cannot start);
+# beside each seed's PostgreSQL run, gmd-brokers over a ZooKeeper ensemble of the soak's own.
 # Root, for full filesystems. `make soak SOAK_SECONDS=900 SOAK_SEEDS=1,2` is an hour of soak.
 SOAK_SECONDS ?= 900
 SOAK_SEEDS ?= 1,2
 soak: setup
 	@GMD_WITH_POSTGRES=1 bash tests/scripts/bootstrap.sh
+	@bash tests/scripts/zookeeper.sh install
 	@cloud=$$(bash tests/scripts/openstack.sh) || cloud=; \
 		GMD_TEST_OPENSTACK=$$cloud $(BIN)/python bench/soak.py --seconds $(SOAK_SECONDS) \
 		--seeds $(SOAK_SEEDS); status=$$?; bash tests/scripts/openstack.sh stop; exit $$status

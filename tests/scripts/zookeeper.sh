@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Starts (or finds running) the tests' three-node ZooKeeper ensemble on 127.0.0.1 and prints its
-# connection string (what kazoo's KazooClient(hosts=…) takes); `zookeeper.sh stop` stops it.
+# connection string (what kazoo's KazooClient(hosts=…) takes); `zookeeper.sh stop` stops it;
+# `zookeeper.sh install` only installs (the soak starts ensembles of its own).
 # Installs Debian's zookeeper package (and Java) when missing; apt-get update only if the install
 # fails without it. The nodes' data, logs and pids are under var/zookeeper/ (tests/support/
 # zookeeper.py holds the recipe: ports 27181-27183, 27281-27283 and 27381-27383).
@@ -33,5 +34,6 @@ if [ "$missing" -eq 1 ]; then
     { install || { apt-get update -qq && install; }; } >>"$STATE/apt.log" 2>&1 ||
         die "could not install zookeeper; see $STATE/apt.log"
 fi
+[ "${1:-start}" = install ] && exit 0
 mkdir -p "$STATE"
 exec python3 tests/support/zookeeper.py start --dir "$STATE"
