@@ -20,8 +20,8 @@ is then requeued by the broker's own reconciliation, and counted when it complet
   restored from an older backup). This cannot be rebuilt from ZooKeeper's sums; it is logged
   and filed as a ``behind`` event with the missing count, so that an audit sees the gap.
 - ZooKeeper's count is behind the ledger's: ZooKeeper lost completions it had counted (writes
-  it had acknowledged: the federation's soak met ZooKeeper 3.8 electing a leader that had not
-  logged what it had synced, ZOOKEEPER-4643's kind; or it was restored from an older copy).
+  it had acknowledged: the federation's soak met this on an ensemble run with forceSync=no,
+  under leader kills; or it was restored from an older copy).
   The completions numbered past its count are put back into the summaries, with the count, in
   one transaction fenced by the site record's version, so once. Until then every completion
   of the site would take a number the ledger holds counted already, and be refused for good.

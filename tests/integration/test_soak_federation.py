@@ -56,7 +56,7 @@ def test_every_federation_request_is_counted_once_under_drawn_faults(tmp_path: P
         # Not gmd's to pass or fail: exactly once rests on ZooKeeper keeping what it
         # acknowledged (docs/federation.md). Said, with the evidence, rather than failed.
         pytest.skip(
-            "ZooKeeper lost writes it had acknowledged (ZOOKEEPER-4643's kind: see"
+            "ZooKeeper lost writes it had acknowledged (see"
             " tests/support/soak_federation.py): this run says nothing of gmd\n"
             + json.dumps(result, indent=1)
         )
