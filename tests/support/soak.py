@@ -955,7 +955,8 @@ def _held_down(service: Service) -> Callable[[], None]:
 def _fill(directory: Path) -> Callable[[], None]:
     """Fill the filesystem under ``directory`` (a tmpfs of the soak's); the healer frees it."""
     ballast = directory / "ballast"
-    with ballast.open("wb") as f, contextlib.suppress(OSError):
+    # Opening may fail already (the filesystem is full: the spool grew meanwhile): it is full.
+    with contextlib.suppress(OSError), ballast.open("wb") as f:
         chunk = b"\0" * (1 << 20)
         while True:
             f.write(chunk)
