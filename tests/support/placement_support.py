@@ -47,6 +47,22 @@ class RealPlacement:
         self.conn = conn
         self.providers: list[str] = []
         self.consumers: list[str] = []
+        self._authorized()
+
+    def _authorized(self, tries: int = 20) -> None:
+        """A token, asked again while Keystone answers 5xx: the tests' Keystone keeps its
+        data in SQLite, which answers a login beside another's writes with 500 ("database is
+        locked")."""
+        from keystoneauth1.exceptions.http import HttpError
+
+        for attempt in range(tries):
+            try:
+                self.conn.authorize()
+                return
+            except HttpError as exc:
+                if (exc.http_status or 0) < 500 or attempt == tries - 1:
+                    raise
+                time.sleep(0.5)
 
     @property
     def endpoint(self) -> str:
