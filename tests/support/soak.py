@@ -10,7 +10,9 @@ and on every simulated host a gmd-agent that replays *known usage* live
 (:mod:`gmd.agent.collect.replay` at speed 1): each VM's trace is a constant rate, chosen so that
 its counters are whole numbers at every tick, so the use of every VM in every interval is known
 exactly in advance. Each agent reaches the daemons through a TCP proxy of the soak's
-(:class:`Proxy`), which can cut the host off, delay it, or lose the daemon's answers.
+(:class:`Proxy`), which can cut the host off, delay it, or lose the daemon's answers. The
+daemons verify every batch against Placement (:class:`SoakPlacement`: the test cloud's real
+one where it is started, a stub otherwise), through another such proxy.
 
 **The faults** (:class:`Kind`) are drawn from the seed (:func:`draw`): when each starts, how long
 it lasts, and what it hits; they overlap freely. The trail of what was done, and when, is kept.
@@ -19,7 +21,9 @@ it lasts, and what it hits; they overlap freely. The trail of what was done, and
 its interval (none lost, none counted twice); stored on time unless its host was cut off around
 the interval's close (a late sample is kept but counts in no accounted interval); and every
 accounted figure equals an independent recomputation from the stored samples
-(:mod:`tests.support.soak_oracle`).
+(:mod:`tests.support.soak_oracle`); and Placement has vouched for every batch in the end (none
+unverified, none quarantined). The federation has a soak of its own
+(:mod:`tests.support.soak_federation`), which bench/soak.py runs beside this one.
 """
 
 from __future__ import annotations
