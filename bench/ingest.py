@@ -66,19 +66,23 @@ def seed_placement(hosts: int, vms: int, customers: int, prefix: str) -> Any:
     """The bench's hosts and VMs in the test cloud's Placement, as Nova would have them: a
     provider per host (named ``prefix-cmp-N``), each VM allocated on its host and owned by
     its customer. Returns what removes them (``close``)."""
-    from placement import Seeded, use_test_cloud
+    from placement import SERVER_RAM_MB, seeded, use_test_cloud
+
+    from tests.support.placement_support import PlacementWriteError
 
     use_test_cloud()
-    seeded = Seeded()
+    written = seeded()
     try:
         for h in range(hosts):
-            provider = seeded.host(f"{prefix}-cmp-{h}", 64, 500_000, ratio=16.0)
+            provider = written.host(f"{prefix}-cmp-{h}", 64, 500_000, ratio=16.0)
             for vm in host_vms(h, customers, np.zeros((vms, 6))):
-                seeded.server(provider, vm["uuid"], vm["customer"])
-    except BaseException:
-        seeded.close()
+                written.server(provider, str(vm["customer"]), str(vm["uuid"]), SERVER_RAM_MB)
+    except BaseException as exc:
+        written.close()
+        if isinstance(exc, PlacementWriteError):
+            raise SystemExit(str(exc)) from None
         raise
-    return seeded
+    return written
 
 
 def free_port() -> int:

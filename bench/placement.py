@@ -29,63 +29,19 @@ from gmd.daemon.config import PlacementConfig
 from gmd.daemon.placement.client import PlacementClient
 from gmd.daemon.placement.view import INVENTORY_EVERY, PlacementView
 from tests.support.openstack_support import LEGACY, start
+from tests.support.placement_support import PlacementWriteError, RealPlacement
+
+SERVER_RAM_MB = 512
+"""each seeded server's memory: a host's inventory holds the bench's VMs"""
 
 
-class Seeded:
+def seeded(cloud: str = LEGACY) -> RealPlacement:
     """Providers and allocations written to the real Placement as Nova would, removed by
-    :meth:`close`. One write at a time: the test Placement's database is SQLite, which takes
-    one writer (about 40 ms a write here)."""
+    ``close``. One write at a time: the test Placement's database is SQLite, which takes one
+    writer (about 40 ms a write here)."""
+    import openstack
 
-    def __init__(self, cloud: str = LEGACY) -> None:
-        import openstack
-
-        self.conn = openstack.connect(cloud=cloud, api_timeout=30)
-        self.providers: list[str] = []
-        self.consumers: list[str] = []
-
-    def _call(self, method: str, path: str, body: object, version: str = "1.12") -> dict:
-        response = self.conn.placement.request(
-            path, method, json=body, microversion=version, raise_exc=False
-        )
-        if response.status_code >= 300:
-            raise SystemExit(f"{method} {path}: {response.status_code} {response.text}")
-        return response.json() if response.content else {}
-
-    def host(self, name: str, vcpus: int, ram_mb: int, ratio: float = 16.0) -> str:
-        """A compute host's provider with its inventory; its uuid."""
-        rp = self._call("POST", "/resource_providers", {"name": name}, "1.20")
-        self.providers.append(rp["uuid"])
-        self._call(
-            "PUT",
-            f"/resource_providers/{rp['uuid']}/inventories",
-            {
-                "resource_provider_generation": rp["generation"],
-                "inventories": {
-                    "VCPU": {"total": vcpus, "allocation_ratio": ratio},
-                    "MEMORY_MB": {"total": ram_mb},
-                },
-            },
-        )
-        return str(rp["uuid"])
-
-    def server(self, provider: str, vm: str, project: str) -> None:
-        self._call(
-            "PUT",
-            f"/allocations/{vm}",
-            {
-                "allocations": {provider: {"resources": {"VCPU": 1, "MEMORY_MB": 512}}},
-                "project_id": project,
-                "user_id": uuid.uuid4().hex,
-            },
-        )
-        self.consumers.append(vm)
-
-    def close(self) -> None:
-        for vm in self.consumers:
-            self.conn.placement.request(f"/allocations/{vm}", "DELETE", raise_exc=False)
-        for rp in self.providers:
-            self.conn.placement.request(f"/resource_providers/{rp}", "DELETE", raise_exc=False)
-        self.conn.close()
+    return RealPlacement(openstack.connect(cloud=cloud, api_timeout=30))
 
 
 def use_test_cloud() -> None:
@@ -105,13 +61,13 @@ def main() -> None:
 
     use_test_cloud()
     name = f"bench-{uuid.uuid4().hex[:8]}"
-    seeded = Seeded()
+    written = seeded()
     project = uuid.uuid4().hex
     servers = [str(uuid.uuid4()) for _ in range(args.vms)]
     try:
-        provider = seeded.host(name, 128, 1024 * 1024)
+        provider = written.host(name, 128, 1024 * 1024, ratio=16.0)
         for vm in servers:
-            seeded.server(provider, vm, project)
+            written.server(provider, project, vm, ram_mb=SERVER_RAM_MB)
         config = PlacementConfig(verify="on", cloud=LEGACY, refresh_s=args.refresh_s)
         client = PlacementClient(LEGACY, timeout_s=30)
         view = PlacementView(config, client, 0.1)
@@ -142,8 +98,10 @@ def main() -> None:
             repeats.append(time.perf_counter() - t)
         assert verdict.verified and client.calls == calls, "a fresh snapshot asks nothing"
         view.close()
+    except PlacementWriteError as exc:
+        raise SystemExit(str(exc)) from None
     finally:
-        seeded.close()
+        written.close()
 
     per_interval_refresh = args.hosts * args.interval_s / args.refresh_s
     per_interval_inventory = per_interval_refresh / INVENTORY_EVERY

@@ -26,13 +26,18 @@ VERSION = "1.12"
 """the microversion the writes are made at (the reads' own, gmd.daemon.placement.client)"""
 
 
+class PlacementWriteError(RuntimeError):
+    """Placement refused a write: the method, the path and its answer."""
+
+
 class PlacementWriter(Protocol):
     def host(self, name: str, vcpus: int = 16, ram_mb: int = 65536, ratio: float = 1.0) -> str:
         """A compute host's provider with its inventory; its uuid."""
         ...
 
-    def server(self, provider: str, project: str, vm: str | None = None) -> str:
-        """A server's allocations on ``provider``, owned by ``project``; its uuid."""
+    def server(self, provider: str, project: str, vm: str | None = None, ram_mb: int = 1024) -> str:
+        """A server of ``ram_mb`` and one VCPU allocated on ``provider``, owned by
+        ``project``; its uuid."""
         ...
 
     def close(self) -> None: ...
@@ -78,7 +83,8 @@ class RealPlacement:
             if response.status_code != 500 or "database is locked" not in response.text:
                 break
             time.sleep(0.2)
-        assert response.status_code < 300, f"{method} {path}: {response.text}"
+        if response.status_code >= 300:
+            raise PlacementWriteError(f"{method} {path}: {response.status_code} {response.text}")
         return response.json() if response.content else None
 
     def host(self, name: str, vcpus: int = 16, ram_mb: int = 65536, ratio: float = 1.0) -> str:
@@ -98,14 +104,14 @@ class RealPlacement:
         )
         return str(rp["uuid"])
 
-    def server(self, provider: str, project: str, vm: str | None = None) -> str:
+    def server(self, provider: str, project: str, vm: str | None = None, ram_mb: int = 1024) -> str:
         """(placed anew if it exists: a migration)"""
         vm = vm or str(uuid.uuid4())
         self._call(
             "PUT",
             f"/allocations/{vm}",
             {
-                "allocations": {provider: {"resources": {"VCPU": 1, "MEMORY_MB": 1024}}},
+                "allocations": {provider: {"resources": {"VCPU": 1, "MEMORY_MB": ram_mb}}},
                 "project_id": project,
                 "user_id": uuid.uuid4().hex,
             },
@@ -158,7 +164,7 @@ class StubPlacement:
             }
         return rp
 
-    def server(self, provider: str, project: str, vm: str | None = None) -> str:
+    def server(self, provider: str, project: str, vm: str | None = None, ram_mb: int = 1024) -> str:
         vm = vm or str(uuid.uuid4())
         with self._lock:
             self.allocations[vm] = (provider, project)
