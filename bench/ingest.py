@@ -57,6 +57,10 @@ CAPACITY = {
     "disk_bytes_per_s": 1e9,
     "network_bytes_per_s": 1.25e9,
 }
+VM_VCPUS, VM_RAM_MB = 2, 512
+"""Every VM's flavor, as its batch gives it and as Placement allocates it (a host of the
+largest bench holds 500 of them within its 64 × 16 VCPU and 500,000 MB)."""
+
 # Per usage field (cpu_s, memory_byte_s, disk read/write, network rx/tx), what the host offers
 # per second.
 HOST_PER_S = np.array([64, 512e9, 1e9, 1e9, 1.25e9, 1.25e9])
@@ -66,7 +70,7 @@ def seed_placement(hosts: int, vms: int, customers: int, prefix: str) -> Any:
     """The bench's hosts and VMs in the test cloud's Placement, as Nova would have them: a
     provider per host (named ``prefix-cmp-N``), each VM allocated on its host and owned by
     its customer. Returns what removes them (``close``)."""
-    from placement import SERVER_RAM_MB, seeded, use_test_cloud
+    from placement import seeded, use_test_cloud
 
     from tests.support.placement_support import PlacementWriteError
 
@@ -76,7 +80,7 @@ def seed_placement(hosts: int, vms: int, customers: int, prefix: str) -> Any:
         for h in range(hosts):
             provider = written.host(f"{prefix}-cmp-{h}", 64, 500_000, ratio=16.0)
             for vm in host_vms(h, customers, np.zeros((vms, 6))):
-                written.server(provider, str(vm["customer"]), str(vm["uuid"]), SERVER_RAM_MB)
+                written.server(provider, str(vm["customer"]), str(vm["uuid"]), VM_RAM_MB, VM_VCPUS)
     except BaseException as exc:
         written.close()
         if isinstance(exc, PlacementWriteError):
@@ -105,7 +109,7 @@ def host_vms(host: int, customers: int, use: np.ndarray) -> list[dict[str, objec
             "disk_write_bytes": u[3],
             "network_rx_bytes": u[4],
             "network_tx_bytes": u[5],
-            "flavor": {"vcpus": 2, "memory_bytes": 8e9},
+            "flavor": {"vcpus": VM_VCPUS, "memory_bytes": float(VM_RAM_MB * 2**20)},
         }
         for j, u in enumerate(use.tolist())
     ]

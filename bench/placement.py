@@ -23,6 +23,8 @@ import time
 import uuid
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gmd.daemon.config import PlacementConfig
@@ -73,8 +75,11 @@ def main() -> None:
         view = PlacementView(config, client, 0.1)
         capacity = (64.0, 512 * 2.0**30, 1e9, 1e9)
         owners = [project] * len(servers)
+        # Each VM's flavor as its agent reads it from the Nova metadata: compared with its
+        # allocation (1 VCPU, SERVER_RAM_MB) on every full check.
+        flavor = np.tile([1.0, SERVER_RAM_MB * 2.0**20, np.nan, np.nan], (len(servers), 1))
         t0 = time.perf_counter()
-        first = view.check(name, capacity, servers, owners)
+        first = view.check(name, capacity, servers, owners, flavor)
         first_s = time.perf_counter() - t0
         assert first.verified, first
         first_calls = client.calls
@@ -89,12 +94,12 @@ def main() -> None:
             # Every VM checked: the host's memory of its last good batch forgotten first.
             view._hosts[name].vouched = None
             t = time.perf_counter()
-            verdict = view.check(name, capacity, servers, owners)
+            verdict = view.check(name, capacity, servers, owners, flavor)
             times.append(time.perf_counter() - t)
             assert verdict.verified
             # The same VMs and owners again, as a host posts them interval after interval.
             t = time.perf_counter()
-            verdict = view.check(name, capacity, list(servers), list(owners))
+            verdict = view.check(name, capacity, list(servers), list(owners), flavor.copy())
             repeats.append(time.perf_counter() - t)
         assert verdict.verified and client.calls == calls, "a fresh snapshot asks nothing"
         view.close()

@@ -60,6 +60,22 @@ def visible_name(name: str) -> str:
     return name
 
 
+_PROJECT_ID = re.compile(
+    r"[0-9a-fA-F]{32}|[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+)
+
+
+@lru_cache(maxsize=65536)
+def canonical_customer(name: str) -> str:
+    """A customer as the ledger stores it: a project id (32 hex digits, with or without the
+    dashes of a UUID, in any case) as Keystone writes it, 32 lowercase hex digits; any other
+    name as it is. One spelling per project: the ledger, Placement's comparison and the read
+    API's access check all see the same customer however a host or a user spelled it."""
+    if _PROJECT_ID.fullmatch(name):
+        return name.replace("-", "").lower()
+    return name
+
+
 MAX_NAME = 255
 """The longest name (host, customer, project name) the ledger stores."""
 Name = Annotated[
@@ -439,6 +455,11 @@ class BatchReceipt(BaseModel):
     key: str
     samples: int = Field(description="VMs in the batch")
     late: int = Field(0, description="of which arrived after their interval closed")
+    set_aside: list[str] = Field(
+        [],
+        description="VMs of the batch Placement contradicts, each with why: their samples are"
+        " kept aside (quarantined), not in ``samples``",
+    )
 
 
 class Problem(BaseModel):

@@ -22,6 +22,7 @@ from gmd.common.config import ConfigError
 from gmd.daemon.api.app import create_app
 from gmd.daemon.api.body_limit import with_body_limit
 from gmd.daemon.config import load as load_config
+from gmd.daemon.enforce.openstack_client import entry_problem
 from gmd.daemon.ledger import migrate
 
 log = logging.getLogger("gmd.daemon")
@@ -75,6 +76,13 @@ def serve(
         config = load_config(config_path)
     except ConfigError as exc:
         raise fail(str(exc), ExitCode.USAGE) from None
+    placement = config.placement
+    if placement.on and (why := entry_problem(placement.cloud)) is not None:
+        raise fail(
+            f"[placement] cannot verify hosts' claims with the clouds.yaml entry"
+            f' {placement.cloud!r}: {why} (verify = "off" trusts hosts\' tokens instead)',
+            ExitCode.USAGE,
+        )
     try:
         engine = migrate.engine_for(config.database_url)
     except (SQLAlchemyError, OSError) as exc:
@@ -116,14 +124,22 @@ def serve(
         ) from None
     scheme = "https" if d.tls_cert else "http"
     log.info(
-        "gmd-daemon on %s://%s:%d, ledger %s, %d s intervals, accounting %s",
+        "gmd-daemon on %s://%s:%d, ledger %s, %d s intervals, accounting %s, hosts' claims %s",
         scheme,
         bind or d.bind,
         port if port is not None else d.port,
         engine.url.render_as_string(hide_password=True),
         config.accounting.interval_s,
         "on" if (d.accounting if accounting is None else accounting) else "off",
+        f"verified against Placement ({placement.cloud})" if placement.on else "trusted",
     )
+    if placement.trusting_a_cloud:
+        log.warning(
+            '[placement] verify = "off" although cloud %r is configured: hosts\' claims are'
+            " not checked against Placement, and one host's token can frame any customer"
+            " (docs/api.md)",
+            placement.cloud,
+        )
     where = (bind or d.bind, port if port is not None else d.port)
     try:
         sock = listen(*where, share=d.share_port)

@@ -40,7 +40,13 @@ from gmd.fairness.decay import DEFAULT_HALF_LIFE_S
 from gmd.fairness.directcontr import Utility
 from gmd.fairness.interval import IntervalSettings
 from gmd.fairness.policy import CapResource, ContentionPolicy, DiskWeightFallback, ThrottlePolicy
-from gmd.wire import RESOURCES_COMBINED, RESOURCES_SPLIT, PlanMode, resource_names
+from gmd.wire import (
+    RESOURCES_COMBINED,
+    RESOURCES_SPLIT,
+    PlanMode,
+    canonical_customer,
+    resource_names,
+)
 
 
 def default_database_url() -> str:
@@ -579,7 +585,7 @@ class RetentionConfig:
         return None if days == 0 else int(now_s - days * 86400)
 
 
-PLACEMENT_VERIFY = ("off", "on")
+PLACEMENT_VERIFY = ("auto", "on", "off")
 
 
 class Placement(Table):
@@ -588,16 +594,18 @@ class Placement(Table):
     name = "placement"
 
     verify = Choice(
-        "off",
-        "``on``: every batch is checked against Placement before it is stored (contradicted:"
-        " refused, 409; Placement unreachable: stored unverified, verified later); ``off``:"
-        " hosts' tokens are trusted",
+        "auto",
+        "``on``: every batch is checked against Placement before it is stored (a VM Placement"
+        " contradicts is set aside, its samples quarantined; Placement unreachable: stored"
+        " unverified, verified later); ``auto``: on wherever a cloud is configured (``cloud``"
+        " here or ``[enforcement.quota] cloud``), off in clouds without OpenStack; ``off``:"
+        " hosts' tokens are trusted (a warning at every start where a cloud is configured)",
         PLACEMENT_VERIFY,
     )
     cloud = Text(
         "",
         "the clouds.yaml entry (an account that may read resource providers and allocations);"
-        ' required with ``verify = "on"``',
+        " empty: ``[enforcement.quota] cloud``'s",
     )
     refresh_s = Number(
         300.0, "how old a host's snapshot may grow before it is read again", 1, 86400
@@ -634,6 +642,7 @@ class PlacementConfig:
 
     verify: str = Placement.verify.default
     cloud: str = Placement.cloud.default
+    """the clouds.yaml entry Placement is read with: this table's, else the quotas'"""
     refresh_s: float = Placement.refresh_s.default
     timeout_s: float = Placement.timeout_s.default
     miss_s: float = Placement.miss_s.default
@@ -642,7 +651,13 @@ class PlacementConfig:
 
     @property
     def on(self) -> bool:
-        return self.verify == "on"
+        """Whether batches are checked: ``on``, or ``auto`` where a cloud is configured."""
+        return self.verify == "on" or (self.verify == "auto" and bool(self.cloud))
+
+    @property
+    def trusting_a_cloud(self) -> bool:
+        """Turned off explicitly although a cloud is configured: said at every start."""
+        return self.verify == "off" and bool(self.cloud)
 
     def provider_name(self, host: str) -> str:
         """The name of the host's resource provider in Placement."""
@@ -834,12 +849,16 @@ def parse(document: dict[str, Any], source: str = "<config>", path: Path | None 
     read_api = _read_api(root.sub("read_api"), daemon, path)
     enforcement = _enforcement(root.sub("enforcement"))
     retention = _retention(root.sub("retention"), daemon)
-    placement = _placement(root.sub("placement"))
+    placement = _placement(root.sub("placement"), enforcement.quota.cloud)
 
     orgs = root.sub("organizations")
     default_owner = orgs.option(Organizations.default_owner)
     customers_reader = orgs.sub("customers")
-    org_customers = {name: customers_reader.get(name, str, None) for name in customers_reader.table}
+    # Stored as the ledger stores customers (one spelling per project id).
+    org_customers = {
+        name: canonical_customer(customers_reader.get(name, str, None))
+        for name in customers_reader.table
+    }
     customers_reader.done()
     orgs.done()
 
@@ -970,13 +989,13 @@ def _contention(e: Reader) -> ContentionPolicy:
     return ContentionPolicy(above[CapResource.cpu], above[CapResource.disk], intervals, others)
 
 
-def _placement(r: Reader) -> PlacementConfig:
+def _placement(r: Reader, quota_cloud: str) -> PlacementConfig:
     names = r.sub("providers")
     providers = {host: names.get(host, str, host) for host in names.table}
     names.done()
     config = PlacementConfig(
         verify=r.option(Placement.verify),
-        cloud=r.option(Placement.cloud),
+        cloud=r.option(Placement.cloud) or quota_cloud,
         refresh_s=r.option(Placement.refresh_s),
         timeout_s=r.option(Placement.timeout_s),
         miss_s=r.option(Placement.miss_s),
@@ -984,7 +1003,11 @@ def _placement(r: Reader) -> PlacementConfig:
         providers=providers,
     )
     if config.on and not config.cloud:
-        raise r.fail("cloud", 'is required with verify = "on" (a clouds.yaml entry)')
+        raise r.fail(
+            "cloud",
+            'is required with verify = "on" (a clouds.yaml entry; [enforcement.quota] cloud'
+            " serves when set)",
+        )
     r.done()
     return config
 

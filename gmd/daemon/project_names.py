@@ -21,16 +21,12 @@ from gmd.daemon.enforce.quotas import QuotaError, QuotaErrorKind
 from gmd.daemon.ledger.migrate import writer
 from gmd.daemon.ledger.models import NameSource
 from gmd.daemon.ledger.tables import customers as _customers
+from gmd.wire import canonical_customer
 
 if TYPE_CHECKING:
     from openstack.connection import Connection
 
 log = logging.getLogger(__name__)
-
-
-def project_key(name: str) -> str:
-    """A customer name as Keystone writes project ids: 32 lowercase hex digits, no dashes."""
-    return name.replace("-", "").lower()
 
 
 class ProjectNames(OpenStackClient):
@@ -80,7 +76,7 @@ def store_names(
         ).all()
     changes = []
     for cid, name, shown, shown_source in customers:
-        wanted = names.get(project_key(name)) or names.get(name)
+        wanted = names.get(canonical_customer(name)) or names.get(name)
         if wanted is None or (wanted == shown and source == shown_source):
             continue
         if source == NameSource.nova and shown_source == NameSource.keystone:

@@ -35,8 +35,15 @@ class PlacementWriter(Protocol):
         """A compute host's provider with its inventory; its uuid."""
         ...
 
-    def server(self, provider: str, project: str, vm: str | None = None, ram_mb: int = 1024) -> str:
-        """A server of ``ram_mb`` and one VCPU allocated on ``provider``, owned by
+    def server(
+        self,
+        provider: str,
+        project: str,
+        vm: str | None = None,
+        ram_mb: int = 1024,
+        vcpus: int = 1,
+    ) -> str:
+        """A server of ``vcpus`` and ``ram_mb`` allocated on ``provider``, owned by
         ``project``; its uuid."""
         ...
 
@@ -104,14 +111,21 @@ class RealPlacement:
         )
         return str(rp["uuid"])
 
-    def server(self, provider: str, project: str, vm: str | None = None, ram_mb: int = 1024) -> str:
+    def server(
+        self,
+        provider: str,
+        project: str,
+        vm: str | None = None,
+        ram_mb: int = 1024,
+        vcpus: int = 1,
+    ) -> str:
         """(placed anew if it exists: a migration)"""
         vm = vm or str(uuid.uuid4())
         self._call(
             "PUT",
             f"/allocations/{vm}",
             {
-                "allocations": {provider: {"resources": {"VCPU": 1, "MEMORY_MB": ram_mb}}},
+                "allocations": {provider: {"resources": {"VCPU": vcpus, "MEMORY_MB": ram_mb}}},
                 "project_id": project,
                 "user_id": uuid.uuid4().hex,
             },
@@ -136,8 +150,8 @@ class StubPlacement:
         self.names: dict[str, str] = {}
         """provider name → uuid"""
         self.inventories: dict[str, dict[str, dict[str, float]]] = {}
-        self.allocations: dict[str, tuple[str, str]] = {}
-        """consumer → (provider uuid, project)"""
+        self.allocations: dict[str, tuple[str, str, dict[str, int]]] = {}
+        """consumer → (provider uuid, project, resources)"""
         self.requests = 0
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
@@ -164,10 +178,17 @@ class StubPlacement:
             }
         return rp
 
-    def server(self, provider: str, project: str, vm: str | None = None, ram_mb: int = 1024) -> str:
+    def server(
+        self,
+        provider: str,
+        project: str,
+        vm: str | None = None,
+        ram_mb: int = 1024,
+        vcpus: int = 1,
+    ) -> str:
         vm = vm or str(uuid.uuid4())
         with self._lock:
-            self.allocations[vm] = (provider, project)
+            self.allocations[vm] = (provider, project, {"VCPU": vcpus, "MEMORY_MB": ram_mb})
         return vm
 
     def close(self) -> None:
@@ -198,16 +219,18 @@ class StubPlacement:
                     return 200, {"inventories": self.inventories[rp]}
                 if what == "allocations":
                     on: dict[str, Any] = {
-                        c: {} for c, (p, _) in self.allocations.items() if p == rp
+                        c: {"resources": held}
+                        for c, (p, _, held) in self.allocations.items()
+                        if p == rp
                     }
                     return 200, {"allocations": on}
             if len(segments) == 2 and segments[0] == "allocations":
                 placed = self.allocations.get(segments[1])
                 if placed is None:
                     return 200, {"allocations": {}}
-                provider, project = placed
+                provider, project, held = placed
                 return 200, {
-                    "allocations": {provider: {"resources": {"VCPU": 1, "MEMORY_MB": 1024}}},
+                    "allocations": {provider: {"resources": held}},
                     "project_id": project,
                     "user_id": "stub-user",
                 }

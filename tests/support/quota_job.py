@@ -42,6 +42,8 @@ def config_for(tmp_path: Path, mode: str, cloud: str = "fake", backend: str = "a
                 "retries": 0,
             },
         },
+        # The quotas are what is tested; the host is made up, not one of a cloud's.
+        placement={"verify": "off"},
     )
 
 

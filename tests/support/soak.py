@@ -64,6 +64,8 @@ GRACE_S = 8
 AGENT_TIMEOUT_S = 3.0
 VM_CORES = 2
 """every traced VM's vCPUs (its flavor)"""
+VM_RAM_MB = 8 * 1024
+"""every traced VM's memory (its flavor)"""
 T0 = 1_000_000_000
 """the traces' first timestamp (the replay maps it onto the soak's start)"""
 
@@ -590,7 +592,7 @@ def write_trace(path: Path, vm: VmUse, rows: int, step_s: int = 300) -> None:
             VM_CORES * mhz_per_core,
             vm.cpu_cores * mhz_per_core,
             usage_pct,
-            8 * 1024 * 1024,
+            VM_RAM_MB * 1024,
             vm.rss_bytes // 1024,
             vm.disk_read_bps // 1024,
             vm.disk_write_bps // 1024,
@@ -700,11 +702,15 @@ def start_placement(
     try:
         for host, host_vms in vms.items():
             providers[host] = f"{host}-{run}"
+            # The host's own 512 MB are reserved, as Nova reserves them.
             rp = writer.host(
-                providers[host], vcpus=VM_CORES * len(host_vms), ram_mb=8 * 1024 * len(host_vms)
+                providers[host],
+                vcpus=VM_CORES * len(host_vms),
+                ram_mb=VM_RAM_MB * len(host_vms) + 512,
             )
             for vm in host_vms:
-                writer.server(rp, vm.customer, vm.uuid)
+                # Allocated the flavor its trace gives it, which its batches give.
+                writer.server(rp, vm.customer, vm.uuid, ram_mb=VM_RAM_MB, vcpus=VM_CORES)
     except BaseException:
         proxy.close()
         writer.close()

@@ -220,9 +220,17 @@ class DaemonMetrics:
             ["reason"],
             registry=r,
         )
+        self.placement_set_aside = Counter(
+            "gmd_placement_set_aside_samples",
+            "VMs' samples set aside at ingest (stored quarantined, the rest of their batch"
+            " stored) because Placement contradicts them, by what it contradicts.",
+            ["reason"],
+            registry=r,
+        )
         for disagreement in Disagreement:
             self.placement_refused.labels(disagreement.value)
             self.placement_quarantined.labels(disagreement.value)
+            self.placement_set_aside.labels(disagreement.value)
         self.placement_unverified = Counter(
             "gmd_placement_unverified_batches",
             "Batches accepted unverified because Placement could not be reached (verified"

@@ -28,7 +28,7 @@ from gmd.daemon.api.errors import Refused
 from gmd.daemon.api.members import for_member
 from gmd.daemon.ledger.lookup import UnknownCustomer, customer_uuid
 from gmd.daemon.reports.standings import SortKey, standings
-from gmd.wire import PlanMode, Problem
+from gmd.wire import PlanMode, Problem, canonical_customer
 
 # 404: an operator asked for a customer the ledger has never seen, or a range with nothing in it.
 # A customer's name may hold any visible character, "/" too: its routes take the rest of the
@@ -77,7 +77,7 @@ def _customer(services: ServicesDep, who: Reader, customer: str) -> str:
             uuid = customer_uuid(conn, customer)
         except UnknownCustomer as exc:
             if not who.everyone:
-                uuid = customer  # no hint whether other projects exist
+                uuid = canonical_customer(customer)  # no hint whether other projects exist
             else:
                 raise Refused(404, str(exc)) from None
     if not who.may_read(uuid):

@@ -38,12 +38,14 @@ from gmd.daemon.ledger.store import (
     IngestResult,
     KeyReused,
 )
+from gmd.daemon.placement.view import VERIFIED, Verdict
 from gmd.wire import (
     CAPACITY_FIELDS,
     FLAVOR_FIELDS,
     USAGE_FIELDS,
     BatchReceipt,
     SampleBatch,
+    canonical_customer,
 )
 
 log = logging.getLogger(__name__)
@@ -133,10 +135,17 @@ def store_batch(
     services.auth.check_host(host, batch.host)
     check_batch(services, batch)
     refuse(batch, implausible(batch, services.plausible))
-    unverified, hold = vouched(services, batch)
+    verdict = vouched(services, batch)
     now_s = services.clock()
+    kept, aside = batch, None
+    if verdict.set_aside:
+        kept, aside = split(batch, sorted(verdict.set_aside))
     try:
-        result = ingest_within_limits(services, batch, now_s, unverified, hold)
+        result = ingest_within_limits(
+            services, kept, now_s, verdict.unreachable is not None, verdict.departed
+        )
+        if aside is not None:
+            set_aside(services, aside, verdict, now_s)
     except KeyReused as exc:
         raise Refused(409, str(exc), reason=Rejection.key_reused) from None
     except CapacityConflict as exc:
@@ -145,8 +154,8 @@ def store_batch(
         raise Refused(
             422, f"batch {batch.key} from {batch.host}: {exc}", reason=Rejection.before_origin
         ) from None
-    _count(services.metrics, batch, result)
-    if unverified and result.status == "accepted":
+    _count(services.metrics, kept, result)
+    if verdict.unreachable is not None and result.status == "accepted":
         services.metrics.placement_unverified.inc()
     if result.status == "accepted":
         # A duplicate writes nothing: only a stored batch shows that the ledger writes again.
@@ -159,18 +168,27 @@ def store_batch(
         key=batch.key,
         samples=result.samples,
         late=result.late,
+        set_aside=[verdict.set_aside[i].message for i in sorted(verdict.set_aside)],
     )
 
 
-def vouched(services: Services, batch: BatchRecord) -> tuple[bool, frozenset[str]]:
+def vouched(services: Services, batch: BatchRecord) -> Verdict:
     """Check ``batch`` against Placement, when it vouches for hosts' claims: raise
-    :class:`Refused` (409) where it disagrees. Returns whether it could not be asked (the batch
-    is stored unverified and checked later), and the VMs taken because they left the host
-    lately, whose rows the batch must not move."""
+    :class:`Refused` (409) where it disagrees with the host's own claims (it is no compute
+    host, or claims more than its inventory). The verdict says whether Placement could not be
+    asked (the batch is stored unverified and checked later), which VMs it contradicts (set
+    aside), and which it took because they left the host lately (their rows must not move)."""
     view = services.placement
     if view is None:
-        return False, frozenset()
-    verdict = view.check(batch.host, batch.capacity, batch.vm_uuids, batch.customers)
+        return VERIFIED
+    verdict = view.check(
+        batch.host,
+        batch.capacity,
+        batch.vm_uuids,
+        batch.customers,
+        batch.flavor,
+        batch.interval_start_s,
+    )
     if verdict.refusal is not None:
         services.metrics.placement_refused.labels(verdict.refusal.reason.value).inc()
         log.warning("batch %s from %s refused: %s", batch.key, batch.host, verdict.refusal.message)
@@ -183,8 +201,68 @@ def vouched(services: Services, batch: BatchRecord) -> tuple[bool, frozenset[str
         log.warning(
             "batch %s from %s stored unverified: %s", batch.key, batch.host, verdict.unreachable
         )
-        return True, frozenset()
-    return False, verdict.departed
+    return verdict
+
+
+ASIDE_SUFFIX = "/set-aside"
+
+
+def aside_key(key: str) -> str:
+    """The key of the batch that holds the VMs set aside from batch ``key``: the same for a
+    retry (a duplicate then), within the wire's 128 characters."""
+    if len(key) + len(ASIDE_SUFFIX) <= 128:
+        return key + ASIDE_SUFFIX
+    digest = hashlib.sha256(key.encode()).hexdigest()[:24]
+    return f"{key[: 128 - len(ASIDE_SUFFIX) - 25]}~{digest}{ASIDE_SUFFIX}"
+
+
+def split(batch: BatchRecord, aside: list[int]) -> tuple[BatchRecord, BatchRecord]:
+    """``batch`` without the VMs at positions ``aside``, and those VMs as a batch of their own
+    (:func:`aside_key`). The first keeps the batch's key and digest: a retry of the whole
+    batch is still its duplicate."""
+    out = set(aside)
+    keep = [i for i in range(len(batch.vm_uuids)) if i not in out]
+
+    def part(rows: list[int]) -> dict[str, Any]:
+        customers = [batch.customers[i] for i in rows]
+        named = set(customers)
+        return {
+            "vm_uuids": [batch.vm_uuids[i] for i in rows],
+            "customers": customers,
+            "use": batch.use[rows],
+            "flavor": batch.flavor[rows],
+            "created_s": [batch.created_s[i] for i in rows],
+            "customer_names": {c: n for c, n in batch.customer_names.items() if c in named},
+        }
+
+    kept = dataclasses.replace(batch, **part(keep))
+    held = dataclasses.replace(batch, key=aside_key(batch.key), host_cpu_s=None, **part(aside))
+    return kept, dataclasses.replace(held, digest=content_digest(held))
+
+
+def set_aside(services: Services, aside: BatchRecord, verdict: Verdict, now_s: float) -> None:
+    """Store the VMs Placement contradicts, quarantined with why, under the host's bounds;
+    count them, and log each host's VM once (it comes back every interval it runs)."""
+    why = "; ".join(verdict.set_aside[i].message for i in sorted(verdict.set_aside))
+    try:
+        ingest_within_limits(services, aside, now_s, aside=why)
+    except KeyReused:
+        # A retry of the batch that Placement now judges otherwise: what was set aside the
+        # first time stays as it was.
+        log.info("batch %s from %s: already set aside as before", aside.key, aside.host)
+        return
+    for refusal in verdict.set_aside.values():
+        services.metrics.placement_set_aside.labels(refusal.reason.value).inc()
+    fresh = services.set_aside_said.first(aside.host, aside.vm_uuids)
+    for i, uuid in zip(sorted(verdict.set_aside), aside.vm_uuids, strict=True):
+        if uuid in fresh:
+            log.warning(
+                "batch %s from %s: %s; its samples are set aside (gmd-admin batches"
+                " --quarantined; said once a day), the rest of the batch is stored",
+                aside.key,
+                aside.host,
+                verdict.set_aside[i].message,
+            )
 
 
 def ingest_within_limits(
@@ -193,6 +271,7 @@ def ingest_within_limits(
     now_s: float,
     unverified: bool = False,
     hold: frozenset[str] = frozenset(),
+    aside: str | None = None,
 ) -> IngestResult:
     """Store ``batch`` if its host's bounds (``[daemon.limits]``) let it in; what the bounds
     counted for a batch that is not stored after all (a database error, a store's retry) is
@@ -215,7 +294,7 @@ def ingest_within_limits(
         )
 
     try:
-        result = services.store.ingest(batch, now_s, admit, unverified, hold)
+        result = services.store.ingest(batch, now_s, admit, unverified, hold, aside)
     except BaseException:
         release()
         raise
@@ -332,6 +411,12 @@ def record_from(
     names: dict[str, str],
     host_cpu_s: float | None = None,
 ) -> BatchRecord:
+    # One spelling per project (canonical_customer), whatever the host wrote: a project's id
+    # spelled otherwise would be another customer, one its members cannot read.
+    spelled = {c: canonical_customer(c) for c in {*customers, *names}}
+    if any(c != s for c, s in spelled.items()):
+        customers = [spelled[c] for c in customers]
+        names = {spelled[c]: n for c, n in names.items()}
     record = BatchRecord(
         key=head.key,
         digest="",

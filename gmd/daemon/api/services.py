@@ -21,6 +21,7 @@ from gmd.daemon.api.auth import TokenAuth
 from gmd.daemon.api.checks import Plausible
 from gmd.daemon.api.limits import HostLimits
 from gmd.daemon.api.metrics import DaemonMetrics, QuotaChange
+from gmd.daemon.api.said_once import SaidOnce
 from gmd.daemon.config import Config
 from gmd.daemon.enforce.levels import after_interval
 from gmd.daemon.enforce.quota_job import QuotaReconciler, QuotaRun
@@ -101,6 +102,8 @@ class Services:
                 remember_s=config.daemon.max_late_s + config.accounting.interval_s,
             )
         self.rechecker = None if self.placement is None else Rechecker(engine, self.placement)
+        self.set_aside_said = SaidOnce()
+        """the VMs set aside whose log line was written today, per host"""
         self.quotas: QuotaReconciler | None = None
         self.names: NameRefresher | None = None
         self._ingest_pool: ThreadPoolExecutor | None = None

@@ -159,6 +159,18 @@ def describe(exc: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def entry_problem(cloud: str) -> str | None:
+    """Why the clouds.yaml entry ``cloud`` cannot be used (no such entry, a file that cannot be
+    read), or None; read from the files only, nothing is asked of the cloud."""
+    try:
+        from openstack.config import OpenStackConfig
+
+        OpenStackConfig().get_one(cloud=cloud)
+    except Exception as exc:  # openstacksdk raises several kinds for a bad entry or file
+        return describe(exc)
+    return None
+
+
 class OpenStackClient:
     """One cloud's connection (kept between calls, with its token), retries and translation.
 

@@ -647,6 +647,32 @@ def unverified_in(conn: Connection, interval_id: int) -> int:
     )
 
 
+def unverified_ids(conn: Connection, interval_id: int) -> list[int]:
+    """The on-time batches of the interval Placement has yet to vouch for."""
+    return list(
+        conn.execute(
+            select(_batches.c.id).where(
+                _batches.c.unverified.is_(True),
+                _batches.c.interval_id == interval_id,
+                _batches.c.late.is_(False),
+                _batches.c.state == BatchState.accepted,
+            )
+        ).scalars()
+    )
+
+
+def _batches_late(conn: Connection, interval_id: int, batch_ids: Sequence[int]) -> None:
+    """Make ``batch_ids`` of the interval late batches: in no accounting, kept for reports."""
+    if not batch_ids:
+        return
+    conn.execute(
+        update(_batches)
+        .where(_batches.c.interval_id == interval_id, _batches.c.id.in_(list(batch_ids)))
+        .values(late=True)
+    )
+    sample_store.mark_late(conn, interval_id, batch_ids)
+
+
 @dataclass(frozen=True)
 class Waiting:
     """Accounting waits for an interval's unverified batches (``[placement] wait_s``)."""
@@ -682,8 +708,10 @@ def account_next(
     interval that still has batches accepted while Placement could not be reached is not
     accounted until they are verified or quarantined, or until ``unverified_wait_s`` after its
     grace period: ``on_wait`` hears of it and None is returned. Past the wait the interval is
-    accounted with them (as without verification; a batch Placement refuses later is still
-    quarantined, the accounted interval unchanged), and a warning says so.
+    accounted without them, and they become late batches (kept for reports, in no accounted
+    interval), whatever Placement says of them later: an outage of Placement cannot frame
+    anyone, even for one interval; what it costs is the use of those batches, counted for
+    nobody. A warning says so.
     """
     with writer(engine).begin() as conn:
         if not take_lock(conn):
@@ -707,12 +735,14 @@ def account_next(
                     if on_wait is not None:
                         on_wait(Waiting(start_s, pending, until))
                     return None
+                unverified = unverified_ids(conn, interval_id)
+                _batches_late(conn, interval_id, unverified)
                 log.warning(
-                    "interval %s: accounted with %d batch(es) Placement has not verified"
-                    " after waiting [placement] wait_s = %g s; any of them it refuses later"
-                    " is quarantined",
+                    "interval %s: accounted without %d batch(es) Placement has not verified"
+                    " after waiting [placement] wait_s = %g s; they are kept as late ones,"
+                    " their use counted for nobody",
                     _when(start_s),
-                    pending,
+                    len(unverified),
                     unverified_wait_s,
                 )
 

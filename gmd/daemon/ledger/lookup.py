@@ -1,7 +1,8 @@
 """Customers by name: every command and route that takes a customer's name turns it into the
 ledger's id here, and refuses a name the ledger has never seen the same way.
 
-A customer is named by its project uuid (the ledger's key) or, where the ledger knows it, by
+A customer is named by its project uuid (the ledger's key, however spelled: with or without
+dashes, in any case) or, where the ledger knows it, by
 the project's name (``customers.display_name``, from Keystone or the Nova metadata): people
 know their projects by name. The uuid wins when a string is both; a project name that two
 customers share (projects in different domains) is refused, naming their uuids.
@@ -15,6 +16,7 @@ from sqlalchemy import Connection, select
 
 from gmd import GmdError
 from gmd.daemon.ledger.tables import customers as _customers, hosts as _hosts
+from gmd.wire import canonical_customer
 
 
 class UnknownCustomer(GmdError, LookupError):
@@ -57,11 +59,20 @@ def customer_ids(conn: Connection, names: Sequence[str]) -> dict[str, int]:
     """Name → id for each name; :class:`UnknownCustomer` naming every name not found."""
     if not names:
         return {}
+    # A project id however spelled (dashes, upper case) is the ledger's one spelling.
+    spelled = {n: canonical_customer(n) for n in names}
     wanted = set(names)
     rows = conn.execute(
-        select(_customers.c.name, _customers.c.id).where(_customers.c.name.in_(wanted))
+        select(_customers.c.name, _customers.c.id).where(
+            _customers.c.name.in_(wanted | set(spelled.values()))
+        )
     )
-    found = {str(name): int(cid) for name, cid in rows}
+    stored = {str(name): int(cid) for name, cid in rows}
+    found = {}
+    for n in wanted:
+        cid = stored.get(n, stored.get(spelled[n]))
+        if cid is not None:
+            found[n] = cid
     rest = wanted - found.keys()
     if rest:
         by_project: dict[str, list[tuple[str, int]]] = {}

@@ -27,6 +27,7 @@ from sqlalchemy import (
     select,
     text,
     true,
+    update,
 )
 from sqlalchemy.dialects.postgresql import distinct_on
 
@@ -229,6 +230,17 @@ def delete_batches(conn: Connection, batch_ids: Sequence[int]) -> None:
     """Delete the samples of ``batch_ids``, whole batches at a time."""
     table = stored_table(conn)
     conn.execute(delete(table).where(table.c.batch_id.in_(list(batch_ids))))
+
+
+def mark_late(conn: Connection, interval_id: int, batch_ids: Sequence[int]) -> None:
+    """Make the samples of ``batch_ids`` (of interval ``interval_id``, whose partition alone
+    is read) late ones: kept for reports, read by no accounting."""
+    table = stored_table(conn)
+    conn.execute(
+        update(table)
+        .where(table.c.interval_id == interval_id, table.c.batch_id.in_(list(batch_ids)))
+        .values(late=True)
+    )
 
 
 def restore_quarantined(conn: Connection, batch_id: int) -> None:

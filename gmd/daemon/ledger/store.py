@@ -80,6 +80,7 @@ from gmd.daemon.ledger.models import (
     NameSource,
 )
 from gmd.daemon.ledger.partitions import DAY_S, ensure_days
+from gmd.daemon.ledger.quarantine import quarantine
 from gmd.daemon.ledger.tables import (
     batches as _batches,
     customers as _customers,
@@ -828,6 +829,7 @@ class LedgerStore:
         admit: Admit | None = None,
         unverified: bool = False,
         hold: frozenset[str] = frozenset(),
+        aside: str | None = None,
     ) -> IngestResult:
         """Store one batch, or recognize it as a retry. Raises :class:`KeyReused`.
 
@@ -837,14 +839,24 @@ class LedgerStore:
         be reached); it is stored marked so, and moves no VM to its host or owner: a VM's row
         keeps the host and project it had until a verified batch names it. ``hold``: VMs whose
         rows this batch must not move either (Placement took them because they left the host
-        lately: deleted, or migrated away)."""
-        steady = self._ingest_steady(record, now_s, admit, unverified)
-        if steady is not None:
-            return steady
+        lately: deleted, or migrated away). ``aside``: the VMs of a host's batch Placement
+        contradicts, and why; stored quarantined in the same transaction (no accounting or
+        report reads them), moving no VM's row, for the operator to see, release or drop."""
+        if aside is None:
+            steady = self._ingest_steady(record, now_s, admit, unverified)
+            if steady is not None:
+                return steady
+        else:
+            hold = frozenset(record.vm_uuids)
         for attempt in range(5):
             try:
                 return self._ingest_once(
-                    record, time.time() if now_s is None else now_s, admit, unverified, hold
+                    record,
+                    time.time() if now_s is None else now_s,
+                    admit,
+                    unverified,
+                    hold,
+                    aside,
                 )
             except IntegrityError:
                 # A concurrent transaction stored the same key (or created the same name)
@@ -931,6 +943,7 @@ class LedgerStore:
         admit: Admit | None = None,
         unverified: bool = False,
         hold: frozenset[str] = frozenset(),
+        aside: str | None = None,
     ) -> IngestResult:
         self._partition_for(record.interval_start_s)
         n = len(record.vm_uuids)
@@ -974,6 +987,14 @@ class LedgerStore:
                     self._write_samples(
                         conn, record, host_id, batch_id, known.vm_ids, known.customer_ids, on_time
                     )
+                if aside is not None:
+                    quarantine(
+                        conn,
+                        {batch_id: aside},
+                        cause="Placement contradicts these VMs of the host's batch",
+                        by="placement",
+                    )
+                    known = None  # not the host's roster: its next batch is not compared to it
                 result = IngestResult("accepted", n, 0 if on_time else n)
         with self._ids.lock:
             # Only a VM this process knew, now on another host or owner, can make a host's

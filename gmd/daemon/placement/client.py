@@ -38,6 +38,16 @@ class Inventory:
 
 
 @dataclass(frozen=True)
+class Allocation:
+    """What a consumer holds of one provider, of the resources a host's claims are compared
+    with: its flavor's VCPU (with PCPU, dedicated cores) and MEMORY_MB; None where the
+    allocation holds none of it (a provider that is not a compute node's)."""
+
+    vcpus: float | None
+    memory_mb: float | None
+
+
+@dataclass(frozen=True)
 class Consumer:
     """One consumer's allocations: the providers it has them on, and its project (None when
     it has no allocations, which is how Placement answers for a consumer it does not know)."""
@@ -119,8 +129,9 @@ class PlacementClient(OpenStackClient):
         path = f"/resource_providers/{provider}/inventories"
         return self._get(f"provider {provider}", path, _inventories)
 
-    def consumers_on(self, provider: str) -> frozenset[str]:
-        """Every consumer with allocations on the provider: one request for the whole host."""
+    def consumers_on(self, provider: str) -> dict[str, Allocation]:
+        """Every consumer with allocations on the provider, with what it holds there: one
+        request for the whole host."""
         path = f"/resource_providers/{provider}/allocations"
         return self._get(f"provider {provider}", path, _consumers)
 
@@ -157,11 +168,25 @@ def _inventories(body: Any) -> dict[str, Inventory]:
     return out
 
 
-def _consumers(body: Any) -> frozenset[str]:
+def _consumers(body: Any) -> dict[str, Allocation]:
     items = body.get("allocations") if isinstance(body, dict) else None
     if not isinstance(items, dict):
         raise MalformedAnswer("Placement's answer has no object 'allocations'")
-    return frozenset(str(c).lower() for c in items)
+    return {str(c).lower(): _allocation(held) for c, held in items.items()}
+
+
+def _allocation(held: Any) -> Allocation:
+    resources = held.get("resources") if isinstance(held, dict) else None
+    if not isinstance(resources, dict):
+        raise MalformedAnswer("an allocation in Placement's answer has no object 'resources'")
+
+    def amount(*classes: str) -> float | None:
+        found = [resources[rc] for rc in classes if rc in resources]
+        if any(isinstance(v, bool) or not isinstance(v, int | float) for v in found):
+            raise MalformedAnswer(f"an allocation of {'/'.join(classes)} is not a number")
+        return float(sum(found)) if found else None
+
+    return Allocation(amount("VCPU", "PCPU"), amount("MEMORY_MB"))
 
 
 def _consumer(body: Any) -> Consumer:

@@ -14,11 +14,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+import numpy as np
 from sqlalchemy import Engine, func, select, update
 
 from gmd.daemon.enforce.quotas import QuotaError
 from gmd.daemon.ledger.migrate import writer
-from gmd.daemon.ledger.models import BatchState
+from gmd.daemon.ledger.models import FLAVOR_COLUMNS, BatchState
 from gmd.daemon.ledger.quarantine import quarantine
 from gmd.daemon.ledger.store import CAPACITY_COLUMNS
 from gmd.daemon.ledger.tables import (
@@ -95,17 +96,21 @@ def waiting_count(engine: Engine) -> int:
         )
 
 
-def _claims(engine: Engine, batch: Pending) -> tuple[list[str], list[str]]:
-    """The batch's VMs and the projects it named for them, from its stored samples."""
+def _claims(engine: Engine, batch: Pending) -> tuple[list[str], list[str], np.ndarray]:
+    """The batch's VMs, the projects it named for them and their flavors, from its stored
+    samples."""
     with engine.connect() as conn:
         rows = conn.execute(
-            select(_vms.c.uuid, _customers.c.name)
+            select(_vms.c.uuid, _customers.c.name, *(_samples.c[c] for c in FLAVOR_COLUMNS))
             .select_from(_samples)
             .join(_vms, _vms.c.id == _samples.c.vm_id)
             .join(_customers, _customers.c.id == _samples.c.customer_id)
             .where(_samples.c.interval_id == batch.interval_id, _samples.c.batch_id == batch.id)
         ).all()
-    return [r[0] for r in rows], [r[1] for r in rows]
+    flavor = np.array(
+        [[np.nan if v is None else float(v) for v in r[2:]] for r in rows], dtype=np.float64
+    ).reshape(len(rows), len(FLAVOR_COLUMNS))
+    return [r[0] for r in rows], [r[1] for r in rows], flavor
 
 
 class Rechecker:
@@ -125,23 +130,34 @@ class Rechecker:
                 # Quarantined (or released, dropped) meanwhile: the operator decides now.
                 self._settle(batch, None)
                 continue
-            uuids, customers = _claims(self.engine, batch)
-            verdict = self.view.check(batch.host, batch.capacity, uuids, customers)
+            uuids, customers, flavor = _claims(self.engine, batch)
+            verdict = self.view.check(
+                batch.host, batch.capacity, uuids, customers, flavor, batch.interval_id
+            )
             if verdict.unreachable is not None:
                 report.unreachable = verdict.unreachable
                 break
-            self._settle(batch, verdict.refusal)
-            if verdict.refusal is None:
+            refusal = verdict.refusal
+            if refusal is None and verdict.set_aside:
+                # Stored whole while Placement was away: the batch is quarantined whole, its
+                # good VMs' samples with it (the operator releases them: gmd-admin batches).
+                first = min(verdict.set_aside)
+                more = len(verdict.set_aside) - 1
+                refusal = Refusal(
+                    verdict.set_aside[first].reason,
+                    verdict.set_aside[first].message + (f" (and {more} more VMs)" if more else ""),
+                )
+            self._settle(batch, refusal)
+            if refusal is None:
                 report.verified.append(batch.key)
             else:
-                reason = verdict.refusal.reason
-                report.quarantined.append((batch.key, reason, verdict.refusal.message))
+                report.quarantined.append((batch.key, refusal.reason, refusal.message))
                 log.error(
                     "batch %s from %s, accepted while Placement could not be reached,"
                     " quarantined: %s",
                     batch.key,
                     batch.host,
-                    verdict.refusal.message,
+                    refusal.message,
                 )
         if report.unreachable:
             log.warning("Placement: %s; unverified batches wait", report.unreachable)

@@ -1,19 +1,27 @@
 """The daemon's cached view of Placement, and the check of one batch against it.
 
-Per host: its provider's uuid, its inventory and the set of consumers with allocations on it
-(one ``GET /resource_providers/{uuid}/allocations`` per refresh). Per consumer: the provider
-whose snapshot listed it last (a consumer has allocations on one compute provider; after a
-live migration the destination's snapshot takes it) and its project, asked once per consumer
-ever (a server never changes project). A consumer that leaves a host's snapshot (deleted, or
-migrated away) is still taken from that host for ``remember_s`` (the longest a batch may come
-late, and an interval): the host's batch that carries its last seconds comes after Nova has
-already dropped its allocations, and refusing it would lose every VM's usage of that batch.
-Such a VM's row is not moved by that batch (:attr:`Verdict.departed`): it stays where Placement
-puts it now. A batch is checked against this in memory; Placement
-is asked during a batch only when the host was never seen, or when the batch names a VM the
-cache does not place on the host, or claims more than the cached inventory, and then at most
-once per host per ``miss_s``. The rest is refreshed by the daemon's job (:meth:`refresh`),
-stale snapshots first, every host at most once per ``refresh_s``.
+Per host: its provider's uuid, its inventory and the consumers with allocations on it, with
+what each holds there (one ``GET /resource_providers/{uuid}/allocations`` per refresh). Per
+consumer: the provider whose snapshot listed it last (a consumer has allocations on one
+compute provider; after a live migration the destination's snapshot takes it) and its
+project, asked once per consumer ever (a server never changes project).
+
+Per VM of a batch, Placement must place it on the reporting host, in the project the batch
+names, with the flavor the batch gives (vCPUs against VCPU + PCPU, memory against MEMORY_MB;
+a figure not given is not compared). A VM it contradicts is set aside (:attr:`Verdict.set_aside`)
+and costs only itself; the message says what is wrong with the host's claim, never where the
+VM is or whose. A consumer that leaves a host's snapshot (deleted, or migrated away) is still
+taken from that host for ``remember_s`` (the longest a batch may come late, and an interval),
+and only for intervals that began before its going was seen: the host's batch that carries
+its last seconds comes after Nova has already dropped its allocations, and refusing it would
+lose that VM's last use. Such a VM's row is not moved by that batch (:attr:`Verdict.departed`):
+it stays where Placement puts it now.
+
+A batch is checked against this in memory; Placement is asked during a batch only when the
+host was never seen, or when the batch names a VM the cache does not place on the host (or
+with another flavor), or claims more than the cached inventory, and then at most once per host
+per ``miss_s``. The rest is refreshed by the daemon's job (:meth:`refresh`), stale snapshots
+first, every host at most once per ``refresh_s``.
 
 The capacity bound (docs/api.md): per resource Placement counts, a host's capacity may be at
 most ``total × max(1, allocation_ratio) × (1 + daemon.plausibility_margin)`` of its
@@ -27,17 +35,19 @@ smaller than the host), and ``reserved``, the host's own share, is still the hos
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+import numpy as np
+
 from gmd.daemon.config import PlacementConfig
 from gmd.daemon.enforce.quotas import QuotaError
-from gmd.daemon.placement.client import Inventory, PlacementClient
-from gmd.daemon.project_names import project_key
-from gmd.wire import CAPACITY_FIELDS
+from gmd.daemon.placement.client import Allocation, Inventory, PlacementClient
+from gmd.wire import CAPACITY_FIELDS, FLAVOR_FIELDS, canonical_customer
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +60,9 @@ _CAPACITY_CLASSES: dict[str, tuple[tuple[str, float], ...]] = {
     "memory_bytes": (("MEMORY_MB", float(2**20)),),
 }
 """Per capacity field, the resource classes that bound it and the unit of one."""
+
+_VCPUS, _MEMORY = FLAVOR_FIELDS.index("vcpus"), FLAVOR_FIELDS.index("memory_bytes")
+_MIB = float(2**20)
 
 
 class Disagreement(StrEnum):
@@ -64,6 +77,8 @@ class Disagreement(StrEnum):
     """a VM belongs to another project than the batch claims"""
     over_inventory = "over_inventory"
     """the host's capacity exceeds its provider's inventory"""
+    flavor = "flavor"
+    """a VM's flavor (vCPUs, memory) is not what its allocation on the host holds"""
 
 
 @dataclass(frozen=True)
@@ -74,22 +89,26 @@ class Refusal:
 
 @dataclass(frozen=True)
 class Verdict:
-    """What Placement says of a batch: ``refusal`` when it disagrees; ``unreachable`` (why)
-    when it could not be asked, and the batch is to be verified later."""
+    """What Placement says of a batch: ``refusal`` when it disagrees with the host's own claims
+    (it is no compute host of the cloud, or claims more than its inventory); ``unreachable``
+    (why) when it could not be asked, and the batch is to be verified later; ``set_aside``, the
+    VMs it contradicts, each with why (by position in the batch), when the rest is good."""
 
     refusal: Refusal | None = None
     unreachable: str | None = None
     departed: frozenset[str] = frozenset()
-    """VMs taken because they left the host within ``remember_s`` (deleted, or migrated away):
-    their samples count, their rows stay where they are"""
+    """VMs taken because they left the host within ``remember_s`` (deleted, or migrated away)
+    and the batch's interval began before that was seen: their samples count, their rows stay
+    where they are"""
+    set_aside: Mapping[int, Refusal] = field(default_factory=dict)
 
     @property
     def verified(self) -> bool:
-        return self.refusal is None and self.unreachable is None
+        return self.refusal is None and self.unreachable is None and not self.set_aside
 
 
 VERIFIED = Verdict()
-_NOWHERE = ("", 0.0)
+_NOWHERE: tuple[str, float] = ("", 0.0)
 
 
 @dataclass
@@ -97,7 +116,8 @@ class _Host:
     provider: str | None
     """None: Placement has no provider of the host's name"""
     inventory: dict[str, Inventory] = field(default_factory=dict)
-    consumers: frozenset[str] = frozenset()
+    consumers: dict[str, Allocation] = field(default_factory=dict)
+    """every consumer with allocations on the provider, with what it holds there"""
     fetched: float = 0.0
     """when the consumers were read (monotonic)"""
     inventory_fetched: float = 0.0
@@ -109,8 +129,9 @@ class _Host:
     generation: int = 0
     """moves on whenever what the host's batches are checked against changes: its provider,
     inventory or consumers, or a consumer another host's snapshot took since"""
-    vouched: tuple[int, tuple[float, ...], list[str], list[str]] | None = None
-    """the host's last batch found good (generation, capacity, VMs, their projects): a host
+    vouched: tuple[int, tuple[float, ...], list[str], list[str], bytes] | None = None
+    """the host's last batch found good (generation, capacity, VMs, their projects, their
+    flavors): a host
     posts the same VMs interval after interval, and comparing two lists costs a hundredth of
     checking 500 VMs again"""
 
@@ -125,16 +146,20 @@ class PlacementView:
         margin: float,
         clock: Callable[[], float] = time.monotonic,
         remember_s: float = 0.0,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.config, self.client, self.margin, self.clock = config, client, margin, clock
         self.remember_s = remember_s
+        self.wall = wall
+        """the time of day, to compare when a VM left a host with a batch's interval"""
         self._hosts: dict[str, _Host] = {}
         self._where: dict[str, tuple[str, float]] = {}
         """consumer → (provider, when the snapshot that listed it was read)"""
-        self._left: dict[str, tuple[str, float]] = {}
-        """consumer → (the provider it left, when that was seen), for ``remember_s``"""
+        self._left: dict[str, tuple[str, float, float]] = {}
+        """consumer → (the provider it left, when that was seen: monotonic, and the time of
+        day), for ``remember_s``"""
         self._projects: dict[str, str] = {}
-        """consumer → its project, as Keystone writes ids (:func:`project_key`)"""
+        """consumer → its project, as the ledger spells it (:func:`canonical_customer`)"""
         self._host_of: dict[str, str] = {}
         """provider uuid → host name, for messages"""
         self._lock = threading.Lock()
@@ -146,7 +171,7 @@ class PlacementView:
 
     def _fetch_host(self, host: str, known: _Host | None, inventory: bool) -> _Host:
         """Read the host's provider (once), inventory (when asked) and consumers."""
-        now = self.clock()
+        now, wall = self.clock(), self.wall()
         name = self.config.provider_name(host)
         provider = known.provider if known is not None else None
         if provider is None:
@@ -185,19 +210,24 @@ class PlacementView:
             self._hosts[host] = entry
             self._host_of[provider] = host
             if previous is not None:
-                for gone in previous.consumers - consumers:
-                    self._left[gone] = (provider, now)
+                for gone in previous.consumers.keys() - consumers.keys():
+                    if self._left.get(gone, _NOWHERE)[0] != provider:
+                        # The first sight of its going counts: a later read of this host
+                        # must not let it charge the VM for longer.
+                        self._left[gone] = (provider, now, wall)
                     where = self._where.get(gone)
                     if where is not None and where[0] == provider:
                         # Deleted (or moved to a host not read since); its project is kept
                         # while it is remembered as having left (_forget_departed).
                         del self._where[gone]
             for c in consumers:
+                if self._left.get(c, _NOWHERE)[0] == provider:
+                    del self._left[c]  # back on the host it had left
                 where = self._where.get(c)
                 if where is None or where[1] <= now:
                     if where is not None and where[0] != provider:
                         # Taken from another host (a migration): its batches are checked anew.
-                        self._left[c] = (where[0], now)
+                        self._left[c] = (where[0], now, wall)
                         other = self._hosts.get(self._host_of.get(where[0], ""))
                         if other is not None:
                             other.generation += 1
@@ -209,7 +239,7 @@ class PlacementView:
         """Let go of consumers that left their host more than ``remember_s`` ago (and of the
         projects of those placed nowhere now), so that the cache holds the cloud's servers,
         not every server it ever ran. Called with the lock held."""
-        for uuid in [u for u, (_, at) in self._left.items() if now - at > self.remember_s]:
+        for uuid in [u for u, (_, at, _) in self._left.items() if now - at > self.remember_s]:
             del self._left[uuid]
             if uuid not in self._where:
                 self._projects.pop(uuid, None)
@@ -222,7 +252,7 @@ class PlacementView:
         consumer = self.client.consumer(uuid)
         if consumer.project_id is None:
             return None
-        project = project_key(consumer.project_id)
+        project = canonical_customer(consumer.project_id)
         with self._lock:
             self._projects[uuid] = project
         return project
@@ -255,7 +285,7 @@ class PlacementView:
             # The projects of servers booted since, asked here rather than by their first
             # batch.
             with self._lock:
-                unknown = sorted(fresh.consumers - self._projects.keys())
+                unknown = sorted(fresh.consumers.keys() - self._projects.keys())
             for uuid in unknown:
                 self._project(uuid)
         return done
@@ -268,11 +298,15 @@ class PlacementView:
         capacity: Sequence[float],
         uuids: Sequence[str],
         customers: Sequence[str],
+        flavor: np.ndarray | None = None,
+        start_s: int | None = None,
     ) -> Verdict:
         """Whether Placement vouches for a batch of ``host``: its capacity (one per
-        :data:`~gmd.wire.CAPACITY_FIELDS`) and its VMs with the projects it names."""
+        :data:`~gmd.wire.CAPACITY_FIELDS`) and its VMs with the projects it names and their
+        flavors (a row per VM in the order of :data:`~gmd.wire.FLAVOR_FIELDS`, NaN where not
+        given), for the interval that began at ``start_s``."""
         try:
-            return self._check(host, capacity, uuids, customers)
+            return self._check(host, capacity, uuids, customers, flavor, start_s)
         except QuotaError as exc:
             return Verdict(unreachable=str(exc))
 
@@ -282,6 +316,8 @@ class PlacementView:
         capacity: Sequence[float],
         uuids: Sequence[str],
         customers: Sequence[str],
+        flavor: np.ndarray | None,
+        start_s: int | None,
     ) -> Verdict:
         now = self.clock()
         miss_s = self.config.miss_s
@@ -307,6 +343,7 @@ class PlacementView:
             )
         if entry.provider is None and now - entry.fetched >= miss_s and may_ask():
             entry = self._fetch_host(host, None, inventory=True)
+        flavors = b"" if flavor is None else flavor.tobytes()
         vouched = entry.vouched
         if (
             vouched is not None
@@ -314,6 +351,7 @@ class PlacementView:
             and vouched[1] == tuple(capacity)
             and vouched[2] == uuids
             and vouched[3] == customers
+            and vouched[4] == flavors
         ):
             return VERIFIED
         generation = entry.generation
@@ -331,86 +369,83 @@ class PlacementView:
             over = self._over(entry, capacity)
         if over:
             return _refused(Disagreement.over_inventory, f"host {host}: {over}")
-        misplaced = self._misplaced(entry, uuids)
-        if misplaced and now - entry.fetched >= miss_s and may_ask():
+        aside, departed = self._contradicted(entry, host, uuids, customers, flavor, start_s, now)
+        if (
+            any(r.reason is not Disagreement.other_project for r in aside.values())
+            and now - entry.fetched >= miss_s
+            and may_ask()
+        ):
+            # The snapshot may be older than a boot, a migration or a resize: read it again.
             entry = self._fetch_host(host, entry, inventory=False)
-            misplaced = self._misplaced(entry, uuids)
-        departed = self._departed(entry, misplaced, now)
-        misplaced = [u for u in misplaced if u not in departed]
-        if misplaced:
-            uuid = misplaced[0]
-            more = f" (and {len(misplaced) - 1} more)" if len(misplaced) > 1 else ""
-            return _refused(
-                Disagreement.not_on_host,
-                f"VM {uuid} {self._elsewhere(uuid)} in Placement, not on {host}"
-                f" (provider {entry.provider}){more}",
+            aside, departed = self._contradicted(
+                entry, host, uuids, customers, flavor, start_s, now
             )
-        # Projects as Keystone writes ids (project_key), compared once per batch's customer.
-        claimed = {c: project_key(c) for c in set(customers)}
+        if aside or departed:
+            # Not remembered as vouched: the host's next batch is checked again (the VM gone
+            # from it, or remember_s over).
+            return Verdict(departed=frozenset(departed), set_aside=aside)
+        entry.vouched = (generation, tuple(capacity), list(uuids), list(customers), flavors)
+        return VERIFIED
+
+    def _contradicted(
+        self,
+        entry: _Host,
+        host: str,
+        uuids: Sequence[str],
+        customers: Sequence[str],
+        flavor: np.ndarray | None,
+        start_s: int | None,
+        now: float,
+    ) -> tuple[dict[int, Refusal], set[str]]:
+        """The VMs of the batch Placement contradicts, each with why (by position), and those
+        taken because they left the host lately. A refusal speaks of the host's own claim
+        only: never where another VM is, nor whose it is."""
+        provider = entry.provider
         with self._lock:
+            placed = [self._where.get(u.lower(), _NOWHERE)[0] == provider for u in uuids]
+            left = {
+                u: self._left.get(u.lower()) for u, p in zip(uuids, placed, strict=True) if not p
+            }
             projects = [self._projects.get(u.lower()) for u in uuids]
-        for uuid, customer, project in zip(uuids, customers, projects, strict=True):
+        claimed = {c: canonical_customer(c) for c in set(customers)}
+        aside: dict[int, Refusal] = {}
+        departed: set[str] = set()
+        for i, uuid in enumerate(uuids):
+            if not placed[i]:
+                gone = left[uuid]
+                if (
+                    gone is None
+                    or gone[0] != provider
+                    or now - gone[1] > self.remember_s
+                    or (start_s is not None and start_s >= gone[2])
+                ):
+                    aside[i] = Refusal(
+                        Disagreement.not_on_host,
+                        f"VM {uuid}: Placement allocates it nothing on host {host}"
+                        f" (provider {provider})",
+                    )
+                    continue
+                departed.add(uuid)
+            project = projects[i]
             if project is None:
                 project = self._project(uuid.lower())
             if project is None:
-                return _refused(
+                aside[i] = Refusal(
                     Disagreement.not_on_host,
-                    f"VM {uuid} has no allocations in Placement, not on {host}",
+                    f"VM {uuid}: Placement allocates it nothing on host {host}"
+                    f" (provider {provider})",
                 )
-            if project != claimed[customer]:
-                return _refused(
+            elif project != claimed[customers[i]]:
+                aside[i] = Refusal(
                     Disagreement.other_project,
-                    f"VM {uuid} on {host} belongs to project {project} in Placement, not to"
-                    f" {customer} as the batch says",
+                    f"VM {uuid} on {host}: Placement has it in another project than {customers[i]}",
                 )
-        if departed:
-            # Not remembered as vouched: once the VM is gone from the host's batches, or
-            # remember_s is over, the host's batch is checked again.
-            return Verdict(departed=frozenset(departed))
-        entry.vouched = (generation, tuple(capacity), list(uuids), list(customers))
-        return VERIFIED
-
-    def _misplaced(self, entry: _Host, uuids: Sequence[str]) -> list[str]:
-        """The VMs the cache does not place on the host's provider."""
-        provider = entry.provider
-        with self._lock:
-            where = self._where
-            return [u for u in uuids if where.get(u.lower(), _NOWHERE)[0] != provider]
-
-    def _departed(self, entry: _Host, misplaced: Sequence[str], now: float) -> set[str]:
-        """Of the VMs not placed on the host, those that left it within ``remember_s``."""
-        provider = entry.provider
-        with self._lock:
-            left = self._left
-            return {
-                u
-                for u in misplaced
-                if (gone := left.get(u.lower())) is not None
-                and gone[0] == provider
-                and now - gone[1] <= self.remember_s
-            }
-
-    def _elsewhere(self, uuid: str) -> str:
-        """Where Placement puts ``uuid``, for a refusal: from the cache, else by one request."""
-        with self._lock:
-            where = self._where.get(uuid.lower())
-        providers: frozenset[str] = frozenset()
-        if where is not None:
-            providers = frozenset({where[0]})
-        else:
-            consumer = self.client.consumer(uuid.lower())
-            providers = consumer.providers
-            if consumer.project_id is not None:
-                with self._lock:
-                    self._projects[uuid.lower()] = project_key(consumer.project_id)
-        if not providers:
-            return "has no allocations"
-        with self._lock:
-            named = [
-                f"provider {p} (host {self._host_of[p]})" if p in self._host_of else f"provider {p}"
-                for p in sorted(providers)
-            ]
-        return "is on " + " and ".join(named)
+            elif placed[i] and flavor is not None:
+                held = entry.consumers.get(uuid.lower())
+                why = None if held is None else _flavor_contradicted(flavor[i], held)
+                if why is not None:
+                    aside[i] = Refusal(Disagreement.flavor, f"VM {uuid} on {host}: {why}")
+        return aside, departed
 
     def _over(self, entry: _Host, capacity: Sequence[float]) -> str | None:
         """What of ``capacity`` is beyond the bound of the provider's inventory, or None."""
@@ -442,3 +477,24 @@ class PlacementView:
 
 def _refused(reason: Disagreement, message: str) -> Verdict:
     return Verdict(refusal=Refusal(reason, message))
+
+
+def _flavor_contradicted(claimed: np.ndarray, held: Allocation) -> str | None:
+    """What of a VM's flavor (a row of :data:`~gmd.wire.FLAVOR_FIELDS`) its allocation on the
+    host contradicts, or None. A figure not given (NaN), or a resource the allocation does not
+    hold, is not compared. Memory is compared in MiB, Placement's unit."""
+    problems = []
+    vcpus = float(claimed[_VCPUS])
+    if not math.isnan(vcpus) and held.vcpus is not None and vcpus != held.vcpus:
+        problems.append(f"flavor.vcpus = {vcpus:g}, but Placement allocates it {held.vcpus:g} VCPU")
+    memory = float(claimed[_MEMORY])
+    if (
+        not math.isnan(memory)
+        and held.memory_mb is not None
+        and abs(memory / _MIB - held.memory_mb) >= 0.5
+    ):
+        problems.append(
+            f"flavor.memory_bytes = {memory:.6g}, but Placement allocates it"
+            f" {held.memory_mb:g} MEMORY_MB"
+        )
+    return "; ".join(problems) or None

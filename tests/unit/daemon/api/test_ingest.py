@@ -89,7 +89,13 @@ def test_a_batch_is_stored_once_and_acknowledged_twice(daemon: Daemon) -> None:
     body = good()
     first = post(daemon, body)
     assert first.status_code == 200, first.text
-    assert first.json() == {"status": "accepted", "key": body["key"], "samples": 2, "late": 0}
+    assert first.json() == {
+        "status": "accepted",
+        "key": body["key"],
+        "samples": 2,
+        "late": 0,
+        "set_aside": [],
+    }
     after_first = counts(daemon)
     again = post(daemon, body)
     assert again.status_code == 200
@@ -486,7 +492,13 @@ def test_samples_after_their_interval_closed_are_kept_as_late(daemon: Daemon) ->
     with daemon.engine.connect() as conn:
         ledger_before = conn.execute(sa.text("SELECT * FROM customer_ledger ORDER BY 2")).all()
     late = post(daemon, batch(H1, start, [vm("vm-1", cpu_s=12)], key="late-one"))
-    assert late.json() == {"status": "accepted", "key": "late-one", "samples": 1, "late": 1}
+    assert late.json() == {
+        "status": "accepted",
+        "key": "late-one",
+        "samples": 1,
+        "late": 1,
+        "set_aside": [],
+    }
     with daemon.engine.connect() as conn:
         rows = conn.execute(
             sa.text(
