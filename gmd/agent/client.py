@@ -19,6 +19,7 @@ hold the batch. The sender does not let such a batch hold up the ones behind it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from dataclasses import dataclass
 from enum import StrEnum
@@ -60,6 +61,8 @@ class PostOutcome:
     answer_lost: bool = False
     """the request went out and the connection closed before an answer (see the module
     docstring)"""
+    set_aside: tuple[str, ...] = ()
+    """of a stored batch, the VMs the daemon set aside (Placement contradicts them), with why"""
 
 
 def _unreached(exc: httpx.HTTPError) -> PostOutcome:
@@ -117,10 +120,13 @@ class DaemonClient:
         except httpx.HTTPError as exc:
             return _unreached(exc)
         status = "accepted"
+        aside: tuple[str, ...] = ()
         if response.status_code == 200:
-            with contextlib.suppress(ValueError):
-                status = str(response.json().get("status", "accepted"))
-        return _classified(response, status)
+            with contextlib.suppress(ValueError, AttributeError, TypeError):
+                receipt = response.json()
+                status = str(receipt.get("status", "accepted"))
+                aside = tuple(str(why) for why in receipt.get("set_aside") or ())
+        return dataclasses.replace(_classified(response, status), set_aside=aside)
 
     def get_plan(self, host: str) -> HostPlan:
         """``GET /v1/plan/{host}``; raises :class:`PlanUnavailable` for anything but a valid plan

@@ -121,6 +121,17 @@ class Sender:
                         duplicates += 1
                     else:
                         accepted += 1
+                    if outcome.set_aside:
+                        more = len(outcome.set_aside) - 1
+                        log.warning(
+                            "daemon %s set aside %d VM(s) of batch %s that Placement"
+                            " contradicts: %s%s",
+                            self.client.base_url,
+                            len(outcome.set_aside),
+                            item.key,
+                            outcome.set_aside[0],
+                            f" (and {more} more)" if more else "",
+                        )
                     continue
                 rejected += 1
                 log.error(

@@ -26,6 +26,7 @@ import httpx
 import pytest
 from sqlalchemy import select
 
+from gmd.agent.client import DaemonClient, Delivery
 from gmd.common.config import ConfigError
 from gmd.daemon.api.services import Services
 from gmd.daemon.config import PlacementConfig
@@ -53,6 +54,7 @@ from tests.support.daemon_support import (
     cpu_only,
     make_config,
     serving,
+    token_of,
 )
 from tests.support.openstack_support import LEGACY, RealCloud
 from tests.support.placement_support import RealPlacement
@@ -229,6 +231,19 @@ def test_a_host_naming_another_hosts_vm_has_it_set_aside_and_the_vm_stays_in_its
         )
         assert again.status_code == 200 and again.json()["status"] == "duplicate", again.text
         assert samples_of(daemon, owner) == 2 and quarantined_vms(daemon) == [throttled]
+        # The agent hears what was set aside (its sender logs it), next interval too.
+        agent = DaemonClient(daemon.url, token_of(thief.name), timeout_s=30)
+        try:
+            body = batch(
+                thief,
+                start + INTERVAL_S,
+                [cpu_only(own, owner, 1.0), cpu_only(throttled, owner, 0.1)],
+            )
+            outcome = agent.post_batch(json.dumps(body).encode())
+        finally:
+            agent.close()
+        assert outcome.kind == Delivery.delivered and outcome.detail == "accepted"
+        assert len(outcome.set_aside) == 1 and throttled in outcome.set_aside[0]
 
 
 def test_vms_of_a_victim_project_are_set_aside_and_the_victim_has_no_sample(

@@ -496,3 +496,40 @@ def test_a_port_out_of_range_is_an_option_error(tmp_path: Path) -> None:
     done = run_daemon(config, "--port", "99999")
     assert done.returncode == 2, done.stderr
     assert "--port" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_cloud_configured_means_verification_that_cannot_start_exits_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``[placement] verify = "auto"`` (the default) verifies hosts' claims wherever a cloud is
+    configured; a clouds.yaml without that entry stops the daemon with one line."""
+    clouds = tmp_path / "clouds.yaml"
+    clouds.write_text("clouds: {}\n")
+    monkeypatch.setenv("OS_CLIENT_CONFIG_FILE", str(clouds))
+    quotas = '[enforcement.quota]\ncloud = "nowhere"\n'
+    config = write_config(tmp_path / "gmd.toml", f"sqlite:///{tmp_path / 'l.db'}", free_port())
+    with config.open("a") as f:
+        f.write(quotas)
+    done = run_daemon(config)
+    assert done.returncode == 2, done.stderr
+    assert "[placement] cannot verify hosts' claims with the clouds.yaml entry 'nowhere'" in (
+        done.stderr
+    )
+    assert 'verify = "off"' in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_verification_turned_off_where_a_cloud_is_configured_is_said_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OS_CLIENT_CONFIG_FILE", str(tmp_path / "none.yaml"))
+    port = free_port()
+    config = write_config(tmp_path / "gmd.toml", f"sqlite:///{tmp_path / 'l.db'}", port)
+    with config.open("a") as f:
+        f.write('[enforcement.quota]\ncloud = "prod"\n[placement]\nverify = "off"\n')
+    log = tmp_path / "daemon.log"
+    with daemon_process(config, port, log):
+        pass
+    said = log.read_text()
+    assert "hosts' claims trusted" in said
+    assert """[placement] verify = "off" although cloud 'prod' is configured""" in said

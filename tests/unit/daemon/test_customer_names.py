@@ -168,3 +168,19 @@ def test_a_project_name_two_customers_share_is_refused_naming_both(
         with pytest.raises(UnknownCustomer, match="'nobody' is not in the ledger"):
             customer_id(conn, "nobody")
     engine.dispose()
+
+
+def test_a_project_id_spelled_otherwise_is_the_same_customer_everywhere(config: Config) -> None:
+    """A host (or a user) spelling a project id with dashes or capitals names the customer
+    Keystone's spelling names: stored once, found by either spelling."""
+    dashed = "7F3E1C2B-9A8D-4E5F-6A7B-8C9D0E1F2A3B"
+    with serving(config) as d:
+        spelled = batch(HOST, aligned_past(2), [cpu_only("vm-a", dashed, 9.0)])
+        spelled["customer_names"] = {dashed: "acme"}
+        assert post(d, spelled).is_success
+        body = batch(HOST, aligned_past(1), [cpu_only("vm-a", ACME, 9.0)])
+        assert post(d, body).is_success
+        assert shown(d) == {ACME: ("acme", "nova")}
+        with d.engine.connect() as conn:
+            assert customer_id(conn, dashed) == customer_id(conn, ACME.upper())
+            assert customer_id(conn, dashed) == customer_id(conn, ACME)

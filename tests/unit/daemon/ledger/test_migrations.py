@@ -376,3 +376,29 @@ def test_0013_packs_each_batch_into_one_row_the_view_shows_as_before(database_ur
             assert _samples(conn) == changed
     finally:
         engine.dispose()
+
+
+def test_0015_gives_each_project_id_keystones_spelling_unless_another_customer_has_it(
+    database_url: str,
+) -> None:
+    project, other = "0123456789abcdef0123456789abcdef", "fedcba9876543210fedcba9876543210"
+    dashed = "01234567-89AB-CDEF-0123-456789ABCDEF"
+    twin = "FEDCBA98-7654-3210-FEDC-BA9876543210"
+    engine = migrate.engine_for(database_url)
+    try:
+        migrate.upgrade(engine, "0014")
+        with engine.begin() as conn:
+            conn.execute(
+                sa.text(
+                    "INSERT INTO customers (id, name) VALUES (1, :a), (2, :b), (3, :c), (4, :d)"
+                ),
+                {"a": dashed, "b": other, "c": twin, "d": "alice-co"},
+            )
+        migrate.upgrade(engine)
+        with engine.connect() as conn:
+            names = dict(conn.execute(sa.text("SELECT id, name FROM customers")).all())
+        # Renamed where the one spelling was free; a twin of another customer keeps its
+        # name (merging two customers' history is the operator's); other names stay.
+        assert names == {1: project, 2: other, 3: twin, 4: "alice-co"}
+    finally:
+        engine.dispose()
