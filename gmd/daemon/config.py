@@ -123,7 +123,12 @@ class Weights(Table):
     name = "accounting.weights"
     options = tuple(
         Number(
-            1.0, f"the weight of {resource} (1: counts as much as the others)", 0.0, key=resource
+            1.0,
+            f"the weight of {resource} (1: counts as much as the others; at most 1e6, beyond"
+            " which a greediness overflows)",
+            0.0,
+            1e6,
+            key=resource,
         )
         for resource in dict.fromkeys(RESOURCES_COMBINED + RESOURCES_SPLIT)
     )
@@ -739,6 +744,32 @@ class ReadApi(Table):
         "the project whose admins and readers read every customer (besides system-scoped"
         " tokens); empty: none",
     )
+    concurrent = Count(
+        2,
+        "read requests (standings, reports, explanations, plots, what-ifs, pages) served at"
+        " once; the agents' routes, /healthz and /metrics never wait behind them",
+        1,
+        64,
+    )
+    queue_s = Number(
+        10.0,
+        "how long a read request waits for its turn before it is answered 503 with Retry-After",
+        0,
+        600,
+    )
+    whatif_max_s = Number(
+        120.0,
+        "how long one what-if over the API may replay before it is stopped (503); one whose"
+        " client has gone stops at its next interval",
+        1,
+        3600,
+    )
+    whatif_max_intervals = Count(
+        100_000,
+        "the most intervals one what-if replays (gmd-admin whatif too; more: refused, 400)",
+        1,
+        1_000_000,
+    )
 
 
 @dataclass(frozen=True)
@@ -750,6 +781,10 @@ class ReadApiConfig:
     keystone: dict[str, str] = field(default_factory=dict)
     admin_project_id: str = ReadApi.admin_project_id.default
     policy_file: Path | None = ReadApi.policy_file.default
+    concurrent: int = ReadApi.concurrent.default
+    queue_s: float = ReadApi.queue_s.default
+    whatif_max_s: float = ReadApi.whatif_max_s.default
+    whatif_max_intervals: int = ReadApi.whatif_max_intervals.default
 
 
 TABLES: tuple[type[Table], ...] = (
@@ -1065,7 +1100,16 @@ def _read_api(r: Reader, daemon: DaemonConfig, path: Path | None) -> ReadApiConf
             policy_file = path.parent / policy_file
         if not policy_file.is_file():
             raise r.fail("policy_file", f"{policy!r}: no such file")
-    config = ReadApiConfig(auth, options, r.option(ReadApi.admin_project_id), policy_file)
+    config = ReadApiConfig(
+        auth,
+        options,
+        r.option(ReadApi.admin_project_id),
+        policy_file,
+        concurrent=r.option(ReadApi.concurrent),
+        queue_s=r.option(ReadApi.queue_s),
+        whatif_max_s=r.option(ReadApi.whatif_max_s),
+        whatif_max_intervals=r.option(ReadApi.whatif_max_intervals),
+    )
     r.done()
     return config
 

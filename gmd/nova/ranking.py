@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gmd import GmdError
-from gmd.fairness.placement import Criteria, Strategy, placement_criteria, scores
+from gmd.fairness.placement import Criteria, Criterion, Strategy, placement_criteria, scores
 from gmd.fairness.topsis import Topsis
 
 MIB = 1 << 20
@@ -78,11 +78,17 @@ class Project:
     cpu_cap_fraction: float | None = None
 
 
-def _figure(value: object) -> float | None:
+MAX_FIGURE = {"cpu_cores": 1e7, "memory_bytes": 2.0**70, "share": 100.0}
+"""The largest figure any host has (the daemon's own bounds: ``daemon.max_host_cores`` at
+most 1e7, memory at most 2^70 bytes; a utilisation share past 100× its capacity is no
+measurement): beyond, FALB's squares and sums overflow, and the host is left out."""
+
+
+def _figure(value: object, most: float = math.inf) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     f = float(value)
-    return f if math.isfinite(f) and f >= 0 else None
+    return f if math.isfinite(f) and 0 <= f <= most else None
 
 
 def read_cluster(document: object) -> Cluster:
@@ -119,8 +125,8 @@ def _host_row(entry: object) -> tuple[float, float, float, float] | None:
     capacity, utilization = entry.get("capacity"), entry.get("utilization")
     if not isinstance(capacity, Mapping) or not isinstance(utilization, Mapping):
         return None
-    shares = [_figure(utilization.get(r)) for r in RESOURCES]
-    sizes = [_figure(capacity.get(c)) for c in CAPACITY]
+    shares = [_figure(utilization.get(r), MAX_FIGURE["share"]) for r in RESOURCES]
+    sizes = [_figure(capacity.get(c), MAX_FIGURE[c]) for c in CAPACITY]
     if any(v is None for v in shares) or any(not v for v in sizes):
         return None
     cpu, memory = shares
@@ -219,8 +225,8 @@ def rank(
             continue
         measured.append(False)
         cores, memory = candidate.vcpus_total, candidate.memory_mb_total * MIB
-        if not (cores > 0 and memory > 0 and math.isfinite(cores) and math.isfinite(memory)):
-            continue
+        if not (0 < cores <= MAX_FIGURE["cpu_cores"] and 0 < memory <= MAX_FIGURE["memory_bytes"]):
+            continue  # NaN included: no capacity Nova could mean
         used_memory = min(max(memory - candidate.memory_mb_free * MIB, 0.0), memory)
         extra_used.append((min(max(candidate.vcpus_used, 0.0), cores), used_memory))
         extra_capacity.append((cores, memory))
@@ -231,8 +237,18 @@ def rank(
         return Ranked(weights, measured, ranked, None, None, expected)
     used = np.vstack([cluster.used, np.array(extra_used).reshape(-1, 2)])
     capacity = np.vstack([cluster.capacity, np.array(extra_capacity).reshape(-1, 2)])
-    criteria = placement_criteria(used, capacity, expected).rows(rows)
+    with np.errstate(over="ignore", invalid="ignore"):
+        criteria = placement_criteria(used, capacity, expected).rows(rows)
+    finite = np.isfinite(criteria.matrix(tuple(Criterion))).all(axis=1)
+    if not finite.all():
+        # Within the bounds this does not happen; if it ever does, the candidates it
+        # concerns are left out, and the others still weighed.
+        keep = np.flatnonzero(finite)
+        criteria = criteria.rows(keep)
+        ranked = [ranked[i] for i in keep.tolist()]
+        if not ranked:
+            return Ranked(weights, measured, ranked, None, None, expected)
     score, ranking = scores(criteria, strategy)
     for position, value in zip(ranked, score.tolist(), strict=True):
-        weights[position] = min(max(float(value), 0.0), 1.0)
+        weights[position] = min(max(float(value), 0.0), 1.0) if math.isfinite(value) else UNRANKED
     return Ranked(weights, measured, ranked, criteria, ranking, expected)

@@ -205,7 +205,14 @@ def whatif_command(
         raise fail(str(exc)) from None
     try:
         with reading(ctx) as engine, engine.connect() as conn:
-            result = replay(conn, config, from_s, to_s, sets)
+            result = replay(
+                conn,
+                config,
+                from_s,
+                to_s,
+                sets,
+                max_intervals=base.read_api.whatif_max_intervals,
+            )
             if plot_file is not None:
                 read_recorded_balances(conn, result)
     except WhatIfRefused as exc:

@@ -16,6 +16,7 @@ from fastapi.openapi.utils import get_openapi
 from sqlalchemy import Engine
 
 from gmd.daemon.api import health, hosts, plans, read, samples, web
+from gmd.daemon.api.admission import Admission
 from gmd.daemon.api.handlers import install_handlers
 from gmd.daemon.api.headers import SecurityHeaders
 from gmd.daemon.api.intake import SampleIntake
@@ -51,8 +52,14 @@ def create_app(
     app.state.store = services.store
     app.state.accountant = services.accountant
     install_handlers(app)
-    # Added first, so inside the security headers: they go on its answers too.
+    # Added first, so inside the security headers: they go on their answers too.
     app.add_middleware(SampleIntake, services=services, handlers=app.exception_handlers)
+    app.add_middleware(
+        Admission,
+        most=config.read_api.concurrent,
+        wait_s=config.read_api.queue_s,
+        on_busy=services.metrics.read_busy.inc,
+    )
     app.add_middleware(SecurityHeaders)
     for router in ROUTERS:
         app.include_router(router)

@@ -247,6 +247,12 @@ class DaemonMetrics:
             "Batches stored unverified that Placement has yet to vouch for.",
             registry=r,
         )
+        self.read_busy = Counter(
+            "gmd_read_busy_requests",
+            "Read requests (reports, plots, what-ifs, pages) answered 503 because"
+            " [read_api] concurrent were being served and they waited [read_api] queue_s.",
+            registry=r,
+        )
         self.placement_requests = Counter(
             "gmd_placement_requests",
             "HTTP requests this daemon made to Placement.",

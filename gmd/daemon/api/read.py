@@ -13,12 +13,17 @@ host's own words (:func:`_seen_by`, on every answer of a customer's figures).
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import threading
+import time
 from enum import StrEnum
 from typing import Annotated, Any
 from urllib.parse import quote
 
-from fastapi import APIRouter, Depends, Header, Query
+from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
 
 from gmd import OptionError
 from gmd.common.timespec import NotATime, parse_time
@@ -26,6 +31,7 @@ from gmd.daemon.api.access import Reader, Unauthenticated
 from gmd.daemon.api.deps import ServicesDep
 from gmd.daemon.api.errors import Refused
 from gmd.daemon.api.members import for_member
+from gmd.daemon.api.services import Services
 from gmd.daemon.ledger.lookup import UnknownCustomer, customer_uuid
 from gmd.daemon.reports.standings import SortKey, standings
 from gmd.wire import PlanMode, Problem, canonical_customer
@@ -34,6 +40,8 @@ from gmd.wire import PlanMode, Problem, canonical_customer
 # A customer's name may hold any visible character, "/" too: its routes take the rest of the
 # path up to their last segment ({customer:path}), so "team/a" is /v1/customers/team/a/explain
 # (or team%2Fa: the server decodes the path before routing). Links quote it whole (segment).
+log = logging.getLogger(__name__)
+
 router = APIRouter(prefix="/v1", tags=["read"], responses={404: {"model": Problem}})
 
 
@@ -255,7 +263,8 @@ def _operator(who: Reader, what: str) -> None:
 
 
 @router.get("/whatif", summary="The record replayed under other settings (gmd-admin whatif)")
-def get_whatif(
+async def get_whatif(
+    request: Request,
     who: ReaderDep,
     services: ServicesDep,
     from_: Annotated[str, Query(alias="from", description=TIME_HELP)],
@@ -272,21 +281,79 @@ def get_whatif(
     """The accounted intervals in [from, to) replayed from their raw samples under the
     daemon's configuration with ``set``'s changes, beside what was recorded. It replays every
     customer's record, so only an operator may ask; it is bounded (the intervals within raw
-    retention, at most 100,000, at most 20 changes) and writes nothing."""
-    from gmd.daemon.reports.whatif import WhatIfRefused, document, replay, with_overrides
+    retention, at most ``[read_api] whatif_max_intervals``, at most 20 changes, each value at
+    most 1,000 characters, ``[read_api] whatif_max_s`` of replay: 503 past it) and writes
+    nothing. It stops when its client goes."""
+    return await whatif_document(request, who, services, from_, to, changes or [])
+
+
+async def whatif_document(
+    request: Request,
+    who: Reader,
+    services: Services,
+    from_: str,
+    to: str,
+    sets: list[str],
+) -> dict[str, Any]:
+    """The what-if's document (``GET /v1/whatif``, and the web page's), replayed on a worker
+    thread within its budget, stopped at the next interval once its client has gone."""
+    from gmd.daemon.reports.whatif import (
+        WhatIfRefused,
+        WhatIfStopped,
+        document,
+        replay,
+        with_overrides,
+    )
 
     if not who.everyone:
         raise Refused(403, f"{who.name}: a what-if replays every customer's record: operators only")
     from_s, to_s = _times(services, ("from", from_), ("to", to))
     assert from_s is not None and to_s is not None  # both are given
-    sets = changes or []
-    try:
+    budget = services.config.read_api
+    gone = threading.Event()
+    deadline = time.monotonic() + budget.whatif_max_s
+
+    def stop() -> str | None:
+        if gone.is_set():
+            return "its client has gone"
+        if time.monotonic() > deadline:
+            return f"it ran for [read_api] whatif_max_s = {budget.whatif_max_s:g} s"
+        return None
+
+    def run() -> dict[str, Any]:
         config = with_overrides(services.config, sets)
         with services.engine.connect() as conn:
-            result = replay(conn, config, from_s, to_s, sets)
+            result = replay(
+                conn,
+                config,
+                from_s,
+                to_s,
+                sets,
+                max_intervals=budget.whatif_max_intervals,
+                stop=stop,
+            )
+        return document(result)
+
+    async def watch() -> None:
+        while not await request.is_disconnected():
+            await asyncio.sleep(WATCH_S)
+        gone.set()
+
+    watcher = asyncio.create_task(watch())
+    try:
+        return await run_in_threadpool(run)
     except WhatIfRefused as exc:
         raise Refused(400, str(exc)) from None
-    return document(result)
+    except WhatIfStopped as exc:
+        if gone.is_set():
+            log.info("what-if of [%s, %s) %s", from_, to, exc)
+        raise Refused(503, f"{exc}: give a shorter range") from None
+    finally:
+        watcher.cancel()
+
+
+WATCH_S = 0.5
+"""How often a what-if looks whether its client is still there."""
 
 
 @router.get(

@@ -23,7 +23,7 @@ import html
 import math
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Cookie, Depends, Header, Query
+from fastapi import APIRouter, Cookie, Depends, Header, Query, Request
 from fastapi.responses import HTMLResponse, Response
 
 from gmd.daemon.api import read
@@ -309,7 +309,8 @@ def _whatif_row(r: dict[str, Any]) -> str:
 
 
 @router.get("/whatif", response_class=HTMLResponse)
-def whatif_page(
+async def whatif_page(
+    request: Request,
     who: WebReader,
     services: ServicesDep,
     from_: Annotated[str | None, Query(alias="from")] = None,
@@ -332,7 +333,7 @@ def whatif_page(
     if from_ is None:
         return _page("What-if", head + form)
     try:
-        document = read.get_whatif(who, services, from_, to, sets)
+        document = await read.whatif_document(request, who, services, from_, to, sets)
     except Refused as exc:
         return _page(
             "What-if",

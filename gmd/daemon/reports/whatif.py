@@ -19,15 +19,16 @@ import bisect
 import copy
 import itertools
 import json
+import math
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from sqlalchemy import Connection, func, select
 
-from gmd import OptionError
+from gmd import GmdError, OptionError
 from gmd.common.config import ConfigError
 from gmd.common.timespec import iso
 from gmd.daemon.config import Config, parse
@@ -113,6 +114,15 @@ class WhatIfRefused(OptionError):
     """A what-if that cannot be run as asked; the message says what and where (exit 2, 400)."""
 
 
+class WhatIfStopped(GmdError):
+    """A what-if stopped before its end (its time budget spent, its client gone): 503."""
+
+
+MAX_VALUE_CHARS = 1000
+"""The longest ``--set`` value: a list of levels is a few dozen characters; a value nested
+thousands deep would make the TOML reader recurse past Python's stack."""
+
+
 def with_overrides(config: Config, sets: Sequence[str]) -> Config:
     """``config`` with each ``KEY=VALUE`` of ``sets`` applied (``accounting.gamma=0.3``,
     ``enforcement.enter=[1, 3, 6]``, ``accounting.endowment=equal``): its document changed
@@ -141,7 +151,7 @@ def with_overrides(config: Config, sets: Sequence[str]) -> Config:
             if not isinstance(inner, dict):
                 raise WhatIfRefused(f"--set {key}: {part} is not a table in {source}")
             table = inner
-        table[parts[-1]] = _value(value.strip())
+        table[parts[-1]] = _value(value.strip(), key)
     named = " ".join(f"--set {s}" for s in sets)
     try:
         return parse(doc, f"{source} with {named}" if sets else source, path)
@@ -149,12 +159,18 @@ def with_overrides(config: Config, sets: Sequence[str]) -> Config:
         raise WhatIfRefused(str(exc)) from None
 
 
-def _value(text: str) -> Any:
+def _value(text: str, key: str) -> Any:
     """A TOML value (0.3, [1, 3, 6], "equal", none), or the text itself as a string."""
+    if len(text) > MAX_VALUE_CHARS:
+        raise WhatIfRefused(
+            f"--set {key}: a value of {len(text)} characters; at most {MAX_VALUE_CHARS} characters"
+        )
     try:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
         return text
+    except RecursionError:
+        raise WhatIfRefused(f"--set {key}: the value is nested too deep") from None
 
 
 @dataclass
@@ -231,10 +247,15 @@ def replay(
     sets: Sequence[str] = (),
     *,
     keep_rows: bool = False,
+    max_intervals: int = MAX_INTERVALS,
+    stop: Callable[[], str | None] | None = None,
 ) -> WhatIf:
     """The accounted intervals starting in [``from_s``, ``to_s``) replayed under ``config``;
     with ``keep_rows`` each interval's ledger rows as accounting would write them too (every
-    column: what a check of the ledger against its own replay compares)."""
+    column: what a check of the ledger against its own replay compares). At most
+    ``max_intervals`` (more: :class:`WhatIfRefused`); ``stop()``, asked before each interval,
+    says why the replay must end now (:class:`WhatIfStopped`). Settings whose balances are not
+    finite numbers (weights that overflow) are refused, not reported."""
     acc = config.accounting
     policy = config.enforcement.policy
     rows = conn.execute(
@@ -248,10 +269,10 @@ def replay(
     ).all()
     if not rows:
         raise WhatIfRefused(f"no accounted interval starts in [{iso(from_s)}, {iso(to_s)})")
-    if len(rows) > MAX_INTERVALS:
+    if len(rows) > max_intervals:
         raise WhatIfRefused(
             f"[{iso(from_s)}, {iso(to_s)}) holds {len(rows)} intervals; a what-if replays at"
-            f" most {MAX_INTERVALS}: give a shorter range"
+            f" most {max_intervals} ([read_api] whatif_max_intervals): give a shorter range"
         )
     _check_raw(conn, config, rows[0].start_s)
     first_s = int(rows[0].start_s)
@@ -281,7 +302,12 @@ def replay(
         if earlier:
             state[c] = (earlier[-1][3], float(earlier[-1][1]))
     out = WhatIf(int(from_s), int(to_s), len(rows), tuple(sets), {}, {}, {}, {})
-    for interval in rows:
+    for done, interval in enumerate(rows):
+        why = None if stop is None else stop()
+        if why is not None:
+            raise WhatIfStopped(
+                f"the what-if stopped after {done} of its {len(rows)} intervals: {why}"
+            )
         start_s, length_s = int(interval.start_s), int(interval.length_s)
         out.levels[start_s] = {c: level for c, (level, _) in state.items() if level > 0}
         raw = read_raw_interval(
@@ -325,6 +351,7 @@ def replay(
             for r in written.organizations
         }
         prev_start = start_s
+        _finite(customers, start_s, sets)
         out.balances[start_s] = {c: s.balance for c, s in customers.items()}
         out.greediness[start_s] = {
             int(r["customer_id"]): float(r["greediness"]) for r in written.customers
@@ -350,6 +377,18 @@ def replay(
                 )
     _compare(conn, out, rows, recorded)
     return out
+
+
+def _finite(customers: dict[int, _CustomerStanding], start_s: int, sets: Sequence[str]) -> None:
+    """:class:`WhatIfRefused` when a replayed balance is not a finite number: such settings
+    say nothing (a NaN would read as throttled for ever)."""
+    for standing in customers.values():
+        if not math.isfinite(standing.balance):
+            changed = " ".join(f"--set {s}" for s in sets) or "the settings"
+            raise WhatIfRefused(
+                f"{changed}: balances are not finite numbers from the interval at"
+                f" {iso(start_s)} on (a weight or amount overflows): nothing to report"
+            )
 
 
 def cap_fractions(config: Config) -> np.ndarray:

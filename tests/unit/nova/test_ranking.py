@@ -162,3 +162,30 @@ def test_implausible_hosts_are_left_out_and_named() -> None:
 )
 def test_an_odd_project_entry_is_level_0_uncapped(entry: object) -> None:
     assert read_project({"project": entry}, "p") == Project("p")
+
+
+def test_a_host_with_absurd_figures_is_left_out_and_the_rest_are_weighed() -> None:
+    """Finite figures no host has (a capacity of 1e300 cores, a utilisation of 1e200) would
+    overflow FALB's arithmetic and make the whole request weigh neutrally: such a host is left
+    out, from gmd's answer as from Nova's view, and the others are ranked as without it."""
+    sane = {"n1": host(1, GIB, 0, 0), "n2": host(2, GIB, 0, 0)}
+    absurd = {
+        **sane,
+        "huge": host(1e300, GIB, 0.5, 0.5),
+        "busy": host(2, GIB, 1e200, 0.5),
+        "vast": host(2, 1e300, 0.1, 0.5),
+    }
+    request, project = Request(vcpus=0.5, memory_mb=0.2 * 1024), Project("p")
+    cluster = read_cluster(answer(absurd))
+    assert set(cluster.ignored) == {"huge", "busy", "vast"}
+    candidates = [
+        Candidate("n1"),
+        Candidate("n2"),
+        Candidate("huge"),
+        Candidate("new", vcpus_total=1e300, memory_mb_total=1e300, memory_mb_free=1e300),
+    ]
+    ranked = rank(cluster, candidates, request, project, Strategy.falb3)
+    alone = rank(read_cluster(answer(sane)), candidates[:2], request, project, Strategy.falb3)
+    assert alone.weights == pytest.approx([0.0, 1.0])
+    assert ranked.weights[:2] == pytest.approx(alone.weights)
+    assert ranked.weights[2:] == [UNRANKED, UNRANKED]

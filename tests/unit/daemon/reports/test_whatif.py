@@ -8,6 +8,7 @@ interval; an override changes what it should; what cannot be replayed is refused
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import io
 import json
@@ -30,6 +31,7 @@ from gmd.daemon.enforce.levels import after_interval
 from gmd.daemon.ledger.accounting import account_due
 from gmd.daemon.reports.whatif import (
     WhatIfRefused,
+    WhatIfStopped,
     differences,
     indicators,
     replay,
@@ -540,3 +542,71 @@ def test_no_override_reproduces_a_demo_ledger_row_by_row(database_url: str, tmp_
     for start in result.levels:
         assert result.levels[start] == result.recorded_levels.get(start, {}), iso(start)
     assert sum(len(e.replayed) for e in result.customers.values()) > 0
+
+
+@pytest.mark.parametrize(
+    ("item", "words"),
+    [
+        ("enforcement.enter=" + "[" * 5000 + "]" * 5000, "at most 1000"),
+        ("enforcement.enter=" + "[" * 400 + "1" + "]" * 400, "enter"),
+        ("accounting.weights.cpu=1e308", "accounting.weights.cpu"),
+    ],
+    ids=["deep", "nested", "overflowing-weight"],
+)
+def test_hostile_settings_are_refused_in_one_line(item: str, words: str) -> None:
+    """A value nested thousands deep made tomllib recurse past Python's stack (a 500 with a
+    3,000-line traceback); a weight of 1e308 made every balance NaN, counted as throttled."""
+    with pytest.raises(WhatIfRefused) as refused:
+        with_overrides(config_for("sqlite://"), [item])
+    message = str(refused.value)
+    assert words in message and "\n" not in message and len(message) < 2000, message
+
+
+def test_a_replay_stops_when_told_and_past_its_interval_budget(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    with grown(url) as (_, engine, from_s, to_s), engine.connect() as conn:
+        config = config_for(url)
+        asked: list[int] = []
+
+        def stop() -> str | None:
+            asked.append(1)
+            return "its client has gone" if len(asked) > 2 else None
+
+        with pytest.raises(WhatIfStopped, match=r"after 2 of its .* intervals: its client"):
+            replay(conn, config, from_s, to_s, stop=stop)
+        with pytest.raises(WhatIfRefused, match=r"at most 2 \(\[read_api\] whatif_max_intervals"):
+            replay(conn, config, from_s, to_s, max_intervals=2)
+
+
+def test_the_read_api_bounds_a_what_if_in_time_and_refuses_hostile_settings(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    with grown(url) as (_, _, from_s, to_s):
+        local = make_config(
+            url,
+            {CMP1.name: "operator"},
+            accounting=ACCOUNTING,
+            enforcement=ENFORCEMENT,
+            daemon={"bind": "127.0.0.1"},
+            read_api={"auth": "local", "whatif_max_s": 1},
+        )
+        with serving(local) as d:
+            span = {"from": str(from_s), "to": str(to_s)}
+            deep = "enforcement.enter=" + "[" * 5000 + "]" * 5000
+            nested = httpx.get(f"{d.url}/v1/whatif", params={**span, "set": deep}, timeout=30)
+            assert nested.status_code == 400, nested.text[:500]
+            assert "at most 1000 characters" in nested.json()["detail"]
+            huge = httpx.get(
+                f"{d.url}/v1/whatif", params={**span, "set": "accounting.weights.cpu=1e308"}
+            )
+            assert huge.status_code == 400 and "weights.cpu" in huge.json()["detail"]
+            # A budget of 1 s against a replay made to take longer (a clock past it).
+            services = d.app.state.services
+            services.config = dataclasses.replace(
+                services.config,
+                read_api=dataclasses.replace(services.config.read_api, whatif_max_s=0.0),
+            )
+            spent = httpx.get(f"{d.url}/v1/whatif", params=span, timeout=30)
+            assert spent.status_code == 503, spent.text
+            assert "whatif_max_s = 0 s" in spent.json()["detail"]
