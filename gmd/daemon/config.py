@@ -324,9 +324,19 @@ class Daemon(Table):
         2**70,
         shown="``70368744177664`` (64 TiB)",
     )
-    max_host_disk_bytes_per_s = Number(1e12, "as ``max_host_cores``, for disk bandwidth", 1, 1e15)
+    max_host_disk_bytes_per_s = Number(
+        1e11,
+        "as ``max_host_cores``, for disk bandwidth (100 GB/s: more than a dozen NVMe drives);"
+        " no other check bounds what a host claims of disk, Placement holds no bandwidth",
+        1,
+        1e15,
+    )
     max_host_network_bytes_per_s = Number(
-        1e12, "as ``max_host_cores``, for network bandwidth", 1, 1e15
+        1e11,
+        "as ``max_host_cores``, for network bandwidth (100 GB/s: two 400 Gbit/s links); no"
+        " other check bounds what a host claims of network",
+        1,
+        1e15,
     )
 
 

@@ -721,7 +721,10 @@ def start_placement(
         "timeout_s": PLACEMENT_TIMEOUT_S,
         "refresh_s": 5,
         "miss_s": 5,
-        "wait_s": 60,
+        # Longer than any overlap of faults the schedule draws (a ledger outage beside
+        # Placement's): past it an interval is accounted without its unverified batches,
+        # which then count for nobody, by design, and the oracle would find them late.
+        "wait_s": 600,
         "providers": providers,
     }
     return SoakPlacement(writer, proxy, bool(cloud_json)), table
