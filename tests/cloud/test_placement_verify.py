@@ -269,11 +269,29 @@ def test_vms_of_a_victim_project_are_set_aside_and_the_victim_has_no_sample(
         assert faked.status_code == 200, faked.text
         (said,) = faked.json()["set_aside"]
         assert fake in said and "allocates it nothing" in said
+        # Naming the victim's project (a made-up VM of it, and a name for it): the VM is set
+        # aside, and the name with it.
+        ghost = str(uuid.uuid4())
+        renamed = httpx.post(
+            f"{daemon.url}/v1/samples",
+            json={
+                **batch(cmp, start - 2 * INTERVAL_S, [cpu_only(ghost, victim, 1.0)]),
+                "customer_names": {victim: "renamed-by-a-host"},
+            },
+            headers=auth(cmp.name),
+            timeout=30,
+        )
+        assert renamed.status_code == 200 and len(renamed.json()["set_aside"]) == 1
+        with daemon.engine.connect() as conn:
+            shown = conn.execute(
+                select(customers.c.display_name).where(customers.c.name == victim)
+            ).scalar()
+        assert shown is None, "a host names only the projects of the VMs it runs"
         assert samples_of(daemon, victim) == 0
         assert samples_of(daemon, attacker) == 1
-        assert quarantined_vms(daemon) == sorted([own, fake])
+        assert quarantined_vms(daemon) == sorted([own, fake, ghost])
         assert set_aside_count(daemon, "other_project") == 1
-        assert set_aside_count(daemon, "not_on_host") == 1
+        assert set_aside_count(daemon, "not_on_host") == 2
 
 
 def test_a_flavor_other_than_the_allocation_is_set_aside(

@@ -236,7 +236,11 @@ def split(batch: BatchRecord, aside: list[int]) -> tuple[BatchRecord, BatchRecor
         }
 
     kept = dataclasses.replace(batch, **part(keep))
-    held = dataclasses.replace(batch, key=aside_key(batch.key), host_cpu_s=None, **part(aside))
+    # The VMs set aside name no project: a host may name only the projects of the VMs
+    # Placement puts on it (a name would rename a victim's project).
+    held = dataclasses.replace(
+        batch, key=aside_key(batch.key), host_cpu_s=None, **{**part(aside), "customer_names": {}}
+    )
     return kept, dataclasses.replace(held, digest=content_digest(held))
 
 
