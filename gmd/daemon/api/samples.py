@@ -255,6 +255,17 @@ def set_aside(services: Services, aside: BatchRecord, verdict: Verdict, now_s: f
         # first time stays as it was.
         log.info("batch %s from %s: already set aside as before", aside.key, aside.host)
         return
+    except Refused as exc:
+        # Past the host's bounds ([daemon.limits]): the claims Placement contradicts are not
+        # kept at all, and the rest of the batch, stored, stands.
+        log.warning(
+            "batch %s from %s: %d VM(s) Placement contradicts not kept: %s",
+            aside.key,
+            aside.host,
+            len(aside.vm_uuids),
+            exc.detail,
+        )
+        return
     for refusal in verdict.set_aside.values():
         services.metrics.placement_set_aside.labels(refusal.reason.value).inc()
     fresh = services.set_aside_said.first(aside.host, aside.vm_uuids)

@@ -66,8 +66,9 @@ _MIB = float(2**20)
 
 
 class Disagreement(StrEnum):
-    """Why Placement refuses a batch: the ``reason`` of ``gmd_placement_refused_batches_total``
-    and ``gmd_placement_quarantined_batches_total``."""
+    """What Placement contradicts: the ``reason`` of ``gmd_placement_refused_batches_total``
+    (the host's own claims), ``gmd_placement_set_aside_samples_total`` (a VM's) and
+    ``gmd_placement_quarantined_batches_total``."""
 
     unknown_host = "unknown_host"
     """Placement has no resource provider for the host"""
@@ -131,9 +132,8 @@ class _Host:
     inventory or consumers, or a consumer another host's snapshot took since"""
     vouched: tuple[int, tuple[float, ...], list[str], list[str], bytes] | None = None
     """the host's last batch found good (generation, capacity, VMs, their projects, their
-    flavors): a host
-    posts the same VMs interval after interval, and comparing two lists costs a hundredth of
-    checking 500 VMs again"""
+    flavors): a host posts the same VMs interval after interval, and comparing two lists costs
+    a hundredth of checking 500 VMs again"""
 
 
 class PlacementView:
@@ -410,6 +410,13 @@ class PlacementView:
         claimed = {c: canonical_customer(c) for c in set(customers)}
         aside: dict[int, Refusal] = {}
         departed: set[str] = set()
+
+        def not_here(uuid: str) -> Refusal:
+            return Refusal(
+                Disagreement.not_on_host,
+                f"VM {uuid}: Placement allocates it nothing on host {host} (provider {provider})",
+            )
+
         for i, uuid in enumerate(uuids):
             if not placed[i]:
                 gone = left[uuid]
@@ -419,22 +426,14 @@ class PlacementView:
                     or now - gone[1] > self.remember_s
                     or (start_s is not None and start_s >= gone[2])
                 ):
-                    aside[i] = Refusal(
-                        Disagreement.not_on_host,
-                        f"VM {uuid}: Placement allocates it nothing on host {host}"
-                        f" (provider {provider})",
-                    )
+                    aside[i] = not_here(uuid)
                     continue
                 departed.add(uuid)
             project = projects[i]
             if project is None:
                 project = self._project(uuid.lower())
             if project is None:
-                aside[i] = Refusal(
-                    Disagreement.not_on_host,
-                    f"VM {uuid}: Placement allocates it nothing on host {host}"
-                    f" (provider {provider})",
-                )
+                aside[i] = not_here(uuid)
             elif project != claimed[customers[i]]:
                 aside[i] = Refusal(
                     Disagreement.other_project,
