@@ -372,6 +372,9 @@ def test_gmd_admin_whatif_shows_the_replay_and_refuses_in_one_line(tmp_path: Pat
         for args, words in (
             (("--set", "accounting.interval_s=30"), "a what-if can change accounting.gamma"),
             (("--set", "accounting.gamma=2"), "gamma"),
+            # A value nested past the TOML reader's stack was a 3,000-line traceback.
+            (("--set", "enforcement.enter=" + "[" * 5000 + "]" * 5000), "at most 1000"),
+            (("--set", "accounting.weights.cpu=1e308"), "accounting.weights.cpu"),
         ):
             refused = admin(file, "whatif", *span, *args)
             assert refused.returncode == 2, refused.stderr
