@@ -15,10 +15,12 @@ import json
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from fractions import Fraction as F
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -613,3 +615,41 @@ def test_the_read_api_bounds_a_what_if_in_time_and_refuses_hostile_settings(
             spent = httpx.get(f"{d.url}/v1/whatif", params=span, timeout=30)
             assert spent.status_code == 503, spent.text
             assert "whatif_max_s = 0 s" in spent.json()["detail"]
+
+
+def test_a_what_if_whose_client_has_gone_stops_at_its_next_interval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each interval's raw samples take 0.3 s to read here (a long range, made so on demand):
+    the client gives up after 0.5 s, and the replay stops within an interval or two of the
+    daemon's noticing, instead of replaying every interval for nobody."""
+    from gmd.daemon.reports import whatif
+
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    read = whatif.read_raw_interval
+    reads: list[int] = []
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        reads.append(1)
+        time.sleep(0.3)
+        return read(*args, **kwargs)
+
+    with grown(url) as (_, _, from_s, to_s):
+        local = make_config(
+            url,
+            {CMP1.name: "operator"},
+            accounting=ACCOUNTING,
+            enforcement=ENFORCEMENT,
+            daemon={"bind": "127.0.0.1"},
+            read_api={"auth": "local"},
+        )
+        monkeypatch.setattr(whatif, "read_raw_interval", slow)
+        with serving(local) as d, caplog.at_level("INFO", logger="gmd.daemon.api.read"):
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.get(f"{d.url}/v1/whatif", params={"from": from_s, "to": to_s}, timeout=0.5)
+            deadline = time.monotonic() + 30
+            while "its client has gone" not in caplog.text:
+                assert time.monotonic() < deadline, caplog.text
+                time.sleep(0.1)
+    assert "stopped after" in caplog.text
+    assert len(reads) < BUSY + IDLE, "the replay went on after its client left"
