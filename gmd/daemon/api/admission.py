@@ -1,9 +1,10 @@
 """Admission of the read API: reports, plots and what-ifs never hold up the agents.
 
-Every request is of one of two classes. The agents' routes (``POST /v1/samples``, their plans
-and reports, their capabilities) and ``/healthz`` and ``/metrics`` go straight through: a
-compute host fetching its plan, or a probe asking whether the daemon is alive, must be
-answered at once whatever members and operators ask. Every other request (the read API, the
+Every request is of one of two classes. The services' routes go straight through: the agents'
+(``POST /v1/samples``, their plans and reports, their capabilities), the Nova scheduler's
+(``/v1/hosts/utilization``, operators' only), ``/healthz`` and ``/metrics``: a compute host
+fetching its plan, a scheduler placing a server, or a probe asking whether the daemon is
+alive, must be answered at once whatever members and operators ask. Every other request (the read API, the
 web pages, the API's description) is a *read*: at most ``[read_api] concurrent`` are served at
 once, the next wait their turn up to ``[read_api] queue_s`` in the event loop (holding no
 thread), and past that are answered 503 with ``Retry-After``. Served reads hold at most as many
@@ -21,12 +22,13 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-AGENT_PATHS = frozenset({"/v1/samples", "/healthz", "/metrics"})
+AGENT_PATHS = frozenset({"/v1/samples", "/v1/hosts/utilization", "/healthz", "/metrics"})
 AGENT_PREFIXES = ("/v1/plan/",)
 
 
 def agents_route(method: str, path: str) -> bool:
-    """Whether a request is the agents' (or a probe's): never made to wait for reads."""
+    """Whether a request is a service's (an agent's, the scheduler's, a probe's): never made to
+    wait for reads."""
     if path in AGENT_PATHS or path.startswith(AGENT_PREFIXES):
         return True
     return method == "PUT" and path.startswith("/v1/hosts/") and path.endswith("/capabilities")

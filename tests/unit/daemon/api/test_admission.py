@@ -42,6 +42,7 @@ class Held:
         ("PUT", "/v1/hosts/cmp-1/capabilities", True),
         ("GET", "/healthz", True),
         ("GET", "/metrics", True),
+        ("GET", "/v1/hosts/utilization", True),
         ("GET", "/v1/hosts/cmp-1", False),
         ("GET", "/v1/customers/p/plot.svg", False),
         ("GET", "/v1/whatif", False),
