@@ -208,8 +208,8 @@ class DaemonMetrics:
 
         self.placement_refused = Counter(
             "gmd_placement_refused_batches",
-            "Batches refused at ingest because Placement disagrees with them ([placement]"
-            " verify = on), by what it disagrees with.",
+            "Batches refused at ingest because Placement contradicts the host's own claims"
+            " (no provider of its name, a capacity past its inventory), by which.",
             ["reason"],
             registry=r,
         )

@@ -84,7 +84,8 @@ class Services:
             writes=self.write_health,
         )
         self.placement: PlacementView | None = None
-        """Placement's view, when it vouches for batches (``[placement] verify = "on"``)"""
+        """Placement's view, when it vouches for batches (``[placement] verify``: on, or auto with
+        a cloud)"""
         if config.placement.on:
             p = config.placement
             client = PlacementClient(
