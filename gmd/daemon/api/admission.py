@@ -4,12 +4,12 @@ Every request is of one of two classes. The services' routes go straight through
 (``POST /v1/samples``, their plans and reports, their capabilities), the Nova scheduler's
 (``/v1/hosts/utilization``, operators' only), ``/healthz`` and ``/metrics``: a compute host
 fetching its plan, a scheduler placing a server, or a probe asking whether the daemon is
-alive, must be answered at once whatever members and operators ask. Every other request (the read API, the
-web pages, the API's description) is a *read*: at most ``[read_api] concurrent`` are served at
-once, the next wait their turn up to ``[read_api] queue_s`` in the event loop (holding no
-thread), and past that are answered 503 with ``Retry-After``. Served reads hold at most as many
-of the worker threads, and at most as much of the interpreter, as that bound: 60 members asking
-for their plot at once made an agent's plan fetch wait 28 s before this.
+alive, must be answered at once whatever members and operators ask. Every other request (the
+read API, the web pages, the API's description) is a *read*: at most ``[read_api] concurrent``
+are served at once, the next wait their turn up to ``[read_api] queue_s`` in the event loop
+(holding no thread), and past that are answered 503 with ``Retry-After``. Served reads hold at
+most as many of the worker threads, and at most as much of the interpreter, as that bound: 60
+members asking for their plot at once made an agent's plan fetch wait 28 s before this.
 """
 
 from __future__ import annotations
