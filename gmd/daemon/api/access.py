@@ -13,6 +13,9 @@ With ``auth = "local"`` (a daemon bound to loopback) every request is the operat
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -84,6 +87,38 @@ def policy_defaults() -> list[Any]:
     ]
 
 
+_NOT_KNOWN = 'The option "%s" is not known to keystonemiddleware'
+
+
+@contextmanager
+def _plugin_options_known(auth_type: str | None) -> Iterator[None]:
+    """auth_token warns, at every start, of each option of its auth plugin (``username``,
+    ``password``, ``project_name``…) as "not known to keystonemiddleware", then hands them to
+    the plugin, which uses them. Those warnings are left out; one for any other key (a typo)
+    stays."""
+    from keystoneauth1 import loading
+
+    try:
+        plugin = {o.dest for o in loading.get_plugin_loader(auth_type or "password").get_options()}
+    except Exception:  # an unknown auth_type: auth_token says so itself
+        plugin = set()
+
+    def wanted(record: logging.LogRecord) -> bool:
+        return not (
+            record.msg == _NOT_KNOWN
+            and isinstance(record.args, tuple)
+            and record.args
+            and record.args[0] in plugin
+        )
+
+    logger = logging.getLogger("keystonemiddleware._common.config")
+    logger.addFilter(wanted)
+    try:
+        yield
+    finally:
+        logger.removeFilter(wanted)
+
+
 class KeystoneAccess:
     """Keystone tokens (keystonemiddleware) and oslo.policy rules (see the module docstring)."""
 
@@ -93,7 +128,8 @@ class KeystoneAccess:
         from oslo_policy import policy
 
         options = {**config.keystone, "delay_auth_decision": "false"}
-        self._protocol = auth_token.AuthProtocol(_identity_only, options)
+        with _plugin_options_known(options.get("auth_type")):
+            self._protocol = auth_token.AuthProtocol(_identity_only, options)
         conf = cfg.ConfigOpts()
         conf([], project="gmd", default_config_files=[])
         # Rules from the policy file (when given) over the defaults registered below.
