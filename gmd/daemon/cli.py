@@ -109,6 +109,8 @@ def serve(
             ssl_certfile=str(d.tls_cert) if d.tls_cert else None,
             ssl_keyfile=str(d.tls_key) if d.tls_key else None,
             log_level=log_level.value,
+            # uvicorn's loggers go through gmd's own format (logs.setup), not its own.
+            log_config=None,
             access_log=log_level is logs.LogLevel.debug,
             timeout_graceful_shutdown=10,
         )
@@ -124,13 +126,15 @@ def serve(
         ) from None
     scheme = "https" if d.tls_cert else "http"
     log.info(
-        "gmd-daemon on %s://%s:%d, ledger %s, %d s intervals, accounting %s, hosts' claims %s",
+        "gmd-daemon on %s://%s:%d, ledger %s, %d s intervals, accounting %s, enforcement %s,"
+        " hosts' claims %s",
         scheme,
         bind or d.bind,
         port if port is not None else d.port,
         engine.url.render_as_string(hide_password=True),
         config.accounting.interval_s,
         "on" if (d.accounting if accounting is None else accounting) else "off",
+        config.enforcement.mode,
         f"verified against Placement ({placement.cloud})" if placement.on else "trusted",
     )
     if placement.trusting_a_cloud:

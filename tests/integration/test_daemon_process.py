@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -533,3 +534,28 @@ def test_verification_turned_off_where_a_cloud_is_configured_is_said_at_start(
     said = log.read_text()
     assert "hosts' claims trusted" in said
     assert """[placement] verify = "off" although cloud 'prod' is configured""" in said
+
+
+LOG_LINE = re.compile(
+    r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w.]+: \S"
+)
+
+
+def test_every_line_of_the_log_is_in_one_format_and_the_start_names_the_mode(
+    tmp_path: Path,
+) -> None:
+    """uvicorn's own lines ("INFO:     Started server process") came in its own format beside
+    gmd's; the start-up line now names the enforcement mode and the verification too."""
+    port = free_port()
+    config = write_config(tmp_path / "gmd.toml", f"sqlite:///{tmp_path / 'l.db'}", port)
+    with config.open("a") as f:
+        f.write('[enforcement]\nmode = "dry-run"\n')
+    log = tmp_path / "daemon.log"
+    with daemon_process(config, port, log):
+        pass
+    lines = log.read_text().splitlines()
+    assert any("uvicorn" in line for line in lines), lines
+    odd = [line for line in lines if not LOG_LINE.match(line)]
+    assert not odd, odd
+    start = next(line for line in lines if "gmd-daemon on http://" in line)
+    assert "enforcement dry-run" in start and "hosts' claims trusted" in start, start
