@@ -11,6 +11,7 @@ import math
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from gmd.agent.apply.cgroupfs import (
     Snapshot,
     VmIdentity,
     apply as cgroup_apply,
+    dry_run,
     restore as cgroup_restore,
 )
 from gmd.agent.apply.libvirt import applier_connection, connect
@@ -220,10 +222,11 @@ class CgroupApplier(PlanApplier):
             cg = self.cgroups.locate(self._identity(vm))
             snapshot = Snapshot.from_dict(originals)
             io = _DryIO(self.cgroups.io) if dry else self.cgroups.io
-            if limits is None:
-                report = cgroup_restore(cg, snapshot, io=io)
-            else:
-                report = cgroup_apply(cg, limits, snapshot, io=io)
+            with dry_run() if dry else nullcontext():
+                if limits is None:
+                    report = cgroup_restore(cg, snapshot, io=io)
+                else:
+                    report = cgroup_apply(cg, limits, snapshot, io=io)
         except CgroupError as exc:
             outcome = Outcome(errors=prefixed(vm, [*errors, str(exc)]))
             for knob in _asked(limits):

@@ -53,7 +53,9 @@ from __future__ import annotations
 import errno
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
@@ -72,6 +74,35 @@ from gmd.agent.apply.limits import (
 from gmd.agent.cgroups import CgroupLocator, CgroupNotFound, DomainCgroups
 
 log = logging.getLogger(__name__)
+
+_DRY: ContextVar[bool] = ContextVar("gmd_cgroupfs_dry_run", default=False)
+
+
+class _DryRunSaysNothing(logging.Filter):
+    """In a dry run nothing is written: what this module says of its writes (and of the
+    failures a write would meet) would read as done, at every plan round. The backend says
+    what it would do instead, once per change (:mod:`gmd.agent.apply.base`); here those lines
+    are debug."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not _DRY.get():
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return log.isEnabledFor(logging.DEBUG)
+
+
+log.addFilter(_DryRunSaysNothing())
+
+
+@contextmanager
+def dry_run() -> Iterator[None]:
+    """Within it, this module's lines are debug (see :class:`_DryRunSaysNothing`)."""
+    token = _DRY.set(True)
+    try:
+        yield
+    finally:
+        _DRY.reset(token)
+
 
 CgroupVersion = Literal["v1", "v2"]
 

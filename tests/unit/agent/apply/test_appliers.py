@@ -359,6 +359,29 @@ def test_cgroup_applier_applies_restores_and_dry_runs(conn: Any, tmp_path: Path)
     assert again.remembered == {}
 
 
+def test_a_cgroup_dry_run_logs_what_it_would_do_once_and_no_write(
+    conn: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """In dry-run the cgroup files' module logged writes it did not make ("wrote …", "apply
+    done, 2 file(s) changed") at every plan round; the backend says what it would do, once."""
+    root, _dirs, locator = cgroup_tree(tmp_path, conn)
+    applier = CgroupApplier(
+        root,
+        locator=locator,
+        state_path=tmp_path / "s.json",
+        libvirt_conn_or_uri=conn,
+        io=FakeCgroupfsIO(devices={"8:0"}),
+    )
+    wanted = plan("dry-run", item(UUID_A, cpu_weight=25, cpu_quota_cores=0.5))
+    with caplog.at_level("INFO"):
+        for _ in range(3):
+            applier.sync(wanted)
+    said = [(r.name, r.getMessage()) for r in caplog.records]
+    assert not [m for name, m in said if name == "gmd.agent.apply.cgroupfs"], said
+    would = [m for _, m in said if "would_apply" in m]
+    assert len(would) == 1 and UUID_A in would[0] and "50000 100000" in would[0], said
+
+
 def test_cgroup_applier_reports_a_missing_cgroup_and_goes_on(conn: Any, tmp_path: Path) -> None:
     root, dirs, locator = cgroup_tree(tmp_path, conn)
     (dirs[UUID_A] / "cpu.max").unlink()
