@@ -19,6 +19,7 @@ from uvicorn.config import STARTUP_FAILURE
 from gmd.common import logs
 from gmd.common.cli import ExitCode, LogLevelOption, fail, run, version_option
 from gmd.common.config import ConfigError
+from gmd.common.limits import raise_open_files
 from gmd.daemon.api.app import create_app
 from gmd.daemon.api.body_limit import with_body_limit
 from gmd.daemon.config import load as load_config
@@ -72,6 +73,7 @@ def serve(
     # apscheduler and alembic's routine chatter (every scheduler tick, every schema probe)
     # would drown what matters.
     logs.setup(log_level.value, quiet=("apscheduler", "alembic.runtime.migration"))
+    raise_open_files()
     try:
         config = load_config(config_path)
     except ConfigError as exc:

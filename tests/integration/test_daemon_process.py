@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -559,3 +560,43 @@ def test_every_line_of_the_log_is_in_one_format_and_the_start_names_the_mode(
     assert not odd, odd
     start = next(line for line in lines if "gmd-daemon on http://" in line)
     assert "enforcement dry-run" in start and "hosts' claims trusted" in start, start
+
+
+def test_the_daemon_raises_its_own_limit_of_open_files(tmp_path: Path) -> None:
+    """Started from a shell whose soft limit is 1024 (no systemd to set LimitNOFILE), the daemon
+    ran with 1024 open files; it raises its soft limit to the hard one, up to 65536."""
+    port = free_port()
+    config = write_config(tmp_path / "gmd.toml", f"sqlite:///{tmp_path / 'l.db'}", port)
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    wanted = 65536 if hard == resource.RLIM_INFINITY else min(65536, hard)
+    assert wanted > 1024, f"this machine's hard limit is {hard}: nothing to raise"
+
+    def shell_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+
+    log = tmp_path / "daemon.log"
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [str(DAEMON), "--config", str(config)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=shell_limit,
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while httpx_up(port) is False:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        limits = Path(f"/proc/{proc.pid}/limits").read_text()
+        line = next(x for x in limits.splitlines() if x.startswith("Max open files"))
+        assert int(line.split()[3]) == wanted, line
+    finally:
+        proc.terminate()
+        proc.wait(15)
+
+
+def httpx_up(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False
