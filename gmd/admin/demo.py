@@ -340,6 +340,18 @@ def _tool(name: str) -> str:
     return found
 
 
+def typed(name: str) -> str:
+    """How an operator here types the gmd command ``name``: its name where that is on PATH,
+    else its path (``.venv/bin/gmd-admin`` after ``make demo``, whose virtualenv is not
+    activated)."""
+    tool = _tool(name)
+    found = shutil.which(name)
+    if found is not None and os.path.samefile(found, tool):
+        return name
+    relative = os.path.relpath(tool)
+    return relative if not relative.startswith("..") else tool
+
+
 def _tail(path: Path, lines: int = 15) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -519,7 +531,7 @@ def admin(layout: Layout, out: TextIO, *args: str, show: bool = True) -> str:
     if result.returncode != 0:
         raise DemoError(f"gmd-admin {shown} failed ({result.returncode}):\n{result.stderr}")
     if show:
-        print(f"\n$ gmd-admin {shown}", file=out)
+        print(f"\n$ {typed('gmd-admin')} {shown}", file=out)
         out.write(result.stdout)
         if result.stderr.strip():
             out.write(result.stderr)
@@ -658,12 +670,13 @@ def run(
         print(f"\n{caps_walkthrough(greediest, caps.get(greediest, {}))}", file=out, flush=True)
     admin(layout, out, "plot", *span, "-o", str(layout.plot))
     total_s = time.monotonic() - began
+    command = typed("gmd-admin")
     print(
         f"\nDone in {total_s:.0f} s (replay {replay_s:.1f} s, accounting {account_s:.1f} s)."
         f" Look further with:\n  export GMD_CONFIG={layout.config}\n"
-        f"  gmd-admin report --group-by host {' '.join(span)}\n"
-        "  gmd-admin explain acme\n"
-        f"  gmd-admin report --format csv {' '.join(span)} > report.csv",
+        f"  {command} report --group-by host {' '.join(span)}\n"
+        f"  {command} explain acme\n"
+        f"  {command} report --format csv {' '.join(span)} > report.csv",
         file=out,
         flush=True,
     )
