@@ -91,7 +91,7 @@ def test_a_wheel_with_daemon_and_admin_runs_the_demo_outside_the_checkout(
     out = demo.stdout
     assert "gmd demo: 100 Bitbrains VMs of 6 customers" in out
     assert "accounting 288 intervals" in out  # the whole 3 days of the shipped traces
-    standings = out.split("$ gmd-admin standings\n", 1)[1].split("\n$ ", 1)[0]
+    standings = out.split("gmd-admin standings\n", 1)[1].split("\n$ ", 1)[0]
     assert standings.startswith("Standings\n"), standings
     for customer, _first, _last in CUSTOMER_BLOCKS:
         assert f"\n{customer} " in standings, customer
