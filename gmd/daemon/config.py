@@ -1075,9 +1075,12 @@ def _retention(r: Reader, daemon: DaemonConfig) -> RetentionConfig:
             f" ({daemon.max_late_s / 86400:g} days) by a day: raw data must be kept longer"
             " than a batch may arrive late",
         )
+    # A summary kept for less than what it sums would leave a span summed nowhere. Raw data
+    # kept for ever (raw_days = 0) is the exception: what it sums can be summed again from it
+    # (gmd-admin whatif replays it), so the defaults of the others stand beside it.
     longest = [(k, getattr(config, k)) for k in ("raw_days", "ledger_days", "rollup_days")]
     for (shorter, a), (longer, b) in itertools.pairwise(longest):
-        if b and (a == 0 or a > b):
+        if b and (a > b or (a == 0 and shorter != "raw_days")):
             raise r.fail(
                 longer,
                 f"{b:g} days is shorter than {shorter} ({'for ever' if a == 0 else f'{a:g}'}):"

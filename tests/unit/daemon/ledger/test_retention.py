@@ -190,7 +190,7 @@ def test_the_daemon_makes_partitions_ahead(database_url: str) -> None:
     [
         ({"raw_days": 7}, "do not outlast [daemon] max_late_s (7 days)"),
         ({"raw_days": 31, "ledger_days": 10}, "shorter than raw_days"),
-        ({"raw_days": 0, "ledger_days": 10}, "shorter than raw_days (for ever)"),
+        ({"ledger_days": 0, "rollup_days": 400}, "shorter than ledger_days (for ever)"),
         ({"ledger_days": 400, "rollup_days": 30}, "shorter than ledger_days"),
     ],
 )
@@ -199,6 +199,13 @@ def test_retention_that_would_lose_what_is_still_needed_is_refused(
 ) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         make_config("sqlite://", retention=section)
+
+
+def test_raw_data_kept_for_ever_stands_beside_the_other_defaults() -> None:
+    """``raw_days = 0`` was refused unless ``ledger_days = 0`` too: raw data kept for ever can
+    be summed again (a what-if replays it), so the summaries' own retention stands."""
+    retention = make_config("sqlite://", retention={"raw_days": 0}).retention
+    assert (retention.raw_days, retention.ledger_days, retention.rollup_days) == (0, 400, 0)
 
 
 def test_explain_says_what_is_left_of_an_interval_past_retention(
