@@ -283,14 +283,28 @@ def _levels(ax: Axes, data: CustomerSeries, policy: ThrottlePolicy, mode: str) -
                 lw=1.5 + 1.2 * (len(moving) - 1 - rank),
                 label=label,
             )
-    note = PlanMode(mode).words
-    ax.set_title(f"Throttle level (enforcement.mode = {note})")
+    ax.set_title(f"Throttle level ({decided_in(data, mode)})")
     ax.set_ylabel("level")
     ax.set_yticks(range(policy.levels + 1))
     ax.set_ylim(-0.2, policy.levels + 0.2)
     ax.grid(True, alpha=0.3)
     if n:
         _legend(ax)
+
+
+def decided_in(data: CustomerSeries, mode: str) -> str:
+    """The modes the range's level changes were decided in, as the record has them (a range
+    that ran dry-run, then on, says both); today's ``mode`` only when no level changed in it."""
+    modes = {
+        PlanMode.dry_run if dry else PlanMode.on
+        for steps in data.levels
+        for dry in steps.dry_run.tolist()
+    }
+    if not modes:
+        return f"no change in the range; enforcement.mode = {PlanMode(mode).words}"
+    if len(modes) == 1:
+        return f"decided in {PlanMode(modes.pop()).words}"
+    return "decided in dry-run (not applied) and on (applied): the legend says which"
 
 
 def _breakdown(ax: Axes, data: CustomerSeries, end: np.ndarray, marker: str | None) -> None:

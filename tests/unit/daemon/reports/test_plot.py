@@ -24,6 +24,8 @@ import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import httpx
 import matplotlib.image
@@ -43,7 +45,8 @@ from gmd.daemon.enforce.levels import after_interval
 from gmd.daemon.ledger.accounting import account_due
 from gmd.daemon.ledger.lookup import UnknownCustomer
 from gmd.daemon.reports import plot
-from gmd.daemon.reports.series import CustomerSeries, EmptyRange, collect
+from gmd.daemon.reports.plot import decided_in
+from gmd.daemon.reports.series import CustomerSeries, EmptyRange, LevelSteps, collect
 from tests.support.daemon_support import (
     INTERVAL_S,
     HostSpec,
@@ -314,7 +317,9 @@ def test_priority_weight_is_named_and_its_score_drawn(sqlite_ledger: tuple[Ledge
     lines = {ln.get_label(): ln for ln in ax_bal.get_lines()}
     expected = data.balances.balance[0] - 0.5 * data.balances.priority[0]
     np.testing.assert_array_equal(lines[f"{A} score"].get_ydata(), expected)
-    assert "= on" in ax_lvl.get_title()
+    # The record's own mode, whatever today's (drawn with "on": A's changes were dry-run).
+    assert ax_lvl.get_title() == f"Throttle level ({decided_in(data, 'on')})"
+    assert "decided in dry-run" in ax_lvl.get_title()
 
 
 # --- the plot as a picture ----------------------------------------------------------------
@@ -584,3 +589,26 @@ def test_names_are_text_and_alike_names_are_told_apart(
             for label in twins:
                 assert label in done.stdout
             assert B not in done.stdout.replace(f"({B[:8]})", "")
+
+
+def test_the_level_panel_names_the_modes_the_range_was_decided_in() -> None:
+    """A range that ran dry-run, then on, was titled with today's mode alone."""
+
+    def steps(*dry: bool) -> LevelSteps:
+        n = len(dry)
+        return LevelSteps(
+            "c", 0, np.arange(n, dtype=float), np.ones(n, dtype=int), np.array(dry, dtype=bool)
+        )
+
+    def series(*levels: LevelSteps) -> Any:
+        return SimpleNamespace(levels=list(levels))
+
+    assert decided_in(series(steps(True), steps(True, True)), "on") == (
+        "decided in dry-run: levels decided and recorded, not applied"
+    )
+    assert "decided in on:" in decided_in(series(steps(False)), "dry-run")
+    both = decided_in(series(steps(True, False)), "on")
+    assert "dry-run" in both and "on (applied)" in both
+    assert decided_in(series(steps()), "dry-run").startswith(
+        "no change in the range; enforcement.mode = dry-run"
+    )
