@@ -235,8 +235,15 @@ class WhatIf:
     """customer id → its CPU use on contended hosts over the range, measured (core-seconds)"""
     contended_cpu_capped: dict[int, float] = field(default_factory=dict)
     """the same bounded by the replay's CPU caps (:mod:`gmd.fairness.contended`)"""
+    contended_cpu_recorded_capped: dict[int, float] = field(default_factory=dict)
+    """the same bounded by the caps of the levels the record had in force: what the record
+    gives with caps applied, as the replay's figure does (its own figure, where its levels
+    were decided in dry-run, is of use no cap held)"""
     rows: dict[int, LedgerRows] = field(default_factory=dict)
     """interval start → the rows accounting would have written (``keep_rows`` only)"""
+    recorded_modes: frozenset[PlanMode] = frozenset()
+    """the modes the range's recorded level changes were decided in: caps were in force in
+    the record only where they were decided "on" (its contended CPU is as measured)"""
 
 
 def replay(
@@ -302,6 +309,13 @@ def replay(
         if earlier:
             state[c] = (earlier[-1][3], float(earlier[-1][1]))
     out = WhatIf(int(from_s), int(to_s), len(rows), tuple(sets), {}, {}, {}, {})
+    # The recorded levels in force, advanced interval by interval over the record's changes
+    # (a change is in force from the interval after the one it was decided after).
+    events = sorted(
+        (in_force, c, after) for c, changes in recorded.items() for _, in_force, _, after in changes
+    )
+    recorded_now: dict[int, int] = {}
+    next_event = 0
     for done, interval in enumerate(rows):
         why = None if stop is None else stop()
         if why is not None:
@@ -329,7 +343,11 @@ def replay(
             step = account_interval(
                 data.use, data.standing, acc.interval_settings(), data.accounts, data.reset
             )
-        _add_contended(out, data, acc.resources, config, caps, out.levels[start_s])
+        while next_event < len(events) and events[next_event][0] <= start_s:
+            _, c, after = events[next_event]
+            recorded_now[c] = after
+            next_event += 1
+        _add_contended(out, data, acc.resources, config, caps, out.levels[start_s], recorded_now)
         written = ledger_rows(interval.id, data.accounts, step, acc.resources)
         if keep_rows:
             out.rows[start_s] = written
@@ -376,7 +394,23 @@ def replay(
                     LevelChange(start_s, end_s, int(level[i]), int(decision.level[i]))
                 )
     _compare(conn, out, rows, recorded)
+    out.recorded_modes = _recorded_modes(conn, first_s, int(to_s))
     return out
+
+
+def _recorded_modes(conn: Connection, from_s: int, to_s: int) -> frozenset[PlanMode]:
+    """The modes the level changes of intervals starting in [from_s, to_s) were decided in."""
+    flags = conn.execute(
+        select(_actions.c.dry_run)
+        .distinct()
+        .join(_intervals, _intervals.c.id == _actions.c.interval_id)
+        .where(
+            _actions.c.kind == ActionKind.level.value,
+            _intervals.c.start_s >= from_s,
+            _intervals.c.start_s < to_s,
+        )
+    ).scalars()
+    return frozenset(PlanMode.dry_run if dry else PlanMode.on for dry in flags)
 
 
 def _finite(customers: dict[int, _CustomerStanding], start_s: int, sets: Sequence[str]) -> None:
@@ -406,24 +440,34 @@ def _add_contended(
     config: Config,
     caps: np.ndarray,
     levels: Mapping[int, int],
+    recorded_levels: Mapping[int, int],
 ) -> None:
     """Add the interval's CPU use on contended hosts to each customer's sums: as measured, and
     bounded by the cap (``caps``: :func:`cap_fractions`) of the level the replay has in force
-    (``levels``; a level recorded under settings with more levels counts as the highest)."""
+    (``levels``; a level recorded under settings with more levels counts as the highest), and
+    by that of the level the record had in force (``recorded_levels``)."""
     if "cpu" not in resources:
         return
     customers = data.accounts.customers
-    level = np.minimum([levels.get(c, 0) for c in customers], len(caps) - 1)
-    found = contended_use(
-        data.use,
-        list(resources).index("cpu"),
-        config.enforcement.contention.cpu_above,
-        caps[level] if len(customers) else np.zeros(0),
+    column = list(resources).index("cpu")
+    threshold = config.enforcement.contention.cpu_above
+
+    def bounded(by: Mapping[int, int]) -> Any:
+        level = np.minimum([by.get(c, 0) for c in customers], len(caps) - 1)
+        return contended_use(
+            data.use, column, threshold, caps[level] if len(customers) else np.zeros(0)
+        )
+
+    found, record = bounded(levels), bounded(recorded_levels)
+    sums = (
+        (out.contended_cpu, found.measured),
+        (out.contended_cpu_capped, found.capped),
+        (out.contended_cpu_recorded_capped, record.capped),
     )
     for i in np.flatnonzero(found.measured):
         c = customers[i]
-        out.contended_cpu[c] = out.contended_cpu.get(c, 0.0) + float(found.measured[i])
-        out.contended_cpu_capped[c] = out.contended_cpu_capped.get(c, 0.0) + float(found.capped[i])
+        for total, values in sums:
+            total[c] = total.get(c, 0.0) + float(values[i])
 
 
 def _check_raw(conn: Connection, config: Config, first_s: int) -> None:
@@ -615,20 +659,34 @@ def rows_of(result: WhatIf) -> list[dict[str, object]]:
 
 
 def moderate_share(result: WhatIf) -> tuple[float | None, float | None]:
-    """The moderate customers' share of the CPU used on contended hosts: replayed (a throttled
-    customer's use bounded by the replay's caps) and recorded (as measured, whatever caps were
-    then in force). Moderate: at level 0 throughout, in the replay and in the record, so that
-    both shares are of the same customers. None where no host was contended."""
+    """The moderate customers' share of the CPU used on contended hosts, like with like:
+    replayed (a throttled customer's use bounded by the caps of the replay's levels) and
+    recorded (bounded by the caps of the record's levels: in a record decided in dry-run no
+    cap held its use, and comparing that with a capped replay showed a difference that was
+    only the caps). With no change the two are equal. Moderate: at level 0 throughout, in
+    the replay and in the record, so that both shares are of the same customers. None where
+    no host was contended."""
     throttled = {
         c for c, e in result.customers.items() if e.throttled_s > 0 or e.recorded_throttled_s > 0
     }
     moderate = sum(v for c, v in result.contended_cpu.items() if c not in throttled)
     replayed = sum(result.contended_cpu_capped.values())
-    recorded = sum(result.contended_cpu.values())
+    recorded = sum(result.contended_cpu_recorded_capped.values())
     return (
         moderate / replayed if replayed > 0 else None,
         moderate / recorded if recorded > 0 else None,
     )
+
+
+def measured_share(result: WhatIf) -> float | None:
+    """The moderate customers' share of the contended CPU as measured, no cap applied by the
+    replay: what they got in fact (beside :func:`moderate_share`'s, what caps would give)."""
+    throttled = {
+        c for c, e in result.customers.items() if e.throttled_s > 0 or e.recorded_throttled_s > 0
+    }
+    moderate = sum(v for c, v in result.contended_cpu.items() if c not in throttled)
+    measured = sum(result.contended_cpu.values())
+    return moderate / measured if measured > 0 else None
 
 
 def indicators(result: WhatIf) -> dict[str, object]:
@@ -650,7 +708,22 @@ def indicators(result: WhatIf) -> dict[str, object]:
         "recorded_moderate_share_of_contended_cpu": (
             None if recorded_share is None else round(recorded_share, 6)
         ),
+        "measured_moderate_share_of_contended_cpu": (
+            None if (measured := measured_share(result)) is None else round(measured, 6)
+        ),
+        "recorded_modes": sorted(m.value for m in result.recorded_modes),
     }
+
+
+def _caps_then(modes: frozenset[PlanMode]) -> str:
+    """Whether the record's caps held in fact (decided "on") or only on paper (dry-run)."""
+    if modes == {PlanMode.dry_run}:
+        return "the record was decided in dry-run: its caps did not hold in fact"
+    if modes == {PlanMode.on}:
+        return "the record's caps held in fact"
+    if modes:
+        return "the record's caps held in fact only where it was decided on"
+    return "no level changed in the record"
 
 
 def _share(x: object) -> str:
@@ -672,8 +745,10 @@ def summary_lines(result: WhatIf) -> list[str]:
         f" {s['balance_spread']:.4g} (recorded {s['recorded_balance_spread']:.4g})",
         "moderate customers' share of the CPU used on contended hosts"
         f" {_share(s['moderate_share_of_contended_cpu'])} (recorded"
-        f" {_share(s['recorded_moderate_share_of_contended_cpu'])}; capped VMs held to their"
-        " caps, nobody's use raised)",
+        f" {_share(s['recorded_moderate_share_of_contended_cpu'])}), each with its levels'"
+        " caps holding the capped VMs, nobody's use raised; as measured"
+        f" {_share(s['measured_moderate_share_of_contended_cpu'])}"
+        f" ({_caps_then(result.recorded_modes)})",
     ]
 
 
