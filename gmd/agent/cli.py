@@ -256,15 +256,12 @@ def _running(config: AgentConfig) -> tuple[list[str], list[str]]:
     """The names and uuids of the running domains this agent may touch, from libvirt."""
     import libvirt
 
-    from gmd.agent.libvirt_conn import open_connection
+    from gmd.agent.libvirt_conn import open_connection, refused
 
     try:
         conn = open_connection(config.libvirt_uri, read_only=True)
     except libvirt.libvirtError as exc:
-        raise fail(
-            f"cannot read the host through libvirt at {config.libvirt_uri}: {exc}",
-            ExitCode.UNAVAILABLE,
-        ) from None
+        raise fail(refused(config.libvirt_uri, exc), ExitCode.UNAVAILABLE) from None
     try:
         doms = conn.listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE)
         kept = [d for d in doms if config.domains.admits_name(d.name())]

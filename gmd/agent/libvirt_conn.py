@@ -74,6 +74,29 @@ def open_connection(uri: str, *, read_only: bool) -> Any:
     return libvirt.openReadOnly(uri) if read_only else libvirt.open(uri)
 
 
+_AUTH_ERRORS = frozenset(
+    code
+    for name in ("VIR_ERR_AUTH_FAILED", "VIR_ERR_AUTH_UNAVAILABLE", "VIR_ERR_AUTH_CANCELLED")
+    if (code := getattr(libvirt, name, None)) is not None
+)
+
+
+def refused(uri: str, exc: libvirt.libvirtError) -> str:
+    """Why a connection to ``uri`` was refused, with what this user needs, where libvirt
+    refused it for want of rights (the user gmd without systemd: no polkit, no D-Bus)."""
+    text = str(exc)
+    if exc.get_error_code() not in _AUTH_ERRORS and not any(
+        word in text for word in ("Permission denied", "polkit", "authentication")
+    ):
+        return f"cannot connect to libvirt at {uri}: {text}"
+    return (
+        f"cannot connect to libvirt at {uri}: {text} — this user may not use libvirt's"
+        " read-write socket: run gmd-agent as root, or as a member of group libvirt where"
+        " libvirtd lets that group in without polkit (libvirtd.conf: unix_sock_group ="
+        ' "libvirt", unix_sock_rw_perms = "0770", auth_unix_rw = "none"; docs/install.md)'
+    )
+
+
 def reason(exc: BaseException) -> str:
     """The part of a failed call worth reporting: libvirt's own message without its prefix,
     or which key its answer lacked."""
@@ -151,7 +174,7 @@ class LibvirtConnection:
         try:
             conn = self._lent if self._lent is not None else self._opener(self.uri)
         except libvirt.libvirtError as exc:
-            self._failed(f"cannot connect to libvirt at {self.uri}: {exc}")
+            self._failed(refused(self.uri, exc))
             return None
         self._conn = conn
         if self._lent is None:

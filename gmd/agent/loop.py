@@ -429,7 +429,9 @@ def dry_run_batch(config: AgentConfig, collector: Collector) -> tuple[dict[str, 
     """
     resources = collector.resources()
     if resources is None:
-        raise RuntimeError(f"cannot read the host through libvirt at {config.libvirt_uri}")
+        # Why, in the connection's words (with what this user needs, where it lacks rights).
+        why = "; ".join(map(str, collector.collect().errors))
+        raise RuntimeError(why or f"cannot read the host through libvirt at {config.libvirt_uri}")
     capacity = Bandwidth.of(config.disk_bytes_per_s, config.network_bytes_per_s).capacity(resources)
     reading = collector.collect()
     if not reading.ok:
