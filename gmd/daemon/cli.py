@@ -6,7 +6,7 @@ import logging
 import signal
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
@@ -18,10 +18,12 @@ from uvicorn.config import STARTUP_FAILURE
 
 from gmd.common import logs
 from gmd.common.cli import ExitCode, LogLevelOption, fail, run, version_option
-from gmd.common.config import ConfigError
+from gmd.common.config import ConfigError, read_document
 from gmd.common.limits import raise_open_files
+from gmd.daemon import reload
 from gmd.daemon.api.app import create_app
 from gmd.daemon.api.body_limit import with_body_limit
+from gmd.daemon.api.services import Services
 from gmd.daemon.config import load as load_config
 from gmd.daemon.enforce.openstack_client import entry_problem
 from gmd.daemon.ledger import migrate
@@ -63,7 +65,8 @@ def serve(
 
     An empty database gets the current schema; an older one must be upgraded first with
     `gmd-admin db upgrade`. SIGTERM or SIGINT stops it: requests in flight are answered and an
-    accounting catch-up ends after the interval it is on (within a few seconds).
+    accounting catch-up ends after the interval it is on (within a few seconds). SIGHUP reads
+    the configuration again: what can change live does, the log names what takes a restart.
 
     Exit codes: 0 stopped cleanly (also on SIGTERM/SIGINT), 1 database unusable (cannot be
     reached, read or written, or at another schema), 2 bad configuration or option (TLS
@@ -117,6 +120,7 @@ def serve(
             timeout_graceful_shutdown=10,
         )
     )
+    server.on_hangup = Reloader(api.state.services, config_path).start
     try:
         # Loaded here, not when serving, so that a certificate or key that cannot be read or
         # used is a configuration error (one line, exit 2), not a traceback.
@@ -194,7 +198,9 @@ def listen(host: str, port: int, *, share: bool = False) -> socket.socket:
 class _Server(uvicorn.Server):
     """uvicorn's server, minus its habit (0.29+) of re-raising the signal that stopped it once
     the graceful shutdown is done: the daemon stopped cleanly, so it exits 0, as systemd and
-    the README expect, not -15."""
+    the README expect, not -15. SIGHUP reloads the configuration (``on_hangup``)."""
+
+    on_hangup: Callable[[], None] | None = None
 
     @contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -202,11 +208,58 @@ class _Server(uvicorn.Server):
             yield
             return
         previous = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
+        if self.on_hangup is not None:
+            hangup = self.on_hangup
+            previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, lambda _n, _f: hangup())
         try:
             yield
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
+
+
+class Reloader:
+    """SIGHUP's work, on a thread of its own (a signal handler must not touch the ledger):
+    read the file again and put its live settings in force (:mod:`gmd.daemon.reload`); one
+    reload at a time, each said in the log."""
+
+    def __init__(self, services: Services, path: Path | None) -> None:
+        self.services, self.path = services, path
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        threading.Thread(target=self.run, name="reload", daemon=True).start()
+
+    def run(self) -> None:
+        with self._lock:
+            running = self.services.config
+            where = self.path or running.path
+            try:
+                document, source, _ = read_document(where)
+                outcome = reload.plan(running, document, source)
+            except ConfigError as exc:
+                log.error("SIGHUP: not reloaded, the running configuration stays: %s", exc)
+                return
+            try:
+                self.services.reload(outcome.config)
+            except SQLAlchemyError as exc:
+                log.error(
+                    "SIGHUP: reloaded %s but could not record its organizations in the ledger"
+                    " (%s); they are recorded at the next reload or start",
+                    source,
+                    getattr(exc, "orig", None) or exc,
+                )
+            log.info(
+                "SIGHUP: reloaded %s: %s",
+                source,
+                ", ".join(outcome.applied) + " changed live" if outcome.applied else "no change",
+            )
+            if outcome.kept:
+                log.warning(
+                    "SIGHUP: %s changed in %s but take(s) a restart: the running value stays",
+                    ", ".join(outcome.kept),
+                    source,
+                )
 
 
 def main() -> None:

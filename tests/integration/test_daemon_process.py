@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import resource
@@ -600,3 +601,73 @@ def httpx_up(port: int) -> bool:
         return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
     except httpx.TransportError:
         return False
+
+
+def test_sighup_reloads_what_can_change_live_and_names_what_takes_a_restart(
+    tmp_path: Path,
+) -> None:
+    """SIGHUP killed the daemon (exit 129). It now reads gmd.toml again: a host added with its
+    token may post at once, the enforcement mode changes, a new port is named as taking a
+    restart (the daemon stays where it listens), and a file it would refuse changes nothing."""
+    port = free_port()
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    first, second = HostSpec("cmp-a"), HostSpec("cmp-b")
+
+    def host(spec: HostSpec) -> str:
+        digest = hashlib.sha256(f"token-of-{spec.name}".encode()).hexdigest()
+        return f'[hosts.{spec.name}]\ntoken_sha256 = "{digest}"\n'
+
+    def write(port_now: int, hosts: list[HostSpec], mode: str, extra: str = "") -> None:
+        (tmp_path / "gmd.toml").write_text(
+            f'[database]\nurl = "{url}"\n'
+            f"[accounting]\ninterval_s = {INTERVAL_S}\ngrace_s = 0\n"
+            f'[daemon]\nauth = "token"\nbind = "127.0.0.1"\nport = {port_now}\n'
+            f'[enforcement]\nmode = "{mode}"\n' + "".join(host(h) for h in hosts) + extra
+        )
+
+    def post(spec: HostSpec) -> httpx.Response:
+        body = batch(spec, aligned_past(2), [cpu_only("vm-1", "p", 1.0)], key=f"{spec.name}-k")
+        return httpx.post(
+            f"http://127.0.0.1:{port}/v1/samples",
+            json=body,
+            headers={"Authorization": f"Bearer token-of-{spec.name}"},
+            timeout=10,
+        )
+
+    def mode() -> str:
+        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        return next(
+            m
+            for m in ("off", "dry-run", "on")
+            if f'gmd_enforcement_mode{{mode="{m}"}} 1.0' in metrics
+        )
+
+    def said(words: str, deadline_s: float = 30) -> str:
+        deadline = time.monotonic() + deadline_s
+        while words not in log.read_text():
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        return next(line for line in log.read_text().splitlines() if words in line)
+
+    write(port, [first], "dry-run")
+    log = tmp_path / "daemon.log"
+    with daemon_process(tmp_path / "gmd.toml", port, log) as proc:
+        assert post(first).status_code == 200
+        assert post(second).status_code == 401
+        assert mode() == "dry-run"
+        write(free_port(), [first, second], "on")
+        proc.send_signal(signal.SIGHUP)
+        line = said("SIGHUP: reloaded")
+        assert "enforcement.mode" in line and "hosts.cmp-b.token_sha256" in line, line
+        restart = said("take(s) a restart")
+        assert "daemon.port" in restart, restart
+        assert post(second).status_code == 200, "the new host's token is taken at once"
+        assert mode() == "on"
+        # A file the daemon would refuse at start changes nothing.
+        write(port, [first], "sometimes")
+        proc.send_signal(signal.SIGHUP)
+        refusal = said("SIGHUP: not reloaded")
+        assert "enforcement.mode" in refusal and "'sometimes'" in refusal, refusal
+        assert mode() == "on" and post(second).status_code == 200
+        assert proc.poll() is None, "SIGHUP does not stop the daemon"
+    assert "Traceback" not in log.read_text()

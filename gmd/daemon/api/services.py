@@ -198,6 +198,29 @@ class Services:
         finally:
             self.stop()
 
+    def reload(self, config: Config) -> None:
+        """Put ``config``'s live settings in force (:mod:`gmd.daemon.reload` decides which;
+        it has kept the running value of every other): the hosts, tokens and owners, the
+        organizations, the enforcement policy, the plausibility and hosts' bounds, the
+        accounting settings of the next intervals. Each part is replaced whole: a request
+        sees the old or the new, never a mix within one part."""
+        d = config.daemon
+        self.plausible = Plausible(d.plausibility_margin, d.max_capacity())
+        self.limits.config = d.limits
+        self.auth = TokenAuth(
+            {h.name: h.token_sha256 for h in config.hosts.values() if h.token_sha256},
+            required=config.daemon.auth == "token",
+        )
+        self.store.owner_of = config.owner_of
+        self.store.organization_customers = dict(config.organization_customers)
+        self.store.sync_organizations(
+            {config.default_owner} | {h.owner for h in config.hosts.values()}
+        )
+        self.accountant.config = config.accounting
+        self.accountant.after = after_interval(config.enforcement, on_levels=self._count_levels)
+        self.metrics.report_mode(config.enforcement.mode)
+        self.config = config
+
     def ledger_write_failed(self, error: Exception) -> bool:
         """A write to the ledger failed with a database error (the request answers 503);
         whether it begins an outage."""
