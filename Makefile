@@ -36,6 +36,7 @@ test: lint
 	@GMD_WITH_POSTGRES=1 bash tests/scripts/bootstrap.sh
 	@bash tests/scripts/reachable.sh
 	@bash tests/scripts/libvirt.sh >/dev/null
+	@bash tests/scripts/prometheus.sh >/dev/null
 	@cloud=$$(bash tests/scripts/openstack.sh) || cloud=; url=$$(bash tests/scripts/postgres.sh) && \
 		{ replica=$$(bash tests/scripts/postgres.sh replica) || replica=; } && \
 		{ zookeeper=$$(bash tests/scripts/zookeeper.sh) || zookeeper=; } && \

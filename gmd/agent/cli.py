@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from gmd.agent import reload
 from gmd.agent.apply.state import EnforceBackend
 from gmd.agent.client import DaemonClient, Delivery
 from gmd.agent.collect.base import Collector
@@ -380,6 +381,7 @@ def _serve(
         collector.close()
         raise
     server = None
+    reloader: Reloader | None = None
     try:
         runner = Agent(
             config,
@@ -409,6 +411,8 @@ def _serve(
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda _n, _f: stop.set())
+        reloader = Reloader(runner)
+        signal.signal(signal.SIGHUP, lambda _n, _f: reloader.start())
         _log_start(config, replaying=clock is not None, enforcing=applier is not None)
         if clock is not None:
             _replay(runner, clock, stop)
@@ -422,9 +426,66 @@ def _serve(
             server.stop()
         spool.close()
         client.close()
+        if reloader is not None:
+            reloader.close()
         collector.close()
         if applier is not None:
             applier.close()
+
+
+class Reloader:
+    """SIGHUP's work, on a thread of its own: read the file again and put its live settings
+    in force (:mod:`gmd.agent.reload`), one reload at a time, each said in the log. A client
+    replaced is closed when the agent stops (a post may still be using it)."""
+
+    def __init__(self, runner: Agent) -> None:
+        self.runner = runner
+        self._lock = threading.Lock()
+        self._old: list[DaemonClient] = []
+
+    def start(self) -> None:
+        threading.Thread(target=self.run, name="reload", daemon=True).start()
+
+    def run(self) -> None:
+        with self._lock:
+            running = self.runner.config
+            where = running.path or DEFAULT_PATH
+            try:
+                outcome = reload.plan(running, load_agent(running.path))
+            except ConfigError as exc:
+                log.error("SIGHUP: not reloaded, the running configuration stays: %s", exc)
+                return
+            c = outcome.config
+            if c.daemon_url is None:
+                log.error(
+                    "SIGHUP: not reloaded, the running configuration stays: %s: agent.daemon_url"
+                    " is not set: where should batches go?",
+                    where,
+                )
+                return
+            client = None
+            if reload.CLIENT & set(outcome.applied):
+                client = DaemonClient(c.daemon_url, c.token, timeout_s=c.timeout_s)
+                if self.runner.sender is not None:
+                    self._old.append(self.runner.sender.client)
+            self.runner.reconfigure(outcome.config, client)
+            log.info(
+                "SIGHUP: reloaded %s: %s",
+                where,
+                ", ".join(f"agent.{k}" for k in outcome.applied) + " changed live"
+                if outcome.applied
+                else "no change",
+            )
+            if outcome.kept:
+                log.warning(
+                    "SIGHUP: %s changed in %s but take(s) a restart: the running value stays",
+                    ", ".join(f"agent.{k}" for k in outcome.kept),
+                    where,
+                )
+
+    def close(self) -> None:
+        for client in self._old:
+            client.close()
 
 
 def _endpoints(config: AgentConfig, runner: Agent) -> EndpointServer:

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import orjson
 
 from gmd.agent.capabilities import describe
-from gmd.agent.client import Delivery, PlanUnavailable, PostOutcome
+from gmd.agent.client import DaemonClient, Delivery, PlanUnavailable, PostOutcome
 from gmd.agent.collect.aggregate import (
     AgentState,
     ClosedInterval,
@@ -146,8 +146,9 @@ class Agent:
                     len(self.state.baselines),
                     len(self.state.open),
                 )
+        self._sys_class_net = sys_class_net or SYS_CLASS_NET
         self._bandwidth = Bandwidth.of(
-            config.disk_bytes_per_s, config.network_bytes_per_s, sys_class_net or SYS_CLASS_NET
+            config.disk_bytes_per_s, config.network_bytes_per_s, self._sys_class_net
         )
         self.capacity: Capacity | None = None
         self.finished: tuple[float, TickReport] | None = None
@@ -383,6 +384,21 @@ class Agent:
         m.spool_batches.set(waiting)
         m.spool_bytes.set(size)
         return waiting
+
+    def reconfigure(self, config: AgentConfig, client: DaemonClient | None = None) -> None:
+        """Put a reloaded ``config`` in force (:mod:`gmd.agent.reload` kept the running value
+        of what takes a restart): the bandwidths from the next tick on, a new ``client`` (a
+        daemon, token or timeout changed) for the next post and plan."""
+        self._bandwidth = Bandwidth.of(
+            config.disk_bytes_per_s, config.network_bytes_per_s, self._sys_class_net
+        )
+        self._capacity_interval = None  # the capacity is worked out again, and said
+        if client is not None:
+            if self.sender is not None:
+                self.sender.client = client
+            if self.plans is not None:
+                self.plans = client
+        self.config = config
 
     def run(self, stop: threading.Event, clock: Callable[[], float] = time.time) -> None:
         """Tick at whole multiples of ``tick_s`` until ``stop`` is set, posting scheduled

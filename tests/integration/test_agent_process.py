@@ -300,3 +300,48 @@ def ledger(engine: sa.Engine) -> dict[tuple[int, str], tuple[float, float]]:
             )
         ).all()
     return {(start, uuid): (cpu, mem) for start, uuid, cpu, mem in rows}
+
+
+def test_sighup_points_a_running_agent_at_another_daemon_and_names_what_takes_a_restart(
+    tmp_path: Path,
+) -> None:
+    """SIGHUP killed the agent (exit 129). It now reads its file again: a new daemon_url is
+    taken at once (the spooled batches go there, nothing is lost), a new tick_s is named as
+    taking a restart, and a file it would refuse changes nothing."""
+    spool = tmp_path / "spool.db"
+    log = tmp_path / "agent.log"
+    config = make_config(
+        f"sqlite:///{tmp_path / 'ledger.db'}",
+        {HOST: "operator"},
+        accounting={"interval_s": INTERVAL_S, "grace_s": 0},
+    )
+
+    def said(words: str) -> Callable[[], bool]:
+        return lambda: words in log.read_text()
+
+    with serving(config) as daemon:
+        cfg = write_config(tmp_path / "gmd.toml", spool, f"http://127.0.0.1:{free_port()}")
+        with log.open("ab") as out:
+            proc = subprocess.Popen([str(AGENT), "--config", str(cfg)], stderr=out)
+        try:
+            wait_for("spooled batches", lambda: outbox(spool) >= 2, proc, log)
+            write_config(cfg, spool, daemon.url)
+            cfg.write_text(cfg.read_text().replace(f"tick_s = {TICK_S}", "tick_s = 0.25"))
+            proc.send_signal(signal.SIGHUP)
+            wait_for("the reload", said("SIGHUP: reloaded"), proc, log)
+            wait_for("delivery to the new daemon", lambda: outbox(spool) == 0, proc, log)
+            wait_for("batches in the ledger", lambda: len(ledger(daemon.engine)) >= 8, proc, log)
+            cfg.write_text(cfg.read_text() + "tick_s = 0.5\n")  # twice: not TOML
+            proc.send_signal(signal.SIGHUP)
+            wait_for("the refusal", said("SIGHUP: not reloaded"), proc, log)
+            assert proc.poll() is None, "SIGHUP does not stop the agent"
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(15)
+    assert proc.returncode == 0, log.read_text()
+    text = log.read_text()
+    reloaded = next(line for line in text.splitlines() if "SIGHUP: reloaded" in line)
+    assert "agent.daemon_url changed live" in reloaded, reloaded
+    restart = next(line for line in text.splitlines() if "take(s) a restart" in line)
+    assert "agent.tick_s" in restart and "agent.daemon_url" not in restart, restart
+    assert "Traceback" not in text
