@@ -16,6 +16,7 @@ import typer
 from gmd.admin.commands import (
     accounting,
     batches,
+    check,
     database,
     enforcement,
     federation,
@@ -87,6 +88,7 @@ app.command("simulate")(simulation.simulate_command)
 app.command("simulate-placement")(simulation.simulate_placement_command)
 app.command("plot")(accounting.plot_command)
 app.command("demo")(simulation.demo_command)
+app.command("check")(check.check_command)
 app.add_typer(database.db_app, name="db")
 app.add_typer(batches.batches_app, name="batches")
 app.add_typer(federation.federation_app, name="federation")

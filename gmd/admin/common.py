@@ -120,7 +120,7 @@ def reading(ctx: typer.Context, *, schema: bool = True) -> Iterator[Engine]:
     config = load_config(ctx)
     replica = config.read_url is not None and not options(ctx).primary
     url = config.read_url if replica and config.read_url else config.database_url
-    file = _sqlite_file(url)
+    file = sqlite_file(url)
     if file is not None and not file.exists():
         where = (
             f"[database] url in {config.path}"
@@ -140,7 +140,7 @@ def reading(ctx: typer.Context, *, schema: bool = True) -> Iterator[Engine]:
         yield reading
 
 
-def _sqlite_file(url: str) -> Path | None:
+def sqlite_file(url: str) -> Path | None:
     """The file of a SQLite URL (None for other databases and for memory)."""
     if not url.startswith("sqlite:///") or url == "sqlite:///:memory:":
         return None
