@@ -1,6 +1,6 @@
 """The ``gmd-admin db`` commands, the ledger database: ``db upgrade`` (create it or bring its
-schema up to date), ``db current`` (its schema revision) and ``db usage`` (what each table
-holds and what retention drops next).
+schema up to date), ``db current`` (its schema revision), ``db usage`` (what each table
+holds and what retention drops next) and ``db purge`` (retention's run, now).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import typer
 
 from gmd.admin.common import database, load_config, reading, shown_url
 from gmd.admin.output import Listing, Output, View, emit, output_options
+from gmd.common.cli import ExitCode, fail
 from gmd.daemon.ledger import migrate
 
 db_app = typer.Typer(
@@ -35,6 +36,75 @@ def db_upgrade(
         typer.echo(f"{url}: already at schema revision {after}")
     else:
         typer.echo(f"{url}: schema upgraded from {before or 'empty'} to {after}")
+
+
+@db_app.command("purge")
+def db_purge(
+    ctx: typer.Context,
+    max_run_s: Annotated[
+        float | None,
+        typer.Option(min=1, help="Stop a run after this long (default: [retention] max_run_s)."),
+    ] = None,
+    until_done: Annotated[
+        bool,
+        typer.Option("--until-done", help="Run again until nothing due is left."),
+    ] = False,
+    unseen: Annotated[
+        bool,
+        typer.Option(
+            "--unseen",
+            help="Also the VMs and customers unseen past raw retention: only with no"
+            " gmd-daemon running on this ledger (a running daemon remembers their ids; its own"
+            " hourly run removes them).",
+        ),
+    ] = False,
+) -> None:
+    """Remove now what [retention] says is due, as the daemon's hourly run does: whole days of
+    raw data (partitions dropped on PostgreSQL), then ledger rows and rollups past their
+    days, in chunks of [retention] delete_chunk, each its own transaction, so that the
+    daemon's writes go on beside it. Each run stops after max_run_s (the next goes on where it
+    stopped); one line per run says what went.
+
+    Exit codes: 0 done (also when nothing was due), 1 the database cannot be used (or is at
+    another schema), 2 bad configuration or option.
+    """
+    import dataclasses
+
+    from gmd.common.timespec import iso
+    from gmd.daemon.ledger.retention import purge
+
+    config = load_config(ctx)
+    retention = config.retention
+    if max_run_s is not None:
+        retention = dataclasses.replace(retention, max_run_s=max_run_s)
+    with database(ctx) as engine:
+        revision = migrate.current(engine)
+        if revision != migrate.head():
+            raise fail(
+                f"{shown_url(str(engine.url))} is at schema {revision or 'none'}, this gmd"
+                f" needs {migrate.head()}: run `gmd-admin db upgrade`",
+                ExitCode.UNAVAILABLE,
+            )
+        runs = 0
+        while True:
+            report = purge(engine, retention, unseen=unseen)
+            runs += 1
+            gone = [f"{n} {t}" for t, n in sorted(report.rows.items())]
+            if report.partitions:
+                gone.append(f"{len(report.partitions)} partition(s)")
+            cutoffs = [
+                f"{what} before {iso(at)}"
+                for what, at in (("raw", report.raw_before_s), ("ledger", report.ledger_before_s))
+                if at is not None
+            ]
+            typer.echo(
+                f"run {runs}: removed {', '.join(gone) or 'nothing'}"
+                f" ({'; '.join(cutoffs) or 'nothing is due: every kind is kept for ever'})"
+                f" in {sum(report.seconds.values()):.1f} s"
+                + ("; more is due" if report.unfinished else "")
+            )
+            if not (until_done and report.unfinished):
+                break
 
 
 @db_app.command("current")

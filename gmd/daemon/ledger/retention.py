@@ -159,9 +159,12 @@ def purge(
     config: RetentionConfig,
     now_s: float | None = None,
     forget: Forget | None = None,
+    unseen: bool = True,
 ) -> PurgeReport:
     """Remove what retention says is due, for at most ``config.max_run_s``; ``forget`` is
-    told of every VM and customer removed."""
+    told of every VM and customer removed. ``unseen`` False leaves the VMs and customers
+    unseen past raw retention (a purge from outside a running daemon: the daemon remembers
+    their ids, and only its own run tells it to forget them)."""
     now = time.time() if now_s is None else now_s
     deadline = time.monotonic() + config.max_run_s
     with engine.connect() as conn:
@@ -191,6 +194,8 @@ def purge(
             if not _chunks(engine, table, due.rollup_s, config.delete_chunk, deadline, report, key):
                 report.unfinished = True
                 return _logged(report)
+    if not unseen:
+        return _logged(report)
     with engine.connect() as conn:
         report.unseen_before_s = unseen_cutoff_s(conn, due.raw_s)
     if report.unseen_before_s is not None:

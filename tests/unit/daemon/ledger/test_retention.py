@@ -233,3 +233,45 @@ def test_explain_says_what_is_left_of_an_interval_past_retention(
     assert f"{whole.ledger_greediness:.6g}" in said  # one interval in that hour: its GM sum
     assert "past ledger retention" in text
     engine.dispose()
+
+
+def test_db_purge_removes_now_what_is_due_in_bounded_runs(tmp_path: Path) -> None:
+    """``gmd-admin db purge``: retention's run, now, from the command line (in chunks of one
+    row), saying per run what went; a second run finds nothing due."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    now = int(time.time())
+    current = now - now % HOUR - HOUR
+    old = [current - 30 * HOUR, current - 29 * HOUR]
+    config = hourly(url)
+    with serving(config) as d:
+        for k, start in enumerate([*old, current - HOUR, current]):
+            post(d, start, f"k{k}")
+        account_due(d.engine, config.accounting, now_s=current)
+    path = tmp_path / "gmd.toml"
+    path.write_text(
+        f'[database]\nurl = "{url}"\n[daemon]\nmax_late_s = 60\n'
+        f"[retention]\nraw_days = 1.01\nledger_days = 1.01\ndelete_chunk = 1\nmax_run_s = 60\n"
+    )
+    engine = sa.create_engine(url)
+    before = counts(engine)
+
+    def purge_now(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(ADMIN), "--config", str(path), "db", "purge", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    done = purge_now("--until-done")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("run 1: removed ") and "samples" in lines[0], lines
+    assert "raw before " in lines[0] and "ledger before " in lines[0], lines
+    after = counts(engine)
+    for table in ("samples", "batches", "host_intervals", "customer_ledger"):
+        assert not set(old) & set(after[table]), (table, after[table])
+        assert set(before[table]) - set(old) <= set(after[table]), table
+    again = purge_now()
+    assert again.returncode == 0 and again.stdout.startswith("run 1: removed nothing")
+    engine.dispose()
