@@ -1,15 +1,19 @@
 """The ``gmd-admin db`` commands, the ledger database: ``db upgrade`` (create it or bring its
 schema up to date), ``db current`` (its schema revision), ``db usage`` (what each table
-holds and what retention drops next) and ``db purge`` (retention's run, now).
+holds and what retention drops next), ``db purge`` (retention's run, now) and ``db backup``
+(a SQLite ledger's online copy).
 """
 
 from __future__ import annotations
 
+import time
+from contextlib import closing
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from gmd.admin.common import database, load_config, reading, shown_url
+from gmd.admin.common import database, load_config, reading, shown_url, sqlite_file
 from gmd.admin.output import Listing, Output, View, emit, output_options
 from gmd.common.cli import ExitCode, fail
 from gmd.daemon.ledger import migrate
@@ -105,6 +109,49 @@ def db_purge(
             )
             if not (until_done and report.unfinished):
                 break
+
+
+@db_app.command("backup")
+def db_backup(
+    ctx: typer.Context,
+    target: Annotated[Path, typer.Argument(help="The backup's file (must not exist).")],
+) -> None:
+    """Copy a SQLite ledger to TARGET while the daemon runs: SQLite's online backup, a
+    consistent copy of one moment, page by page (a file copy of a ledger being written may
+    not be). Restore by stopping the daemon and putting the copy in the ledger's place.
+    A PostgreSQL ledger is backed up with PostgreSQL's own tools (docs/operations.md):
+    `pg_dump -Fc`, restored with `pg_restore` into an empty database.
+
+    Exit codes: 0 copied, 1 the ledger or the target cannot be used, 2 a PostgreSQL ledger,
+    a target that exists, bad configuration.
+    """
+    import sqlite3
+
+    config = load_config(ctx)
+    file = sqlite_file(config.database_url)
+    if file is None:
+        raise fail(
+            "the ledger is not a SQLite file: back PostgreSQL up with pg_dump -Fc"
+            " (docs/operations.md, Backups)"
+        )
+    if target.exists():
+        raise fail(f"{target} exists: give a new file (a backup never overwrites)")
+    if not file.exists():
+        raise fail(f"{file}: no ledger there", ExitCode.UNAVAILABLE)
+    started = time.monotonic()
+    try:
+        with (
+            closing(sqlite3.connect(f"file:{file}?mode=ro", uri=True, timeout=30)) as source,
+            closing(sqlite3.connect(target)) as copy,
+        ):
+            source.backup(copy, pages=4096)
+    except sqlite3.Error as exc:
+        target.unlink(missing_ok=True)
+        raise fail(f"backup of {file} to {target}: {exc}", ExitCode.UNAVAILABLE) from None
+    typer.echo(
+        f"{file} copied to {target} ({target.stat().st_size / 1e6:.1f} MB) in"
+        f" {time.monotonic() - started:.1f} s"
+    )
 
 
 @db_app.command("current")
