@@ -17,6 +17,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -39,6 +40,7 @@ from tests.support.daemon_support import (
     full_ledger,
     make_config,
     serving,
+    token_of,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -278,9 +280,10 @@ def free_port() -> int:
 
 
 @contextmanager
-def prometheus(tmp_path: Path, target: str) -> Iterator[str]:
-    """A real Prometheus scraping ``target`` (host:port) as job gmd-daemon every second and
-    evaluating the shipped rules every second; its API's base URL. Terminated on exit."""
+def prometheus(tmp_path: Path, target: str, agent: str | None = None) -> Iterator[str]:
+    """A real Prometheus scraping ``target`` (host:port) as job gmd-daemon, and ``agent`` as
+    job gmd-agent, every second and evaluating the shipped rules every second; its API's base
+    URL. Terminated on exit."""
     binary = program("prometheus")
     port = free_port()
     config = tmp_path / "prometheus.yml"
@@ -294,7 +297,12 @@ def prometheus(tmp_path: Path, target: str) -> Iterator[str]:
                 },
                 "rule_files": [str(RULES)],
                 "scrape_configs": [
-                    {"job_name": "gmd-daemon", "static_configs": [{"targets": [target]}]}
+                    {"job_name": "gmd-daemon", "static_configs": [{"targets": [target]}]},
+                    *(
+                        [{"job_name": "gmd-agent", "static_configs": [{"targets": [agent]}]}]
+                        if agent
+                        else []
+                    ),
                 ],
             }
         )
@@ -349,15 +357,54 @@ def ledger_alert(api: str, seen: dict[str, Any]) -> dict[str, Any] | None:
     )
 
 
+@contextmanager
+def agent(tmp_path: Path, daemon_url: str) -> Iterator[str]:
+    """A real gmd-agent on libvirt's test driver, posting to ``daemon_url``, its /metrics on
+    a free port: that address (host:port)."""
+    from tests.support.agent_fixtures import NODE, uri
+
+    port = free_port()
+    config = tmp_path / "agent.toml"
+    config.write_text(
+        f'[agent]\nhost = "{HOST.name}"\ndaemon_url = "{daemon_url}"\n'
+        f'token = "{token_of(HOST.name)}"\nlibvirt_uri = "{uri(NODE)}"\n'
+        f'collector = "libvirt"\nenforce_backend = "none"\nmetrics_port = {port}\n'
+        f'spool_path = "{tmp_path / "spool.db"}"\nnetwork_bytes_per_s = 1250000000\n'
+    )
+    log = tmp_path / "agent.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [str(Path(sys.executable).with_name("gmd-agent")), "--config", str(config)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(20)
+
+
 def test_a_real_prometheus_alerts_when_the_daemons_ledger_cannot_write(tmp_path: Path) -> None:
-    """Prometheus (Debian's binary) scrapes a real gmd-daemon on SQLite and evaluates the
+    """Prometheus (Debian's binary) scrapes a real gmd-daemon on SQLite, and a real gmd-agent,
+    and evaluates the
     shipped rules: GmdLedgerCannotWrite is quiet while the ledger writes, becomes active
     (pending, then firing after its 2 minutes) once a batch meets a full ledger, and goes
     away when the agent's retry is stored."""
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    with serving(make_config(url, {HOST.name: "operator"})) as d:
+    with serving(make_config(url, {HOST.name: "operator"})) as d, agent(tmp_path, d.url) as at:
         target = d.url.removeprefix("http://")
-        with prometheus(tmp_path, target) as api:
+        with prometheus(tmp_path, target, at) as api:
+
+            def agent_up(seen: dict[str, Any]) -> float | None:
+                query = 'up{job="gmd-agent"} * on() group_left gmd_agent_vms{job="gmd-agent"}'
+                answer = httpx.get(f"{api}/api/v1/query", params={"query": query}, timeout=5)
+                seen["agent"] = answer.json()
+                result = answer.json()["data"]["result"]
+                return float(result[0]["value"][1]) if result else None
+
+            # The real agent (libvirt's test driver: four VMs) is scraped beside the daemon.
+            assert poll("Prometheus scraped no gmd-agent", agent_up) == 4
 
             def scraped(seen: dict[str, Any]) -> float | None:
                 query = f'gmd_ledger_write_failing{{job="gmd-daemon",instance="{target}"}}'
