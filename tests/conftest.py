@@ -6,8 +6,8 @@ names its tier and no folder decides it: ``postgres`` (the PostgreSQL server fix
 tests/support/realvm.py), ``openstack`` (the real Keystone, Nova and Placement of
 tests/support/openstack_support.py, and the whole cloud with a compute host of
 tests/support/nova_support.py) and ``slow`` (SLOW below: more than about ten seconds on its own).
-``make test-fast`` runs the rest: pytest -m "not postgres and not realvm and not openstack and
-not slow"; ``make test`` runs everything.
+``make test-fast`` runs the rest (and skips a test that needs an extra or a program it did not
+install: tests/support/needs.py); ``make test`` runs everything.
 """
 
 from __future__ import annotations
@@ -20,6 +20,10 @@ from pathlib import Path
 
 import pytest
 from hypothesis import settings
+
+from tests.support.needs import skip_missing_extras
+
+skip_missing_extras()
 
 # No per-example deadline: hypothesis' default (200 ms) is a speed assertion, and on a busy
 # machine (CI, or benchmarks beside the tests) a property test failed on it once, not on its

@@ -14,7 +14,6 @@ from __future__ import annotations
 import copy
 import json
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gmd.agent.metrics import AgentMetrics
+from tests.support import needs
 from tests.support.daemon_support import (
     HostSpec,
     aligned_past,
@@ -56,15 +56,13 @@ TARGET_LABELS = frozenset({"job", "instance"})
 
 
 def program(name: str) -> str:
-    """The path of promtool or prometheus; the test fails (never skips) without it."""
-    found = shutil.which(name) or next((p for p in (f"/usr/bin/{name}",) if Path(p).exists()), None)
-    if found is None:
-        pytest.fail(
-            f"{name} is missing: run tests/scripts/prometheus.sh (as root: it installs"
-            " Debian's prometheus package, which brings promtool and prometheus)",
-            pytrace=False,
-        )
-    return found
+    """The path of promtool or prometheus; without it the test fails (``make test``: never
+    skips) or, under ``make test-fast``, is skipped."""
+    return needs.program(
+        name,
+        "run tests/scripts/prometheus.sh (as root: it installs Debian's prometheus package,"
+        " which brings promtool and prometheus)",
+    )
 
 
 def rules() -> dict[str, Any]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -16,6 +15,8 @@ import urllib.request
 from typing import Any
 
 from websockets.sync.client import connect
+
+from tests.support import needs
 
 
 class BrowserError(RuntimeError):
@@ -26,9 +27,7 @@ class Browser:
     """``with Browser() as page: page.open(url, width=390, height=844)``."""
 
     def __enter__(self) -> Browser:
-        binary = shutil.which("chromium")
-        if binary is None:
-            raise BrowserError("no chromium: tests/scripts/bootstrap.sh installs Debian's package")
+        binary = needs.program("chromium", "tests/scripts/bootstrap.sh installs Debian's package")
         self._profile = tempfile.TemporaryDirectory()
         self._process = subprocess.Popen(
             [

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import needs
 from tests.support.standings_ledger import ledger_config  # noqa: F401 - the fixture
 
 ADMIN = Path(sys.executable).with_name("gmd-admin")
@@ -55,8 +55,7 @@ class Tmux:
 
 @pytest.fixture
 def terminal() -> Iterator[Tmux]:
-    if shutil.which("tmux") is None:
-        pytest.fail("tmux is missing: `make test` installs it (tests/scripts/bootstrap.sh)")
+    needs.program("tmux", "`make test` installs it (tests/scripts/bootstrap.sh)")
     tmux = Tmux(f"gmd-test-{uuid.uuid4().hex[:8]}")
     tmux("new-session", "-d", "-s", "t", "-x", str(WIDTH), "-y", "60", "bash --norc --noprofile")
     tmux("set-option", "-t", "t", "history-limit", "5000")
