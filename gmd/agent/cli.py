@@ -188,7 +188,8 @@ def agent(
     stopping the agent leaves throttled VMs as they are (the originals stay on disk for the next
     start; --restore-all puts them back). With agent.collector = replay the VMs are recorded
     traces replayed over simulated time (agent.replay_*), and the agent exits when the replay
-    is done. Exit codes: 0 stopped cleanly (or the replay is done), 1 the host, the traces, the
+    is done. SIGTERM stops it; SIGHUP reads the configuration again (the daemon, token, timeouts,
+    post and plan timing, bandwidths change live; the log names what takes a restart). Exit codes: 0 stopped cleanly (or the replay is done), 1 the host, the traces, the
     spool or the enforcement state cannot be used (or --restore-all left VMs unrestored, or a
     replay's batches were not all delivered), 2 bad configuration or option. Why it stopped is
     one line on stderr: gmd-agent: error: WHAT.
