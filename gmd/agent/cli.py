@@ -189,9 +189,10 @@ def agent(
     start; --restore-all puts them back). With agent.collector = replay the VMs are recorded
     traces replayed over simulated time (agent.replay_*), and the agent exits when the replay
     is done. SIGTERM stops it; SIGHUP reads the configuration again (the daemon, token, timeouts,
-    post and plan timing, bandwidths change live; the log names what takes a restart). Exit codes: 0 stopped cleanly (or the replay is done), 1 the host, the traces, the
-    spool or the enforcement state cannot be used (or --restore-all left VMs unrestored, or a
-    replay's batches were not all delivered), 2 bad configuration or option. Why it stopped is
+    post and plan timing, bandwidths change live; the log names what takes a restart). Exit codes:
+    0 stopped cleanly (or the replay is done), 1 the host, the traces, the spool or the
+    enforcement state cannot be used (or --restore-all left VMs unrestored, or a replay's batches
+    were not all delivered), 2 bad configuration or option. Why it stopped is
     one line on stderr: gmd-agent: error: WHAT.
     """
     logs.setup(log_level.value, quiet=("httpx",))
