@@ -218,6 +218,9 @@ class Services:
         )
         self.accountant.config = config.accounting
         self.accountant.after = after_interval(config.enforcement, on_levels=self._count_levels)
+        if self.quotas is not None:
+            # Its cloud and timing are not live (the reload kept them); its policy and mode are.
+            self.quotas.config = config.enforcement
         self.metrics.report_mode(config.enforcement.mode)
         self.config = config
 
