@@ -36,12 +36,12 @@ from gmd.daemon.ledger.lookup import UnknownCustomer, customer_uuid
 from gmd.daemon.reports.standings import SortKey, standings
 from gmd.wire import PlanMode, Problem, canonical_customer
 
+log = logging.getLogger(__name__)
+
 # 404: an operator asked for a customer the ledger has never seen, or a range with nothing in it.
 # A customer's name may hold any visible character, "/" too: its routes take the rest of the
 # path up to their last segment ({customer:path}), so "team/a" is /v1/customers/team/a/explain
 # (or team%2Fa: the server decodes the path before routing). Links quote it whole (segment).
-log = logging.getLogger(__name__)
-
 router = APIRouter(prefix="/v1", tags=["read"], responses={404: {"model": Problem}})
 
 
