@@ -249,7 +249,7 @@ def set_aside(services: Services, aside: BatchRecord, verdict: Verdict, now_s: f
     count them, and log each host's VM once (it comes back every interval it runs)."""
     why = "; ".join(verdict.set_aside[i].message for i in sorted(verdict.set_aside))
     try:
-        ingest_within_limits(services, aside, now_s, aside=why)
+        stored = ingest_within_limits(services, aside, now_s, aside=why)
     except KeyReused:
         # A retry of the batch that Placement now judges otherwise: what was set aside the
         # first time stays as it was.
@@ -266,6 +266,8 @@ def set_aside(services: Services, aside: BatchRecord, verdict: Verdict, now_s: f
             exc.detail,
         )
         return
+    if stored.status != "accepted":
+        return  # a retry's: counted and said the first time
     for refusal in verdict.set_aside.values():
         services.metrics.placement_set_aside.labels(refusal.reason.value).inc()
     fresh = services.set_aside_said.first(aside.host, aside.vm_uuids)
