@@ -231,6 +231,7 @@ def test_a_host_naming_another_hosts_vm_has_it_set_aside_and_the_vm_stays_in_its
         )
         assert again.status_code == 200 and again.json()["status"] == "duplicate", again.text
         assert samples_of(daemon, owner) == 2 and quarantined_vms(daemon) == [throttled]
+        assert set_aside_count(daemon, "not_on_host") == 1, "a retry's are not counted again"
         # The agent hears what was set aside (its sender logs it), next interval too.
         agent = DaemonClient(daemon.url, token_of(thief.name), timeout_s=30)
         try:
