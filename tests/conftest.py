@@ -21,9 +21,40 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from tests.support.needs import skip_missing_extras
+from tests.support import needs
 
-skip_missing_extras()
+needs.skip_missing_extras()
+
+
+def pytest_collectstart(collector: pytest.Collector) -> None:
+    needs.collecting(True)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    needs.collecting(False)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
+    try:
+        return (yield)
+    except ModuleNotFoundError as exc:
+        if (why := needs.absent(exc)) is not None:
+            pytest.skip(why)
+        raise
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    """Under make test-fast, a test that needs an extra it did not install is skipped, not
+    failed (tests/support/needs.py)."""
+    try:
+        return (yield)
+    except ModuleNotFoundError as exc:
+        if (why := needs.absent(exc)) is not None:
+            pytest.skip(why)
+        raise
+
 
 # No per-example deadline: hypothesis' default (200 ms) is a speed assertion, and on a busy
 # machine (CI, or benchmarks beside the tests) a property test failed on it once, not on its
@@ -54,6 +85,18 @@ ZOOKEEPER_FIXTURE = "zookeeper_hosts"
 # without "[...]" marks every parametrization.
 SLOW = frozenset(
     {
+        # 6-16 s each: out of make test-fast's three minutes from a fresh clone.
+        "tests/unit/daemon/reports/test_whatif.py::"
+        "test_no_override_reproduces_a_demo_ledger_row_by_row",
+        "tests/unit/daemon/reports/test_whatif.py::"
+        "test_gmd_admin_whatif_shows_the_replay_and_refuses_in_one_line",
+        "tests/unit/daemon/api/test_ingest_hardening.py::"
+        "test_the_operator_lists_releases_and_drops_quarantined_batches",
+        "tests/unit/admin/test_output.py::"
+        "test_actions_count_by_their_interval_and_limit_keeps_the_newest",
+        "tests/unit/daemon/api/test_fast_batch.py::"
+        "test_the_fast_reader_never_accepts_what_the_contract_refuses",
+        "tests/repository/test_xdist_groups.py::test_tests_grouped_in_conftest_run_on_one_worker",
         "tests/integration/test_agent_process.py::"
         "test_sigkill_with_a_full_spool_then_restart_loses_and_doubles_nothing",
         "tests/integration/test_bench.py::test_ingest_bench_posts_and_counts_every_sample",
@@ -119,6 +162,11 @@ def pytest_runtest_makereport(
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     slow_found = set()
     for item in items:
+        for module in needs.warning_modules(item):
+            if (why := needs.lacking(module)) is not None:
+                # pytest imports a filter's category before it skips: the filter goes too.
+                needs.drop_warning_filters(item)
+                item.add_marker(pytest.mark.skip(reason=why))
         if _uses_postgres(item):
             item.add_marker(pytest.mark.postgres)
         if _uses_real_vms(item):

@@ -7,10 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.support import needs
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "agent.py"
 
 
 def test_agent_bench_prints_json_last() -> None:
+    needs.extra("libvirt")
     out = subprocess.run(
         [sys.executable, str(BENCH), "--domains", "1,5", "--ticks", "2"],
         capture_output=True,

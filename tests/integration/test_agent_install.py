@@ -19,6 +19,7 @@ import pytest
 
 from tests.integration.test_packaging import DAEMON_DISTRIBUTIONS
 from tests.repository.test_layout import DAEMON_LIBRARIES
+from tests.support import needs
 from tests.support.source_tree import copy_source
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,6 +63,7 @@ def tops(modules: list[str]) -> set[str]:
 
 
 def test_the_agent_loads_none_of_the_daemons_libraries() -> None:
+    needs.extra("libvirt")
     modules = loaded_by("agent", "gmd-agent")
     assert "gmd.agent.collect.libvirt" in modules  # every module was imported
     assert not tops(modules) & DAEMON_LIBRARIES, sorted(tops(modules) & DAEMON_LIBRARIES)

@@ -48,23 +48,76 @@ def program(name: str, how: str) -> str:
 
 
 class _SkipMissing(importlib.abc.MetaPathFinder):
-    """Imports of an optional extra's package that is not installed end the test (or its
-    module's collection) as skipped, naming the extra."""
+    """While pytest collects, an import of an optional extra's package that is not installed
+    ends the test module's collection as skipped, naming the extra (only then: a skip raised
+    in a test's threads would be no skip)."""
+
+    collecting = False
 
     def find_spec(self, name: str, path: object = None, target: object = None) -> None:
         top = name.partition(".")[0]
-        if top in OPTIONAL_MODULES and top not in _present:
-            pytest.skip(
-                f"needs {OPTIONAL_MODULES[top]}, which make test-fast does not install",
-                allow_module_level=True,
-            )
+        if self.collecting and top in OPTIONAL_MODULES and top not in _present:
+            pytest.skip(missing(top), allow_module_level=True)
         return None
 
 
+def missing(module: str) -> str:
+    return f"needs {OPTIONAL_MODULES[module]}, which make test-fast does not install"
+
+
 _present = {m for m in OPTIONAL_MODULES if importlib.util.find_spec(m) is not None}
+_finder = _SkipMissing()
 
 
 def skip_missing_extras() -> None:
-    """Under ``make test-fast`` only: a test that imports an extra not installed is skipped."""
+    """Under ``make test-fast`` only: a test that imports an extra not installed is skipped
+    (:func:`collecting`, :func:`absent`)."""
     if FAST and any(m not in _present for m in OPTIONAL_MODULES):
-        sys.meta_path.append(_SkipMissing())
+        sys.meta_path.append(_finder)
+
+
+def collecting(on: bool) -> None:
+    """pytest collects (imports the test modules) while ``on``."""
+    _finder.collecting = on
+
+
+def absent(exc: BaseException) -> str | None:
+    """Why a test that raised ``exc`` needs what make test-fast did not install, or None."""
+    if not isinstance(exc, ModuleNotFoundError) or not exc.name:
+        return None
+    return lacking(exc.name)
+
+
+def extra(module: str) -> None:
+    """A test that runs a program needing ``module`` (an extra's) in another process: skipped
+    under make test-fast where it is not installed (an import in its own process would not
+    be seen here)."""
+    if (why := lacking(module)) is not None:
+        pytest.skip(why)
+
+
+def lacking(module: str) -> str | None:
+    """Under make test-fast, why a test that uses ``module`` (dotted) is skipped, or None."""
+    top = module.partition(".")[0]
+    if FAST and top in OPTIONAL_MODULES and top not in _present:
+        return missing(top)
+    return None
+
+
+def drop_warning_filters(item: pytest.Item) -> None:
+    """Take the ``filterwarnings`` marks off the item and the nodes above it (for a test that
+    is skipped: their categories cannot be imported here)."""
+    for node in item.listchain():
+        node.own_markers = [m for m in node.own_markers if m.name != "filterwarnings"]
+
+
+def warning_modules(item: pytest.Item) -> list[str]:
+    """The modules of the warning categories the item's ``filterwarnings`` marks name: pytest
+    imports them before the test runs (``ignore::openstack.warnings.…``)."""
+    out = []
+    for mark in item.iter_markers("filterwarnings"):
+        for spec in mark.args:
+            parts = str(spec).split(":")
+            if len(parts) > 2 and "." in parts[2]:
+                out.append(parts[2].rsplit(".", 1)[0])
+    return out
