@@ -119,6 +119,7 @@ bench: setup
 	$(BIN)/python bench/replay.py --vms 1-100 --days 3 --tick 300 --interval 900
 	$(BIN)/python bench/demo.py
 	$(BIN)/python bench/broker.py
+	$(BIN)/python bench/read_load.py
 	$(BIN)/python bench/protection.py
 
 clean:

@@ -290,3 +290,17 @@ def test_nova_weigher_bench_ranks_beside_novas_weighers() -> None:
     ):
         assert isinstance(nova[key], float) and nova[key] > 0, key
     assert figures["gmd_to_stock"] > 0 and figures["stock_and_gmd_to_stock"] > 0
+
+
+def test_read_load_bench_times_the_agents_routes_beside_plots() -> None:
+    """The bench's figures, on a small load: both runs (the default admission, and none in
+    effect) measure the agent's plan fetch alone and under plots, and the default's plots
+    are answered 200 or 503, nothing else."""
+    figures = run_bench("read_load.py", "--plots", "4", "--seconds", "2", "--hours", "2")
+    bounded, unbounded = figures["bounded"], figures["unbounded"]
+    assert (bounded["concurrent"], unbounded["concurrent"]) == (2, 64)
+    for run in (bounded, unbounded):
+        for phase in ("plan_alone", "plan_under_plots", "healthz_under_plots"):
+            assert run[phase]["n"] >= 1 and run[phase]["p99_ms"] > 0, (run, phase)
+    assert set(bounded["plots_answered"]) <= {"200", "503"} and bounded["plots_answered"]
+    assert set(unbounded["plots_answered"]) == {"200"}
