@@ -130,7 +130,7 @@ def test_the_demo_replays_accounts_and_reports_what_the_traces_say(tmp_path: Pat
         text=True,
         timeout=120,
         check=False,
-        cwd=tmp_path,
+        # Where the demo ran, as an operator types them after `make demo`.
         env={**os.environ, "PATH": "/usr/bin:/bin"},
     )
     assert shell.returncode == 0, (hints, shell.stderr)
