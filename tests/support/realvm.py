@@ -223,7 +223,7 @@ def _new_guest(role: str, pid: int, workdir: Path, index: int | None = None) -> 
         role=role,
         name=name,
         uuid=str(uuid.uuid4()),
-        project_uuid=str(uuid.uuid4()),
+        project_uuid=uuid.uuid4().hex,  # as Keystone writes it, and Nova after it
         user_uuid=str(uuid.uuid4()),
         # At most 15 characters, not libvirt's vnet prefix.
         tap=f"gmdt{pid % 10**7}{role[0]}{suffix}",
