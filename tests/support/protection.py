@@ -189,7 +189,7 @@ def booted(
         with contextlib.ExitStack() as cleanup:
             cleanup.callback(_remove_domains, conn, made)
             pid = os.getpid()
-            greedy_project = str(uuid.uuid4())
+            greedy_project = uuid.uuid4().hex  # as Keystone writes it
             greedy = tuple(
                 replace(
                     _new_guest("spin", pid, workdir, index=k),
