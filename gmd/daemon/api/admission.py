@@ -15,10 +15,11 @@ members asking for their plot at once made an agent's plan fetch wait 28 s befor
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Callable
 from typing import Any
+
+from gmd.daemon.api.errors import send_problem
 
 log = logging.getLogger(__name__)
 
@@ -83,23 +84,11 @@ class Admission:
             self.most,
             self.wait_s,
         )
-        body = json.dumps(
-            {
-                "detail": f"the daemon is serving {self.most} read requests at once"
-                f" ([read_api] concurrent) and this one waited {self.wait_s:g} s for its turn"
-                " ([read_api] queue_s): ask again in a few seconds",
-                "errors": [],
-            }
-        ).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 503,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"retry-after", b"5"),
-                ],
-            }
+        await send_problem(
+            send,
+            503,
+            f"the daemon is serving {self.most} read requests at once"
+            f" ([read_api] concurrent) and this one waited {self.wait_s:g} s for its turn"
+            " ([read_api] queue_s): ask again in a few seconds",
+            ((b"retry-after", b"5"),),
         )
-        await send({"type": "http.response.body", "body": body})

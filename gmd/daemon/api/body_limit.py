@@ -7,7 +7,6 @@ to protect memory; this guard sits in front of the app (it is what uvicorn serve
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from gmd import GmdError
+from gmd.daemon.api.errors import send_problem
 from gmd.daemon.api.metrics import DaemonMetrics, Rejection
 
 log = logging.getLogger(__name__)
@@ -82,24 +82,12 @@ class BodyLimit:
             size,
             self.limit,
         )
-        body = json.dumps(
-            {
-                "detail": f"request body of {size}+ bytes exceeds the limit of {self.limit}"
-                " (daemon.max_body_bytes)",
-                "errors": [],
-            }
-        ).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
+        await send_problem(
+            send,
+            413,
+            f"request body of {size}+ bytes exceeds the limit of {self.limit}"
+            " (daemon.max_body_bytes)",
         )
-        await send({"type": "http.response.body", "body": body})
 
 
 class _TooLarge(GmdError):

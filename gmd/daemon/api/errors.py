@@ -45,6 +45,26 @@ class Refused(GmdError):
         """more headers of the answer (a 429's ``Retry-After``)"""
 
 
+async def send_problem(
+    send: Any, status: int, detail: str, headers: tuple[tuple[bytes, bytes], ...] = ()
+) -> None:
+    """A :class:`~gmd.wire.Problem` answered straight on the ASGI channel: for the middleware
+    that answers before FastAPI does (a body too large, reads turned away)."""
+    body = json.dumps({"detail": detail, "errors": []}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
 def _where(loc: tuple[Any, ...]) -> str:
     parts = [p for p in loc if p != "body"]
     out = ""
