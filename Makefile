@@ -2,7 +2,7 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: all setup setup-demo test test-fast lint demo cloud-demo cloud-protection soak bench clean module-map
+.PHONY: all setup setup-demo test test-fast lint demo cloud-demo cloud-protection soak bench reproduce clean module-map
 
 all: test
 
@@ -121,6 +121,13 @@ bench: setup
 	$(BIN)/python bench/broker.py
 	$(BIN)/python bench/read_load.py
 	$(BIN)/python bench/protection.py
+
+# docs/reproduction.md's tables from docs/reproduction-protocol.toml: every study on every seed
+# (runs cached under var/reproduce, so an interrupted run resumes), then the tables rewritten.
+# PWA: the directory holding the Parallel Workloads Archive's logs the protocol names.
+PWA ?= var/pwa
+reproduce: setup
+	$(BIN)/python -m gmd.sim.reproduce run --pwa $(PWA)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

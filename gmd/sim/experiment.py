@@ -41,9 +41,11 @@ from gmd.sim.scheduler import Schedule, simulate
 from gmd.sim.shapley import shapley_float
 from gmd.sim.swf import Trace, peak_processors, read_swf
 from gmd.sim.workload import (
+    Deal,
     Workload,
     assign_users,
     build_workload,
+    deal_jobs,
     local_users,
     processor_counts,
 )
@@ -66,6 +68,7 @@ class ExperimentConfig:
     org_of_user: dict[int, int] | None = None  # fixed assignment (else random per sample)
     reference: bool = True  # run Ref for Δψ/p (exponential in k; CloudShare scoring needs none)
     background: float = 0.0  # share of each organization's users that are local (Scenario 3)
+    deal: Deal = Deal.users  # how the jobs of a sample without a fixed assignment are dealt
 
 
 @dataclass(frozen=True)
@@ -160,8 +163,14 @@ def sample_workloads(config: ExperimentConfig, trace: Trace) -> list[Workload]:
         else:
             raise ValueError(f"{config.trace}: found no window of {config.window_s} s with jobs")
         mapping = config.org_of_user
+        job_orgs = None
         if mapping is None:
-            mapping = assign_users(trace.user[lo:hi], config.n_orgs, int(rng.integers(2**31)))
+            deal_seed = int(rng.integers(2**31))
+            if config.deal == Deal.users:
+                mapping = assign_users(trace.user[lo:hi], config.n_orgs, deal_seed)
+            else:
+                job_orgs = deal_jobs(trace.user[lo:hi], config.n_orgs, deal_seed, config.deal)
+                mapping = {}
         local: set[int] = set()
         if config.background:
             # The sample's own users (a fixed assignment names the whole trace's).
@@ -177,6 +186,7 @@ def sample_workloads(config: ExperimentConfig, trace: Trace) -> list[Workload]:
                 unit_s=config.unit_s,
                 label=f"sample {i}",
                 local=local,
+                job_orgs=job_orgs,
             )
         )
     return out

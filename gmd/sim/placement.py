@@ -116,6 +116,8 @@ class Run:
     """at each placement, the cluster's largest per-resource deviation after it"""
     rrdf_spread: list[float] = field(default_factory=list)
     """at each placement, the tenants' largest RRDF over their smallest, less 1 (0: equal)"""
+    run_s: list[float] = field(default_factory=list)
+    """per application (in the input's order), its run time"""
 
     @property
     def mean_gap(self) -> float:
@@ -126,17 +128,42 @@ class Run:
         return float(np.max(self.deviations)) if self.deviations else 0.0
 
     @property
+    def last_start_s(self) -> float:
+        """When the application that finished last started: the makespan is it plus its run."""
+        ends = [(s + run, s) for s, run in zip(self.starts, self.run_s, strict=True)]
+        return max(ends)[1] if ends else 0.0
+
+    @property
     def mean_rrdf_spread(self) -> float:
         """The RRDF spread averaged over the placements made once every tenant had one."""
         finite = [x for x in self.rrdf_spread if math.isfinite(x)]
         return float(np.mean(finite)) if finite else math.inf
 
 
+class Tie(enum.StrEnum):
+    """Which of several equally scored nodes gets the application."""
+
+    lowest = "lowest"
+    """the first in the nodes' order (Table 1's numbering)"""
+    random = "random"
+    """one of them at random (a scheduler that walks its nodes in no fixed order)"""
+
+
 def simulate_placement(
-    capacity: Sequence[Sequence[float]], apps: Sequence[App], n_tenants: int, policy: Policy
+    capacity: Sequence[Sequence[float]],
+    apps: Sequence[App],
+    n_tenants: int,
+    policy: Policy,
+    *,
+    tie: Tie = Tie.lowest,
+    rng: np.random.Generator | None = None,
 ) -> Run:
     """Run ``apps`` on nodes of ``capacity`` (nodes × resources) under ``policy``. Raises
-    ValueError for an application no node could ever hold (it would wait for ever)."""
+    ValueError for an application no node could ever hold (it would wait for ever).
+
+    ``tie = random`` needs ``rng``: equally scored nodes (within 1e-12) are drawn from it."""
+    if tie == Tie.random and rng is None:
+        raise ValueError("tie = random needs a random generator")
     cap = np.asarray(capacity, dtype=np.float64)
     m = cap.shape[1]
     for k, app in enumerate(apps):
@@ -148,7 +175,7 @@ def simulate_placement(
     rrdf = [0.0] * n_tenants
     starts = [math.nan] * len(apps)
     nodes = [-1] * len(apps)
-    run = Run(0.0, starts, nodes)
+    run = Run(0.0, starts, nodes, run_s=[a.run_s for a in apps])
     # events: (time, kind, app); kind 0 = completion before 1 = arrival at the same instant
     events: list[tuple[float, int, int]] = [(a.submit_s, 1, k) for k, a in enumerate(apps)]
     heapq.heapify(events)
@@ -170,7 +197,7 @@ def simulate_placement(
                 break  # head-of-line: it waits for a completion
             criteria = placement_criteria(used, cap, request)
             score, _ = scores(criteria, policy.strategy)
-            node = int(np.argmax(np.where(room, score, -np.inf)))
+            node = _chosen(np.where(room, score, -np.inf), tie, rng)
             used[node] += request
             waiting.remove(k)
             starts[k], nodes[k] = now, node
@@ -182,6 +209,14 @@ def simulate_placement(
             heapq.heappush(events, (now + apps[k].run_s, 0, k))
             run.makespan_s = max(run.makespan_s, now + apps[k].run_s)
     return run
+
+
+def _chosen(score: np.ndarray, tie: Tie, rng: np.random.Generator | None) -> int:
+    best = int(np.argmax(score))
+    if tie == Tie.lowest or rng is None:
+        return best
+    tied = np.flatnonzero(score >= score[best] - 1e-12)
+    return int(tied[rng.integers(tied.size)]) if tied.size > 1 else best
 
 
 def _next(waiting: list[int], apps: Sequence[App], rrdf: list[float], order: Order) -> int:
@@ -201,11 +236,26 @@ class Scenario(enum.StrEnum):
     batch = "batch"
     """all submitted at once, before scheduling starts"""
     stream = "stream"
-    """one after another, ``gap_s`` apart, the tenants' applications interleaved at random"""
+    """one after another, ``gap_s`` apart (in the :class:`Arrival` order)"""
+
+
+class Arrival(enum.StrEnum):
+    """In what order the stream's applications arrive: the paper says only that tenants
+    submit "sequentially", which reads either way."""
+
+    interleaved = "interleaved"
+    """the tenants' applications shuffled together at random"""
+    sequential = "sequential"
+    """tenant after tenant, in Table 3's order: user1's fifty, then user2's, …"""
 
 
 def falb_apps(
-    scenario: Scenario, rng: np.random.Generator, *, jitter: float = 0.0, gap_s: float = 1.0
+    scenario: Scenario,
+    rng: np.random.Generator,
+    *,
+    jitter: float = 0.0,
+    gap_s: float = 1.0,
+    arrival: Arrival = Arrival.interleaved,
 ) -> list[App]:
     """Table 3's 4 × 50 applications, run times varied by ±``jitter`` (a fraction)."""
     apps = []
@@ -214,7 +264,8 @@ def falb_apps(
             scale = 1.0 + (rng.uniform(-jitter, jitter) if jitter else 0.0)
             apps.append(App(t, (cpu, mem), run_s * scale, 0.0))
     if scenario == Scenario.stream:
-        order = rng.permutation(len(apps))
+        interleaved = arrival == Arrival.interleaved
+        order = rng.permutation(len(apps)) if interleaved else np.arange(len(apps))
         apps = [
             App(apps[k].tenant, apps[k].demand, apps[k].run_s, i * gap_s)
             for i, k in enumerate(order)
@@ -247,6 +298,37 @@ class PolicyResult:
     """the tenants' RRDF spread, averaged over the placements made once each had one"""
 
 
+@dataclass(frozen=True)
+class FalbInputs:
+    """The choices the paper leaves open, one value each (:func:`falb_runs`)."""
+
+    scenario: Scenario
+    jitter: float = 0.1
+    """run times varied by ±this fraction (0: Table 3's exact times)"""
+    arrival: Arrival = Arrival.interleaved
+    gap_s: float = 1.0
+    """between two arrivals of the stream"""
+    tie: Tie = Tie.lowest
+
+
+def falb_runs(
+    inputs: FalbInputs, seed: int, policies: Sequence[Policy] = FALB_POLICIES
+) -> dict[str, Run]:
+    """Every policy on the same applications, drawn from ``seed``."""
+    capacity = [(cpu, mem) for _n, cpu, mem in FALB_NODES]
+    rng = np.random.default_rng(seed)
+    apps = falb_apps(
+        inputs.scenario, rng, jitter=inputs.jitter, gap_s=inputs.gap_s, arrival=inputs.arrival
+    )
+    return {
+        p.name: simulate_placement(
+            capacity, apps, len(FALB_TENANTS), p, tie=inputs.tie,
+            rng=np.random.default_rng([seed, 1]),
+        )
+        for p in policies
+    }  # fmt: skip
+
+
 def falb_experiment(
     scenario: Scenario,
     *,
@@ -256,12 +338,10 @@ def falb_experiment(
 ) -> list[PolicyResult]:
     """FALB's experiment on Table 1's nodes and Table 3's tenants, every policy on the same
     applications for each seed."""
-    capacity = [(cpu, mem) for _n, cpu, mem in FALB_NODES]
     per: dict[str, list[Run]] = {p.name: [] for p in policies}
     for seed in range(seeds):
-        apps = falb_apps(scenario, np.random.default_rng(seed), jitter=jitter)
-        for p in policies:
-            per[p.name].append(simulate_placement(capacity, apps, len(FALB_TENANTS), p))
+        for name, run in falb_runs(FalbInputs(scenario, jitter), seed, policies).items():
+            per[name].append(run)
     return [
         PolicyResult(
             name,

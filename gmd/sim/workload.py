@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 import numpy as np
@@ -167,6 +168,33 @@ def assign_users(users: np.ndarray, n_orgs: int, seed: int) -> dict[int, int]:
     return {int(u): i % n_orgs for i, u in enumerate(shuffled)}
 
 
+class Deal(StrEnum):
+    """How a sample's jobs are dealt to organizations (SPAA: "we uniformly distributed the user
+    identifiers between the organizations"; it also tried jobs dealt uniformly)."""
+
+    users = "users"
+    """each user to an organization, shuffled then dealt round-robin (balanced)"""
+    independent_users = "independent-users"
+    """each user to an organization drawn uniformly and independently"""
+    jobs = "jobs"
+    """each job to an organization, shuffled then dealt round-robin, whoever submitted it"""
+
+
+def deal_jobs(users: np.ndarray, n_orgs: int, seed: int, deal: Deal) -> np.ndarray:
+    """One organization per job of ``users`` (the window's jobs' users), as ``deal`` says."""
+    rng = np.random.default_rng(seed)
+    if deal == Deal.jobs:
+        return rng.permutation(len(users)) % n_orgs
+    distinct = np.unique(users)
+    if deal == Deal.independent_users:
+        org_of = dict(
+            zip(distinct.tolist(), rng.integers(0, n_orgs, distinct.size).tolist(), strict=True)
+        )
+    else:
+        org_of = assign_users(users, n_orgs, seed)
+    return np.array([org_of[int(u)] for u in users.tolist()], dtype=np.int64)
+
+
 def local_users(users: Collection[int], fraction: float, seed: int | Sequence[int]) -> set[int]:
     """Scenario 3's local users: each of ``users`` independently with probability ``fraction``.
 
@@ -224,10 +252,12 @@ def build_workload(
     unit_s: int | None = None,
     label: str = "",
     local: Collection[int] = (),
+    job_orgs: np.ndarray | None = None,
 ) -> Workload:
     """The jobs submitted in ``[start_s, start_s + window_s)``, split into sequential pieces.
 
     Jobs of the users in ``local`` become the background load (never cut into pieces).
+    ``job_orgs`` (one organization per job of the window) deals jobs rather than users.
     """
     if window_s < 1:
         raise ValueError(f"window = {window_s} s: must be at least 1 s")
@@ -236,7 +266,11 @@ def build_workload(
     lo, hi = np.searchsorted(trace.submit_s, [start_s, start_s + window_s], side="left")
     users = trace.user[lo:hi]
     orgs = np.empty(hi - lo, dtype=np.int64)
-    for i, u in enumerate(users.tolist()):
+    if job_orgs is not None:
+        if len(job_orgs) != hi - lo:
+            raise ValueError(f"{len(job_orgs)} organizations for the window's {hi - lo} jobs")
+        orgs[:] = job_orgs
+    for i, u in enumerate(users.tolist() if job_orgs is None else ()):
         o = org_of_user.get(u)
         if o is None:
             raise ValueError(

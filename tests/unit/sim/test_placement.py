@@ -11,11 +11,14 @@ import pytest
 from gmd.fairness.placement import Strategy
 from gmd.sim.placement import (
     FALB_APPS_PER_TENANT,
+    FALB_POLICIES,
     FALB_TENANTS,
     App,
+    Arrival,
     Order,
     Policy,
     Scenario,
+    Tie,
     falb_apps,
     falb_experiment,
     simulate_placement,
@@ -101,6 +104,33 @@ def test_falb_experiment_reports_each_policy_with_an_interval() -> None:
         # no schedule can beat the work over the cluster's cores: 200 apps' core-seconds / 136
         work = FALB_APPS_PER_TENANT * sum(c * t for _n, c, _m, t in FALB_TENANTS)
         assert r.makespan_s.mean >= work / 136
-    # Fig. 2's claim, on these seeds: FALB finishes the batch sooner than YuniKorn and FA-YK
-    assert by["FALB-3"].makespan_s.mean < by["YuniKorn"].makespan_s.mean
-    assert by["FALB-2"].makespan_s.mean < by["FA-YK"].makespan_s.mean
+    # Fig. 2's claim is judged by the protocol (docs/reproduction.md), over its 40 seeds and
+    # the paper's own inputs, not here on four seeds.
+
+
+def test_the_stream_arrives_interleaved_or_tenant_after_tenant() -> None:
+    def tenants(arrival: Arrival) -> list[int]:
+        apps = falb_apps(Scenario.stream, np.random.default_rng(0), arrival=arrival)
+        return [a.tenant for a in sorted(apps, key=lambda a: a.submit_s)]
+
+    assert tenants(Arrival.sequential) == sorted(tenants(Arrival.sequential))
+    assert tenants(Arrival.interleaved) != sorted(tenants(Arrival.interleaved))
+    assert sorted(tenants(Arrival.interleaved)) == tenants(Arrival.sequential)
+
+
+def test_a_random_tie_break_picks_among_equal_nodes_only() -> None:
+    """Two empty identical nodes and a third too small: a random tie goes to either of the
+    two, never the third; ``lowest`` always to the first."""
+    capacity = [(4, 4), (4, 4), (1, 1)]
+    apps = [App(0, (2, 2), 10.0, 0.0)]
+    policy = FALB_POLICIES[0]
+    chosen = {
+        simulate_placement(
+            capacity, apps, 1, policy, tie=Tie.random, rng=np.random.default_rng(s)
+        ).nodes[0]
+        for s in range(40)
+    }
+    assert chosen == {0, 1}
+    assert simulate_placement(capacity, apps, 1, policy).nodes[0] == 0
+    with pytest.raises(ValueError, match="random generator"):
+        simulate_placement(capacity, apps, 1, policy, tie=Tie.random)
