@@ -34,7 +34,7 @@ from gmd import OptionError
 from gmd.render import FORMATS, Column, csv_text, json_text, table_text
 from gmd.sim.bootstrap import DEFAULT_CONFIDENCE, Ordering, Statistic, orderings
 from gmd.sim.experiment import ExperimentConfig, ExperimentResult, run_experiment
-from gmd.sim.placement import PolicyResult, Scenario
+from gmd.sim.placement import FalbInputs, PolicyResult, Scenario
 from gmd.sim.policies import parse_policy
 from gmd.sim.workload import PROCESSOR_MODES, read_assignment
 
@@ -250,9 +250,7 @@ def shown(result: ExperimentResult, resamples: int = 0, contention: float = 0.0)
     return Shown(rows, columns, caption, document, more)
 
 
-def placement_shown(
-    results: Sequence[PolicyResult], scenario: Scenario, seeds: int, jitter: float
-) -> Shown:
+def placement_shown(results: Sequence[PolicyResult], inputs: FalbInputs, seeds: int) -> Shown:
     """FALB's experiment (:func:`gmd.sim.placement.falb_experiment`) as ``gmd-admin
     simulate-placement`` shows it: per policy, each figure's mean over the seeds and its 95 %
     interval's half-width."""
@@ -272,11 +270,24 @@ def placement_shown(
             estimate = getattr(r, key)
             row[key], row[f"{key}_ci95"] = estimate.mean, estimate.half_width
         rows.append(row)
-    caption = (
-        f"FALB (Chen & Lai), {scenario.value} scenario: Table 3's 4 tenants × 50 applications on"
-        f" Table 1's nine workers; {seeds} seeds, run times ±{jitter:.0%}. Mean ± 95 % interval."
+    stream = (
+        f", arriving {inputs.arrival.value} {inputs.gap_s:g} s apart"
+        if inputs.scenario == Scenario.stream
+        else ""
     )
-    config = {"scenario": scenario.value, "seeds": seeds, "jitter": jitter}
+    caption = (
+        f"FALB (Chen & Lai), {inputs.scenario.value} scenario{stream}: Table 3's 4 tenants × 50"
+        f" applications on Table 1's nine workers; {seeds} seeds, run times ±{inputs.jitter:.0%},"
+        f" ties to the {inputs.tie.value} node. Mean ± 95 % interval."
+    )
+    config = {
+        "scenario": inputs.scenario.value,
+        "seeds": seeds,
+        "jitter": inputs.jitter,
+        "arrival": inputs.arrival.value,
+        "gap_s": inputs.gap_s,
+        "tie": inputs.tie.value,
+    }
     return Shown(rows, columns, caption, {"config": config, "policies": _finite(rows)})
 
 

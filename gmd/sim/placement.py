@@ -19,9 +19,12 @@ application, the next to place). What the run records: the total execution time 
 completion), each placement's utilisation gap and the cluster's deviation after it, and the
 tenants' RRDF over time.
 
-Everything here is deterministic given its inputs; :func:`falb_experiment` varies the stream's
-arrival order and the run times (±``jitter``) by seed and reports means with 95 % confidence
-intervals.
+Everything here is deterministic given its inputs. The paper leaves some inputs open, and each
+is a choice of :class:`FalbInputs`: whether run times vary (±``jitter``), in what order the
+stream arrives (:class:`Arrival`) and how fast, how ties between nodes break (:class:`Tie`).
+:func:`falb_runs` runs every policy on one seed's applications, :func:`falb_experiment` many
+seeds with means and 95 % confidence intervals; docs/reproduction.md shows which of these
+choices decide whether FALB beats YuniKorn.
 """
 
 from __future__ import annotations
@@ -330,17 +333,13 @@ def falb_runs(
 
 
 def falb_experiment(
-    scenario: Scenario,
-    *,
-    seeds: int = 10,
-    jitter: float = 0.1,
-    policies: Sequence[Policy] = FALB_POLICIES,
+    inputs: FalbInputs, *, seeds: int = 10, policies: Sequence[Policy] = FALB_POLICIES
 ) -> list[PolicyResult]:
     """FALB's experiment on Table 1's nodes and Table 3's tenants, every policy on the same
-    applications for each seed."""
+    applications for each seed (0 … seeds − 1)."""
     per: dict[str, list[Run]] = {p.name: [] for p in policies}
     for seed in range(seeds):
-        for name, run in falb_runs(FalbInputs(scenario, jitter), seed, policies).items():
+        for name, run in falb_runs(inputs, seed, policies).items():
             per[name].append(run)
     return [
         PolicyResult(

@@ -61,6 +61,9 @@ class Study:
     background: float = 0.0
     variant_of: str | None = None
     deal: Deal = Deal.users
+    processor_scale: float = 1.0
+    """the log's processors (its MaxProcs, else its peak use) times this, when
+    ``total_processors`` is not given"""
     falb: FalbInputs | None = None
     primary: bool = False
     claims: tuple[tuple[str, str], ...] = ()
@@ -236,6 +239,9 @@ def _cloudshare(raw: Mapping[str, Any], seeds: tuple[int, ...]) -> tuple[Study, 
                 processors=s.get("processors", "equal"),
                 unit_s=s.get("unit_s"),
                 background=float(s.get("background", 0.0)),
+                variant_of=s.get("variant_of"),
+                deal=Deal(s.get("deal", Deal.users.value)),
+                processor_scale=float(s.get("processor_scale", 1.0)),
             )
         )
     return tuple(out)

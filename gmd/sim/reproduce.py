@@ -29,7 +29,7 @@ from gmd.sim.command import is_contended
 from gmd.sim.experiment import ExperimentConfig, ExperimentResult, run_experiment
 from gmd.sim.placement import falb_runs
 from gmd.sim.protocol import SHIPPED, Kind, Protocol, Study, load_protocol
-from gmd.sim.swf import Trace, read_swf
+from gmd.sim.swf import Trace, peak_processors, read_swf
 from gmd.sim.workload import Deal
 
 REPO = Path(__file__).resolve().parents[2]
@@ -123,7 +123,7 @@ def run_study(
             if trace not in traces:
                 traces[trace] = read_swf(trace_path(trace, pwa, protocol))
             result = run_experiment(
-                _config(study, seed, trace), workers=workers, trace=traces[trace]
+                _config(study, seed, trace, traces[trace]), workers=workers, trace=traces[trace]
             )
             run = experiment_run(
                 result, "unfairness" if study.kind == Kind.spaa else "cloudshare_unfairness"
@@ -143,11 +143,15 @@ def _fingerprint(study: Study) -> str:
         study.total_processors, study.processors, study.unit_s, study.background, study.falb,
     )  # fmt: skip
     deal = f" deal={study.deal.value}" if study.deal != Deal.users else ""
+    deal += f" scale={study.processor_scale:g}" if study.processor_scale != 1.0 else ""
     return repr(fields) + deal + (f" v{FALB_FORMAT}" if study.kind == Kind.falb else "")
 
 
-def _config(study: Study, seed: int, trace: str) -> ExperimentConfig:
+def _config(study: Study, seed: int, trace: str, log: Trace) -> ExperimentConfig:
     cloudshare = study.kind == Kind.cloudshare
+    total = study.total_processors
+    if total is None and study.processor_scale != 1.0:
+        total = round(study.processor_scale * (log.max_procs or peak_processors(log)))
     return ExperimentConfig(
         trace=trace,
         window_s=study.window_s,
@@ -156,7 +160,7 @@ def _config(study: Study, seed: int, trace: str) -> ExperimentConfig:
         policies=study.policies if cloudshare else ("Ref", *study.policies),
         seed=seed,
         processors=study.processors,
-        total_processors=study.total_processors,
+        total_processors=total,
         unit_s=study.unit_s,
         cloudshare=cloudshare,
         reference=not cloudshare,

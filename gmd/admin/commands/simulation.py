@@ -22,7 +22,7 @@ from gmd.admin.common import load_config, reading, times
 from gmd.admin.output import Listing, Output, View, emit, output_options
 from gmd.common.cli import ExitCode, choice, fail
 from gmd.fairness.scenarios import SCENARIOS
-from gmd.sim.placement import Scenario
+from gmd.sim.placement import Arrival, Scenario, Tie
 
 if TYPE_CHECKING:
     from gmd.sim.command import Shown
@@ -360,8 +360,8 @@ def simulate_placement_command(
         typer.Option(
             parser=choice(Scenario),
             metavar="batch|stream",
-            help="batch: every application submitted at once; stream: one a second, the"
-            " tenants' applications interleaved at random.",
+            help="batch: every application submitted at once; stream: one after another,"
+            " --gap seconds apart, in the --arrival order.",
         ),
     ] = Scenario.batch,
     seeds: Annotated[
@@ -369,8 +369,33 @@ def simulate_placement_command(
     ] = 20,
     jitter: Annotated[
         float,
-        typer.Option(min=0.0, max=0.9, help="Each run time varied by up to this fraction."),
+        typer.Option(
+            min=0.0,
+            max=0.9,
+            help="Each run time varied by up to this fraction (0: Table 3's exact times).",
+        ),
     ] = 0.1,
+    arrival: Annotated[
+        Arrival,
+        typer.Option(
+            parser=choice(Arrival),
+            metavar="interleaved|sequential",
+            help="The stream's order: the tenants' applications shuffled together, or tenant"
+            ' after tenant in Table 3\'s order (the paper says only "sequentially").',
+        ),
+    ] = Arrival.interleaved,
+    gap: Annotated[
+        float, typer.Option(min=0.0, max=3600.0, help="Seconds between two arrivals of the stream.")
+    ] = 1.0,
+    tie: Annotated[
+        Tie,
+        typer.Option(
+            parser=choice(Tie),
+            metavar="lowest|random",
+            help="Which of equally scored nodes gets an application: the first of Table 1's, or"
+            " one at random.",
+        ),
+    ] = Tie.lowest,
     *,
     out: Output,
 ) -> None:
@@ -384,10 +409,11 @@ def simulate_placement_command(
     those of gmd's Nova weigher (docs/nova.md); docs/reproduction.md compares with the paper.
     """
     from gmd.sim.command import placement_shown
-    from gmd.sim.placement import falb_experiment
+    from gmd.sim.placement import FalbInputs, falb_experiment
 
-    results = falb_experiment(scenario, seeds=seeds, jitter=jitter)
-    emit_policies(placement_shown(results, scenario, seeds, jitter), "gmd simulate-placement", out)
+    inputs = FalbInputs(scenario, jitter, arrival, gap, tie)
+    results = falb_experiment(inputs, seeds=seeds)
+    emit_policies(placement_shown(results, inputs, seeds), "gmd simulate-placement", out)
 
 
 def emit_policies(table: Shown, title: str, out: Output) -> None:

@@ -25,6 +25,8 @@ from gmd.sim.report import Verdict, draws, pairs
 from gmd.sim.reproduce import PROTOCOL, RESULTS, run_study
 
 RESOLVED_AS_THE_PAPER = {
+    ("ORIG_DIRECT", "FairShare"),
+    ("ORIG_DIRECT", "UtFairShare"),
     ("ORIG_DIRECT", "RoundRobin"),
     ("FairShare", "RoundRobin"),
     ("UtFairShare", "RoundRobin"),

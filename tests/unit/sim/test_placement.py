@@ -15,6 +15,7 @@ from gmd.sim.placement import (
     FALB_TENANTS,
     App,
     Arrival,
+    FalbInputs,
     Order,
     Policy,
     Scenario,
@@ -96,7 +97,7 @@ def test_the_papers_workload() -> None:
 
 
 def test_falb_experiment_reports_each_policy_with_an_interval() -> None:
-    results = falb_experiment(Scenario.batch, seeds=4)
+    results = falb_experiment(FalbInputs(Scenario.batch), seeds=4)
     by = {r.policy: r for r in results}
     assert set(by) == {"YuniKorn", "FA-YK", "FALB-2", "FALB-3", "k8s-balanced"}
     for r in results:
