@@ -185,8 +185,9 @@ def _n(value: float, digits: int = 1) -> str:
     return f"{value:,.{digits}f}".replace("-", "−")
 
 
-def _name(policy: str) -> str:
-    return {"ORIG_DIRECT": "DirectContr (ψ)"}.get(policy, policy)
+def _name(policy: str, kind: Kind = Kind.spaa) -> str:
+    """SPAA calls ORIG_DIRECT DirectContr (with ψ); CloudShare calls it ORIG_DIRECT."""
+    return {"ORIG_DIRECT": "DirectContr (ψ)"}.get(policy, policy) if kind == Kind.spaa else policy
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]], right_from: int = 1) -> str:
@@ -204,7 +205,7 @@ def pairs_table(study: Study, found: Sequence[Pair], unit: str, digits: int) -> 
             interval = f"**{interval}**"
         rows.append(
             [
-                f"{_name(p.first)} – {_name(p.second)}",
+                f"{_name(p.first, study.kind)} – {_name(p.second, study.kind)}",
                 interval,
                 p.verdict.value,
                 f"{p.seeds_as} · {p.seeds_against}",
@@ -219,21 +220,23 @@ def pairs_table(study: Study, found: Sequence[Pair], unit: str, digits: int) -> 
     return _table(header, rows, right_from=4)
 
 
-def verdict_summary(found: Sequence[Pair]) -> str:
+def verdict_summary(study: Study, found: Sequence[Pair]) -> str:
     """One sentence per verdict, naming the pairs: the prose the table backs."""
     parts = []
     for verdict in Verdict:
-        names = [f"{_name(p.first)} – {_name(p.second)}" for p in found if p.verdict == verdict]
+        names = [_pair_name(study, p) for p in found if p.verdict == verdict]
         if names:
             parts.append(f"{verdict.value.capitalize()} ({len(names)}): {', '.join(names)}.")
-    flips = [
-        f"{_name(p.first)} – {_name(p.second)}" for p in found if p.seeds_as and p.seeds_against
-    ]
+    flips = [_pair_name(study, p) for p in found if p.seeds_as and p.seeds_against]
     if flips:
         parts.append(
             f"Resolved one way on some seeds and the other way on others: {', '.join(flips)}."
         )
     return "\n".join(f"- {p}" for p in parts)
+
+
+def _pair_name(study: Study, p: Pair) -> str:
+    return f"{_name(p.first, study.kind)} – {_name(p.second, study.kind)}"
 
 
 def spaa_block(study: Study, runs: Sequence[Mapping[str, Any]], protocol: Protocol) -> str:
@@ -269,7 +272,7 @@ def spaa_block(study: Study, runs: Sequence[Mapping[str, Any]], protocol: Protoc
         f"{study.total_processors} processors ({study.processors}), {study.orgs} organizations."
     )
     return "\n\n".join(
-        [head, means, pairs_table(study, found, "(Δψ/p)", 1), verdict_summary(found)]
+        [head, means, pairs_table(study, found, "(Δψ/p)", 1), verdict_summary(study, found)]
     )
 
 
@@ -341,7 +344,7 @@ def cloudshare_block(study: Study, runs: Sequence[Mapping[str, Any]], protocol: 
     for p in order:
         rows.append(
             [
-                _name(p),
+                p,
                 _n(study.paper.get(p, math.nan), 0),
                 _n(study.paper.get(p, math.nan) / paper_total, 3),
                 *[str(points[t][p]) for t in traces],
@@ -368,7 +371,7 @@ def cloudshare_block(study: Study, runs: Sequence[Mapping[str, Any]], protocol: 
     found = pairs(study, d, protocol)
     return "\n\n".join(
         [head, table, pairs_table(study, found, "(share of wins less losses)", 3),
-         verdict_summary(found)]
+         verdict_summary(study, found)]
     )  # fmt: skip
 
 
@@ -402,7 +405,7 @@ def cloudshare_gap_block(protocol: Protocol, results: Mapping[str, Any]) -> str:
     header = [
         "variant (one change from the base)",
         "contended",
-        "share of points: " + " · ".join(_name(p) for p in order),
+        "share of points: " + " · ".join(order),
         "off the paper's shares",
         "pairs: " + " · ".join(v.value for v in Verdict),
     ]
