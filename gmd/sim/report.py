@@ -56,6 +56,9 @@ class Pair:
     seeds: int
     draws: int
     """contended draws pooled"""
+    corrected: bool = False
+    """still resolved by the interval at the Bonferroni level for the study's pairs
+    (1 − (1 − confidence) / pairs): what survives asking every pair at once"""
 
     @property
     def resolved(self) -> bool:
@@ -147,11 +150,13 @@ def pairs(study: Study, d: Draws, protocol: Protocol) -> list[Pair]:
         for s in np.unique(seeds)
     }
     tail = (1 - protocol.confidence) / 2
+    strict = tail / len(wanted)
     out = []
     for a, b, sign in wanted:
         ia, ib = d.policies.index(a), d.policies.index(b)
         diff = differences(values, ia, ib, stat)
         low, high = _interval(diff, index, tail)
+        low_strict, high_strict = _interval(diff, index, strict)
         seeds_as = seeds_against = 0
         for s, idx in per_seed.items():
             mine = diff[seeds == s]
@@ -165,7 +170,7 @@ def pairs(study: Study, d: Draws, protocol: Protocol) -> list[Pair]:
                     seeds_against += 1
         out.append(
             Pair(a, b, sign, float(diff.mean()), low, high, seeds_as, seeds_against,
-                 len(np.unique(d.seed)), int(values.shape[0]))
+                 len(np.unique(d.seed)), int(values.shape[0]), low_strict > 0 or high_strict < 0)
         )  # fmt: skip
     return out
 
@@ -208,6 +213,7 @@ def pairs_table(study: Study, found: Sequence[Pair], unit: str, digits: int) -> 
                 f"{_name(p.first, study.kind)} – {_name(p.second, study.kind)}",
                 interval,
                 p.verdict.value,
+                ("yes" if p.corrected else "no") if p.resolved else "–",
                 f"{p.seeds_as} · {p.seeds_against}",
             ]
         )
@@ -215,6 +221,7 @@ def pairs_table(study: Study, found: Sequence[Pair], unit: str, digits: int) -> 
         "A – B (A better in the paper)",
         f"ours: A's advantage per contended draw {unit} [95 % interval]",
         "verdict",
+        f"resolved at 95 % over all {len(found)} pairs (Bonferroni)",
         f"seeds alone: as · against (of {found[0].seeds if found else 0})",
     ]
     return _table(header, rows, right_from=4)
@@ -227,6 +234,12 @@ def verdict_summary(study: Study, found: Sequence[Pair]) -> str:
         names = [_pair_name(study, p) for p in found if p.verdict == verdict]
         if names:
             parts.append(f"{verdict.value.capitalize()} ({len(names)}): {', '.join(names)}.")
+    weak = [_pair_name(study, p) for p in found if p.resolved and not p.corrected]
+    if weak:
+        parts.append(
+            f"Resolved, but not once corrected for the {len(found)} pairs asked together:"
+            f" {', '.join(weak)}."
+        )
     flips = [_pair_name(study, p) for p in found if p.seeds_as and p.seeds_against]
     if flips:
         parts.append(

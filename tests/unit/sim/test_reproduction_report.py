@@ -138,3 +138,14 @@ def test_deals_keep_a_users_jobs_together_or_balance_the_jobs() -> None:
     jobs = np.bincount(deal_jobs(users, 3, 11, Deal.jobs), minlength=3)
     assert jobs.max() - jobs.min() <= 1 and jobs.sum() == users.size
     assert len(set(deal_jobs(users, 3, 11, Deal.jobs)[users == 0].tolist())) > 1
+
+
+def test_the_bonferroni_column_never_resolves_what_the_interval_does_not() -> None:
+    protocol = parse_protocol(protocol_text(), DIGEST)
+    study = protocol.study("s")
+    seen = set()
+    for effect in (0.0, 0.3, 0.6, 1.0, 5.0):
+        for p in pairs(study, draws(runs_with([effect] * 8)), protocol):
+            assert not (p.corrected and not p.resolved)
+            seen.add((p.resolved, p.corrected))
+    assert (True, True) in seen and (False, False) in seen
