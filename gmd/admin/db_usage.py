@@ -17,6 +17,7 @@ from sqlalchemy import Connection, Table, func, select, text
 from sqlalchemy.exc import OperationalError
 
 from gmd.common.timespec import iso
+from gmd.common.units import DAY_S
 from gmd.daemon.config import RetentionConfig
 from gmd.daemon.ledger import partitions, sample_store
 from gmd.daemon.ledger.models import SEEN_PERIOD_S, Base
@@ -94,11 +95,11 @@ def usage(
                 if unseen:  # its last sample may have come up to a marking period later
                     end = oldest + SEEN_PERIOD_S
                 elif whole_days:
-                    end = (oldest // partitions.DAY_S + 1) * partitions.DAY_S
+                    end = (oldest // DAY_S + 1) * DAY_S
                 else:
                     end = oldest
                 cutoff = unseen_s if unseen else due.raw_s if table in RAW_TABLES else due.ledger_s
-                when = end + kept * 86400
+                when = end + kept * DAY_S
                 if when > now:
                     next_purge = iso(when)
                 elif cutoff is not None and end <= cutoff:

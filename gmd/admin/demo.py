@@ -55,6 +55,7 @@ import httpx
 
 from gmd import GmdError
 from gmd.common.timespec import iso
+from gmd.common.units import DAY_S
 from gmd.traces import TraceError, trace_extent, trace_file, trace_ranges
 
 MARKER = ".gmd-demo"
@@ -141,7 +142,7 @@ def plan_cloud(
     placement = {name: names[i % hosts] for i, name in enumerate(traces)}
     now = time.time() if now_s is None else now_s
     end = math.floor(now / interval_s) * interval_s
-    start = end - max(1, round(days * 86400 / interval_s)) * interval_s
+    start = end - max(1, round(days * DAY_S / interval_s)) * interval_s
     cores = dict.fromkeys(names, float(cores_per_host))
     if hosts > 1:
         cores[names[0]] = cores_per_host * BUSY_HOST_SHARE
@@ -163,11 +164,11 @@ def check_coverage(traces: Path, cloud: Cloud, days: float) -> None:
         if found:
             covered = min(covered, max(e[1] for e in found) - min(e[0] for e in found))
     if covered < cloud.end_s - cloud.start_s:
-        most = math.floor(max(covered, 0) / cloud.interval_s) * cloud.interval_s / 86400
+        most = math.floor(max(covered, 0) / cloud.interval_s) * cloud.interval_s / DAY_S
         shipped = " (the demo's own, the first days of GWA-T-12 Rnd)"
         raise DemoError(
             f"--days {days:g}: the traces in {traces}{shipped if traces == PACKAGED_TRACES else ''}"
-            f" cover {max(covered, 0) / 86400:.2f} days: give --days"
+            f" cover {max(covered, 0) / DAY_S:.2f} days: give --days"
             f" {math.floor(most * 100) / 100:g} or fewer, or --traces DIR with longer traces"
         )
 
@@ -257,7 +258,7 @@ def write_configs(
         f"interval_s = {cloud.interval_s}",
         "grace_s = 30",
         "# balances halve every day: a few days of replay show levels rising and falling",
-        "half_life_s = 86400",
+        f"half_life_s = {DAY_S}",
         "",
         "[daemon]",
         'bind = "127.0.0.1"',
@@ -265,7 +266,7 @@ def write_configs(
         'auth = "token"',
         "accounting = false",
         "# the replay posts days-old intervals: take them however long the replay runs",
-        f"max_late_s = {cloud.end_s - cloud.start_s + 86400}",
+        f"max_late_s = {cloud.end_s - cloud.start_s + DAY_S}",
         "",
         "[enforcement]",
         'mode = "dry-run"',
@@ -476,7 +477,7 @@ def replay(layout: Layout, cloud: Cloud, port: int, out: TextIO) -> float:
                     + _tail(path)
                 )
             stored = stored_batches(port)
-            days = stored / len(cloud.hosts) * cloud.interval_s / 86400
+            days = stored / len(cloud.hosts) * cloud.interval_s / DAY_S
             bar.update(stored, f"({days:.1f} simulated days)")
             if not running:
                 break
@@ -624,7 +625,7 @@ def run(
     print(
         f"gmd demo: {len(names)} Bitbrains VMs of {len(customers)} customers"
         f" ({', '.join(customers)}) on {hosts} simulated hosts of {cores_per_host:g} cores{small},"
-        f" replaying the {cloud.intervals * cloud.interval_s / 86400:.3g} days up to"
+        f" replaying the {cloud.intervals * cloud.interval_s / DAY_S:.3g} days up to"
         f" {iso(cloud.end_s)}\n  files: {layout.root} (configuration: {layout.config.name})",
         file=out,
         flush=True,
@@ -683,7 +684,7 @@ def run(
     return {
         "vms": len(names),
         "hosts": hosts,
-        "simulated_days": cloud.intervals * cloud.interval_s / 86400,
+        "simulated_days": cloud.intervals * cloud.interval_s / DAY_S,
         "intervals": accounted,
         "batches": cloud.intervals * hosts,
         "replay_s": round(replay_s, 2),

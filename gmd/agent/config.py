@@ -42,6 +42,7 @@ from gmd.common.config import (
     relative_to_file,
 )
 from gmd.common.timespec import parse_time
+from gmd.common.units import DAY_S
 from gmd.traces import TraceError, trace_file, trace_ranges
 
 
@@ -103,7 +104,7 @@ class Agent(Table):
         60,
         "accounting interval: must equal the daemon's ``accounting.interval_s``",
         1,
-        86400,
+        DAY_S,
         whole=True,
         unit="seconds",
     )
@@ -154,11 +155,11 @@ class Agent(Table):
         " (< ``interval_s``; ``0``, and replays: at once). The daemon's"
         " ``accounting.grace_s`` must exceed it",
         0,
-        86400,
+        DAY_S,
         shown="``20``, or ``interval_s / 3`` when that is shorter",
     )
     describe_every_s = Number(
-        300.0, "re-read each domain's XML (owner, flavor, devices) this often", 1, 86400
+        300.0, "re-read each domain's XML (owner, flavor, devices) this often", 1, DAY_S
     )
     reconnect_max_s = Number(
         60.0, "longest wait between libvirt reconnection attempts (1 s, doubling)", 1, 3600
@@ -172,7 +173,7 @@ class Agent(Table):
         30.0,
         "fetch and apply the plan this often (at most once per tick; ``0``: every tick)",
         0,
-        86400,
+        DAY_S,
     )
     enforcement_state_path = Option(
         None,

@@ -29,6 +29,7 @@ from gmd.agent.collect.replay import (
 )
 from gmd.agent.config import AgentConfig
 from gmd.common.timespec import iso
+from gmd.common.units import DAY_S
 from gmd.traces import TraceError, read_trace, trace_names, trace_paths, traces_digest
 
 if TYPE_CHECKING:
@@ -81,7 +82,7 @@ def replay_from_config(
         config.host,
         iso(clock.start_s),
         iso(clock.end_s),
-        (clock.end_s - clock.start_s) / 86400,
+        (clock.end_s - clock.start_s) / DAY_S,
         clock.trace_start_s,
         "as fast as possible" if clock.speed is None else f"{clock.speed:g}× real time",
         collector.resources().cpu_cores,

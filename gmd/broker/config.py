@@ -24,6 +24,7 @@ from gmd.common.config import (
     read_document,
     relative_to_file,
 )
+from gmd.common.units import DAY_S
 from gmd.daemon.config import default_database_url
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")
@@ -147,14 +148,14 @@ class BrokerOpenStack(Table):
         "a server not ACTIVE this long after its boot was asked for is deleted and its request"
         " fails here",
         1,
-        86400,
+        DAY_S,
     )
     pause_s = Number(
         60.0,
         "after a boot failed (refused, ERROR, too slow), the site offers nothing for this long,"
         " so that the request goes to another site rather than fail here again",
         0,
-        86400,
+        DAY_S,
     )
 
 

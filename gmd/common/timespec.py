@@ -12,9 +12,10 @@ import re
 from datetime import UTC, datetime
 
 from gmd import OptionError
+from gmd.common.units import DAY_S, HOUR_S, MINUTE_S, WEEK_S
 
 _RELATIVE = re.compile(r"^now(?:-(\d+(?:\.\d+)?)([smhdw]))?$")
-_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_UNIT_S = {"s": 1, "m": MINUTE_S, "h": HOUR_S, "d": DAY_S, "w": WEEK_S}
 
 
 class NotATime(OptionError):

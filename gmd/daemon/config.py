@@ -35,6 +35,7 @@ from gmd.common.config import (
     default_state_dir,
     read_document,
 )
+from gmd.common.units import DAY_S, WEEK_S
 from gmd.fairness.cloud import ConsumerMode, EndowmentMode
 from gmd.fairness.decay import DEFAULT_HALF_LIFE_S
 from gmd.fairness.directcontr import Utility
@@ -77,7 +78,7 @@ class Accounting(Table):
     name = "accounting"
 
     interval_s = Count(
-        60, "length of one accounting interval", 1, 86400, whole=True, unit="seconds"
+        60, "length of one accounting interval", 1, DAY_S, whole=True, unit="seconds"
     )
     grace_s = Count(
         45,
@@ -85,7 +86,7 @@ class Accounting(Table):
         " more than the agents' ``post_jitter_s`` (20) plus the 25 s a post may take to be"
         " stored; what arrives later is kept as late and changes nothing",
         0,
-        86400,
+        DAY_S,
     )
     gamma = Number(
         0.5, "γ: how much of the resources a VM cedes is credited (the GM paper: 0.5)", 0.0, 1.0
@@ -263,7 +264,7 @@ class Daemon(Table):
         "batches for intervals that end more than this far in the future are refused (425: the"
         " agent keeps them and sends them again)",
         0,
-        86400,
+        DAY_S,
     )
     max_batch_vms = Count(
         2000,
@@ -301,10 +302,10 @@ class Daemon(Table):
         10.0, "how often the accountant looks for intervals past their grace", 0.01, 3600
     )
     max_late_s = Count(
-        7 * 86400,
+        WEEK_S,
         "batches for intervals that ended longer ago than this are refused (422)",
         60,
-        366 * 86400,
+        366 * DAY_S,
         shown="``604800`` (7 days)",
     )
     plausibility_margin = Number(
@@ -406,7 +407,7 @@ class Enforcement(Table):
         "and left only when the score falls below ``leave[k-1]`` (< ``enter[k-1]``: hysteresis)",
     )
     dwell_s = Number(
-        ThrottlePolicy.dwell_s, "seconds a level is held before it may change", 0, 30 * 86400
+        ThrottlePolicy.dwell_s, "seconds a level is held before it may change", 0, 30 * DAY_S
     )
     max_step = Count(ThrottlePolicy.max_step, "at most this many levels per decision", 1, 100)
     priority_weight = Number(
@@ -506,7 +507,7 @@ class Quota(Table):
     floor_cores = Count(1, "never fewer cores than this (-1: never lower them)", -1, 10**9)
     floor_ram_mb = Count(2048, "never less RAM than this (-1: never lower it)", -1, 10**12)
     floor_instances = Count(1, "never fewer instances than this (-1: never lower them)", -1, 10**9)
-    every_s = Number(60.0, "how often quotas are brought in line with the levels", 1, 86400)
+    every_s = Number(60.0, "how often quotas are brought in line with the levels", 1, DAY_S)
     timeout_s = Number(10.0, "each API request's timeout", 0.1, 600)
     retries = Count(2, "retries of a request (timeouts and 5xx only)", 0, 20)
     names_every_s = Number(
@@ -514,7 +515,7 @@ class Quota(Table):
         "how often customers' project names are read from Keystone (0: never; names then come"
         " from the Nova metadata)",
         0,
-        7 * 86400,
+        WEEK_S,
     )
 
 
@@ -577,10 +578,10 @@ class Retention(Table):
         0,
         1000 * 366,
     )
-    every_s = Number(3600.0, "how often the daemon purges", 1, 7 * 86400)
+    every_s = Number(3600.0, "how often the daemon purges", 1, WEEK_S)
     delete_chunk = Count(10_000, "rows deleted per transaction (SQLite)", 1, 10_000_000)
     max_run_s = Number(
-        60.0, "one purge stops after this long; the next goes on where it stopped", 0.1, 86400
+        60.0, "one purge stops after this long; the next goes on where it stopped", 0.1, DAY_S
     )
 
 
@@ -597,7 +598,7 @@ class RetentionConfig:
 
     def cutoff_s(self, days: float, now_s: float) -> int | None:
         """The time before which rows kept ``days`` days are due; None: kept for ever."""
-        return None if days == 0 else int(now_s - days * 86400)
+        return None if days == 0 else int(now_s - days * DAY_S)
 
 
 PLACEMENT_VERIFY = ("auto", "on", "off")
@@ -623,7 +624,7 @@ class Placement(Table):
         " empty: ``[enforcement.quota] cloud``'s",
     )
     refresh_s = Number(
-        300.0, "how old a host's snapshot may grow before it is read again", 1, 86400
+        300.0, "how old a host's snapshot may grow before it is read again", 1, DAY_S
     )
     timeout_s = Number(
         5.0,
@@ -635,13 +636,13 @@ class Placement(Table):
         30.0,
         "at most one read per host this often for a VM or capacity its snapshot does not vouch for",
         0,
-        86400,
+        DAY_S,
     )
     wait_s = Number(
         900.0,
         "how long accounting waits, past an interval's grace, for its batches stored unverified",
         0,
-        7 * 86400,
+        WEEK_S,
     )
     providers: Option[dict[str, str]] = Option(
         {},
@@ -1068,11 +1069,11 @@ def _retention(r: Reader, daemon: DaemonConfig) -> RetentionConfig:
     )
     # A batch may arrive max_late_s after its interval: its day must still be kept, or the
     # late batch would land in a day already purged.
-    if config.raw_days and config.raw_days * 86400 <= daemon.max_late_s + 86400:
+    if config.raw_days and config.raw_days * DAY_S <= daemon.max_late_s + DAY_S:
         raise r.fail(
             "raw_days",
             f"{config.raw_days:g} days do not outlast [daemon] max_late_s"
-            f" ({daemon.max_late_s / 86400:g} days) by a day: raw data must be kept longer"
+            f" ({daemon.max_late_s / DAY_S:g} days) by a day: raw data must be kept longer"
             " than a batch may arrive late",
         )
     # A summary kept for less than what it sums would leave a span summed nowhere. Raw data

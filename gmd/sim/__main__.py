@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from gmd.common.units import DAY_S
 from gmd.sim.bootstrap import DEFAULT_RESAMPLES
 from gmd.sim.command import DEFAULT_POLICIES, SimulateOptions, pooled_text, run_simulate
 from gmd.sim.policies import policy_names
@@ -13,7 +14,7 @@ from gmd.sim.policies import policy_names
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gmd.sim", description=__doc__)
     parser.add_argument("--trace", help="an .swf or .swf.gz job log (required but with --pool)")
-    parser.add_argument("--window", type=int, default=86400, help="sample length [s]")
+    parser.add_argument("--window", type=int, default=DAY_S, help="sample length [s]")
     parser.add_argument("--samples", type=int, default=10)
     parser.add_argument("--orgs", type=int, default=5, help="number of organizations")
     parser.add_argument(

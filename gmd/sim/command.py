@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from gmd import OptionError
+from gmd.common.units import DAY_S
 from gmd.render import FORMATS, Column, csv_text, json_text, table_text
 from gmd.sim.bootstrap import DEFAULT_CONFIDENCE, Ordering, Statistic, orderings
 from gmd.sim.experiment import ExperimentConfig, ExperimentResult, run_experiment
@@ -59,7 +60,7 @@ class SimulateOptions:
     (:meth:`experiment`)."""
 
     trace: str | Path
-    window_s: int = 86400
+    window_s: int = DAY_S
     samples: int = 10
     organizations: int = 5
     policies: Sequence[str] = ()

@@ -20,6 +20,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from gmd.common.units import DAY_S
 from gmd.sim.placement import FALB_POLICIES, Arrival, FalbInputs, Scenario, Tie
 from gmd.sim.workload import Deal
 
@@ -53,7 +54,7 @@ class Study:
     paper_long: Mapping[str, float] | None = None
     """SPAA's Table 2 (longer windows), for the gap table"""
     windows: int = 0
-    window_s: int = 86400
+    window_s: int = DAY_S
     orgs: int = 5
     total_processors: int | None = None
     processors: str = "equal"

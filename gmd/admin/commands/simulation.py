@@ -21,6 +21,7 @@ from gmd.admin.calculator import (
 from gmd.admin.common import load_config, reading, times
 from gmd.admin.output import Listing, Output, View, emit, output_options
 from gmd.common.cli import ExitCode, choice, fail
+from gmd.common.units import DAY_S
 from gmd.fairness.scenarios import SCENARIOS
 from gmd.sim.placement import Arrival, Scenario, Tie
 
@@ -248,7 +249,7 @@ def simulate_command(
         Path,
         typer.Option(help="A Standard Workload Format job log (.swf or .swf.gz).", metavar="FILE"),
     ],
-    window: Annotated[int, typer.Option(help="Length of each sample, in seconds.")] = 86400,
+    window: Annotated[int, typer.Option(help="Length of each sample, in seconds.")] = DAY_S,
     samples: Annotated[int, typer.Option(help="Number of random windows of the trace.")] = 10,
     orgs: Annotated[int, typer.Option(help="Number of organizations.")] = 5,
     policy: Annotated[

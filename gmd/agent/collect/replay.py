@@ -68,11 +68,12 @@ from gmd.agent.collect.base import (
     Ownership,
     VmReading,
 )
+from gmd.common.units import WEEK_S
 from gmd.traces import Run, Trace, trace_name
 
 log = logging.getLogger(__name__)
 
-DEFAULT_HISTORY_S = 7 * 86400
+DEFAULT_HISTORY_S = WEEK_S
 """Without ``replay_start``, the replay covers the week before now (a Bitbrains trace's length)."""
 UUID_NAMESPACE = uuidlib.UUID("6f1c2a47-2f0e-4c55-9a43-0b6a5d3e7a10")
 """Fixed, so a replayed VM keeps its UUID across runs and machines."""

@@ -9,6 +9,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
+from gmd.common.units import DAY_S
+
 
 class SaidOnce:
     """Remembers what was said, each for ``every_s`` (then it may be said again, so that a
@@ -17,7 +19,7 @@ class SaidOnce:
 
     def __init__(
         self,
-        every_s: float = 86400.0,
+        every_s: float = float(DAY_S),
         most: int = 100_000,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:

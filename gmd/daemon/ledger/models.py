@@ -36,6 +36,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from gmd.common.units import DAY_S
 from gmd.wire import FLAVOR_FIELDS, USAGE_FIELDS
 
 NAMING = {
@@ -182,7 +183,7 @@ class Host(Base):
     last_seen_s: Mapped[int | None] = mapped_column(BigInteger)
 
 
-SEEN_PERIOD_S = 86400
+SEEN_PERIOD_S = DAY_S
 """How stale ``vms.last_seen_s`` and ``customers.last_seen_s`` may be: ingest marks a host's VMs
 and customers seen once in each period of this length (gmd.daemon.ledger.store), so a row's
 last sample came less than this after its ``last_seen_s``, and retention waits this much longer

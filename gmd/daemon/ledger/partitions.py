@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, Engine, text
 
+from gmd.common.units import DAY_S
 from gmd.daemon.ledger.models import PARTITION_PARENT, PARTITION_SCHEMA, PARTITIONED
 
 log = logging.getLogger(__name__)
 
-DAY_S = 86400
 AHEAD_DAYS = 3
 """Days made ahead of today: the daemon runs :func:`make_ahead` hourly, so a day is ready
 long before its first batch."""

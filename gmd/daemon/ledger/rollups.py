@@ -49,6 +49,7 @@ from sqlalchemy import (
     select,
 )
 
+from gmd.common.units import DAY_S, HOUR_S
 from gmd.daemon.ledger.migrate import writer
 from gmd.daemon.ledger.models import BatchState, IntervalState
 from gmd.daemon.ledger.tables import (
@@ -68,8 +69,6 @@ from gmd.daemon.ledger.tables import (
 
 log = logging.getLogger(__name__)
 
-HOUR_S = 3600
-DAY_S = 86400
 PERIODS = (HOUR_S, DAY_S)
 ROLLUP_TABLES = (_periods, _customer_rollups, _resource_rollups, _host_rollups, _org_rollups)
 USED = ("cpu_s", "memory_byte_s", "disk_bytes", "network_bytes")

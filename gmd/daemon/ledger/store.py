@@ -71,6 +71,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.sql.dml import Insert
 
 from gmd import GmdError
+from gmd.common.units import DAY_S
 from gmd.daemon.ledger import sample_store
 from gmd.daemon.ledger.migrate import writer
 from gmd.daemon.ledger.models import (
@@ -79,7 +80,7 @@ from gmd.daemon.ledger.models import (
     IntervalState,
     NameSource,
 )
-from gmd.daemon.ledger.partitions import DAY_S, ensure_days
+from gmd.daemon.ledger.partitions import ensure_days
 from gmd.daemon.ledger.quarantine import quarantine
 from gmd.daemon.ledger.tables import (
     batches as _batches,

@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, and_, false, or_, select
 
-from gmd.daemon.ledger.rollups import DAY_S, HOUR_S
+from gmd.common.units import DAY_S, HOUR_S
 from gmd.daemon.ledger.tables import rollup_periods as _periods
 
 

@@ -31,6 +31,7 @@ from sqlalchemy import Connection, and_, func, or_, select
 
 from gmd import GmdError
 from gmd.common.timespec import iso
+from gmd.common.units import DAY_S, HOUR_S
 from gmd.daemon.config import Config
 from gmd.daemon.enforce.plans import host_caps, host_knobs, others_use, recent_window
 from gmd.daemon.ledger import capabilities, lookup, reset_window
@@ -40,7 +41,6 @@ from gmd.daemon.ledger.models import (
     BatchState,
     IntervalState,
 )
-from gmd.daemon.ledger.rollups import DAY_S, HOUR_S
 from gmd.daemon.ledger.tables import (
     actions as _actions,
     batches as _batches,
@@ -846,9 +846,9 @@ def _duration(seconds: float) -> str:
         return f"{seconds:.0f} s"
     if seconds < 2 * 3600:
         return f"{seconds / 60:.0f} min"
-    if seconds < 2 * 86400:
+    if seconds < 2 * DAY_S:
         return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} days"
+    return f"{seconds / DAY_S:.1f} days"
 
 
 def _hosts_where(caps: list[HostCaps], resource: CapResource) -> str:

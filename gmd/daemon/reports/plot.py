@@ -52,6 +52,7 @@ from matplotlib.figure import Figure
 
 from gmd import OptionError
 from gmd.common.timespec import iso
+from gmd.common.units import DAY_S, HOUR_S
 from gmd.daemon.reports.series import CustomerSeries
 from gmd.fairness.policy import ThrottlePolicy
 from gmd.wire import PlanMode
@@ -170,7 +171,7 @@ def draw(data: CustomerSeries, policy: ThrottlePolicy, mode: str) -> Figure:
     line = data.timeline
     marker = "o" if len(line) <= _MARKERS_UP_TO else None
     end = _dates(line.end_s)
-    points = {0: "intervals", 3600: "points (hourly rollups)", 86400: "points (daily rollups)"}
+    points = {0: "intervals", HOUR_S: "points (hourly rollups)", DAY_S: "points (daily rollups)"}
     fig.suptitle(
         f"gmd ledger: {len(line)} {points[line.resolution_s]} from"
         f" {iso(float(line.start_s[0]))} to {iso(float(line.end_s[-1]))} (UTC)\n{_who(data)}"

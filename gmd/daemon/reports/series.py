@@ -38,11 +38,11 @@ from sqlalchemy import Connection, Select, select
 
 from gmd import GmdError
 from gmd.common.timespec import iso
+from gmd.common.units import DAY_S, HOUR_S
 from gmd.daemon.ledger.lookup import customer_ids, display_names
 from gmd.daemon.ledger.models import (
     IntervalState,
 )
-from gmd.daemon.ledger.rollups import DAY_S, HOUR_S
 from gmd.daemon.ledger.tables import (
     customer_ledger as _ledger,
     customer_rollups as _customer_rollups,

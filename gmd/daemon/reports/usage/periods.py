@@ -14,6 +14,7 @@ from typing import Any
 
 from sqlalchemy import Connection, case, func, select, union_all
 
+from gmd.common.units import DAY_S, WEEK_S
 from gmd.daemon.ledger import lookup, reset_window
 from gmd.daemon.ledger.tables import (
     actions as _actions,
@@ -36,9 +37,8 @@ from gmd.daemon.reports.usage.common import (
     utc_datetime,
 )
 
-DAY_S = 86400
 # Unix time 0 was a Thursday: shifting by three days makes weeks start on Mondays.
-_PERIODS: dict[str, tuple[int, int]] = {"day": (0, DAY_S), "week": (3 * DAY_S, 7 * DAY_S)}
+_PERIODS: dict[str, tuple[int, int]] = {"day": (0, DAY_S), "week": (3 * DAY_S, WEEK_S)}
 
 
 def _period_columns(unit: str, one_customer: bool) -> tuple[Column, ...]:
