@@ -188,6 +188,42 @@ def decide_levels(
     return LevelDecision(new, np.where(changed, now_s, since), changed, s, target, reasons)
 
 
+@dataclass(frozen=True)
+class CustomerLevels:
+    """One interval's level decisions, customer by customer (:func:`decide_customers`)."""
+
+    customers: tuple[int, ...]
+    before: np.ndarray
+    """each customer's level in force before the decision"""
+    decision: LevelDecision
+    kept: np.ndarray
+    """whose level is kept as a row: those that had one, and those leaving level 0 (a customer
+    that never left level 0 needs none: absent means level 0 since ever)"""
+
+
+def decide_customers(
+    standing: Mapping[int, tuple[float, float]],
+    state: Mapping[int, tuple[int, float]],
+    now_s: float,
+    policy: ThrottlePolicy,
+) -> CustomerLevels:
+    """The step from an interval's standings to the next levels, for every customer with a
+    standing (``customer → (balance, DirectContr priority)``) or a level (``customer →
+    (level, since_s)``): the one the accountant takes after each interval and the what-if
+    replays. A customer with a level but no standing has nothing left to answer for: balance
+    and priority 0."""
+    customers = tuple(sorted(standing.keys() | state.keys()))
+    balance = np.array([standing.get(c, (0.0, 0.0))[0] for c in customers], dtype=np.float64)
+    priority = np.array([standing.get(c, (0.0, 0.0))[1] for c in customers], dtype=np.float64)
+    level = np.array([state.get(c, (0, -math.inf))[0] for c in customers], dtype=np.int64)
+    since = np.array([state.get(c, (0, -math.inf))[1] for c in customers], dtype=np.float64)
+    decision = decide_levels(
+        scores(balance, priority, policy.priority_weight), level, since, now_s, policy
+    )
+    had = np.array([c in state for c in customers], dtype=bool)
+    return CustomerLevels(customers, level, decision, had | (decision.level > 0))
+
+
 def _reason(score: float, cur: int, new: int, target: int, dwelt: bool, p: ThrottlePolicy) -> str:
     if new > cur:
         return f"score {score:.4g} ≥ enter {p.enter[new - 1]:g} of level {new}"

@@ -13,7 +13,6 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
 from sqlalchemy import Connection, insert, select
 
 from gmd.daemon.config import EnforcementConfig
@@ -27,7 +26,7 @@ from gmd.daemon.ledger.tables import (
     customer_ledger as _ledger,
     levels as _levels,
 )
-from gmd.fairness.policy import decide_levels, scores
+from gmd.fairness.policy import decide_customers
 from gmd.wire import PlanMode
 
 log = logging.getLogger(__name__)
@@ -68,16 +67,8 @@ def decide_after_interval(
         r.customer_id: (r.level, r.since_s)
         for r in conn.execute(select(_levels.c.customer_id, _levels.c.level, _levels.c.since_s))
     }
-    customers = sorted(standing.keys() | state.keys())
-    if not customers:
-        return []
-    balance = np.array([standing.get(c, (0.0, 0.0))[0] for c in customers])
-    priority = np.array([standing.get(c, (0.0, 0.0))[1] for c in customers])
-    level = np.array([state.get(c, (0, -np.inf))[0] for c in customers])
-    since = np.array([state.get(c, (0, -np.inf))[1] for c in customers])
-    decision = decide_levels(
-        scores(balance, priority, policy.priority_weight), level, since, end_s, policy
-    )
+    step = decide_customers(standing, state, end_s, policy)
+    decision = step.decision
     rows = [
         {
             "customer_id": c,
@@ -86,9 +77,8 @@ def decide_after_interval(
             "score": float(decision.score[i]),
             "interval_id": interval_id,
         }
-        for i, c in enumerate(customers)
-        # customers who never left level 0 need no row: absent means level 0 since ever
-        if c in state or decision.level[i] > 0
+        for i, c in enumerate(step.customers)
+        if step.kept[i]
     ]
     if rows:
         stmt = upsert(conn, _levels)
@@ -102,12 +92,12 @@ def decide_after_interval(
     changes = [
         LevelChange(
             c,
-            int(level[i]),
+            int(step.before[i]),
             int(decision.level[i]),
             float(decision.score[i]),
             decision.reason[i],
         )
-        for i, c in enumerate(customers)
+        for i, c in enumerate(step.customers)
         if decision.changed[i]
     ]
     if changes:

@@ -5,7 +5,7 @@ been otherwise?" gmd keeps every interval's raw samples for ``retention.raw_days
 level it decided: a what-if replays those intervals through the same pure step accounting
 uses (:func:`gmd.fairness.interval.account_interval`, fed by :func:`read_raw_interval` and
 :func:`assemble` exactly as accounting is), decides levels with the same pure
-:func:`gmd.fairness.policy.decide_levels`, and compares with what was recorded. It never
+:func:`gmd.fairness.policy.decide_customers`, and compares with what was recorded. It never
 writes the ledger, so it can run beside the daemon and again with the same answer.
 
 The replay starts from the standing the ledger recorded before ``--from`` (balances, DirectContr
@@ -54,7 +54,7 @@ from gmd.daemon.ledger.tables import (
 from gmd.daemon.reports.columns import PROJECT, Column
 from gmd.fairness.contended import contended_use
 from gmd.fairness.interval import account_interval
-from gmd.fairness.policy import decide_levels, scores
+from gmd.fairness.policy import decide_customers
 from gmd.wire import PlanMode
 
 CHANGEABLE: Mapping[str, tuple[str, ...]] = {
@@ -376,22 +376,19 @@ def replay(
         }
         if config.enforcement.mode == PlanMode.off:
             continue
-        priority = {int(r["customer_id"]): float(r["priority"]) for r in written.customers}
-        ids = sorted(customers.keys() | state.keys())
-        balance = np.array([customers[c].balance if c in customers else 0.0 for c in ids])
-        prio = np.array([priority.get(c, 0.0) for c in ids])
-        level = np.array([state.get(c, (0, -np.inf))[0] for c in ids])
-        since = np.array([state.get(c, (0, -np.inf))[1] for c in ids])
+        standing = {
+            int(r["customer_id"]): (float(r["balance"]), float(r["priority"]))
+            for r in written.customers
+        }
         end_s = start_s + length_s
-        decision = decide_levels(
-            scores(balance, prio, policy.priority_weight), level, since, end_s, policy
-        )
-        for i, c in enumerate(ids):
-            if c in state or decision.level[i] > 0:
+        decided = decide_customers(standing, state, end_s, policy)
+        decision = decided.decision
+        for i, c in enumerate(decided.customers):
+            if decided.kept[i]:
                 state[c] = (int(decision.level[i]), float(decision.since_s[i]))
             if decision.changed[i]:
                 _customer(out, conn, c).replayed.append(
-                    LevelChange(start_s, end_s, int(level[i]), int(decision.level[i]))
+                    LevelChange(start_s, end_s, int(decided.before[i]), int(decision.level[i]))
                 )
     _compare(conn, out, rows, recorded)
     out.recorded_modes = _recorded_modes(conn, first_s, int(to_s))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import re
 
 import numpy as np
@@ -17,6 +18,7 @@ from gmd.fairness.policy import (
     capped_effect,
     caps_wanted,
     cpu_cap_cores,
+    decide_customers,
     decide_levels,
     for_customer,
     host_contention,
@@ -264,3 +266,18 @@ def test_a_customer_alone_on_the_host_it_contends_keeps_its_caps_withheld() -> N
     assert for_customer(idle, {}, policy) == idle
     always = host_contention([(10.0, 0.0)], [(100.0, 100.0)], ContentionPolicy(cpu_above=0.0))
     assert for_customer(always, {}, policy)[CPU].applied
+
+
+def test_decide_customers_is_decide_levels_over_standings_and_levels() -> None:
+    """Customers with a standing or a level are decided together; one with a level but no
+    standing answers for nothing (score 0); one that stays at level 0 keeps no row."""
+    standing = {1: (50.0, 0.0), 2: (0.0, 0.0), 3: (1e9, 2.0)}
+    state = {3: (1, -math.inf), 4: (2, -math.inf)}
+    step = decide_customers(standing, state, 1000.0, POLICY)
+    assert step.customers == (1, 2, 3, 4)
+    assert step.before.tolist() == [0, 0, 1, 2]
+    scores_ = [50.0, 0.0, 1e9 - POLICY.priority_weight * 2.0, 0.0]
+    direct = decide_levels(np.array(scores_), step.before, [-math.inf] * 4, 1000.0, POLICY)
+    assert step.decision.level.tolist() == direct.level.tolist()
+    assert step.decision.level[3] == 0  # no standing left: back down
+    assert step.kept.tolist() == [bool(direct.level[0] > 0), False, True, True]
