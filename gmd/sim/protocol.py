@@ -28,7 +28,7 @@ SHIPPED = "shipped:"
 """A trace name's prefix for a cut the repository holds (``tests/data/pwa/``)."""
 
 
-class Kind(StrEnum):
+class StudyKind(StrEnum):
     """Which paper's table a study reproduces."""
 
     spaa = "spaa"
@@ -40,7 +40,7 @@ class Kind(StrEnum):
 class Study:
     """One table's runs (the fields a kind does not use keep their defaults)."""
 
-    kind: Kind
+    kind: StudyKind
     id: str
     title: str
     policies: tuple[str, ...]
@@ -199,7 +199,7 @@ def _spaa(raw: Mapping[str, Any], seeds: tuple[int, ...]) -> tuple[Study, ...]:
         s = _merged(raw, entry)
         out.append(
             Study(
-                kind=Kind.spaa,
+                kind=StudyKind.spaa,
                 id=s["id"],
                 title=s.get("title", s["id"]),
                 policies=tuple(s["policies"]),
@@ -226,7 +226,7 @@ def _cloudshare(raw: Mapping[str, Any], seeds: tuple[int, ...]) -> tuple[Study, 
         s = _merged(raw, entry)
         out.append(
             Study(
-                kind=Kind.cloudshare,
+                kind=StudyKind.cloudshare,
                 id=s["id"],
                 title=s.get("title", s["id"]),
                 policies=tuple(s["policies"]),
@@ -271,7 +271,7 @@ def _falb(raw: Mapping[str, Any]) -> tuple[Study, ...]:
         except (KeyError, ValueError) as exc:
             raise ValueError(f"{s['id']}: {exc}") from None
         study = Study(
-            kind=Kind.falb,
+            kind=StudyKind.falb,
             id=s["id"],
             title=s.get("title", s["id"]),
             policies=tuple(p.name for p in FALB_POLICIES),

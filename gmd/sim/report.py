@@ -9,7 +9,7 @@ machine in seconds.
 Every ordering is a pair of policies in the paper's order (the better in the paper first),
 with our pooled advantage of the first over the second, its percentile bootstrap interval
 (draws resampled within each run, i.e. each seed and trace, ``protocol.resamples`` times
-from ``protocol.bootstrap_seed``), one of three verdicts (:class:`Verdict`), and how many of
+from ``protocol.bootstrap_seed``), one of three verdicts (:class:`PaperVerdict`), and how many of
 the seeds taken alone resolve it each way: an ordering that holds pooled but flips with the
 seed shows it there.
 """
@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 
 from gmd.sim.bootstrap import Statistic, differences, resample_indices
-from gmd.sim.protocol import Kind, Protocol, Study
+from gmd.sim.protocol import Protocol, Study, StudyKind
 
 
-class Verdict(StrEnum):
+class PaperVerdict(StrEnum):
     """What our draws say about one of the paper's orderings."""
 
     as_paper = "as the paper"
@@ -65,13 +65,15 @@ class Pair:
         return self.low > 0 or self.high < 0
 
     @property
-    def verdict(self) -> Verdict:
+    def verdict(self) -> PaperVerdict:
         if self.paper_sign == 0:
-            return Verdict.tie
+            return PaperVerdict.tie
         if not self.resolved:
-            return Verdict.unresolved
+            return PaperVerdict.unresolved
         return (
-            Verdict.as_paper if (self.advantage > 0) == (self.paper_sign > 0) else Verdict.against
+            PaperVerdict.as_paper
+            if (self.advantage > 0) == (self.paper_sign > 0)
+            else PaperVerdict.against
         )
 
 
@@ -111,7 +113,11 @@ def draws(runs: Sequence[Mapping[str, Any]]) -> Draws:
 
 def statistic(study: Study) -> Statistic:
     """CloudShare scores points (wins), the others compare means."""
-    return Statistic.win_difference if study.kind == Kind.cloudshare else Statistic.mean_difference
+    return (
+        Statistic.win_difference
+        if study.kind == StudyKind.cloudshare
+        else Statistic.mean_difference
+    )
 
 
 def paper_order(study: Study, d: Draws) -> list[str]:
@@ -139,7 +145,7 @@ def pairs(study: Study, d: Draws, protocol: Protocol) -> list[Pair]:
         return []
     # A trace's windows are drawn per seed, so they are resampled within each run; FALB's
     # runs are one draw each, resampled together.
-    strata = np.zeros_like(runs) if study.kind == Kind.falb else runs
+    strata = np.zeros_like(runs) if study.kind == StudyKind.falb else runs
     index = resample_indices(strata, protocol.resamples, protocol.bootstrap_seed)
     per_seed = {
         s: resample_indices(
@@ -190,9 +196,11 @@ def _n(value: float, digits: int = 1) -> str:
     return f"{value:,.{digits}f}".replace("-", "−")
 
 
-def _name(policy: str, kind: Kind = Kind.spaa) -> str:
+def _name(policy: str, kind: StudyKind = StudyKind.spaa) -> str:
     """SPAA calls ORIG_DIRECT DirectContr (with ψ); CloudShare calls it ORIG_DIRECT."""
-    return {"ORIG_DIRECT": "DirectContr (ψ)"}.get(policy, policy) if kind == Kind.spaa else policy
+    return (
+        {"ORIG_DIRECT": "DirectContr (ψ)"}.get(policy, policy) if kind == StudyKind.spaa else policy
+    )
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]], right_from: int = 1) -> str:
@@ -230,7 +238,7 @@ def pairs_table(study: Study, found: Sequence[Pair], unit: str, digits: int) -> 
 def verdict_summary(study: Study, found: Sequence[Pair]) -> str:
     """One sentence per verdict, naming the pairs: the prose the table backs."""
     parts = []
-    for verdict in Verdict:
+    for verdict in PaperVerdict:
         names = [_pair_name(study, p) for p in found if p.verdict == verdict]
         if names:
             parts.append(f"{verdict.value.capitalize()} ({len(names)}): {', '.join(names)}.")
@@ -303,7 +311,7 @@ def _top_share(values: np.ndarray) -> float:
 
 def gap_block(protocol: Protocol, results: Mapping[str, Any]) -> str:
     """The SPAA variants beside their base: what brings our magnitudes nearest the paper's."""
-    bases = [s for s in protocol.studies if s.kind == Kind.spaa and s.variant_of is None]
+    bases = [s for s in protocol.studies if s.kind == StudyKind.spaa and s.variant_of is None]
     rows = []
     for base in bases:
         variants = [s for s in protocol.studies if s.variant_of == base.id]
@@ -316,7 +324,7 @@ def gap_block(protocol: Protocol, results: Mapping[str, Any]) -> str:
             factor = _factor_off(means, study.paper)
             factor_long = _factor_off(means, study.paper_long or {})
             found = pairs(study, d, protocol)
-            counts = [sum(p.verdict == v for p in found) for v in Verdict]
+            counts = [sum(p.verdict == v for p in found) for v in PaperVerdict]
             rows.append(
                 [
                     study.title if study.variant_of else f"{study.title} (the base)",
@@ -333,7 +341,7 @@ def gap_block(protocol: Protocol, results: Mapping[str, Any]) -> str:
         "avg Δψ/p: " + " · ".join(_name(p) for p in order),
         "off Table 1's avg",
         "off Table 2's avg",
-        "pairs: " + " · ".join(v.value for v in Verdict),
+        "pairs: " + " · ".join(v.value for v in PaperVerdict),
     ]
     return _table(header, rows, right_from=1)
 
@@ -392,7 +400,9 @@ def cloudshare_gap_block(protocol: Protocol, results: Mapping[str, Any]) -> str:
     """CloudShare's variants beside their base: each algorithm's share of all points."""
     rows = []
     order: list[str] = []
-    for base in [s for s in protocol.studies if s.kind == Kind.cloudshare and not s.variant_of]:
+    for base in [
+        s for s in protocol.studies if s.kind == StudyKind.cloudshare and not s.variant_of
+    ]:
         variants = [s for s in protocol.studies if s.variant_of == base.id]
         if not variants:
             continue
@@ -405,7 +415,7 @@ def cloudshare_gap_block(protocol: Protocol, results: Mapping[str, Any]) -> str:
             paper_total = sum(study.paper.values())
             paper = {p: v / paper_total for p, v in study.paper.items()}
             found = pairs(study, d, protocol)
-            counts = [sum(p.verdict == v for p in found) for v in Verdict]
+            counts = [sum(p.verdict == v for p in found) for v in PaperVerdict]
             rows.append(
                 [
                     study.title if study.variant_of else f"{study.title} (the base)",
@@ -420,7 +430,7 @@ def cloudshare_gap_block(protocol: Protocol, results: Mapping[str, Any]) -> str:
         "contended",
         "share of points: " + " · ".join(order),
         "off the paper's shares",
-        "pairs: " + " · ".join(v.value for v in Verdict),
+        "pairs: " + " · ".join(v.value for v in PaperVerdict),
     ]
     return _table(header, rows, right_from=1)
 
@@ -435,7 +445,7 @@ def _points(d: Draws, rows: np.ndarray) -> dict[str, int]:
 
 
 def falb_primary_block(protocol: Protocol, results: Mapping[str, Any]) -> str:
-    primaries = [s for s in protocol.studies if s.kind == Kind.falb and s.primary]
+    primaries = [s for s in protocol.studies if s.kind == StudyKind.falb and s.primary]
     if not primaries:
         return ""
     columns = {s.id: draws(results["studies"][s.id]["runs"]) for s in primaries}
@@ -458,7 +468,9 @@ def falb_primary_block(protocol: Protocol, results: Mapping[str, Any]) -> str:
         for a, b in s.claims:
             ta = float(np.mean(d.values[:, d.policies.index(a)]))
             tb = float(np.mean(d.values[:, d.policies.index(b)]))
-            verdict = Verdict.as_paper if ta < tb else Verdict.against if ta > tb else "a tie"
+            verdict = (
+                PaperVerdict.as_paper if ta < tb else PaperVerdict.against if ta > tb else "a tie"
+            )
             change = _n(100 * (ta / tb - 1), 1)
             claims.append(
                 f"- {s.title}: {a} {_n(ta, 0)} s, {b} {_n(tb, 0)} s ({change} %): {verdict}."
@@ -471,7 +483,7 @@ def falb_primary_block(protocol: Protocol, results: Mapping[str, Any]) -> str:
 
 
 def falb_sensitivity_block(protocol: Protocol, results: Mapping[str, Any]) -> str:
-    studies = [s for s in protocol.studies if s.kind == Kind.falb]
+    studies = [s for s in protocol.studies if s.kind == StudyKind.falb]
     rows = []
     for s in studies:
         d = draws(results["studies"][s.id]["runs"])
@@ -484,7 +496,9 @@ def falb_sensitivity_block(protocol: Protocol, results: Mapping[str, Any]) -> st
             p = next(x for x in found if (x.first, x.second) == ("FALB-2", "YuniKorn"))
             lo, hi = -100 * p.high / means[y], -100 * p.low / means[y]
             gap_text = f"{_n(gap)} [{_n(lo)}, {_n(hi)}]"
-            counts = " · ".join(str(sum(x.verdict == v for x in found)) for v in list(Verdict)[:3])
+            counts = " · ".join(
+                str(sum(x.verdict == v for x in found)) for v in list(PaperVerdict)[:3]
+            )
         else:
             gap_text, counts = f"{_n(gap)} (one run)", "–"
         rows.append(
@@ -518,9 +532,9 @@ def blocks(protocol: Protocol, results: Mapping[str, Any]) -> dict[str, str]:
     studies = results["studies"]
     out = {"protocol": protocol_block(protocol)}
     for s in protocol.studies:
-        if s.kind == Kind.spaa and s.variant_of is None:
+        if s.kind == StudyKind.spaa and s.variant_of is None:
             out[s.id] = spaa_block(s, studies[s.id]["runs"], protocol)
-        elif s.kind == Kind.cloudshare and s.variant_of is None:
+        elif s.kind == StudyKind.cloudshare and s.variant_of is None:
             out[s.id] = cloudshare_block(s, studies[s.id]["runs"], protocol)
     out["spaa-gap"] = gap_block(protocol, results)
     out["cs-gap"] = cloudshare_gap_block(protocol, results)

@@ -28,7 +28,7 @@ from typing import Any
 from gmd.sim.command import is_contended
 from gmd.sim.experiment import ExperimentConfig, ExperimentResult, run_experiment
 from gmd.sim.placement import falb_runs
-from gmd.sim.protocol import SHIPPED, Kind, Protocol, Study, load_protocol
+from gmd.sim.protocol import SHIPPED, Protocol, Study, StudyKind, load_protocol
 from gmd.sim.swf import Trace, peak_processors, read_swf
 from gmd.sim.workload import Deal
 
@@ -110,7 +110,7 @@ def run_study(
             say(f"[{n}/{len(plan)}] {label}: cached")
             continue
         began = time.monotonic()
-        if study.kind == Kind.falb:
+        if study.kind == StudyKind.falb:
             assert study.falb is not None
             found = falb_runs(study.falb, seed)
             run: dict[str, Any] = {
@@ -126,7 +126,7 @@ def run_study(
                 _config(study, seed, trace, traces[trace]), workers=workers, trace=traces[trace]
             )
             run = experiment_run(
-                result, "unfairness" if study.kind == Kind.spaa else "cloudshare_unfairness"
+                result, "unfairness" if study.kind == StudyKind.spaa else "cloudshare_unfairness"
             )
         run.update({"seed": seed, "trace": trace})
         cache.mkdir(parents=True, exist_ok=True)
@@ -144,11 +144,11 @@ def _fingerprint(study: Study) -> str:
     )  # fmt: skip
     deal = f" deal={study.deal.value}" if study.deal != Deal.users else ""
     deal += f" scale={study.processor_scale:g}" if study.processor_scale != 1.0 else ""
-    return repr(fields) + deal + (f" v{FALB_FORMAT}" if study.kind == Kind.falb else "")
+    return repr(fields) + deal + (f" v{FALB_FORMAT}" if study.kind == StudyKind.falb else "")
 
 
 def _config(study: Study, seed: int, trace: str, log: Trace) -> ExperimentConfig:
-    cloudshare = study.kind == Kind.cloudshare
+    cloudshare = study.kind == StudyKind.cloudshare
     total = study.total_processors
     if total is None and study.processor_scale != 1.0:
         total = round(study.processor_scale * (log.max_procs or peak_processors(log)))

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from gmd.sim.protocol import load_protocol
-from gmd.sim.report import Verdict, draws, pairs
+from gmd.sim.report import PaperVerdict, draws, pairs
 from gmd.sim.reproduce import PROTOCOL, RESULTS, run_study
 
 RESOLVED_AS_THE_PAPER = {
@@ -50,8 +50,8 @@ def test_the_shipped_weeks_give_the_protocols_values_and_orderings(tmp_path) -> 
             rtol=1e-8, atol=1e-9,
         )  # fmt: skip
     found = pairs(study, draws(runs), protocol)
-    assert not [p for p in found if p.verdict == Verdict.against]
-    assert {(p.first, p.second) for p in found if p.verdict == Verdict.as_paper} == (
+    assert not [p for p in found if p.verdict == PaperVerdict.against]
+    assert {(p.first, p.second) for p in found if p.verdict == PaperVerdict.as_paper} == (
         RESOLVED_AS_THE_PAPER
     )
     # the measure is against Ref, which every window ran: no policy is fairer than Ref itself

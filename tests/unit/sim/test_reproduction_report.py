@@ -13,7 +13,7 @@ import pytest
 
 from gmd.sim.measures import pairwise_scores
 from gmd.sim.protocol import parse_protocol
-from gmd.sim.report import Verdict, _points, draws, filled, marker_names, pairs
+from gmd.sim.report import PaperVerdict, _points, draws, filled, marker_names, pairs
 from gmd.sim.workload import Deal, deal_jobs
 
 DIGEST = "0" * 64
@@ -51,15 +51,15 @@ def test_verdicts_follow_the_intervals_and_the_paper() -> None:
     protocol = parse_protocol(protocol_text(), DIGEST)
     study = protocol.study("s")
     as_paper = {(p.first, p.second): p for p in pairs(study, draws(runs_with([5.0] * 8)), protocol)}
-    assert as_paper["A", "B"].verdict == Verdict.as_paper
+    assert as_paper["A", "B"].verdict == PaperVerdict.as_paper
     assert as_paper["A", "B"].seeds_as == 8 and as_paper["A", "B"].seeds_against == 0
     tied = as_paper.get(("B", "C")) or as_paper["C", "B"]
-    assert tied.paper_sign == 0 and tied.verdict == Verdict.tie  # the paper gives both 2
+    assert tied.paper_sign == 0 and tied.verdict == PaperVerdict.tie  # the paper gives both 2
     against = {(p.first, p.second): p for p in pairs(study, draws(runs_with([-5.0] * 8)), protocol)}
-    assert against["A", "B"].verdict == Verdict.against and against["A", "B"].advantage < 0
+    assert against["A", "B"].verdict == PaperVerdict.against and against["A", "B"].advantage < 0
     noise = {(p.first, p.second): p for p in pairs(study, draws(runs_with([0.0] * 8)), protocol)}
     assert noise["A", "C"].paper_sign == 1
-    assert noise["A", "C"].verdict == Verdict.unresolved
+    assert noise["A", "C"].verdict == PaperVerdict.unresolved
 
 
 def test_a_flip_between_seeds_shows_even_when_the_pool_resolves() -> None:
@@ -67,7 +67,7 @@ def test_a_flip_between_seeds_shows_even_when_the_pool_resolves() -> None:
     found = pairs(protocol.study("s"), draws(runs_with([8.0] * 6 + [-8.0] * 2)), protocol)
     ab = next(p for p in found if (p.first, p.second) == ("A", "B"))
     assert ab.seeds_as == 6 and ab.seeds_against == 2
-    assert ab.verdict == Verdict.as_paper
+    assert ab.verdict == PaperVerdict.as_paper
 
 
 def test_uncontended_draws_are_left_out_of_the_intervals() -> None:
