@@ -187,7 +187,7 @@ class _OrgStanding:
 
 
 @dataclass(frozen=True)
-class LevelChange:
+class TimedLevelChange:
     """A level decided after the interval starting at ``start_s`` (in force from its end)."""
 
     start_s: int
@@ -202,8 +202,8 @@ class CustomerWhatIf:
 
     customer: str
     name: str | None
-    replayed: list[LevelChange] = field(default_factory=list)
-    recorded: list[LevelChange] = field(default_factory=list)
+    replayed: list[TimedLevelChange] = field(default_factory=list)
+    recorded: list[TimedLevelChange] = field(default_factory=list)
     throttled_s: float = 0.0
     recorded_throttled_s: float = 0.0
     balance: float = 0.0
@@ -388,7 +388,7 @@ def replay(
                 state[c] = (int(decision.level[i]), float(decision.since_s[i]))
             if decision.changed[i]:
                 _customer(out, conn, c).replayed.append(
-                    LevelChange(start_s, end_s, int(decided.before[i]), int(decision.level[i]))
+                    TimedLevelChange(start_s, end_s, int(decided.before[i]), int(decision.level[i]))
                 )
     _compare(conn, out, rows, recorded)
     out.recorded_modes = _recorded_modes(conn, first_s, int(to_s))
@@ -559,7 +559,7 @@ def _compare(
         changes = [x for x in recorded.get(c, []) if starts[0] <= x[0] <= last]
         level_before = [x for x in recorded.get(c, []) if x[0] < starts[0]]
         entry = _customer(out, conn, c)
-        entry.recorded = [LevelChange(s, e, b, a) for s, e, b, a in changes]
+        entry.recorded = [TimedLevelChange(s, e, b, a) for s, e, b, a in changes]
         entry.throttled_s = throttled.get(c, 0)
         entry.max_level = highest.get(c, 0)
         # A level holds from interval k through the one after which the next change was
@@ -621,7 +621,7 @@ def differences(entry: CustomerWhatIf) -> dict[str, list[str]]:
     return out
 
 
-def timeline(changes: Sequence[LevelChange]) -> str:
+def timeline(changes: Sequence[TimedLevelChange]) -> str:
     """Level changes in words: "0→1 from 2026-11-20T10:15:00Z; 1→0 from …"."""
     return "; ".join(f"{c.before}→{c.after} from {iso(c.end_s)}" for c in changes)
 
