@@ -27,8 +27,8 @@ is lost (libvirt cannot do that for a VM that stops).
 **A host gives no more than its cores.** The traced VMs ran on other machines; dealt onto a
 simulated host with fewer cores, their traces can together ask for more CPU than it has, which
 no real host gives (and the daemon refuses as implausible). Where they do, each VM gets the same
-fraction of what its trace asks (:class:`HostCpu`), so the host is saturated, not over-full. A
-host whose traces never ask more than its cores replays them exactly.
+fraction of what its trace asks (:class:`OversubscribedCpu`), so the host is saturated, not
+over-full. A host whose traces never ask more than its cores replays them exactly.
 
 **Bad data stops the replay** with the file and line (:class:`gmd.traces.TraceError`).
 
@@ -239,7 +239,7 @@ def _cpu_rates(run: Run, starts: np.ndarray) -> np.ndarray:
     return np.where(active, rates[k], 0.0)
 
 
-class HostCpu:
+class OversubscribedCpu:
     """The CPU counters of a host's VMs when their traces together ask more than its cores.
 
     On every stretch of trace time where the traced CPU rates add up to more than the host's
@@ -263,7 +263,7 @@ class HostCpu:
             self._before[key] = np.concatenate([[0.0], np.add.accumulate(rates * given)])
 
     @classmethod
-    def of(cls, runs: Mapping[tuple[str, int], Run], cores: float) -> HostCpu | None:
+    def of(cls, runs: Mapping[tuple[str, int], Run], cores: float) -> OversubscribedCpu | None:
         """The host's CPU shares, or None when its VMs never ask more than ``cores``."""
         capacity = cores * 1e9
         if not runs or sum(max(r[0] for r in run.rates) for run in runs.values()) <= capacity:
@@ -331,7 +331,7 @@ class ReplayCollector:
         self._previous_trace_s: float | None = None
         self._final_cpu_ns: dict[tuple[str, int], int] = {}
         runs = {(vm.uuid, run.run_id): run for vm in self.vms for run in vm.trace.runs}
-        self.cpu = HostCpu.of(runs, float(cores))
+        self.cpu = OversubscribedCpu.of(runs, float(cores))
         if self.cpu is not None:
             log.info(
                 "the replayed VMs ask more than the host's %g cores for %.1f h of trace: there"
