@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gmd import GmdError
 from gmd.sim.command import is_contended
 from gmd.sim.experiment import ExperimentConfig, ExperimentResult, run_experiment
 from gmd.sim.placement import falb_runs
@@ -43,7 +44,7 @@ DIGITS = 9
 """significant digits kept per value: the tables are computed from the values as stored"""
 
 
-class TraceProblem(ValueError):
+class TraceProblem(GmdError, ValueError):
     """A log the protocol needs is missing or is not the archive's."""
 
 

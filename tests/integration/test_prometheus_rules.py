@@ -48,6 +48,9 @@ RULES = REPO / "etc" / "prometheus" / "gmd-rules.yml"
 RULE_TESTS = REPO / "etc" / "prometheus" / "gmd-rules.test.yml"
 OPERATIONS = REPO / "docs" / "operations.md"
 HOST = HostSpec("cmp-prom", cpu_cores=64, memory_bytes=512e9)
+NEW_HOST = HostSpec("cmp-prom-new", cpu_cores=64, memory_bytes=512e9)
+"""A host of the test's own batches beside the real agent's HOST: a batch of HOST's could meet
+the agent's for the same interval, with another capacity (a 409, not the 503 asked for)."""
 ENFORCEMENT = {"mode": "dry-run", "enter": [0.2, 0.4, 0.8], "leave": [0.1, 0.3, 0.6], "dwell_s": 0}
 PROMETHEUS_OWN = frozenset({"up"})
 """Series Prometheus makes itself for every target, which the rules may read."""
@@ -390,7 +393,8 @@ def test_a_real_prometheus_alerts_when_the_daemons_ledger_cannot_write(tmp_path:
     (pending, then firing after its 2 minutes) once a batch meets a full ledger, and goes
     away when the agent's retry is stored."""
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    with serving(make_config(url, {HOST.name: "operator"})) as d, agent(tmp_path, d.url) as at:
+    hosts = {HOST.name: "operator", NEW_HOST.name: "operator"}
+    with serving(make_config(url, hosts)) as d, agent(tmp_path, d.url) as at:
         target = d.url.removeprefix("http://")
         with prometheus(tmp_path, target, at) as api:
 
@@ -416,9 +420,9 @@ def test_a_real_prometheus_alerts_when_the_daemons_ledger_cannot_write(tmp_path:
 
             # A new host's 300 new VMs need pages the full ledger does not have: 503.
             vms = [cpu_only(f"vm-{i}", f"customer-{i}", 1.0) for i in range(300)]
-            body = batch(HOST, aligned_past(1), vms)
+            body = batch(NEW_HOST, aligned_past(1), vms)
             with full_ledger(d, url):
-                refused = httpx.post(f"{d.url}/v1/samples", json=body, headers=auth(HOST.name))
+                refused = httpx.post(f"{d.url}/v1/samples", json=body, headers=auth(NEW_HOST.name))
                 assert refused.status_code == 503, refused.text
                 alert = poll(
                     "GmdLedgerCannotWrite did not become pending or firing",
@@ -438,7 +442,7 @@ def test_a_real_prometheus_alerts_when_the_daemons_ledger_cannot_write(tmp_path:
 
             # The agent sends the batch again once the ledger has room: stored, and the alert
             # goes away at the next scrape and evaluation.
-            stored = httpx.post(f"{d.url}/v1/samples", json=body, headers=auth(HOST.name))
+            stored = httpx.post(f"{d.url}/v1/samples", json=body, headers=auth(NEW_HOST.name))
             assert stored.status_code == 200, stored.text
             poll(
                 "GmdLedgerCannotWrite stayed active after the ledger wrote again",

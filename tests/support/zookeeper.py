@@ -177,9 +177,21 @@ class Ensemble:
         return {i: mode(self.client[i - 1]) for i in self.pids}
 
     def wait_serving(self, timeout_s: float = READY_TIMEOUT_S) -> None:
-        """Until the running nodes serve: one standalone, or one leader and followers."""
+        """Until the running nodes serve: one standalone, or one leader and followers.
+
+        A node whose JVM is gone before it ever served (seen once on a loaded 2-core machine:
+        its log stopped, the others went on) is started again, once, and said on stderr; the
+        error, if it still does not serve, names each node's process state and its log's last
+        lines other than our own polls."""
         deadline = time.monotonic() + timeout_s
+        restarted: set[int] = set()
         while True:
+            for i, pid in list(self.pids.items()):
+                if not _alive(pid) and i not in restarted:
+                    restarted.add(i)
+                    print(f"ZooKeeper node {i} (pid {pid}) exited before serving: started again",
+                          file=sys.stderr)  # fmt: skip
+                    self.start(i)
             modes = list(self.modes().values())
             if self.n == 1 and modes == ["standalone"]:
                 return
@@ -201,9 +213,13 @@ class Ensemble:
         return next(i for i, m in self.modes().items() if m == "leader")
 
     def _tail(self, i: int) -> str:
+        """Node ``i``'s process state and its log's last lines, our ``srvr`` polls left out."""
         log = self.node_dir(i) / "server.log"
-        text = log.read_text(errors="replace")[-1500:] if log.exists() else "(no log)"
-        return f"--- node {i}: {log}\n{text}"
+        lines = log.read_text(errors="replace").splitlines() if log.exists() else ["(no log)"]
+        said = [line for line in lines if "Processing srvr command" not in line]
+        pid = self.pids.get(i)
+        state = "running" if pid is not None and _alive(pid) else "exited"
+        return f"--- node {i} ({state}): {log}\n" + "\n".join(said[-15:])
 
     def save(self) -> None:
         self.base.mkdir(parents=True, exist_ok=True)
