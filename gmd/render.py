@@ -25,7 +25,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from gmd.daemon.reports.columns import Column, Unit
+from gmd.columns import Column, Unit
 
 FORMATS: tuple[str, ...] = ("table", "csv", "json")
 """What the simulator's --format takes (gmd-admin's commands take :class:`output.Format`)."""

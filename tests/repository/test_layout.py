@@ -9,6 +9,9 @@ gmd is packaged by the process that runs the code (the project's architecture no
   ``gmd.admin`` and never imports libvirt;
 - the broker (``gmd/broker/**``, a federation's gmd-broker) reaches nothing of ``gmd.agent`` or
   ``gmd.admin`` and never imports libvirt;
+- the simulator (``gmd/sim/**``) reaches nothing of ``gmd.daemon``, ``gmd.agent`` or
+  ``gmd.broker``: it replays traces, it needs no ledger (gmd-admin runs it, so the cycle rule
+  keeps it from gmd-admin);
 - ``gmd.fairness`` imports nothing of gmd outside itself, and only numpy and the stdlib;
 - ``gmd.common`` imports only the stdlib, typer (a dependency of all three programs: the
   options their command lines share) and itself;
@@ -455,6 +458,13 @@ def check_layout(root: Path) -> list[str]:
         *check_process(
             modules, "gmd.broker", "the broker", ["gmd.agent", "gmd.admin"], AGENT_LIBRARIES
         ),
+        *check_process(
+            modules,
+            "gmd.sim",
+            "the simulator",
+            ["gmd.daemon", "gmd.agent", "gmd.broker"],
+            frozenset(),
+        ),
         *check_own_imports(modules, "gmd.fairness", "gmd.fairness", FAIRNESS_LIBRARIES),
         *check_own_imports(modules, "gmd.common", "gmd.common", COMMON_LIBRARIES),
         *check_own_imports(modules, "gmd.wire", "gmd.wire", WIRE_LIBRARIES),
@@ -554,6 +564,11 @@ BAD_PROCESS_IMPORTS = [
         "gmd/daemon/enforce/levels.py",
         "import gmd.admin.output",
         ["the daemon must reach nothing of gmd.admin"],
+    ),
+    (
+        "gmd/sim/report.py",
+        "from gmd.daemon.reports import standings",
+        ["the simulator must reach nothing of gmd.daemon", "gmd.daemon.reports.standings"],
     ),
 ]
 

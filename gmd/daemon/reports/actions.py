@@ -10,6 +10,7 @@ from typing import Any
 
 from sqlalchemy import Connection, CursorResult, and_, or_, select
 
+from gmd.columns import Column
 from gmd.daemon.ledger.models import ActionKind
 from gmd.daemon.ledger.tables import (
     actions as _actions,
@@ -17,7 +18,6 @@ from gmd.daemon.ledger.tables import (
     hosts as _hosts,
     intervals as _intervals,
 )
-from gmd.daemon.reports.columns import Column
 from gmd.wire import knob_words
 
 COLUMNS = (

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 
 from sqlalchemy import Connection, select
 
+from gmd.columns import Column, Unit
 from gmd.common.timespec import iso
 from gmd.daemon.config import EnforcementConfig
 from gmd.daemon.enforce.plans import host_plan
@@ -17,7 +18,6 @@ from gmd.daemon.ledger.tables import (
     hosts as _hosts,
     levels as _levels,
 )
-from gmd.daemon.reports.columns import Column, Unit
 from gmd.fairness.policy import CapDecision, CapResource, LevelEffect, caps_wanted
 
 LEVEL_COLUMNS = (

@@ -9,12 +9,12 @@ from typing import Any
 
 from sqlalchemy import Connection, select
 
+from gmd.columns import Column
 from gmd.common.timespec import iso
 from gmd.daemon.ledger.tables import (
     federation_events as _events,
     federation_standings as _standings,
 )
-from gmd.daemon.reports.columns import Column
 
 STANDING_COLUMNS = (
     Column("org", "Organization", None, "left"),

@@ -13,6 +13,7 @@ from enum import StrEnum
 
 from sqlalchemy import Connection, func, or_, select
 
+from gmd.columns import PROJECT, Column
 from gmd.common.timespec import iso
 from gmd.daemon.config import EnforcementConfig
 from gmd.daemon.ledger import reset_window
@@ -23,7 +24,6 @@ from gmd.daemon.ledger.tables import (
     intervals as _intervals,
     levels as _levels,
 )
-from gmd.daemon.reports.columns import PROJECT, Column
 from gmd.daemon.reports.enforced import enforced_now
 from gmd.wire import PlanMode
 

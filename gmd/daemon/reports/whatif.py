@@ -29,6 +29,7 @@ import numpy as np
 from sqlalchemy import Connection, func, select
 
 from gmd import GmdError, OptionError
+from gmd.columns import PROJECT, Column
 from gmd.common.config import ConfigError
 from gmd.common.timespec import iso
 from gmd.daemon.config import Config, parse
@@ -51,7 +52,6 @@ from gmd.daemon.ledger.tables import (
     organization_ledger as _org_ledger,
     samples as _samples,
 )
-from gmd.daemon.reports.columns import PROJECT, Column
 from gmd.fairness.contended import contended_use
 from gmd.fairness.interval import account_interval
 from gmd.fairness.policy import decide_customers

@@ -75,9 +75,9 @@ from dataclasses import dataclass, field
 from sqlalchemy import Connection
 
 from gmd import OptionError
+from gmd.columns import Column
 from gmd.common.timespec import iso
 from gmd.daemon.ledger import lookup
-from gmd.daemon.reports.columns import Column
 from gmd.daemon.reports.usage.common import Progress, Steps, load_range, sort_rows, sql_int
 from gmd.daemon.reports.usage.customers import by_customer
 from gmd.daemon.reports.usage.hosts import HOST_COLUMNS, by_host

@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, Connection, func, select
 
 from gmd import OptionError
+from gmd.columns import Column
 from gmd.common.timespec import iso
 from gmd.daemon.ledger.models import IntervalState
 from gmd.daemon.ledger.tables import (
@@ -25,7 +26,6 @@ from gmd.daemon.ledger.tables import (
     intervals as _intervals,
     samples as _samples,
 )
-from gmd.daemon.reports.columns import Column
 from gmd.daemon.reports.coverage import Coverage, coverage
 from gmd.daemon.reports.enforced import Throttling, level_runs, throttling
 

@@ -13,6 +13,7 @@ from collections import defaultdict
 
 from sqlalchemy import Connection, and_, func, or_, select, union_all
 
+from gmd.columns import PROJECT, Column
 from gmd.daemon.ledger import lookup, reset_window
 from gmd.daemon.ledger.models import ActionKind, ActionStatus
 from gmd.daemon.ledger.tables import (
@@ -25,7 +26,6 @@ from gmd.daemon.ledger.tables import (
     resource_rollups as _resource_rollups,
     samples as _samples,
 )
-from gmd.daemon.reports.columns import PROJECT, Column
 from gmd.daemon.reports.usage.common import (
     THROTTLE_NOTE,
     Range,

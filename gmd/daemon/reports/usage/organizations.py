@@ -12,6 +12,7 @@ from collections import defaultdict
 
 from sqlalchemy import Connection, and_, distinct, exists, func, literal, select, union_all
 
+from gmd.columns import Column
 from gmd.daemon.ledger.models import BatchState
 from gmd.daemon.ledger.rollups import served_peaks
 from gmd.daemon.ledger.tables import (
@@ -24,7 +25,6 @@ from gmd.daemon.ledger.tables import (
     organizations as _organizations,
     samples as _samples,
 )
-from gmd.daemon.reports.columns import Column
 from gmd.daemon.reports.usage.common import Range, Steps, customer_names, end_note, sql_float
 
 ORGANIZATION_COLUMNS = (

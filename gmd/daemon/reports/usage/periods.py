@@ -14,6 +14,7 @@ from typing import Any
 
 from sqlalchemy import Connection, case, func, select, union_all
 
+from gmd.columns import PROJECT, Column
 from gmd.common.units import DAY_S, WEEK_S
 from gmd.daemon.ledger import lookup, reset_window
 from gmd.daemon.ledger.tables import (
@@ -22,7 +23,6 @@ from gmd.daemon.ledger.tables import (
     customer_rollups as _customer_rollups,
     samples as _samples,
 )
-from gmd.daemon.reports.columns import PROJECT, Column
 from gmd.daemon.reports.usage.common import (
     THROTTLE_NOTE,
     Range,

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from sqlalchemy import Connection, case, func, select, union_all
 
+from gmd.columns import Column
 from gmd.daemon.ledger.tables import (
     resource_ledger as _terms,
     resource_rollups as _resource_rollups,
 )
-from gmd.daemon.reports.columns import Column
 from gmd.daemon.reports.usage.common import (
     Range,
     Steps,

@@ -1,8 +1,9 @@
 """A report's columns: the key of each field, its header and how many digits a table shows.
 
-They belong with the queries (:mod:`gmd.daemon.reports`), which every reader of the ledger
-shares: gmd-admin's tables (:mod:`gmd.render`), the read API and its web page show the
-same fields under the same headers.
+The ledger's queries (:mod:`gmd.daemon.reports`) declare theirs, and every reader shows the
+same fields under the same headers: gmd-admin's tables (:mod:`gmd.render`), the read API and
+its web page. The simulator's tables use them too, which is why they live outside the
+daemon: ``gmd.sim`` reaches nothing of ``gmd.daemon``.
 """
 
 from __future__ import annotations
