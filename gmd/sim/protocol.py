@@ -128,8 +128,8 @@ def parse_protocol(raw: Mapping[str, Any], digest: str = "") -> Protocol:
         raise ValueError(f"protocol.confidence = {confidence}: between 0 and 1")
     traces = {str(k): str(v) for k, v in _table(raw, "traces").items()}
     studies = (
-        _spaa(raw.get("spaa", {}), seeds)
-        + _cloudshare(raw.get("cloudshare", {}), seeds)
+        _trace_studies(raw.get("spaa", {}), seeds, StudyKind.spaa)
+        + _trace_studies(raw.get("cloudshare", {}), seeds, StudyKind.cloudshare)
         + _falb(raw.get("falb", {}))
     )
     ids = [s.id for s in studies]
@@ -193,50 +193,31 @@ def _inherited(defaults: Mapping[str, Any], study: Mapping[str, Any], key: str) 
     return {p: v for p, v in _figures(defaults.get(key)).items() if p in policies}
 
 
-def _spaa(raw: Mapping[str, Any], seeds: tuple[int, ...]) -> tuple[Study, ...]:
+def _trace_studies(
+    raw: Mapping[str, Any], seeds: tuple[int, ...], kind: StudyKind
+) -> tuple[Study, ...]:
+    """SPAA's or CloudShare's studies: windows cut from a log (SPAA's ``trace``) or several
+    (CloudShare's ``traces``), each entry's keys over its table's."""
+    spaa = kind == StudyKind.spaa
     out = []
     for entry in raw.get("study", []):
         s = _merged(raw, entry)
         out.append(
             Study(
-                kind=StudyKind.spaa,
+                kind=kind,
                 id=s["id"],
                 title=s.get("title", s["id"]),
                 policies=tuple(s["policies"]),
-                traces=(s["trace"],),
+                traces=(s["trace"],) if spaa else tuple(s["traces"]),
                 seeds=seeds,
                 paper=_inherited(raw, entry, "paper"),
-                paper_std=_inherited(raw, entry, "paper_std"),
-                paper_long=_inherited(raw, entry, "paper_long"),
+                lower_is_better=spaa,  # Δψ/p: lower is fairer; CloudShare's points: higher
+                paper_std=_inherited(raw, entry, "paper_std") or None,
+                paper_long=_inherited(raw, entry, "paper_long") or None,
                 windows=int(s["windows"]),
                 window_s=int(s["window_s"]),
                 orgs=int(s["orgs"]),
                 total_processors=s.get("total_processors"),
-                processors=s.get("processors", "equal"),
-                variant_of=s.get("variant_of"),
-                deal=Deal(s.get("deal", Deal.users.value)),
-            )
-        )
-    return tuple(out)
-
-
-def _cloudshare(raw: Mapping[str, Any], seeds: tuple[int, ...]) -> tuple[Study, ...]:
-    out = []
-    for entry in raw.get("study", []):
-        s = _merged(raw, entry)
-        out.append(
-            Study(
-                kind=StudyKind.cloudshare,
-                id=s["id"],
-                title=s.get("title", s["id"]),
-                policies=tuple(s["policies"]),
-                traces=tuple(s["traces"]),
-                seeds=seeds,
-                paper=_figures(s.get("paper")),
-                lower_is_better=False,
-                windows=int(s["windows"]),
-                window_s=int(s["window_s"]),
-                orgs=int(s["orgs"]),
                 processors=s.get("processors", "equal"),
                 unit_s=s.get("unit_s"),
                 background=float(s.get("background", 0.0)),

@@ -31,15 +31,15 @@ from gmd.sim.experiment import ExperimentConfig, ExperimentResult, run_experimen
 from gmd.sim.placement import falb_runs
 from gmd.sim.protocol import SHIPPED, Protocol, Study, StudyKind, load_protocol
 from gmd.sim.swf import Trace, peak_processors, read_swf
-from gmd.sim.workload import Deal
 
 REPO = Path(__file__).resolve().parents[2]
 PROTOCOL = REPO / "docs" / "reproduction-protocol.toml"
 RESULTS = REPO / "docs" / "reproduction-results.json"
 DOCUMENT = REPO / "docs" / "reproduction.md"
 SHIPPED_DIR = REPO / "tests" / "data" / "pwa"
-FALB_FORMAT = 2
-"""FALB's cached runs' layout (2: with each policy's last start); another is run again"""
+RUN_FORMAT = 3
+"""the cached runs' layout (3: FALB's with each policy's last start, keys of plain values); a
+run cached in another is run again"""
 DIGITS = 9
 """significant digits kept per value: the tables are computed from the values as stored"""
 
@@ -138,14 +138,29 @@ def run_study(
 
 
 def _fingerprint(study: Study) -> str:
-    """What a cached run depends on (not the title, not the paper's figures)."""
-    fields = (
-        study.kind, study.policies, study.windows, study.window_s, study.orgs,
-        study.total_processors, study.processors, study.unit_s, study.background, study.falb,
-    )  # fmt: skip
-    deal = f" deal={study.deal.value}" if study.deal != Deal.users else ""
-    deal += f" scale={study.processor_scale:g}" if study.processor_scale != 1.0 else ""
-    return repr(fields) + deal + (f" v{FALB_FORMAT}" if study.kind == StudyKind.falb else "")
+    """What a cached run depends on, as plain values (not the title, not the paper's figures;
+    no class name, so that renaming one in the code keeps the cache)."""
+    f = study.falb
+    return json.dumps(
+        {
+            "kind": study.kind.value,
+            "policies": list(study.policies),
+            "windows": study.windows,
+            "window_s": study.window_s,
+            "orgs": study.orgs,
+            "total_processors": study.total_processors,
+            "processors": study.processors,
+            "unit_s": study.unit_s,
+            "background": study.background,
+            "deal": study.deal.value,
+            "processor_scale": study.processor_scale,
+            "falb": None
+            if f is None
+            else [f.scenario.value, f.jitter, f.arrival.value, f.gap_s, f.tie.value],
+            "format": RUN_FORMAT,
+        },
+        sort_keys=True,
+    )
 
 
 def _config(study: Study, seed: int, trace: str, log: Trace) -> ExperimentConfig:
