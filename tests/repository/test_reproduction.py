@@ -10,10 +10,13 @@ referee would ask (8 seeds or more, 10,000 resamples or more).
 from __future__ import annotations
 
 import json
+from pathlib import Path
+
+import pytest
 
 from gmd.sim.protocol import MIN_RESAMPLES, MIN_SEEDS, load_protocol
 from gmd.sim.report import check_document
-from gmd.sim.reproduce import DOCUMENT, PROTOCOL, RESULTS
+from gmd.sim.reproduce import DOCUMENT, PROTOCOL, RESULTS, main
 
 
 def test_the_document_is_the_protocols_results() -> None:
@@ -31,3 +34,15 @@ def test_a_changed_figure_in_the_document_is_caught() -> None:
     run["values"][row][0] = run["values"][row][0] * 3 + 1000
     problems = check_document(protocol, results, DOCUMENT.read_text())
     assert any("spaa-equal" in p for p in problems), problems
+
+
+def test_the_command_checks_and_refuses_a_missing_log_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["check"]) == 0
+    results = tmp_path / "results.json"
+    code = main(["run", "--pwa", str(tmp_path), "--only", "spaa-equal", "--cache",
+                 str(tmp_path / "cache"), "--results", str(results)])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and not results.exists()
+    assert len(err) == 1 and "LPC-EGEE-2004-1.2-cln.swf.gz: no such file" in err[0], err
