@@ -13,6 +13,7 @@ Pure: text in, frozen dataclasses out; every fault is a ``ValueError`` naming th
 from __future__ import annotations
 
 import hashlib
+import json
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -93,7 +94,8 @@ class Protocol:
     """trace file name → its SHA-256"""
     studies: tuple[Study, ...]
     digest: str
-    """the SHA-256 of the protocol's text: results name the protocol they ran"""
+    """the SHA-256 of the protocol's data (:func:`data_digest`): results name the protocol
+    they ran"""
 
     def study(self, study_id: str) -> Study:
         for s in self.studies:
@@ -112,7 +114,14 @@ def load_protocol(path: str | Path) -> Protocol:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{path}: {exc}") from None
-    return parse_protocol(raw, hashlib.sha256(text.encode()).hexdigest())
+    return parse_protocol(raw, data_digest(raw))
+
+
+def data_digest(raw: Mapping[str, Any]) -> str:
+    """The SHA-256 of what a protocol says, not how it is written: its data as canonical JSON,
+    so that a comment or a line break changes no digest, and any value does."""
+    canonical = json.dumps(raw, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def parse_protocol(raw: Mapping[str, Any], digest: str = "") -> Protocol:

@@ -520,7 +520,8 @@ def falb_sensitivity_block(protocol: Protocol, results: Mapping[str, Any]) -> st
 def protocol_block(protocol: Protocol) -> str:
     seeds = protocol.seeds
     return (
-        f"Fixed on {protocol.fixed}, before any run on its seeds: seeds {seeds[0]}–{seeds[-1]} "
+        f"Fixed on {protocol.fixed}, before any run on its seeds (its header says what was added"
+        f" after the base studies' results were seen): seeds {seeds[0]}–{seeds[-1]} "
         f"({len(seeds)}), paired percentile bootstrap with {protocol.resamples:,} resamples "
         f"(seed {protocol.bootstrap_seed}), {protocol.confidence:.0%} intervals, draws resampled "
         f"within each seed and log. Protocol SHA-256 `{protocol.digest[:16]}`."

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from gmd.sim.measures import pairwise_scores
-from gmd.sim.protocol import parse_protocol
+from gmd.sim.protocol import load_protocol, parse_protocol
 from gmd.sim.report import PaperVerdict, _points, draws, filled, marker_names, pairs
+from gmd.sim.reproduce import REPO
 from gmd.sim.workload import Deal, deal_jobs
 
 DIGEST = "0" * 64
@@ -149,3 +150,12 @@ def test_the_bonferroni_column_never_resolves_what_the_interval_does_not() -> No
             assert not (p.corrected and not p.resolved)
             seen.add((p.resolved, p.corrected))
     assert (True, True) in seen and (False, False) in seen
+
+
+def test_the_digest_is_of_the_protocols_data_not_its_comments(tmp_path) -> None:
+    text = (REPO / "docs" / "reproduction-protocol.toml").read_text()
+    (tmp_path / "a.toml").write_text(text)
+    (tmp_path / "b.toml").write_text("# a comment more\n" + text)
+    (tmp_path / "c.toml").write_text(text.replace("resamples = 10000", "resamples = 10001"))
+    a, b, c = (load_protocol(tmp_path / f"{n}.toml").digest for n in "abc")
+    assert a == b != c
