@@ -80,6 +80,16 @@ def resample_indices(strata: np.ndarray, resamples: int, seed: int) -> np.ndarra
     return np.concatenate(columns, axis=1)
 
 
+def percentile_interval(
+    differences: np.ndarray, index: np.ndarray, tail: float
+) -> tuple[float, float]:
+    """The mean of ``differences`` over each resample (rows of ``index``), and the
+    ``tail``/``1 − tail`` quantiles of those means."""
+    boot = differences[index].mean(axis=1)
+    low, high = np.quantile(boot, [tail, 1 - tail])
+    return float(low), float(high)
+
+
 def orderings(
     values: np.ndarray,
     names: Sequence[str],
@@ -116,8 +126,7 @@ def orderings(
     for a in range(k):
         for b in range(a + 1, k):
             d = differences(values, a, b, statistic)
-            boot = d[index].mean(axis=1)
-            low, high = (float(q) for q in np.quantile(boot, [tail, 1 - tail]))
+            low, high = percentile_interval(d, index, tail)
             estimate = float(d.mean())
             if estimate < 0:
                 out.append(Ordering(names[b], names[a], -estimate, -high, -low, n))

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from gmd.sim.bootstrap import Statistic, differences, resample_indices
+from gmd.sim.bootstrap import Statistic, differences, percentile_interval, resample_indices
 from gmd.sim.protocol import Protocol, Study, StudyKind
 
 
@@ -161,14 +161,14 @@ def pairs(study: Study, d: Draws, protocol: Protocol) -> list[Pair]:
     for a, b, sign in wanted:
         ia, ib = d.policies.index(a), d.policies.index(b)
         diff = differences(values, ia, ib, stat)
-        low, high = _interval(diff, index, tail)
-        low_strict, high_strict = _interval(diff, index, strict)
+        low, high = percentile_interval(diff, index, tail)
+        low_strict, high_strict = percentile_interval(diff, index, strict)
         seeds_as = seeds_against = 0
         for s, idx in per_seed.items():
             mine = diff[seeds == s]
             if mine.size < 2:
                 continue
-            lo, hi = _interval(mine, idx, tail)
+            lo, hi = percentile_interval(mine, idx, tail)
             if lo > 0 or hi < 0:
                 if (lo > 0) == (sign >= 0):
                     seeds_as += 1
@@ -179,12 +179,6 @@ def pairs(study: Study, d: Draws, protocol: Protocol) -> list[Pair]:
                  len(np.unique(d.seed)), int(values.shape[0]), low_strict > 0 or high_strict < 0)
         )  # fmt: skip
     return out
-
-
-def _interval(diff: np.ndarray, index: np.ndarray, tail: float) -> tuple[float, float]:
-    boot = diff[index].mean(axis=1)
-    low, high = np.quantile(boot, [tail, 1 - tail])
-    return float(low), float(high)
 
 
 # --- Markdown -------------------------------------------------------------------------------
