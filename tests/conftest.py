@@ -107,7 +107,7 @@ SLOW = frozenset(
         "tests/integration/test_bootstrap.py::"
         "test_make_demo_sets_up_without_libvirt_or_apt_and_the_demo_runs",
         "tests/unit/sim/test_lpc_egee.py::"
-        "test_roundrobin_least_fair_and_directcontr_not_worse_than_fairshare",
+        "test_the_shipped_weeks_give_the_protocols_values_and_orderings",
         "tests/integration/test_daemon_process.py::"
         "test_sigkill_during_accounting_leaves_no_partial_interval",
         "tests/unit/daemon/reports/test_explain.py::test_errors_have_exit_codes",

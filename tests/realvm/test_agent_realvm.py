@@ -7,6 +7,9 @@ owned by the Nova project in its metadata, with its flavor.
 
 from __future__ import annotations
 
+import os
+import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -86,14 +89,23 @@ def test_a_guest_within_its_flavor_is_charged_at_most_its_flavor(
     kinds = {"libvirt": LibvirtCollector, "kernel": KernelCollector}
     collector = kinds[collector_kind](config.libvirt_uri)
     try:
+        before = _accounted_cpu_s()
         doc, span_s = dry_run_batch(config, collector)
+        after = _accounted_cpu_s()
         resident = {v.uuid: v.memory_rss_bytes for v in collector.collect().vms}
     finally:
         collector.close()
     # The host's own busy time (issue 27): this machine's /proc/stat, at least what the
-    # guests' QEMUs used, and no more than its cores could give.
+    # guests' QEMUs used, and no more than its cores could give. /proc/stat samples busy time
+    # by the tick; on a VM whose hypervisor deschedules it without reporting steal (as CI's
+    # Firecracker machine did: busy 1.72 core-s beside the guests' 2.04), the ticks it missed
+    # are in no column, while the guests' CPU time (the scheduler's clock) includes that time.
+    # What the kernel left unaccounted over a window holding the span is measured here, at the
+    # same moment, and allowed for; the daemon takes the larger of host busy and the VMs' use.
     guests_cpu_s = sum(v["cpu_s"] for v in doc["vms"])
-    assert guests_cpu_s * 0.9 <= doc["host_cpu_s"] <= doc["capacity"]["cpu_cores"] * span_s * 1.1
+    unaccounted_s = max(0.0, (after[0] - before[0]) * after[2] - (after[1] - before[1]))
+    assert guests_cpu_s * 0.9 <= doc["host_cpu_s"] + unaccounted_s, (unaccounted_s, span_s)
+    assert doc["host_cpu_s"] <= doc["capacity"]["cpu_cores"] * span_s * 1.1
     vms = {v["uuid"]: v for v in doc["vms"]}
     for guest in real_guests.guests:
         vm = vms[guest.uuid]
@@ -106,3 +118,14 @@ def test_a_guest_within_its_flavor_is_charged_at_most_its_flavor(
             f" {flavor / 2**20:g} MiB); host busy {doc['host_cpu_s']:.2f} core-s, guests"
             f" {guests_cpu_s:.2f}, over {span_s:.2f} s"
         )
+
+
+def _accounted_cpu_s() -> tuple[float, float, int]:
+    """(monotonic seconds, every column of ``/proc/stat``'s ``cpu`` line in seconds, the CPUs
+    online): how much CPU time the kernel accounted to any state, busy or idle, by now."""
+    now = time.monotonic()
+    lines = [line.split() for line in Path("/proc/stat").read_text().splitlines()]
+    assert lines[0][0] == "cpu"
+    online = sum(1 for f in lines if f and f[0].startswith("cpu") and f[0][3:].isdigit())
+    # guest and guest_nice (columns 9-10) are inside user and nice already.
+    return now, sum(int(v) for v in lines[0][1:9]) / os.sysconf("SC_CLK_TCK"), online

@@ -11,6 +11,13 @@ the first (``cpu``) line, in ``USER_HZ`` ticks. The time a CPU spends running gu
 (``guest``, ``guest_nice``) is already inside ``user`` and ``nice``: it is not added again.
 Steal is time a hypervisor below this host gave to others: the host wanted it, so it counts
 as busy. Iowait is idle time with I/O outstanding, not work.
+
+What a host cannot do: the busy columns are sampled by the scheduler tick. A host that is
+itself a VM, descheduled by a hypervisor that does not report steal (seen on a Firecracker
+machine: 1.72 core-s busy beside 2.04 core-s its guests' QEMUs were charged over the same two
+seconds), misses ticks that land in no column, while the VMs' CPU time comes from the
+scheduler's clock and includes them. Busy time may then read low, never high; the daemon takes
+the larger of it and the VMs' own use, so a low reading hides no contention the VMs caused.
 """
 
 from __future__ import annotations
