@@ -32,9 +32,10 @@ import sqlalchemy as sa
 from ledger_accounting import drop_database, postgres_url
 
 from gmd.daemon.config import RetentionConfig
+from gmd.daemon.ingest.record import BatchRecord
+from gmd.daemon.ingest.store import LedgerStore
 from gmd.daemon.ledger import migrate, partitions
 from gmd.daemon.ledger.retention import purge
-from gmd.daemon.ledger.store import BatchRecord, LedgerStore
 from gmd.daemon.ledger.tables import vms
 
 INTERVAL_S = 300
@@ -103,7 +104,7 @@ def main() -> None:
                 # A host's VMs as the third round left them: marked seen a day after the first.
                 one_batch = list(ids[k * n : (k + 1) * n])
                 t = time.perf_counter()
-                store._mark_seen(conn, vms, one_batch, old + 2 * DAY_S)
+                store.ids.mark_seen(conn, vms, one_batch, old + 2 * DAY_S)
                 marks.append(time.perf_counter() - t)
             # The rows must stay as ingest left them for the purge below.
             conn.rollback()

@@ -33,11 +33,11 @@ from typing import Any
 import httpx
 from ingest import free_port
 
-from gmd.daemon.api.samples import parse_record
 from gmd.daemon.config import ReadApiConfig, parse
+from gmd.daemon.ingest.parse import parse_record
+from gmd.daemon.ingest.store import LedgerStore
 from gmd.daemon.ledger import migrate
 from gmd.daemon.ledger.accounting import account_due
-from gmd.daemon.ledger.store import LedgerStore
 
 INTERVAL_S = 300
 HOST = "cmp-1"

@@ -4,7 +4,7 @@ both sides import it from (gmd-agent never imports the daemon, nor the daemon th
 Pydantic checks shapes and types in strict mode (a number must be a JSON number: ``"5"``,
 ``true`` and ``5.0`` for a count are refused, not coerced), and rejects unknown fields,
 negative or non-finite amounts, VM ids that are not canonical UUIDs and names holding control,
-bidi or zero-width characters; the daemon's :mod:`gmd.daemon.api.checks` checks what needs its
+bidi or zero-width characters; the daemon's :mod:`gmd.daemon.ingest.checks` checks what needs its
 configuration (interval length, clock, what a host can plausibly do). Amounts are what the
 agent measured over the interval, in the resources' own units.
 """
@@ -31,6 +31,9 @@ from pydantic import (
 )
 from pydantic.json_schema import SkipJsonSchema
 from typing_extensions import TypedDict
+
+SAMPLES_PATH = "/v1/samples"
+"""Where an agent posts its :class:`SampleBatch` (the daemon answers a :class:`BatchReceipt`)."""
 
 # The largest integer a JSON reader in any language holds exactly (2^53 - 1): times beyond it
 # are no time an agent can mean, and would overflow the ledger's 64-bit columns.

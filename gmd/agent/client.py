@@ -29,7 +29,7 @@ import httpx
 from pydantic import ValidationError
 
 from gmd import GmdError
-from gmd.wire import HostCapabilities, HostPlan, PlanReport
+from gmd.wire import SAMPLES_PATH, HostCapabilities, HostPlan, PlanReport
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ class DaemonClient:
     def post_batch(self, body: bytes) -> PostOutcome:
         """POST one ``SampleBatch`` (already JSON-encoded, as the spool holds it)."""
         try:
-            response = self._http.post("/v1/samples", content=body)
+            response = self._http.post(SAMPLES_PATH, content=body)
         except httpx.HTTPError as exc:
             return _unreached(exc)
         status = "accepted"

@@ -22,10 +22,10 @@ from gmd.common.config import ConfigError, read_document
 from gmd.common.limits import raise_open_files
 from gmd.daemon import reload
 from gmd.daemon.api.app import create_app
-from gmd.daemon.api.body_limit import with_body_limit
 from gmd.daemon.api.services import Services
 from gmd.daemon.config import load as load_config
 from gmd.daemon.enforce.openstack_client import entry_problem
+from gmd.daemon.ingest.transport import with_body_limit
 from gmd.daemon.ledger import migrate
 
 log = logging.getLogger("gmd.daemon")

@@ -174,7 +174,7 @@ class AccountingConfig:
 
 class Limits(Table):
     """What one host (one token) may claim of the ledger, per host (see
-    :mod:`gmd.daemon.api.limits`), so that a stolen or broken token cannot fill it. The defaults
+    :mod:`gmd.daemon.ingest.limits`), so that a stolen or broken token cannot fill it. The defaults
     leave a host of a 100,000-VM cloud, which runs hundreds of VMs and builds at most a few at
     once (Nova's ``max_concurrent_builds`` is 10), several times what it needs, and bound what
     a stolen or buggy token can write to a few hundred rows a minute. "An interval" is

@@ -22,9 +22,10 @@ import pytest
 import sqlalchemy as sa
 
 from gmd.common.version import version
+from gmd.daemon.ingest.record import BatchRecord
+from gmd.daemon.ingest.store import LedgerStore
 from gmd.daemon.ledger import migrate
 from gmd.daemon.ledger.accounting import compute_rows
-from gmd.daemon.ledger.store import BatchRecord, LedgerStore
 from tests.support.daemon_support import (
     INTERVAL_S,
     HostSpec,

@@ -546,8 +546,8 @@ BAD_PROCESS_IMPORTS = [
     ("gmd/agent/collect/counters.py", "import uvicorn", ["must not import uvicorn"]),
     (
         "gmd/agent/loop.py",
-        "from gmd.daemon.ledger import store",
-        ["the agent must reach nothing of gmd.daemon", "gmd.daemon.ledger.store"],
+        "from gmd.daemon.ingest import store",
+        ["the agent must reach nothing of gmd.daemon", "gmd.daemon.ingest.store"],
     ),
     (
         "gmd/agent/collect/replay.py",
@@ -615,7 +615,7 @@ def test_an_import_under_type_checking_may_cross(tree: Path) -> None:
         "gmd/agent/loop.py",
         "import typing",
         "if typing.TYPE_CHECKING:",
-        "    from gmd.daemon.ledger.store import Store",
+        "    from gmd.daemon.ingest.store import LedgerStore",
         "    import sqlalchemy",
     )
     number = plant(

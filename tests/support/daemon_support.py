@@ -22,8 +22,8 @@ import sqlalchemy as sa
 import uvicorn
 
 from gmd.daemon.api.app import create_app
-from gmd.daemon.api.body_limit import with_body_limit
 from gmd.daemon.config import Config, parse
+from gmd.daemon.ingest.transport import with_body_limit
 from gmd.daemon.ledger import migrate
 from gmd.wire import USAGE_FIELDS
 

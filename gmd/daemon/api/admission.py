@@ -20,10 +20,11 @@ from collections.abc import Callable
 from typing import Any
 
 from gmd.daemon.api.errors import send_problem
+from gmd.wire import SAMPLES_PATH
 
 log = logging.getLogger(__name__)
 
-AGENT_PATHS = frozenset({"/v1/samples", "/v1/hosts/utilization", "/healthz", "/metrics"})
+AGENT_PATHS = frozenset({SAMPLES_PATH, "/v1/hosts/utilization", "/healthz", "/metrics"})
 AGENT_PREFIXES = ("/v1/plan/",)
 
 

@@ -18,12 +18,13 @@ from gmd.daemon.api.errors import Refused, invalid, refused
 from gmd.daemon.api.metrics import Rejection
 from gmd.daemon.api.services import Services
 from gmd.daemon.ledger.write_health import first_line
+from gmd.wire import SAMPLES_PATH
 
 log = logging.getLogger(__name__)
 
 
 async def unauthorized(request: Request, exc: AuthError) -> JSONResponse:
-    if request.url.path.startswith("/v1/samples"):
+    if request.url.path == SAMPLES_PATH:
         services: Services = request.app.state.services
         services.metrics.report_rejected(
             Rejection.unauthorized if exc.status == 401 else Rejection.wrong_host

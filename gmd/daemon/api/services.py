@@ -18,19 +18,19 @@ from sqlalchemy import Engine
 
 from gmd.daemon.api.access import read_access
 from gmd.daemon.api.auth import TokenAuth
-from gmd.daemon.api.checks import Plausible
-from gmd.daemon.api.limits import HostLimits
 from gmd.daemon.api.metrics import DaemonMetrics, QuotaChange
-from gmd.daemon.api.said_once import SaidOnce
 from gmd.daemon.config import Config
 from gmd.daemon.enforce.levels import after_interval
 from gmd.daemon.enforce.quota_job import QuotaReconciler, QuotaRun
+from gmd.daemon.ingest.checks import Plausible
+from gmd.daemon.ingest.limits import HostLimits
+from gmd.daemon.ingest.said_once import SaidOnce
+from gmd.daemon.ingest.store import LedgerStore
 from gmd.daemon.ledger import partitions, rollups
 from gmd.daemon.ledger.accounting import RunReport
 from gmd.daemon.ledger.retention import purge
 from gmd.daemon.ledger.schedule import Accountant
 from gmd.daemon.ledger.status import hosts_last_seen, level_counts
-from gmd.daemon.ledger.store import LedgerStore
 from gmd.daemon.ledger.write_health import WriteHealth
 from gmd.daemon.placement.client import PlacementClient
 from gmd.daemon.placement.recheck import Rechecker, RecheckReport
@@ -123,7 +123,7 @@ class Services:
 
     def start(self) -> None:
         """Record the configured organizations, make the raw tables' partitions of the coming
-        days, recall the hosts that post (:meth:`~gmd.daemon.ledger.store.LedgerStore.recall`)
+        days, recall the hosts that post (:meth:`~gmd.daemon.ingest.store.LedgerStore.recall`)
         and set the gauges from the ledger, then start the accountant (unless disabled)
         with its jobs: partitions ahead, retention, the quota reconciler when cloud quotas are
         enforced, names."""
@@ -211,8 +211,8 @@ class Services:
             {h.name: h.token_sha256 for h in config.hosts.values() if h.token_sha256},
             required=config.daemon.auth == "token",
         )
-        self.store.owner_of = config.owner_of
-        self.store.organization_customers = dict(config.organization_customers)
+        self.store.ids.owner_of = config.owner_of
+        self.store.ids.organization_customers = dict(config.organization_customers)
         self.store.sync_organizations(
             {config.default_owner} | {h.owner for h in config.hosts.values()}
         )

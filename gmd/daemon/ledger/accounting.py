@@ -49,7 +49,6 @@ from gmd.daemon.ledger.models import (
     IntervalState,
 )
 from gmd.daemon.ledger.quarantine import Quarantined, bad_data, isolate
-from gmd.daemon.ledger.store import CAPACITY_COLUMNS
 from gmd.daemon.ledger.tables import (
     batches as _batches,
     customer_ledger as _customer_ledger,
@@ -69,7 +68,7 @@ from gmd.fairness.interval import (
     Standing,
     account_interval,
 )
-from gmd.wire import RESOURCES
+from gmd.wire import CAPACITY_FIELDS, RESOURCES
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +184,7 @@ class RawInterval:
     samples: np.ndarray
     """:func:`read_samples`' array"""
     hosts: np.ndarray
-    """per accounted host: id, owner organization id, then ``CAPACITY_COLUMNS``"""
+    """per accounted host: id, owner organization id, then ``CAPACITY_FIELDS``"""
     customer_of_organization: dict[int, int]
 
 
@@ -221,11 +220,11 @@ def read_raw_interval(
         select(
             _host_intervals.c.host_id,
             _host_intervals.c.organization_id,
-            *(_host_intervals.c[c] for c in CAPACITY_COLUMNS),
+            *(_host_intervals.c[c] for c in CAPACITY_FIELDS),
         ).where(
             _host_intervals.c.interval_id == interval_id, accounted_hosts(interval_id, batch_ids)
         ),
-        2 + len(CAPACITY_COLUMNS),
+        2 + len(CAPACITY_FIELDS),
     )
     host_table = host_table[np.argsort(host_table[:, 0], kind="stable")]
     org_customer = customer_of_organization

@@ -176,7 +176,7 @@ def engine_for(url: str) -> Engine:
     connection is replaced instead once it is 4 minutes old, before the idle timeouts of common
     firewalls and load balancers (Azure's: 4 minutes). One that died anyway fails its first
     statement, which makes SQLAlchemy discard it and the pool's older ones; ingest retries the
-    batch (:func:`gmd.daemon.ledger.store._retryable`), other jobs run again at their next time.
+    batch (:func:`gmd.daemon.ingest.store.retryable`), other jobs run again at their next time.
 
     psycopg's statements are not prepared on the server by themselves (it would after five
     runs): a prepared statement soon runs a generic plan, chosen for the tables as they were
@@ -184,7 +184,7 @@ def engine_for(url: str) -> Engine:
     nothing, and a look-up of a batch's VMs planned on the empty table scanned the whole
     table for every batch after (9.1 ms a batch at 20,000 VMs, 0.6 ms planned each time). The
     one statement a known host's batch takes asks to be prepared
-    (:mod:`~gmd.daemon.ledger.steady_batch`): planning it each time cost more than running it.
+    (:mod:`~gmd.daemon.ingest.one_statement`): planning it each time cost more than running it.
     """
     memory = url in ("sqlite://", "sqlite:///:memory:")
     if url.startswith("sqlite:///") and not memory:

@@ -185,7 +185,7 @@ class Host(Base):
 
 SEEN_PERIOD_S = DAY_S
 """How stale ``vms.last_seen_s`` and ``customers.last_seen_s`` may be: ingest marks a host's VMs
-and customers seen once in each period of this length (gmd.daemon.ledger.store), so a row's
+and customers seen once in each period of this length (gmd.daemon.ingest.ids), so a row's
 last sample came less than this after its ``last_seen_s``, and retention waits this much longer
 before it deletes an unseen row (gmd.daemon.ledger.retention)."""
 

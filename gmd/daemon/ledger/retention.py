@@ -19,7 +19,7 @@ What is kept (``[retention]``, :class:`~gmd.daemon.config.RetentionConfig`):
   no throttle level above 0. With the default ``rollup_days = 0`` a customer that was ever
   accounted keeps its rollups, and so its row, for ever; what a host may introduce meanwhile
   is bounded by ``[daemon.limits]``. A purged VM or customer that comes back is a new row:
-  ingest finds its old id gone when it marks it seen (gmd.daemon.ledger.store).
+  ingest finds its old id gone when it marks it seen (gmd.daemon.ingest.ids).
 
 Two things are never purged, whatever the configuration: raw rows of an interval that is not
 accounted yet (accounting stalled for a month must still find its samples), and the ledger

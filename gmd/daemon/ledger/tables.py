@@ -7,9 +7,10 @@ once instead of in every module that queries.
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
-from sqlalchemy import Table
+from sqlalchemy import Connection, Table
+from sqlalchemy.dialects import postgresql, sqlite
 
 from gmd.daemon.ledger.models import (
     BalanceReset,
@@ -62,3 +63,14 @@ host_rollups = cast(Table, HostRollup.__table__)
 organization_rollups = cast(Table, OrganizationRollup.__table__)
 federation_events = cast(Table, FederationEvent.__table__)
 federation_standings = cast(Table, FederationStanding.__table__)
+
+
+def upsert(conn: Connection, table: Table) -> Any:
+    """The dialect's INSERT that can say ON CONFLICT (SQLite and PostgreSQL spell it alike)."""
+    return dialect_insert(conn.dialect.name, table)
+
+
+def dialect_insert(dialect_name: str, table: Table) -> Any:
+    """:func:`upsert` for a dialect known by name (a statement built once per dialect)."""
+    dialect = postgresql if dialect_name == "postgresql" else sqlite
+    return dialect.insert(table)

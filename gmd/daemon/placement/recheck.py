@@ -21,7 +21,6 @@ from gmd.daemon.enforce.quotas import QuotaError
 from gmd.daemon.ledger.migrate import writer
 from gmd.daemon.ledger.models import FLAVOR_COLUMNS, BatchState
 from gmd.daemon.ledger.quarantine import quarantine
-from gmd.daemon.ledger.store import CAPACITY_COLUMNS
 from gmd.daemon.ledger.tables import (
     batches as _batches,
     customers as _customers,
@@ -31,6 +30,7 @@ from gmd.daemon.ledger.tables import (
     vms as _vms,
 )
 from gmd.daemon.placement.view import Disagreement, PlacementView, Refusal
+from gmd.wire import CAPACITY_FIELDS
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ def pending(engine: Engine, limit: int = BATCHES_PER_RUN) -> list[Pending]:
                 _hosts.c.name,
                 _batches.c.interval_id,
                 _batches.c.state,
-                *(_host_intervals.c[c] for c in CAPACITY_COLUMNS),
+                *(_host_intervals.c[c] for c in CAPACITY_FIELDS),
             )
             .join(_hosts, _hosts.c.id == _batches.c.host_id)
             .join(

@@ -1,5 +1,5 @@
 """The fast reader of sample batches never accepts what the contract refuses, and reads what it
-accepts as the contract does: a property test of :mod:`gmd.daemon.api.fast_batch` against
+accepts as the contract does: a property test of :mod:`gmd.daemon.ingest.fast_parse` against
 :class:`gmd.wire.SampleBatch` (pydantic), on valid batches and on hostile changes of them."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from pydantic import ValidationError
 
-from gmd.daemon.api import fast_batch
-from gmd.daemon.api.samples import parse_record, record_of
-from gmd.daemon.ledger.store import BatchRecord
+from gmd.daemon.ingest import fast_parse
+from gmd.daemon.ingest.parse import parse_record, record_of
+from gmd.daemon.ingest.record import BatchRecord
 from gmd.wire import SampleBatch
 
 UUIDS = [f"{i:08x}-abcd-4000-8000-{i:012x}" for i in range(8)]
@@ -171,14 +171,14 @@ def test_every_valid_batch_is_read_fast_and_alike(document: dict[str, Any]) -> N
     body = json.dumps(document).encode()
     slow = contract_record(body)
     assert slow is not None, "the generator made a batch the contract refuses"
-    assert fast_batch.accept(body) is not None
+    assert fast_parse.accept(body) is not None
     same_record(parse_record(body), slow)
 
 
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(hostile_batches())
 def test_the_fast_reader_never_accepts_what_the_contract_refuses(body: bytes) -> None:
-    if fast_batch.accept(body) is None:
+    if fast_parse.accept(body) is None:
         return
     slow = contract_record(body)
     assert slow is not None, f"fast accepted what pydantic refuses: {body[:300]!r}"
@@ -221,10 +221,10 @@ def test_each_rule_of_the_contract_sends_the_body_to_pydantic(change: Any) -> No
         },
         "vms": [{"uuid": UUIDS[0], "customer": "acme", **dict.fromkeys(USAGE, 1.0)}],
     }
-    assert fast_batch.accept(json.dumps(document).encode()) is not None
+    assert fast_parse.accept(json.dumps(document).encode()) is not None
     change(document)
     body = json.dumps(document).encode()
-    assert fast_batch.accept(body) is None
+    assert fast_parse.accept(body) is None
     assert contract_record(body) is None
 
 
@@ -236,8 +236,8 @@ def test_numbers_beyond_a_double_and_non_json_literals_are_left_to_pydantic() ->
         ' "disk_read_bytes": 0, "disk_write_bytes": 0, "network_rx_bytes": 0,'
         ' "network_tx_bytes": 0}]}'
     )
-    assert fast_batch.accept((base % (UUIDS[0], "1")).encode()) is not None
+    assert fast_parse.accept((base % (UUIDS[0], "1")).encode()) is not None
     for number in ("1e400", "NaN", "Infinity", "-Infinity", "-1e400"):
         body = (base % (UUIDS[0], number)).encode()
-        assert fast_batch.accept(body) is None, number
+        assert fast_parse.accept(body) is None, number
         assert contract_record(body) is None, number

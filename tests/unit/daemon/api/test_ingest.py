@@ -14,8 +14,8 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from gmd.daemon.api.checks import BatchProblem, ProblemCode, batch_problems
-from gmd.daemon.api.samples import record_of
+from gmd.daemon.ingest.checks import BatchProblem, ProblemCode, batch_problems
+from gmd.daemon.ingest.parse import record_of
 from gmd.daemon.ledger.accounting import SAMPLE_USE, account_due, read_samples
 from gmd.wire import SampleBatch
 from tests.support.daemon_support import (
@@ -221,13 +221,13 @@ def test_a_new_vm_elsewhere_leaves_other_hosts_memory_in_use(
     looking its VMs up. A VM that moved does make it look them up."""
     store = daemon.app.state.services.store
     looked_up: list[str] = []
-    look_up = store._look_up
+    look_up = store.ids.look_up
 
     def counting(conn: Any, record: Any, *args: Any) -> Any:
         looked_up.append(record.host)
         return look_up(conn, record, *args)
 
-    monkeypatch.setattr(store, "_look_up", counting)
+    monkeypatch.setattr(store.ids, "look_up", counting)
     start = aligned_past(6)
     pair = [vm("vm-1"), vm("vm-2", "b")]
     assert post(daemon, batch(H1, start, pair)).status_code == 200

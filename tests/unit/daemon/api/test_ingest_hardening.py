@@ -22,7 +22,8 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from gmd.daemon.api.samples import record_of
+from gmd.daemon.ingest.parse import record_of
+from gmd.daemon.ingest.store import LedgerStore
 from gmd.daemon.ledger.accounting import (
     CLOSE_CHUNK,
     AccountingStuck,
@@ -30,7 +31,6 @@ from gmd.daemon.ledger.accounting import (
     account_next,
     compute_rows,
 )
-from gmd.daemon.ledger.store import LedgerStore
 from gmd.daemon.reports.explain import explain
 from gmd.fairness import interval as interval_step
 from gmd.wire import SampleBatch

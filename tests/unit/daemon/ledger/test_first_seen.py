@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
-from gmd.daemon.api.samples import record_of
+from gmd.daemon.ingest.parse import record_of
+from gmd.daemon.ingest.record import BatchRecord
+from gmd.daemon.ingest.store import LedgerStore
 from gmd.daemon.ledger import migrate
-from gmd.daemon.ledger.store import BatchRecord, LedgerStore
 from gmd.wire import SampleBatch
 from tests.support.daemon_support import HostSpec, aligned_past, batch, random_vms
 

@@ -17,9 +17,9 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
 
-from gmd.daemon.api.samples import record_of
+from gmd.daemon.ingest.parse import record_of
+from gmd.daemon.ingest.store import LedgerStore, retryable
 from gmd.daemon.ledger import migrate
-from gmd.daemon.ledger.store import LedgerStore, _retryable
 from gmd.wire import SampleBatch
 from tests.support.daemon_support import HostSpec, aligned_past, batch, kill, random_vms
 
@@ -96,8 +96,8 @@ def test_which_database_errors_are_retried() -> None:
     def error(orig: Exception, invalidated: bool = False) -> DBAPIError:
         return DBAPIError("INSERT …", {}, orig, connection_invalidated=invalidated)
 
-    assert _retryable(error(Orig("server closed the connection unexpectedly"), True))
-    assert _retryable(error(Orig("deadlock detected", "40P01")))
-    assert _retryable(error(Orig("could not serialize access", "40001")))
-    assert _retryable(error(Orig("database is locked")))
-    assert not _retryable(error(Orig("value too long for type", "22001")))
+    assert retryable(error(Orig("server closed the connection unexpectedly"), True))
+    assert retryable(error(Orig("deadlock detected", "40P01")))
+    assert retryable(error(Orig("could not serialize access", "40001")))
+    assert retryable(error(Orig("database is locked")))
+    assert not retryable(error(Orig("value too long for type", "22001")))

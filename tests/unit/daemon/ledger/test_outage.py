@@ -129,7 +129,7 @@ def test_a_ledger_server_that_refuses_connections_is_a_503_on_the_known_hosts_pa
     postgres_server_url: str,
 ) -> None:
     """Issue 44: PostgreSQL stopped under steady ingest. A known host's batch takes the
-    one-statement write (gmd.daemon.ledger.steady_batch), whose pooled connection is taken
+    one-statement write (gmd.daemon.ingest.one_statement), whose pooled connection is taken
     outside SQLAlchemy's error handling: the server's refusal came out as psycopg's own error
     and the daemon answered 500, never entering its write-failing state, so the accountant
     closed the outage's intervals and the spooled batches arrived late. Now: 503, the state

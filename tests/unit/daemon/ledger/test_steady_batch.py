@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
-from gmd.daemon.api.samples import record_of
+from gmd.daemon.ingest.parse import record_of
+from gmd.daemon.ingest.record import BatchRecord, CapacityConflict, KeyReused
+from gmd.daemon.ingest.store import LedgerStore
 from gmd.daemon.ledger import migrate
-from gmd.daemon.ledger.store import BatchRecord, CapacityConflict, KeyReused, LedgerStore
 from gmd.wire import SampleBatch
 from tests.support.daemon_support import (
     HostSpec,
@@ -75,7 +76,7 @@ class Statements:
 
 def general(engine: sa.Engine) -> LedgerStore:
     store = LedgerStore(engine, lambda _host: "operator")
-    store._steady = None  # the reference: the general path only
+    store.one_statement = None  # the reference: the general path only
     return store
 
 

@@ -13,9 +13,9 @@ import pytest
 import sqlalchemy as sa
 
 from gmd.daemon.config import Config, RetentionConfig
+from gmd.daemon.ingest.ids import mark_period
 from gmd.daemon.ledger.accounting import account_due
 from gmd.daemon.ledger.retention import purge
-from gmd.daemon.ledger.store import mark_period
 from gmd.daemon.ledger.tables import actions, customers, levels, vms
 from tests.support.daemon_support import (
     HostSpec,
@@ -197,8 +197,8 @@ def test_a_vm_is_marked_seen_once_a_period_and_the_purge_tells_ingest_to_let_go(
 
         purge(engine, RETENTION, now_s=recent + HOUR, forget=forget)
         assert forgotten == [([as_uuid("vm-b")], []), ([], ["b"])]
-        assert as_uuid("vm-b") not in store._ids.vms and "b" not in store._ids.customers
-        assert as_uuid("vm-a") in store._ids.vms
+        assert as_uuid("vm-b") not in store.ids.cache.vms and "b" not in store.ids.cache.customers
+        assert as_uuid("vm-a") in store.ids.cache.vms
 
 
 def test_marking_periods_spread_a_clouds_hosts_over_the_day() -> None:

@@ -1,7 +1,6 @@
-"""``POST /v1/samples``: where agents' usage enters the ledger.
-
-The body is parsed by hand rather than by FastAPI, which is several times faster on batches of
-hundreds of VMs and lets a refusal name the exact spot. Nothing of a refused batch is written.
+"""``POST /v1/samples`` past its transport: a parsed batch checked against its caller, the
+daemon's settings, its host's bounds and Placement, then stored; nothing of a refused batch is
+written. The one place a batch is let in (:func:`parse_and_store`).
 """
 
 from __future__ import annotations
@@ -10,67 +9,26 @@ import dataclasses
 import hashlib
 import logging
 import time
-from collections.abc import Mapping
-from typing import Any, Protocol, cast
+from typing import Any
 
-import numpy as np
-import orjson
-from fastapi import APIRouter, Response
-from pydantic import ValidationError
-
-from gmd.daemon.api import fast_batch
-from gmd.daemon.api.checks import (
-    BatchProblem,
-    ProblemCode,
-    batch_problems,
-    implausible,
-)
-from gmd.daemon.api.deps import Caller, ServicesDep
-from gmd.daemon.api.errors import Refused, json_document, json_media, validation_problem
-from gmd.daemon.api.limits import Claim
+from gmd.daemon.api.errors import Refused
 from gmd.daemon.api.metrics import DaemonMetrics, Rejection
 from gmd.daemon.api.services import Services
-from gmd.daemon.ledger.store import (
-    DIGEST_PREFIX,
+from gmd.daemon.ingest.checks import BatchProblem, ProblemCode, batch_problems, implausible
+from gmd.daemon.ingest.limits import Claim
+from gmd.daemon.ingest.parse import parse_record
+from gmd.daemon.ingest.record import (
     BatchRecord,
     BeforeOrigin,
     CapacityConflict,
     IngestResult,
     KeyReused,
+    content_digest,
 )
 from gmd.daemon.placement.view import VERIFIED, Verdict
-from gmd.wire import (
-    CAPACITY_FIELDS,
-    FLAVOR_FIELDS,
-    USAGE_FIELDS,
-    BatchReceipt,
-    SampleBatch,
-    canonical_customer,
-)
+from gmd.wire import BatchReceipt
 
 log = logging.getLogger(__name__)
-
-router = APIRouter()
-
-# FastAPI does not see the body (the route reads it), so the spec is told what it holds.
-_BATCH_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/SampleBatch"}}},
-    }
-}
-
-
-SAMPLES_PATH = "/v1/samples"
-
-
-@router.post(SAMPLES_PATH, response_model=BatchReceipt, openapi_extra=_BATCH_BODY)
-async def post_samples(host: Caller, services: ServicesDep) -> Response:
-    """Store one host's usage for one interval (a ``SampleBatch``). A retry with the same
-    key is acknowledged again and counted once."""
-    # The app's SampleIntake (gmd.daemon.api.intake) serves this route ahead of FastAPI's
-    # routing; it is declared here for the API's description, with its token parameter.
-    raise AssertionError(f"POST {SAMPLES_PATH} is served by gmd.daemon.api.intake")
 
 
 def parse_and_store(
@@ -85,47 +43,6 @@ def parse_and_store(
         if exc.reason is not None:
             services.metrics.report_rejected(exc.reason)
         raise
-
-
-def parse_record(body: bytes, content_type: str | None = "application/json") -> BatchRecord:
-    """The batch in a request body, as the ledger stores it, or :class:`Refused` saying what
-    is wrong and where. The common case is read by :mod:`~gmd.daemon.api.fast_batch`; anything
-    else by pydantic, which accepts it or words the refusal."""
-    json_media(content_type)
-    fast = fast_batch.accept(body)
-    if fast is None:
-        return record_of(parse_batch(body, content_type))
-    vms = fast.vms
-    return record_from(
-        fast,
-        capacity=fast_batch.capacity(fast),
-        uuids=[vm.uuid for vm in vms],
-        customers=[vm.customer for vm in vms],
-        use=fast_batch.use(fast),
-        flavor=fast_batch.flavor(fast),
-        created_s=[vm.created_s for vm in vms],
-        names=dict(fast.customer_names),
-        host_cpu_s=fast.host_cpu_s,
-    )
-
-
-def parse_batch(body: bytes, content_type: str | None = "application/json") -> SampleBatch:
-    """The batch in a request body, or :class:`Refused` saying what is wrong and where.
-
-    pydantic parses the JSON itself, a third faster than building the document first. A body
-    it refuses is parsed again the slow way, so that every refusal reads as it always has:
-    malformed JSON (NaN, Infinity) as a 400 naming the character, the rest as a 422 by field.
-    The media type is the caller's to check (:func:`parse_record`).
-    """
-    try:
-        return SampleBatch.model_validate_json(body)
-    except ValidationError:
-        pass
-    document = json_document(content_type, body)
-    try:
-        return SampleBatch.model_validate(document)
-    except ValidationError as exc:
-        raise validation_problem(exc.errors()) from None
 
 
 def store_batch(
@@ -373,113 +290,6 @@ REJECTION_OF = {
     ProblemCode.HOST_USE: Rejection.implausible,
 }
 """How each problem a check finds counts among the refusals."""
-
-
-_NO_FLAVOR: Mapping[str, float | None] = {}
-
-
-class BatchHead(Protocol):
-    """What a parsed batch says besides its VMs (a :class:`SampleBatch` or a fast one)."""
-
-    @property
-    def key(self) -> str: ...
-    @property
-    def host(self) -> str: ...
-    @property
-    def interval_start_s(self) -> int: ...
-    @property
-    def interval_s(self) -> int: ...
-
-
-def record_of(batch: SampleBatch) -> BatchRecord:
-    """The batch as the ledger store takes it: columns in the order of :data:`RESOURCES`."""
-    vms = cast(list[Mapping[str, Any]], batch.vms)
-    # Column by column: a list per field is cheaper than a tuple per VM.
-    use = np.array([[v[f] for v in vms] for f in USAGE_FIELDS], dtype=np.float64).T.reshape(
-        len(vms), len(USAGE_FIELDS)
-    )
-    flavors = [v.get("flavor", _NO_FLAVOR) for v in vms]
-    # None (no amount) becomes NaN.
-    flavor = np.array(
-        [[f.get(k) for f in flavors] for k in FLAVOR_FIELDS], dtype=np.float64
-    ).T.reshape(len(vms), len(FLAVOR_FIELDS))
-    return record_from(
-        batch,
-        capacity=tuple(getattr(batch.capacity, f) for f in CAPACITY_FIELDS),
-        uuids=[v["uuid"] for v in vms],
-        customers=[v["customer"] for v in vms],
-        use=use,
-        flavor=flavor,
-        created_s=[v.get("created_s") for v in vms],
-        names=dict(batch.customer_names),
-        host_cpu_s=batch.host_cpu_s,
-    )
-
-
-def record_from(
-    head: BatchHead,
-    *,
-    capacity: tuple[float, ...],
-    uuids: list[str],
-    customers: list[str],
-    use: np.ndarray,
-    flavor: np.ndarray,
-    created_s: list[int | None],
-    names: dict[str, str],
-    host_cpu_s: float | None = None,
-) -> BatchRecord:
-    # One spelling per project (canonical_customer), whatever the host wrote: a project's id
-    # spelled otherwise would be another customer, one its members cannot read.
-    spelled = {c: canonical_customer(c) for c in {*customers, *names}}
-    if any(c != s for c, s in spelled.items()):
-        customers = [spelled[c] for c in customers]
-        names = {spelled[c]: n for c, n in names.items()}
-    record = BatchRecord(
-        key=head.key,
-        digest="",
-        host=head.host,
-        interval_start_s=head.interval_start_s,
-        interval_s=head.interval_s,
-        capacity=capacity,
-        vm_uuids=uuids,
-        customers=customers,
-        use=use,
-        flavor=flavor,
-        created_s=created_s,
-        customer_names=names,
-        host_cpu_s=None if host_cpu_s is None else float(host_cpu_s),
-    )
-    return dataclasses.replace(record, digest=content_digest(record))
-
-
-def content_digest(record: BatchRecord) -> str:
-    """A hash of what the batch says, to tell a retry (same content) from a reused key.
-
-    Taken over the parsed values, not the body: a retry that spells the same batch otherwise
-    (keys in another order, ``1`` for ``1.0``) is the same batch, and hashing the columns
-    costs a tenth of serializing the document again. Prefixed with ``v2:``, which no digest of
-    the first kind (64 hex digits of the document's SHA-256) has.
-    """
-    head = orjson.dumps(
-        [
-            record.key,
-            record.host,
-            record.interval_start_s,
-            record.interval_s,
-            record.capacity,
-            record.created_s,
-            sorted(record.customer_names.items()),
-            # Only when given: a batch without it keeps the digest it had before the field.
-            *([] if record.host_cpu_s is None else [record.host_cpu_s]),
-        ]
-    )
-    h = hashlib.sha256(head)
-    h.update("\0".join(record.vm_uuids).encode())
-    h.update(b"\1")
-    h.update("\0".join(record.customers).encode())
-    h.update(record.use.tobytes())
-    h.update(record.flavor.tobytes())
-    return DIGEST_PREFIX + h.hexdigest()[: 64 - len(DIGEST_PREFIX)]
 
 
 def _count(metrics: DaemonMetrics, batch: BatchRecord, result: IngestResult) -> None:

@@ -11,7 +11,7 @@ execution machinery, which the batch needs nothing of.
 
 The statement stores the batch only if it can store all of it as the general path would, and
 otherwise stores nothing and returns no row: the caller then takes the general path
-(:meth:`~gmd.daemon.ledger.store.LedgerStore.ingest`), which tells a retry from a reused key,
+(:mod:`.batch_writer`), which tells a retry from a reused key,
 makes a missing interval and words a capacity conflict. So the statement stores the batch
 when, in its snapshot:
 
@@ -30,7 +30,8 @@ statement (a unique violation, nothing stored), and the general path answers it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import psycopg
@@ -38,6 +39,9 @@ from psycopg.adapt import Dumper
 from psycopg.pq import Format
 from sqlalchemy import Engine
 
+from gmd.daemon.ingest.ids import LedgerIds, mark_period
+from gmd.daemon.ingest.record import Admit, BatchRecord, IngestResult
+from gmd.daemon.ledger import sample_store
 from gmd.daemon.ledger.models import PER_VM, SAMPLE_IDS, IntervalState, sample_batches
 from gmd.daemon.ledger.sample_store import BATCH_COLUMNS
 from gmd.daemon.ledger.tables import batches, host_intervals, hosts, intervals
@@ -80,7 +84,7 @@ class _Float8ArrayDumper(_ArrayDumper):
     oid = 1022  # float8[]
 
 
-_DUMPERS = "gmd.steady_batch.dumpers"
+_DUMPERS = "gmd.one_statement.dumpers"
 """The key in a pooled connection's ``info`` (SQLAlchemy keeps it for the connection's life)
 that says its adapters know the two array classes: they are our own types, so registering them
 on the connection changes nothing else it sends."""
@@ -134,7 +138,7 @@ SELECT id, late FROM batch
 STATEMENT = _statement()
 
 
-def store(
+def run_statement(
     engine: Engine, scalars: Mapping[str, Any], arrays: Mapping[str, bytes]
 ) -> tuple[int, bool] | None:
     """Run :data:`STATEMENT` on one of ``engine``'s pooled connections, in autocommit:
@@ -180,3 +184,69 @@ def store(
     finally:
         raw.close()
     return None if row is None else (int(row[0]), bool(row[1]))
+
+
+class OneStatement:
+    """A known host's batch by :data:`STATEMENT`: ``writer`` the ledger's engine for writes,
+    ``ids`` the ids made and cached, ``partition_for(start_s)`` makes the raw tables'
+    partition of an interval's day."""
+
+    def __init__(self, writer: Engine, ids: LedgerIds, partition_for: Callable[[int], None]):
+        self.writer, self.ids, self.partition_for = writer, ids, partition_for
+
+    def store(
+        self,
+        record: BatchRecord,
+        now_s: float | None,
+        admit: Admit | None,
+        unverified: bool,
+    ) -> IngestResult | None:
+        """Store the batch of a known host that lists the VMs this process remembers it
+        listing, all marked seen in this period, in one statement (:data:`STATEMENT`);
+        None when it is not such a batch
+        or the statement stored nothing, for the general path to decide. ``admit`` is told
+        before the write: a batch that ends up not stored here is told again by the general
+        path, or not at all (a retry), and the caller keeps only the last claim of a stored
+        batch. A batch ``admit`` refuses goes to the general path too, which tells a retry
+        (acknowledged, not counted) from a batch over the bound (refused there)."""
+        if not record.vm_uuids:
+            return None
+        owner = self.ids.owner_of(record.host)
+        with self.ids.cache.lock:
+            org_id = self.ids.cache.organizations.get(owner)
+            host = self.ids.cache.hosts.get(record.host)
+        if host is None or host[1] != org_id:
+            return None
+        host_id = host[0]
+        known = self.ids.cache.same_vms(host_id, record)
+        if known is None or known.period != mark_period(record.host, record.interval_start_s):
+            return None
+        if not known.named and record.customer_names:
+            return None
+        self.partition_for(record.interval_start_s)
+        if admit is not None:
+            try:
+                admit(0, 0)
+            except Exception:
+                # Perhaps a retry, which is not refused: the general path tells.
+                return None
+        stored = run_statement(
+            self.writer,
+            {
+                "key": record.key,
+                "digest": record.digest,
+                "host_id": host_id,
+                "owner_id": org_id,
+                "interval_id": record.interval_start_s,
+                "samples": len(record.vm_uuids),
+                "host_cpu_s": record.host_cpu_s,
+                "unverified": unverified,
+                "now_s": int(time.time() if now_s is None else now_s),
+                **dict(zip(CAPACITY_FIELDS, record.capacity, strict=True)),
+            },
+            sample_store.batch_arrays(known.vm_ids, known.customer_ids, record.use, record.flavor),
+        )
+        if stored is None:
+            return None
+        n = len(record.vm_uuids)
+        return IngestResult("accepted", n, n if stored[1] else 0)

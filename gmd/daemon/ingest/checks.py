@@ -18,7 +18,7 @@ from enum import Enum
 
 import numpy as np
 
-from gmd.daemon.ledger.store import BatchRecord
+from gmd.daemon.ingest.record import BatchRecord
 from gmd.wire import CAPACITY_FIELDS, FLAVOR_FIELDS, RESOURCES, USAGE_FIELDS
 
 
