@@ -51,7 +51,7 @@ from gmd.agent.apply.limits import (
     shares_to_cpu_weight,
 )
 from gmd.agent.cgroups import CgroupLocator, DomainCgroups
-from gmd.agent.collect.kernel import counter_files
+from gmd.agent.collect.kernel_files import counter_files
 from tests.support.appliers import V2_DEFAULTS, FakeCgroupfsIO
 
 PAGE = 4096
