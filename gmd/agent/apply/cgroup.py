@@ -1,7 +1,7 @@
 """The cgroup applier, for hosts configured not to go through libvirt's tuning: it writes the
-VM's cgroup files through :mod:`gmd.agent.apply.cgroupfs` (v1 or v2, where its QEMU process
-sits: the groups the kernel collector reads), and libvirt (read-only) only tells it which VMs
-run, under which name, domain id and disks."""
+VM's cgroup files through :mod:`gmd.agent.apply.cgroupfs_writes` (v1 or v2, where its QEMU
+process sits: the groups the kernel collector reads), and libvirt (read-only) only tells it
+which VMs run, under which name, domain id and disks."""
 
 from __future__ import annotations
 
@@ -18,15 +18,11 @@ from typing import Any
 import libvirt
 
 from gmd.agent.apply.base import BackendUnavailable, Outcome, PlanApplier, VmGone, VmRef, prefixed
-from gmd.agent.apply.cgroupfs import (
-    DISK_WEIGHT_UNSUPPORTED,
-    ApplyReport,
+from gmd.agent.apply.cgroupfs import CgroupError, CgroupVersion, VmIdentity
+from gmd.agent.apply.cgroupfs_report import DISK_WEIGHT_UNSUPPORTED, ApplyReport, Snapshot
+from gmd.agent.apply.cgroupfs_writes import (
     CgroupBackend,
-    CgroupError,
     CgroupIO,
-    CgroupVersion,
-    Snapshot,
-    VmIdentity,
     apply as cgroup_apply,
     dry_run,
     restore as cgroup_restore,
@@ -100,8 +96,8 @@ def file_knob(setting: str) -> Knob | None:
 
 
 class CgroupApplier(PlanApplier):
-    """Writes cgroup files directly (:class:`gmd.agent.apply.cgroupfs.CgroupBackend`); libvirt
-    (read-only) says which VMs run and under which name, domain id and disks."""
+    """Writes cgroup files directly (:class:`gmd.agent.apply.cgroupfs_writes.CgroupBackend`);
+    libvirt (read-only) says which VMs run and under which name, domain id and disks."""
 
     backend = EnforceBackend.cgroup
 

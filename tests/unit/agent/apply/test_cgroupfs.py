@@ -24,21 +24,18 @@ import pytest
 from gmd.agent.apply.cgroupfs import (
     LIBVIRT_TEMPLATE,
     SYSTEMD_TEMPLATE,
-    CgroupBackend,
     CgroupError,
-    Snapshot,
     VmCgroup,
     VmIdentity,
-    apply,
     detect,
     from_domain,
     from_template,
     libvirt_machine_name,
-    read_current,
     render_template,
-    restore,
     systemd_escape,
 )
+from gmd.agent.apply.cgroupfs_report import Snapshot
+from gmd.agent.apply.cgroupfs_writes import CgroupBackend, apply, read_current, restore
 from gmd.agent.apply.limits import (
     LimitsError,
     VmLimits,

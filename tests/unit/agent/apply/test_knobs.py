@@ -17,7 +17,7 @@ import libvirt
 import pytest
 
 from gmd.agent.apply.cgroup import CgroupApplier
-from gmd.agent.apply.cgroupfs import CgroupIO
+from gmd.agent.apply.cgroupfs_writes import CgroupIO
 from gmd.agent.apply.libvirt import LibvirtApplier
 from gmd.agent.libvirt_conn import DOMAIN_GONE, gone
 from gmd.wire import HostCapabilities, Knob, KnobOutcome
