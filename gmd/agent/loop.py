@@ -381,8 +381,7 @@ class Agent:
             m.batches_went(BatchFate.rejected, report.rejected)
             m.spooled.inc(report.missed)
         waiting, size = self.spool.size()
-        m.spool_batches.set(waiting)
-        m.spool_bytes.set(size)
+        m.spool(waiting, size)
         return waiting
 
     def reconfigure(self, config: AgentConfig, client: DaemonClient | None = None) -> None:

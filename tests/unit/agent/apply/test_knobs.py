@@ -251,7 +251,9 @@ def test_the_agent_probes_tells_the_daemon_once_and_applies_with_the_probe(
     assert said.support(Knob.disk_weight).support.value == "unsupported"
     assert weight(conn, UUID_A) == 0  # no weight written where it would do nothing
     assert [k.knob for k in first.enforcement[0].knobs] == [Knob.cpu_weight, Knob.disk_weight]
-    gauge = agent.metrics.knob_support.labels("disk_weight", "unsupported")._value.get()
+    gauge = agent.metrics.registry.get_sample_value(
+        "gmd_agent_knob_support", {"knob": "disk_weight", "support": "unsupported"}
+    )
     assert gauge == 1
     spool.close()
 
