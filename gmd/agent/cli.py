@@ -194,6 +194,10 @@ def agent(
     enforcement state cannot be used (or --restore-all left VMs unrestored, or a replay's batches
     were not all delivered), 2 bad configuration or option. Why it stopped is
     one line on stderr: gmd-agent: error: WHAT.
+    \f
+    For the reader, not --help (Click and Typer stop at the form feed): this function's length
+    is its option declarations, each with its help text; what it does is the lines below,
+    which hand each way of running to a function of its own.
     """
     logs.setup(log_level.value, quiet=("httpx",))
     try:
