@@ -94,7 +94,7 @@ def new_key(host: str, interval_start_s: int) -> str:
     return f"{name}/{interval_start_s}/{secrets.token_hex(8)}"
 
 
-class Agent:
+class AgentLoop:
     """One host's agent: collector → state → spool → sender. ``tick()`` is one round."""
 
     def __init__(

@@ -33,7 +33,7 @@ from gmd.common.units import DAY_S
 from gmd.traces import TraceError, read_trace, trace_names, trace_paths, traces_digest
 
 if TYPE_CHECKING:
-    from gmd.agent.loop import Agent
+    from gmd.agent.loop import AgentLoop
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +202,7 @@ def replay_id(config: AgentConfig, clock: ReplayClock) -> str:
 
 
 def replay_key(replay: str, clock: ReplayClock) -> Callable[[str, int], str]:
-    """The batch keys of a replay (``Agent(key=…)``): host, interval, the replay
+    """The batch keys of a replay (``AgentLoop(key=…)``): host, interval, the replay
     (:func:`replay_id`) and the simulated instant of the tick that closed the batch.
 
     Deterministic, where a live agent's keys are random: a replay reads the same counters at
@@ -257,7 +257,7 @@ def tick_times(start_s: float, end_s: float, tick_s: float) -> Iterator[float]:
 
 
 def replay_run(
-    agents: Agent | Sequence[Agent],
+    agents: AgentLoop | Sequence[AgentLoop],
     clock: ReplayClock,
     *,
     stop: threading.Event | None = None,
@@ -336,7 +336,9 @@ def replay_run(
     )
 
 
-def _resume_points(agents: Sequence[Agent], clock: ReplayClock, resume: bool) -> list[float | None]:
+def _resume_points(
+    agents: Sequence[AgentLoop], clock: ReplayClock, resume: bool
+) -> list[float | None]:
     """Each agent's last reading of an earlier run, from its spool's state (``None``: it
     starts afresh), its collector set to resume there; :class:`ReplayError` when the agents
     cannot replay together or a spool's state is not this replay's to resume (see

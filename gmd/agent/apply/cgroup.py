@@ -17,7 +17,14 @@ from typing import Any
 
 import libvirt
 
-from gmd.agent.apply.base import BackendUnavailable, Outcome, PlanApplier, VmGone, VmRef, prefixed
+from gmd.agent.apply.base import (
+    BackendUnavailable,
+    ChangeOutcome,
+    PlanApplier,
+    VmGone,
+    VmRef,
+    prefixed,
+)
 from gmd.agent.apply.cgroupfs import CgroupError, CgroupVersion, VmIdentity
 from gmd.agent.apply.cgroupfs_report import DISK_WEIGHT_UNSUPPORTED, ApplyReport, Snapshot
 from gmd.agent.apply.cgroupfs_writes import (
@@ -194,7 +201,7 @@ class CgroupApplier(PlanApplier):
         *,
         dry: bool,
         skip: frozenset[Knob] = frozenset(),
-    ) -> Outcome:
+    ) -> ChangeOutcome:
         limits, errors = self._limits(vm, item, skip)
         outcome = self._run(vm, originals, limits, list(errors), dry=dry)
         for error in errors:  # the plan item's own: disk caps without a device, bad limits
@@ -202,7 +209,7 @@ class CgroupApplier(PlanApplier):
                 outcome.knob_failed(knob, error)
         return outcome
 
-    def _restore(self, vm: VmRef, originals: dict[str, Any], *, dry: bool) -> Outcome:
+    def _restore(self, vm: VmRef, originals: dict[str, Any], *, dry: bool) -> ChangeOutcome:
         return self._run(vm, originals, None, [], dry=dry)
 
     def _run(
@@ -213,7 +220,7 @@ class CgroupApplier(PlanApplier):
         errors: list[str],
         *,
         dry: bool,
-    ) -> Outcome:
+    ) -> ChangeOutcome:
         try:
             cg = self.cgroups.locate(self._identity(vm))
             snapshot = Snapshot.from_dict(originals)
@@ -224,13 +231,13 @@ class CgroupApplier(PlanApplier):
                 else:
                     report = cgroup_apply(cg, limits, snapshot, io=io)
         except CgroupError as exc:
-            outcome = Outcome(errors=prefixed(vm, [*errors, str(exc)]))
+            outcome = ChangeOutcome(errors=prefixed(vm, [*errors, str(exc)]))
             for knob in _asked(limits):
                 outcome.knob_failed(knob, str(exc))
             return outcome
         if not dry and not errors and _vanished(vm, report):
             raise VmGone(vm.uuid)
-        outcome = Outcome()
+        outcome = ChangeOutcome()
         for error in errors:
             outcome.knob_failed(
                 Knob.disk_limit if error.startswith("disk") else Knob.cpu_cap, error

@@ -33,7 +33,7 @@ from gmd.agent.apply.libvirt import (
 from gmd.agent.apply.state import EnforcementStateError
 from gmd.agent.client import DaemonClient, PlanUnavailable
 from gmd.agent.config import parse_agent
-from gmd.agent.loop import Agent
+from gmd.agent.loop import AgentLoop
 from gmd.wire import PlanReport
 from tests.support.appliers import (
     NODE,
@@ -454,7 +454,7 @@ def test_the_agent_fetches_at_most_every_plan_every_s_and_keeps_settings_when_un
     spool = Spool(tmp_path / "spool.db", max_bytes=2**20, max_batches=100)
     applier = LibvirtApplier(SchedConn(conn), state_path=tmp_path / "s.json")
     plans = Plans()
-    agent = Agent(config, collector, spool, None, applier=applier, plans=plans)
+    agent = AgentLoop(config, collector, spool, None, applier=applier, plans=plans)
     t0 = 1_800_000_000.0
     plans.plan = plan("on", item(UUID_B))
     report = agent.tick(t0)
