@@ -271,7 +271,7 @@ class KernelFloor:
 
     def __init__(self, guests: list[Any]) -> None:
         from gmd.agent.cgroups import CgroupLocator
-        from gmd.agent.collect.kernel import counter_files
+        from gmd.agent.collect.kernel_files import counter_files
 
         locator = CgroupLocator()
         mounts = locator.mounts()

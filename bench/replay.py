@@ -27,7 +27,7 @@ from gmd.admin.demo import PACKAGED_TRACES
 from gmd.agent.collect.aggregate import AgentState, advance
 from gmd.agent.collect.replay import ReplayClock, ReplayCollector, plan_clock, replay_vms
 from gmd.agent.config import parse_agent
-from gmd.agent.loop import Agent
+from gmd.agent.loop import AgentLoop
 from gmd.agent.replay_run import replay_run, tick_times
 from gmd.agent.spool import Spool
 from gmd.traces import read_trace, trace_paths, trace_ranges
@@ -90,7 +90,7 @@ def main() -> None:
             }
         )
         spool = Spool(config.spool_path, max_bytes=2**40, max_batches=10**9)
-        agent = Agent(config, collector, spool, None)
+        agent = AgentLoop(config, collector, spool, None)
         t0 = time.perf_counter()
         report = replay_run(agent, clock)
         agent_s = time.perf_counter() - t0

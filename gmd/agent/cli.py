@@ -1,6 +1,6 @@
 """gmd-agent: samples VMs through libvirt and pushes per-interval usage to the daemon.
 
-Wiring only: the loop is :class:`gmd.agent.loop.Agent`; ``/metrics`` and ``/healthz`` are
+Wiring only: the loop is :class:`gmd.agent.loop.AgentLoop`; ``/metrics`` and ``/healthz`` are
 :mod:`gmd.agent.endpoints`.
 With ``agent.collector = "replay"`` the host is simulated from recorded traces
 (:mod:`gmd.agent.collect.replay`): the agent replays its simulated time span, then exits.
@@ -26,7 +26,7 @@ from gmd.agent.client import DaemonClient, Delivery
 from gmd.agent.collect.base import Collector
 from gmd.agent.config import AgentConfig, CollectorKind, load_agent
 from gmd.agent.endpoints import EndpointError, EndpointServer, TickHealth
-from gmd.agent.loop import Agent, dry_run_batch, new_key
+from gmd.agent.loop import AgentLoop, dry_run_batch, new_key
 from gmd.agent.metrics import AgentMetrics
 from gmd.agent.sender import Sender
 from gmd.agent.spool import Spool, SpoolError
@@ -194,6 +194,10 @@ def agent(
     enforcement state cannot be used (or --restore-all left VMs unrestored, or a replay's batches
     were not all delivered), 2 bad configuration or option. Why it stopped is
     one line on stderr: gmd-agent: error: WHAT.
+    \f
+    For the reader, not --help (Click and Typer stop at the form feed): this function's length
+    is its option declarations, each with its help text; what it does is the lines below,
+    which hand each way of running to a function of its own.
     """
     logs.setup(log_level.value, quiet=("httpx",))
     try:
@@ -383,9 +387,9 @@ def _serve(
         collector.close()
         raise
     server = None
-    reloader: Reloader | None = None
+    reloader: AgentReloader | None = None
     try:
-        runner = Agent(
+        runner = AgentLoop(
             config,
             collector,
             spool,
@@ -413,7 +417,7 @@ def _serve(
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda _n, _f: stop.set())
-        reloader = Reloader(runner)
+        reloader = AgentReloader(runner)
         signal.signal(signal.SIGHUP, lambda _n, _f: reloader.start())
         _log_start(config, replaying=clock is not None, enforcing=applier is not None)
         if clock is not None:
@@ -435,12 +439,12 @@ def _serve(
             applier.close()
 
 
-class Reloader:
+class AgentReloader:
     """SIGHUP's work, on a thread of its own: read the file again and put its live settings
     in force (:mod:`gmd.agent.reload`), one reload at a time, each said in the log. A client
     replaced is closed when the agent stops (a post may still be using it)."""
 
-    def __init__(self, runner: Agent) -> None:
+    def __init__(self, runner: AgentLoop) -> None:
         self.runner = runner
         self._lock = threading.Lock()
         self._old: list[DaemonClient] = []
@@ -490,7 +494,7 @@ class Reloader:
             client.close()
 
 
-def _endpoints(config: AgentConfig, runner: Agent) -> EndpointServer:
+def _endpoints(config: AgentConfig, runner: AgentLoop) -> EndpointServer:
     """``/metrics`` and ``/healthz`` on ``agent.metrics_bind:metrics_port``; exit 1 if the
     port cannot be had."""
     try:
@@ -524,7 +528,7 @@ def _log_start(config: AgentConfig, *, replaying: bool, enforcing: bool) -> None
 
 
 def _replay(
-    runner: Agent, clock: ReplayClock, stop: threading.Event | None, *, once: bool = False
+    runner: AgentLoop, clock: ReplayClock, stop: threading.Event | None, *, once: bool = False
 ) -> None:
     """Replay the clock's span through the agent; exit 1 if its spool is another run's or
     batches are left undelivered (a replay that silently misses intervals misleads).

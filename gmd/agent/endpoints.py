@@ -38,7 +38,7 @@ from prometheus_client.exposition import choose_encoder
 from gmd import GmdError
 
 if TYPE_CHECKING:
-    from gmd.agent.loop import Agent
+    from gmd.agent.loop import AgentLoop
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +63,12 @@ class Health:
 
 
 class TickHealth:
-    """Whether an agent is healthy, from its latest tick (:attr:`gmd.agent.loop.Agent.finished`).
+    """Whether an agent is healthy, from its latest tick
+    (:attr:`gmd.agent.loop.AgentLoop.finished`).
 
     ``clock`` is the one the agent stamps its ticks with (``time.monotonic``)."""
 
-    def __init__(self, agent: Agent, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, agent: AgentLoop, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.agent, self.clock = agent, clock
         config = agent.config
         self.stale_s = STALE_TICKS * config.tick_s + DAEMON_CALLS * config.timeout_s
@@ -112,7 +113,7 @@ class TickHealth:
         )
 
 
-class _Server(ThreadingHTTPServer):
+class _MetricsServer(ThreadingHTTPServer):
     daemon_threads = True  # a client that hangs does not keep the agent from exiting
     allow_reuse_port = False  # a second agent on the port is an error, not a shared port
 
@@ -138,7 +139,7 @@ class _Server(ThreadingHTTPServer):
 
 
 class _Handler(BaseHTTPRequestHandler):
-    server: _Server
+    server: _MetricsServer
     timeout = REQUEST_TIMEOUT_S
     server_version = "gmd-agent"
     # An error answers even a request that is not HTTP/1.x with a status line (http.server
@@ -196,7 +197,7 @@ class EndpointServer:
             family = socket.getaddrinfo(
                 bind, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
             )[0][0]
-            self._server = _Server((bind, port), family, registry, health)
+            self._server = _MetricsServer((bind, port), family, registry, health)
         except OSError as exc:
             raise EndpointError(
                 f"cannot serve /metrics and /healthz on {bind}:{port} (agent.metrics_bind,"

@@ -17,8 +17,6 @@ from typing import Any
 
 import libvirt
 
-from gmd.agent.collect.base import FailureKind, ReadFailure
-
 log = logging.getLogger(__name__)
 
 # The domain was undefined between two calls: it is gone, whatever the call was.
@@ -148,10 +146,6 @@ class LibvirtConnection:
         """why there is no connection now, and when the next try is"""
         self._on_open: list[Callable[[Any], None]] = []
         self._on_close: list[Callable[[Any], None]] = []
-
-    def failure(self) -> ReadFailure:
-        """Why the host cannot be read now, as a tick's reading says it."""
-        return ReadFailure(FailureKind.host, self.down_reason)
 
     def on_open(self, callback: Callable[[Any], None]) -> None:
         """Call ``callback(conn)`` on every connection opened from now on."""

@@ -94,7 +94,7 @@ def new_key(host: str, interval_start_s: int) -> str:
     return f"{name}/{interval_start_s}/{secrets.token_hex(8)}"
 
 
-class Agent:
+class AgentLoop:
     """One host's agent: collector → state → spool → sender. ``tick()`` is one round."""
 
     def __init__(
@@ -381,8 +381,7 @@ class Agent:
             m.batches_went(BatchFate.rejected, report.rejected)
             m.spooled.inc(report.missed)
         waiting, size = self.spool.size()
-        m.spool_batches.set(waiting)
-        m.spool_bytes.set(size)
+        m.spool(waiting, size)
         return waiting
 
     def reconfigure(self, config: AgentConfig, client: DaemonClient | None = None) -> None:

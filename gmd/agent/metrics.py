@@ -5,6 +5,7 @@ knows which series and label that is — as the daemon's :mod:`gmd.daemon.api.me
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from enum import StrEnum
 from typing import get_args
 
@@ -12,13 +13,13 @@ import prometheus_client
 from prometheus_client import (
     CollectorRegistry,
     Counter,
-    Gauge,
     GCCollector,
     Histogram,
     Info,
     PlatformCollector,
     ProcessCollector,
 )
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gmd.agent.collect.base import FailureKind, HostReading
 from gmd.common.version import version
@@ -74,23 +75,103 @@ class ApplyFailure(StrEnum):
     """the applier failed (a bug; see the log): nothing of the plan was reported"""
 
 
+def _registry() -> CollectorRegistry:
+    """A registry of the agent's own, with the client library's process, platform and GC
+    series and the build's version."""
+    # No `_created` series beside counters and histograms: Prometheus does not use them.
+    prometheus_client.disable_created_metrics()
+    r = CollectorRegistry()
+    ProcessCollector(registry=r)
+    PlatformCollector(registry=r)
+    GCCollector(registry=r)
+    Info("gmd_build", "The gmd version this agent runs.", registry=r).info({"version": version()})
+    return r
+
+
+class _Levels:
+    """The levels the agent last saw, made gauges at each scrape: a custom collector of
+    prometheus_client's, whose :meth:`collect` runs on the scraping thread and reads plain
+    attributes that the agent's thread sets whole. What the loop says (a reading, the spool, a
+    plan's mode, the host's knobs) is kept as it is, and each series, its labels and every label
+    value (each at every scrape, so none reads "no data") are written once, here."""
+
+    def __init__(self) -> None:
+        self.last_tick_s = 0.0
+        self.vms = 0
+        self.disk_disagreeing = 0
+        self.spool_batches = 0
+        self.spool_bytes = 0
+        self.throttled = 0
+        self.mode: PlanMode | None = None
+        """the mode of the latest plan applied (``None``: none yet)"""
+        self.knobs: dict[Knob, KnobSupport] = dict.fromkeys(Knob, KnobSupport.unknown)
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "gmd_agent_spool_batches", "Batches waiting in the spool.", self.spool_batches
+        )
+        yield GaugeMetricFamily(
+            "gmd_agent_spool_bytes", "Bytes of the batches waiting in the spool.", self.spool_bytes
+        )
+        yield GaugeMetricFamily(
+            "gmd_agent_vms_disk_counters_disagreeing",
+            "VMs whose cgroup's disk bytes (the host devices' I/O) disagreed with their QEMU's"
+            " block stats (what the guest asked) at the latest check: their disk use is QEMU's"
+            " figure either way (kernel collector; 0 with the others).",
+            self.disk_disagreeing,
+        )
+        yield GaugeMetricFamily(
+            "gmd_agent_last_tick_seconds",
+            "Unix time of the latest successful reading of the host.",
+            self.last_tick_s,
+        )
+        mode = GaugeMetricFamily(
+            "gmd_agent_enforcement_mode",
+            "The mode of the latest plan this agent applied: 1 for it, 0 for the others (all 0"
+            " before the first plan, and with agent.enforce_backend = none).",
+            labels=["mode"],
+        )
+        for m in PLAN_MODES:
+            mode.add_metric([m], 1.0 if m == self.mode else 0.0)
+        yield mode
+        yield GaugeMetricFamily(
+            "gmd_agent_vms",
+            "VMs running on this host at the latest tick that read it (those the agent measures:"
+            " agent.domain_prefixes and agent.only_nova leave the others out).",
+            self.vms,
+        )
+        yield GaugeMetricFamily(
+            "gmd_agent_vms_throttled",
+            "VMs gmd holds throttled now: those whose original settings it keeps to put back"
+            " (0 with agent.enforce_backend = none).",
+            self.throttled,
+        )
+        knobs = GaugeMetricFamily(
+            "gmd_agent_knob_support",
+            "Whether this host can set each knob (cpu_weight, cpu_cap, disk_weight, disk_limit,"
+            " network_limit): 1 for its support (supported, unsupported or unknown), 0 for the"
+            " others; unknown until the host is probed.",
+            labels=["knob", "support"],
+        )
+        for knob, support in self.knobs.items():
+            for s in KnobSupport:
+                knobs.add_metric([knob, s], 1.0 if s == support else 0.0)
+        yield knobs
+
+
 class AgentMetrics:
     """The agent's Prometheus metrics, in a registry of its own (tests run several agents).
 
-    Every label value is created at start (Kueue's habit), so that a rate or an alert on a
-    series that has not happened yet reads 0, not "no data"; the process, platform and GC
-    series of the client library are in the same registry (``process_*``, ``python_*``)."""
+    Counters and histograms are made here; the levels (gauges) at each scrape, from what the
+    agent last saw (:class:`_Levels`). Every label value is created at start (Kueue's habit),
+    so that a rate or an alert on a series that has not happened yet reads 0, not "no data";
+    the process, platform and GC series of the client library are in the same registry
+    (``process_*``, ``python_*``)."""
 
     def __init__(self) -> None:
-        # No `_created` series beside counters and histograms: Prometheus does not use them.
-        prometheus_client.disable_created_metrics()
-        self.registry = r = CollectorRegistry()
-        ProcessCollector(registry=r)
-        PlatformCollector(registry=r)
-        GCCollector(registry=r)
-        Info("gmd_build", "The gmd version this agent runs.", registry=r).info(
-            {"version": version()}
-        )
+        self.registry = r = _registry()
+        self._levels = _Levels()
+        r.register(self._levels)
         self.samples = Counter(
             "gmd_agent_samples", "VM readings taken (one per running VM per tick).", registry=r
         )
@@ -112,12 +193,6 @@ class AgentMetrics:
             "Batches the daemon could not take when they were first due (kept for replay).",
             registry=r,
         )
-        self.spool_batches = Gauge(
-            "gmd_agent_spool_batches", "Batches waiting in the spool.", registry=r
-        )
-        self.spool_bytes = Gauge(
-            "gmd_agent_spool_bytes", "Bytes of the batches waiting in the spool.", registry=r
-        )
         self.libvirt_errors = Counter(
             "gmd_agent_libvirt_errors",
             "Read failures, by scope: host (libvirt unreachable, or its connection lost),"
@@ -138,13 +213,6 @@ class AgentMetrics:
             " file could not be read (one per VM per tick).",
             registry=r,
         )
-        self.disk_disagreeing = Gauge(
-            "gmd_agent_vms_disk_counters_disagreeing",
-            "VMs whose cgroup's disk bytes (the host devices' I/O) disagreed with their QEMU's"
-            " block stats (what the guest asked) at the latest check: their disk use is QEMU's"
-            " figure either way (kernel collector; 0 with the others).",
-            registry=r,
-        )
         self.counter_resets = Counter(
             "gmd_agent_counter_resets",
             "VM counters that went down (process restarted): counted from zero, not negative.",
@@ -154,11 +222,6 @@ class AgentMetrics:
             "gmd_agent_tick_seconds",
             "Time to read the host and spool the results (without sending).",
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
-            registry=r,
-        )
-        self.last_tick = Gauge(
-            "gmd_agent_last_tick_seconds",
-            "Unix time of the latest successful reading of the host.",
             registry=r,
         )
         self.plan_fetches = Counter(
@@ -183,35 +246,10 @@ class AgentMetrics:
             ["reason"],
             registry=r,
         )
-        self.mode = Gauge(
-            "gmd_agent_enforcement_mode",
-            "The mode of the latest plan this agent applied: 1 for it, 0 for the others (all 0"
-            " before the first plan, and with agent.enforce_backend = none).",
-            ["mode"],
-            registry=r,
-        )
-        self.vms = Gauge(
-            "gmd_agent_vms",
-            "VMs running on this host at the latest tick that read it (those the agent measures:"
-            " agent.domain_prefixes and agent.only_nova leave the others out).",
-            registry=r,
-        )
-        self.vms_throttled = Gauge(
-            "gmd_agent_vms_throttled",
-            "VMs gmd holds throttled now: those whose original settings it keeps to put back"
-            " (0 with agent.enforce_backend = none).",
-            registry=r,
-        )
-        self.knob_support = Gauge(
-            "gmd_agent_knob_support",
-            "Whether this host can set each knob (cpu_weight, cpu_cap, disk_weight, disk_limit,"
-            " network_limit): 1 for its support (supported, unsupported or unknown), 0 for the"
-            " others; unknown until the host is probed.",
-            ["knob", "support"],
-            registry=r,
-        )
-        for knob in Knob:
-            self._knob(knob, KnobSupport.unknown)
+        self._every_label_value()
+
+    def _every_label_value(self) -> None:
+        """Each labelled counter's every label value, at 0 (see the class docstring)."""
         for labelled, values in (
             (self.ticks, TickOutcome),
             (self.batches, BatchFate),
@@ -224,13 +262,10 @@ class AgentMetrics:
         for action in get_args(ApplyAction):
             for outcome in ResultOutcome:
                 self.enforcement_results.labels(action, outcome)
-        for mode in PLAN_MODES:
-            self.mode.labels(mode).set(0)
 
     def applying(self, mode: PlanMode) -> None:
         """The mode of the plan being applied is now the current one."""
-        for m in PLAN_MODES:
-            self.mode.labels(m).set(1 if m == mode else 0)
+        self._levels.mode = mode
 
     def read(self, reading: HostReading) -> None:
         """One tick's reading of the host: its VMs, how it went, and what failed."""
@@ -238,9 +273,9 @@ class AgentMetrics:
         self.kernel_fallbacks.inc(len(reading.fallbacks))
         if reading.ok:
             self.ticks.labels(TickOutcome.ok).inc()
-            self.last_tick.set(reading.taken_s)
-            self.vms.set(len(reading.listed))
-            self.disk_disagreeing.set(len(reading.disk_disagreements))
+            self._levels.last_tick_s = reading.taken_s
+            self._levels.vms = len(reading.listed)
+            self._levels.disk_disagreeing = len(reading.disk_disagreements)
             for failure in reading.errors:
                 self.libvirt_errors.labels(failure.kind).inc()
             self.busy_domains.inc(len(reading.busy))
@@ -248,18 +283,17 @@ class AgentMetrics:
             self.ticks.labels(TickOutcome.host_unreadable).inc()
             self.libvirt_errors.labels(FailureKind.host).inc()
 
+    def spool(self, batches: int, size: int) -> None:
+        """The spool holds ``batches`` waiting, of ``size`` bytes."""
+        self._levels.spool_batches, self._levels.spool_bytes = batches, size
+
     def throttling(self, count: int) -> None:
         """``count`` VMs are held throttled now (the applier's remembered VMs)."""
-        self.vms_throttled.set(count)
+        self._levels.throttled = count
 
     def capabilities(self, caps: HostCapabilities) -> None:
         """What probing the host found of each knob (one it did not report is unknown)."""
-        for knob in Knob:
-            self._knob(knob, caps.support(knob).support)
-
-    def _knob(self, knob: Knob, support: KnobSupport) -> None:
-        for s in KnobSupport:
-            self.knob_support.labels(knob, s).set(1 if s == support else 0)
+        self._levels.knobs = {knob: caps.support(knob).support for knob in Knob}
 
     def batches_went(self, fate: BatchFate, count: int) -> None:
         """``count`` batches met ``fate``."""

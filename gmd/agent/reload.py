@@ -27,7 +27,7 @@ CLIENT = frozenset({"daemon_url", "token", "timeout_s"})
 
 
 @dataclass(frozen=True)
-class Reload:
+class AgentReload:
     """The configuration now in force, the keys changed live, those that take a restart."""
 
     config: AgentConfig
@@ -35,7 +35,7 @@ class Reload:
     kept: tuple[str, ...]
 
 
-def plan(running: AgentConfig, new: AgentConfig) -> Reload:
+def plan(running: AgentConfig, new: AgentConfig) -> AgentReload:
     """``running`` with ``new``'s live settings."""
     changed = [
         f.name
@@ -45,4 +45,4 @@ def plan(running: AgentConfig, new: AgentConfig) -> Reload:
     applied = tuple(k for k in changed if k in LIVE)
     kept = tuple(k for k in changed if k not in LIVE)
     config = dataclasses.replace(running, **{k: getattr(new, k) for k in applied})
-    return Reload(config, applied, kept)
+    return AgentReload(config, applied, kept)

@@ -33,7 +33,7 @@ from gmd.common.units import DAY_S
 from gmd.traces import TraceError, read_trace, trace_names, trace_paths, traces_digest
 
 if TYPE_CHECKING:
-    from gmd.agent.loop import Agent
+    from gmd.agent.loop import AgentLoop
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +202,7 @@ def replay_id(config: AgentConfig, clock: ReplayClock) -> str:
 
 
 def replay_key(replay: str, clock: ReplayClock) -> Callable[[str, int], str]:
-    """The batch keys of a replay (``Agent(key=…)``): host, interval, the replay
+    """The batch keys of a replay (``AgentLoop(key=…)``): host, interval, the replay
     (:func:`replay_id`) and the simulated instant of the tick that closed the batch.
 
     Deterministic, where a live agent's keys are random: a replay reads the same counters at
@@ -257,7 +257,7 @@ def tick_times(start_s: float, end_s: float, tick_s: float) -> Iterator[float]:
 
 
 def replay_run(
-    agents: Agent | Sequence[Agent],
+    agents: AgentLoop | Sequence[AgentLoop],
     clock: ReplayClock,
     *,
     stop: threading.Event | None = None,
@@ -289,28 +289,8 @@ def replay_run(
     the first tick (or the final send, when the replay had already reached its end).
     """
     agents = [agents] if not isinstance(agents, Sequence) else list(agents)
-    if not agents:
-        raise ReplayError("no agent to replay")
+    done = _resume_points(agents, clock, resume)
     tick_s = agents[0].config.tick_s
-    done: list[float | None] = []
-    for agent in agents:
-        if agent.config.tick_s != tick_s or agent.config.interval_s != agents[0].config.interval_s:
-            raise ReplayError("the agents of one replay must share tick_s and interval_s")
-        last = agent.state.last_ok_s
-        if last is not None and not resume:
-            raise ReplayError(
-                f"spool {agent.spool.path} holds the state of an earlier run (host"
-                f" {agent.config.host}) but not the plan of this replay: use a new"
-                " agent.spool_path"
-            )
-        if last is not None and not clock.start_s <= last <= clock.end_s:
-            raise ReplayError(
-                f"spool {agent.spool.path} holds a reading at {iso(last)}, outside this replay"
-                f" ({iso(clock.start_s)} → {iso(clock.end_s)}): use a new agent.spool_path"
-            )
-        if last is not None and isinstance(agent.collector, ReplayCollector):
-            agent.collector.resume_at(last)
-        done.append(last)
     resumed_at = min((d for d in done if d is not None), default=None)
     if resumed_at is not None:
         clock.now_s = resumed_at
@@ -347,13 +327,45 @@ def replay_run(
         if on_tick is not None:
             on_tick(clock)
     waiting = 0
-    for agent in agents:
+    for agent in agents:  # the final send
         if agent.sender is not None:
             agent.sender.drain()
         waiting += agent.spool.size()[0]
     return ReplayReport(
         ticks, clock.start_s, clock.now_s, clock.end_s, batches, waiting, stopped, resumed_at
     )
+
+
+def _resume_points(
+    agents: Sequence[AgentLoop], clock: ReplayClock, resume: bool
+) -> list[float | None]:
+    """Each agent's last reading of an earlier run, from its spool's state (``None``: it
+    starts afresh), its collector set to resume there; :class:`ReplayError` when the agents
+    cannot replay together or a spool's state is not this replay's to resume (see
+    :func:`replay_run`)."""
+    if not agents:
+        raise ReplayError("no agent to replay")
+    tick_s = agents[0].config.tick_s
+    done: list[float | None] = []
+    for agent in agents:
+        if agent.config.tick_s != tick_s or agent.config.interval_s != agents[0].config.interval_s:
+            raise ReplayError("the agents of one replay must share tick_s and interval_s")
+        last = agent.state.last_ok_s
+        if last is not None and not resume:
+            raise ReplayError(
+                f"spool {agent.spool.path} holds the state of an earlier run (host"
+                f" {agent.config.host}) but not the plan of this replay: use a new"
+                " agent.spool_path"
+            )
+        if last is not None and not clock.start_s <= last <= clock.end_s:
+            raise ReplayError(
+                f"spool {agent.spool.path} holds a reading at {iso(last)}, outside this replay"
+                f" ({iso(clock.start_s)} → {iso(clock.end_s)}): use a new agent.spool_path"
+            )
+        if last is not None and isinstance(agent.collector, ReplayCollector):
+            agent.collector.resume_at(last)
+        done.append(last)
+    return done
 
 
 def replay_dry_run(

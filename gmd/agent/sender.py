@@ -24,8 +24,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gmd.agent.client import DaemonClient, Delivery
-from gmd.agent.spool import Spool
+from gmd.agent.client import DaemonClient, Delivery, PostOutcome
+from gmd.agent.spool import Spool, Spooled
 
 log = logging.getLogger(__name__)
 
@@ -122,27 +122,10 @@ class Sender:
                     else:
                         accepted += 1
                     if outcome.set_aside:
-                        more = len(outcome.set_aside) - 1
-                        log.warning(
-                            "daemon %s set aside %d VM(s) of batch %s that Placement"
-                            " contradicts: %s%s",
-                            self.client.base_url,
-                            len(outcome.set_aside),
-                            item.key,
-                            outcome.set_aside[0],
-                            f" (and {more} more)" if more else "",
-                        )
+                        self._log_set_aside(item, outcome)
                     continue
                 rejected += 1
-                log.error(
-                    "daemon %s rejected batch %s (interval %d) with HTTP %s: %s — dropped, it"
-                    " can never be accepted",
-                    self.client.base_url,
-                    item.key,
-                    item.interval_start_s,
-                    outcome.status,
-                    outcome.detail,
-                )
+                self._log_rejected(item, outcome)
         # Due batches not reached: behind a batch that is not due yet they simply go with it;
         # otherwise their first chance has passed. Either way their time is no longer theirs.
         due = [key for key, at in self._first_post_s.items() if at <= now]
@@ -154,6 +137,36 @@ class Sender:
         trouble = unavailable or (
             f"the answers to {unanswered} batches were lost ({lost})" if unanswered else None
         )
+        self._say_whether_down(trouble, status, accepted + duplicates, waiting)
+        return DrainReport(accepted, duplicates, rejected, waiting, unavailable, missed, unanswered)
+
+    def _log_set_aside(self, item: Spooled, outcome: PostOutcome) -> None:
+        more = len(outcome.set_aside) - 1
+        log.warning(
+            "daemon %s set aside %d VM(s) of batch %s that Placement contradicts: %s%s",
+            self.client.base_url,
+            len(outcome.set_aside),
+            item.key,
+            outcome.set_aside[0],
+            f" (and {more} more)" if more else "",
+        )
+
+    def _log_rejected(self, item: Spooled, outcome: PostOutcome) -> None:
+        log.error(
+            "daemon %s rejected batch %s (interval %d) with HTTP %s: %s — dropped, it"
+            " can never be accepted",
+            self.client.base_url,
+            item.key,
+            item.interval_start_s,
+            outcome.status,
+            outcome.detail,
+        )
+
+    def _say_whether_down(
+        self, trouble: str | None, status: int | None, delivered: int, waiting: int
+    ) -> None:
+        """The daemon cannot take batches (``trouble`` says why; ``status``: its HTTP answer,
+        if one): said once until it takes one again, which is said too."""
         if trouble:
             if not self._down_since_logged:
                 # A refused token, or a clock ahead, is the operator's to fix: say it as loudly
@@ -166,12 +179,11 @@ class Sender:
                     waiting,
                 )
             self._down_since_logged = True
-        elif self._down_since_logged and accepted + duplicates:
+        elif self._down_since_logged and delivered:
             log.info(
                 "daemon %s is taking batches again (%d delivered, %d waiting)",
                 self.client.base_url,
-                accepted + duplicates,
+                delivered,
                 waiting,
             )
             self._down_since_logged = False
-        return DrainReport(accepted, duplicates, rejected, waiting, unavailable, missed, unanswered)

@@ -4,7 +4,7 @@ collector the agent chooses on this host (issue 42).
 On kernel 6.18 with cgroup v1, ``blkio.throttle.io_service_bytes`` stayed at 0 while a guest
 read ~6.7 MB/s: Linux 6.10 and later count a device's I/O there only once a throttle limit has
 been set on the device. The kernel collector now sets that up itself (a limit no disk reaches,
-set and lifted at once in a group of its own: :func:`gmd.agent.collect.kernel.
+set and lifted at once in a group of its own: :func:`gmd.agent.collect.kernel_disks.
 enable_io_accounting`). Whether a host's devices counted before depends on its kernel, its
 cgroup version and on whether anyone ever set a limit on them, so the tests do not assume it:
 each first probes, by the guest's cgroup and QEMU's block stats, what this host did, and then
@@ -78,12 +78,8 @@ def _probe(guest: Guest, source: Path, dom: Any) -> str:
     all while the guest read, ``"unchecked"`` when the collector does not check this disk (left
     to the host's page cache, or on no block device)."""
     from gmd.agent.cgroups import CgroupLocator
-    from gmd.agent.collect.kernel import (
-        IoFile,
-        counter_files,
-        parse_blkio_service_bytes,
-        parse_io_stat,
-    )
+    from gmd.agent.collect.kernel_files import IoFile, counter_files
+    from gmd.agent.collect.kernel_parsers import parse_blkio_service_bytes, parse_io_stat
 
     device = _disk_device(source)
     if guest.disk_cache not in ("none", "directsync") or device is None:

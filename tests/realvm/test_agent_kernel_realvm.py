@@ -250,13 +250,9 @@ def test_a_guest_that_shuts_down_between_ticks_keeps_its_last_seconds(
 
     from gmd.agent.cgroups import CgroupLocator
     from gmd.agent.collect.aggregate import AgentState, advance
-    from gmd.agent.collect.kernel import (
-        CpuFile,
-        KernelCollector,
-        counter_files,
-        parse_cpu_stat,
-        parse_cpuacct_usage,
-    )
+    from gmd.agent.collect.kernel import KernelCollector
+    from gmd.agent.collect.kernel_files import CpuFile, counter_files
+    from gmd.agent.collect.kernel_parsers import parse_cpu_stat, parse_cpuacct_usage
     from tests.support.guest_image import build_guest_image
     from tests.support.realvm import _new_guest, _remove_domain, _wait_ready, domain_xml
 

@@ -86,7 +86,7 @@ def test_a_greedy_customers_spinner_is_capped_then_restored_exactly(
     from gmd.agent.apply.libvirt import LibvirtApplier
     from gmd.agent.client import DaemonClient
     from gmd.agent.collect.libvirt import LibvirtCollector
-    from gmd.agent.loop import Agent
+    from gmd.agent.loop import AgentLoop
     from gmd.agent.sender import Sender
     from gmd.agent.spool import Spool
 
@@ -122,7 +122,7 @@ def test_a_greedy_customers_spinner_is_capped_then_restored_exactly(
         spool = Spool(agent_config.spool_path, max_bytes=2**24, max_batches=100)
         collector = LibvirtCollector(real_guests.uri)
         applier = LibvirtApplier(real_guests.uri, state_path=agent_config.enforcement_state_path)
-        agent = Agent(
+        agent = AgentLoop(
             agent_config, collector, spool, Sender(spool, client), applier=applier, plans=client
         )
 

@@ -23,6 +23,10 @@ gmd is packaged by the process that runs the code (the project's architecture no
   oslo.config, keystoneauth1): it is installed into nova-scheduler's;
 - ``gmd.traces`` (the Bitbrains traces the agent replays and gmd-admin's demo deals) imports
   nothing of gmd but itself, and only numpy and the stdlib;
+- inside the agent, the collectors (``gmd.agent.collect``) import nothing of ``gmd.agent``
+  outside themselves but its ground floor (:data:`AGENT_GROUND_FLOOR`: the libvirt connection,
+  the cgroup locator, the block devices), which imports nothing of ``gmd.agent`` but itself:
+  the appliers, the loop and the command line build on both, never the other way;
 - no import cycle between gmd's modules, nor between its parts (``gmd.agent``, ``gmd.sim``,
   ``gmd.admin``, …).
 
@@ -88,6 +92,9 @@ WIRE_LIBRARIES = frozenset(
     {"pydantic", "pydantic_core", "annotated_types", "typing_extensions", "orjson"}
 )
 STDLIB = frozenset(sys.stdlib_module_names) | {"__future__"}
+# What the agent's collectors and appliers alike stand on: modules of gmd.agent that import
+# nothing of gmd.agent but each other (the collectors may import them, and nothing else of it).
+AGENT_GROUND_FLOOR = ("gmd.agent.libvirt_conn", "gmd.agent.cgroups", "gmd.agent.disks")
 
 
 # --- reading the imports -------------------------------------------------------------------
@@ -346,6 +353,33 @@ def check_own_imports(
     return sorted(problems)
 
 
+def check_floor(
+    modules: dict[str, Module], package: str, what: str, within_part: str, allowed: Iterable[str]
+) -> list[str]:
+    """``package``'s modules (a package or one module) import nothing of ``within_part`` but
+    ``package`` itself and the modules ``allowed`` (and the packages above them, whose
+    ``__init__`` runs anyway). Imports for type checkers count too: a layer that knows the one
+    above it, even for types, is a knot for a reader."""
+    allowed_here = (package, *allowed)
+    problems = []
+    for name, module in sorted(modules.items()):
+        if not within(name, package):
+            continue
+        seen: set[int] = set()
+        for imp in reversed(module.imports):
+            target = known(modules, imp.target)
+            if imp.line in seen or not within(target, within_part):
+                continue
+            if any(within(target, p) for p in allowed_here) or target in parents(name):
+                continue
+            seen.add(imp.line)
+            problems.append(
+                f"{imp.where()}: {what} must import nothing of {within_part} but "
+                f"{' and '.join(allowed_here)}, but imports {target}"
+            )
+    return sorted(problems)
+
+
 def top_package(name: str) -> str:
     """The part of gmd a module belongs to: gmd.agent.collect.replay → gmd.agent."""
     return ".".join(name.split(".")[:2])
@@ -471,6 +505,16 @@ def check_layout(root: Path) -> list[str]:
         *check_own_imports(modules, "gmd.traces", "gmd.traces", TRACES_LIBRARIES),
         *check_own_imports(modules, "gmd.osc", "gmd.osc", OSC_LIBRARIES),
         *check_own_imports(modules, "gmd.nova", "gmd.nova", NOVA_LIBRARIES, ("gmd.fairness",)),
+        *check_floor(
+            modules, "gmd.agent.collect", "the collectors", "gmd.agent", AGENT_GROUND_FLOOR
+        ),
+        *(
+            problem
+            for floor in AGENT_GROUND_FLOOR
+            for problem in check_floor(
+                modules, floor, "the agent's ground floor", "gmd.agent", AGENT_GROUND_FLOOR
+            )
+        ),
         *check_cycles(modules),
     ]
 
@@ -700,6 +744,48 @@ def test_the_shared_modules_keep_to_their_own_imports(
     assert len(problems) == 1, "\n".join(problems)
     for text in [f"{path}:{number}: `{line}`", *expected]:
         assert text in problems[0], problems[0]
+
+
+BAD_FLOOR_IMPORTS = [
+    (
+        "gmd/agent/collect/host.py",
+        "from gmd.agent.apply import limits",
+        ["the collectors must import nothing of gmd.agent but gmd.agent.collect and"],
+    ),
+    (
+        "gmd/agent/collect/lifecycle.py",
+        "from gmd.agent.spool import Spool",
+        ["the collectors must import nothing of gmd.agent", "but imports gmd.agent.spool"],
+    ),
+    (
+        "gmd/agent/libvirt_conn.py",
+        "from gmd.agent.collect.base import ReadFailure",  # the knot this rule undid
+        ["the agent's ground floor must import nothing of gmd.agent", "gmd.agent.collect.base"],
+    ),
+    (
+        "gmd/agent/cgroups.py",
+        "from gmd.agent.apply import limits",
+        ["the agent's ground floor must import nothing", "but imports gmd.agent.apply.limits"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("path", "line", "expected"), BAD_FLOOR_IMPORTS)
+def test_the_collectors_stand_on_the_agents_ground_floor_alone(
+    tree: Path, path: str, line: str, expected: list[str]
+) -> None:
+    number = plant(tree, path, line)
+    problems = [p for p in check_layout(tree) if "import cycle" not in p]
+    assert len(problems) == 1, "\n".join(problems)
+    for text in [f"{path}:{number}: `{line}`", *expected]:
+        assert text in problems[0], problems[0]
+
+
+def test_the_ground_floor_may_import_itself_and_the_collectors_it(tree: Path) -> None:
+    """The rule is not "nothing of gmd.agent": what it allows stays allowed."""
+    plant(tree, "gmd/agent/collect/host.py", "from gmd.agent.cgroups import PROC")
+    plant(tree, "gmd/agent/libvirt_conn.py", "from gmd.agent import disks")
+    assert check_layout(tree) == []
 
 
 def test_an_import_cycle_fails(tree: Path) -> None:

@@ -10,7 +10,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gmd.agent.apply.cgroupfs import CgroupIO, libvirt_machine_name, systemd_escape
+from gmd.agent.apply.cgroupfs import libvirt_machine_name, systemd_escape
+from gmd.agent.apply.cgroupfs_writes import CgroupIO
 from gmd.agent.apply.libvirt import LIVE
 from gmd.agent.cgroups import CgroupLocator
 from gmd.agent.client import PlanUnavailable

@@ -9,7 +9,7 @@ import typing
 import numpy as np
 
 from gmd.agent.collect.capacity import Capacity as AgentCapacity
-from gmd.agent.collect.counters import Usage
+from gmd.agent.collect.counters import UsageAmounts
 from gmd.daemon.config import AccountingConfig
 from gmd.daemon.ledger.accounting import supply_and_flavor, use_amounts
 from gmd.daemon.ledger.models import FLAVOR_COLUMNS, USE_COLUMNS, ActionKind
@@ -41,12 +41,12 @@ def test_the_models_carry_exactly_the_resources_fields() -> None:
 
 
 def test_the_agent_and_the_ledger_use_the_same_fields_in_the_same_order() -> None:
-    assert tuple(f.name for f in dataclasses.fields(Usage)) == USAGE_FIELDS
+    assert tuple(f.name for f in dataclasses.fields(UsageAmounts)) == USAGE_FIELDS
     assert tuple(f.name for f in dataclasses.fields(AgentCapacity)) == CAPACITY_FIELDS
     assert USE_COLUMNS == USAGE_FIELDS
     assert {*USE_COLUMNS, *FLAVOR_COLUMNS} <= set(samples.c.keys())
     assert set(CAPACITY_FIELDS) <= set(host_intervals.c.keys())
-    u = Usage(*range(1, len(USAGE_FIELDS) + 1))
+    u = UsageAmounts(*range(1, len(USAGE_FIELDS) + 1))
     assert u.as_wire() == dict(zip(USAGE_FIELDS, map(float, range(1, 7)), strict=True))
 
 

@@ -81,7 +81,7 @@ class VmRef:
 
 
 @dataclass
-class Outcome:
+class ChangeOutcome:
     """What a change did (or, dry, would do): the settings that differed, before and after;
     the errors (every one, for the report's ``error``), and per knob the errors that are that
     knob's and the knobs found missing on this host (not errors: the rest still applies)."""
@@ -106,7 +106,7 @@ class Outcome:
 
 def knob_results(
     asked: tuple[Knob, ...] | list[Knob],
-    outcome: Outcome,
+    outcome: ChangeOutcome,
     done: KnobOutcome,
     touched: set[Knob],
 ) -> list[KnobResult]:
@@ -180,11 +180,11 @@ class PlanApplier(ABC):
         *,
         dry: bool,
         skip: frozenset[Knob] = frozenset(),
-    ) -> Outcome:
+    ) -> ChangeOutcome:
         """Bring the VM to the plan's targets (knobs the plan leaves free: to the originals);
         the knobs in ``skip`` (this host lacks them) are left as they are. A knob the host
-        turns out to lack goes into :attr:`Outcome.unsupported`, a knob's failure into
-        :meth:`Outcome.knob_failed` as well as :attr:`Outcome.errors`."""
+        turns out to lack goes into :attr:`ChangeOutcome.unsupported`, a knob's failure into
+        :meth:`ChangeOutcome.knob_failed` as well as :attr:`ChangeOutcome.errors`."""
 
     @staticmethod
     @abstractmethod
@@ -192,7 +192,7 @@ class PlanApplier(ABC):
         """The knob a remembered setting (``cpu_shares``, ``cpu.max``…) belongs to."""
 
     @abstractmethod
-    def _restore(self, vm: VmRef, originals: dict[str, Any], *, dry: bool) -> Outcome:
+    def _restore(self, vm: VmRef, originals: dict[str, Any], *, dry: bool) -> ChangeOutcome:
         """Put every remembered knob back to its original value."""
 
     def close(self) -> None:  # noqa: B027 - most backends hold nothing to release
@@ -266,7 +266,9 @@ class PlanApplier(ABC):
                 continue
             named.add(refused.uuid)
             error = f"VM {refused.uuid}: plan item refused, settings kept: {refused.reason}"
-            self._result(refused.uuid, "would_apply" if dry else "apply", Outcome(errors=[error]))
+            self._result(
+                refused.uuid, "would_apply" if dry else "apply", ChangeOutcome(errors=[error])
+            )
         return named
 
     def restore_all(self) -> list[VmApplyResult]:
@@ -305,7 +307,7 @@ class PlanApplier(ABC):
             return
         for uuid in sorted(set(self.state.dry_run) - set(wanted)):
             was = self.state.dry_run.pop(uuid)
-            self._result(uuid, "would_restore", Outcome(was["after"], was["before"]))
+            self._result(uuid, "would_restore", ChangeOutcome(was["after"], was["before"]))
 
     # -- one VM ------------------------------------------------------------------------------------
 
@@ -331,7 +333,7 @@ class PlanApplier(ABC):
             # failure, not the plan's; the other VMs still get theirs.
             log.exception("enforcement: VM %s (%s): applying its plan item failed", uuid, vm.name)
             error = f"{type(exc).__name__}: {exc}"
-            outcome = Outcome(errors=prefixed(vm, [f"cannot apply the plan item: {error}"]))
+            outcome = ChangeOutcome(errors=prefixed(vm, [f"cannot apply the plan item: {error}"]))
             for knob in item.asks():
                 outcome.knob_failed(knob, error)
         outcome.unsupported = {**missing, **outcome.unsupported}
@@ -369,7 +371,7 @@ class PlanApplier(ABC):
         if vm.uuid in self.state.records and not dry:
             self._restore_one(vm.uuid)
         error = f"VM {vm.uuid} ({vm.name}): outside this agent's {self.domains.words()}: left alone"
-        self._result(vm.uuid, "would_apply" if dry else "apply", Outcome(errors=[error]))
+        self._result(vm.uuid, "would_apply" if dry else "apply", ChangeOutcome(errors=[error]))
 
     def _not_running(self, uuid: str) -> None:
         if uuid in self.state.records:
@@ -404,7 +406,7 @@ class PlanApplier(ABC):
             self.state.save()
         return originals
 
-    def _note_dry_run(self, uuid: str, outcome: Outcome) -> None:
+    def _note_dry_run(self, uuid: str, outcome: ChangeOutcome) -> None:
         """Keep what a dry run would change, so that it can say what it would put back."""
         if outcome.changed:
             self.state.dry_run[uuid] = {"before": outcome.before, "after": outcome.after}
@@ -450,7 +452,7 @@ class PlanApplier(ABC):
 
     # -- reporting ---------------------------------------------------------------------------------
 
-    def _result(self, uuid: str, action: ApplyAction, outcome: Outcome) -> None:
+    def _result(self, uuid: str, action: ApplyAction, outcome: ChangeOutcome) -> None:
         """Queue a result, unless it repeats the failure or would-do last reported for the VM."""
         error = "; ".join(outcome.errors) or None
         signature = _signature(action, error, outcome)
@@ -485,7 +487,7 @@ class PlanApplier(ABC):
         return out
 
 
-def _signature(action: str, error: str | None, outcome: Outcome) -> str | None:
+def _signature(action: str, error: str | None, outcome: ChangeOutcome) -> str | None:
     """What makes a result a repeat: a would-do's change and error, a failure's error. A
     successful change is never a repeat (``None``)."""
     if action.startswith("would_"):
@@ -495,7 +497,7 @@ def _signature(action: str, error: str | None, outcome: Outcome) -> str | None:
     return None
 
 
-def _log_result(uuid: str, action: str, error: str | None, outcome: Outcome) -> None:
+def _log_result(uuid: str, action: str, error: str | None, outcome: ChangeOutcome) -> None:
     for knob, why in sorted(outcome.unsupported.items()):
         log.info(
             "enforcement: VM %s: %s: %s not supported on this host: %s",

@@ -1,7 +1,7 @@
 """The cgroup applier, for hosts configured not to go through libvirt's tuning: it writes the
-VM's cgroup files through :mod:`gmd.agent.apply.cgroupfs` (v1 or v2, where its QEMU process
-sits: the groups the kernel collector reads), and libvirt (read-only) only tells it which VMs
-run, under which name, domain id and disks."""
+VM's cgroup files through :mod:`gmd.agent.apply.cgroupfs_writes` (v1 or v2, where its QEMU
+process sits: the groups the kernel collector reads), and libvirt (read-only) only tells it
+which VMs run, under which name, domain id and disks."""
 
 from __future__ import annotations
 
@@ -17,16 +17,19 @@ from typing import Any
 
 import libvirt
 
-from gmd.agent.apply.base import BackendUnavailable, Outcome, PlanApplier, VmGone, VmRef, prefixed
-from gmd.agent.apply.cgroupfs import (
-    DISK_WEIGHT_UNSUPPORTED,
-    ApplyReport,
+from gmd.agent.apply.base import (
+    BackendUnavailable,
+    ChangeOutcome,
+    PlanApplier,
+    VmGone,
+    VmRef,
+    prefixed,
+)
+from gmd.agent.apply.cgroupfs import CgroupError, CgroupVersion, VmIdentity
+from gmd.agent.apply.cgroupfs_report import DISK_WEIGHT_UNSUPPORTED, ApplyReport, Snapshot
+from gmd.agent.apply.cgroupfs_writes import (
     CgroupBackend,
-    CgroupError,
     CgroupIO,
-    CgroupVersion,
-    Snapshot,
-    VmIdentity,
     apply as cgroup_apply,
     dry_run,
     restore as cgroup_restore,
@@ -100,8 +103,8 @@ def file_knob(setting: str) -> Knob | None:
 
 
 class CgroupApplier(PlanApplier):
-    """Writes cgroup files directly (:class:`gmd.agent.apply.cgroupfs.CgroupBackend`); libvirt
-    (read-only) says which VMs run and under which name, domain id and disks."""
+    """Writes cgroup files directly (:class:`gmd.agent.apply.cgroupfs_writes.CgroupBackend`);
+    libvirt (read-only) says which VMs run and under which name, domain id and disks."""
 
     backend = EnforceBackend.cgroup
 
@@ -198,7 +201,7 @@ class CgroupApplier(PlanApplier):
         *,
         dry: bool,
         skip: frozenset[Knob] = frozenset(),
-    ) -> Outcome:
+    ) -> ChangeOutcome:
         limits, errors = self._limits(vm, item, skip)
         outcome = self._run(vm, originals, limits, list(errors), dry=dry)
         for error in errors:  # the plan item's own: disk caps without a device, bad limits
@@ -206,7 +209,7 @@ class CgroupApplier(PlanApplier):
                 outcome.knob_failed(knob, error)
         return outcome
 
-    def _restore(self, vm: VmRef, originals: dict[str, Any], *, dry: bool) -> Outcome:
+    def _restore(self, vm: VmRef, originals: dict[str, Any], *, dry: bool) -> ChangeOutcome:
         return self._run(vm, originals, None, [], dry=dry)
 
     def _run(
@@ -217,7 +220,7 @@ class CgroupApplier(PlanApplier):
         errors: list[str],
         *,
         dry: bool,
-    ) -> Outcome:
+    ) -> ChangeOutcome:
         try:
             cg = self.cgroups.locate(self._identity(vm))
             snapshot = Snapshot.from_dict(originals)
@@ -228,13 +231,13 @@ class CgroupApplier(PlanApplier):
                 else:
                     report = cgroup_apply(cg, limits, snapshot, io=io)
         except CgroupError as exc:
-            outcome = Outcome(errors=prefixed(vm, [*errors, str(exc)]))
+            outcome = ChangeOutcome(errors=prefixed(vm, [*errors, str(exc)]))
             for knob in _asked(limits):
                 outcome.knob_failed(knob, str(exc))
             return outcome
         if not dry and not errors and _vanished(vm, report):
             raise VmGone(vm.uuid)
-        outcome = Outcome()
+        outcome = ChangeOutcome()
         for error in errors:
             outcome.knob_failed(
                 Knob.disk_limit if error.startswith("disk") else Knob.cpu_cap, error

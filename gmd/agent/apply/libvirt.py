@@ -32,7 +32,14 @@ from typing import Any
 
 import libvirt
 
-from gmd.agent.apply.base import BackendUnavailable, Outcome, PlanApplier, VmGone, VmRef, prefixed
+from gmd.agent.apply.base import (
+    BackendUnavailable,
+    ChangeOutcome,
+    PlanApplier,
+    VmGone,
+    VmRef,
+    prefixed,
+)
 from gmd.agent.apply.limits import (
     BLKIO_WEIGHT_DEFAULT_BFQ,
     CFS_PERIOD_DEFAULT_US,
@@ -327,10 +334,10 @@ class LibvirtApplier(PlanApplier):
         *,
         dry: bool,
         skip: frozenset[Knob] = frozenset(),
-    ) -> Outcome:
+    ) -> ChangeOutcome:
         desired, errors = self._targets(vm, item, originals)
         asked = set(item.asks())
-        outcome = Outcome()
+        outcome = ChangeOutcome()
         for error in errors:
             outcome.knob_failed(Knob.cpu_cap, error)
         capping = Knob.disk_limit in asked and Knob.disk_limit not in skip
@@ -342,8 +349,8 @@ class LibvirtApplier(PlanApplier):
             desired = {k: v for k, v in desired.items() if setting_knob(k) != knob}
         return self._converge(vm, desired, errors, asked - skip, outcome, dry=dry, skip=skip)
 
-    def _restore(self, vm: VmRef, originals: dict[str, Any], *, dry: bool) -> Outcome:
-        return self._converge(vm, dict(originals), [], set(), Outcome(), dry=dry)
+    def _restore(self, vm: VmRef, originals: dict[str, Any], *, dry: bool) -> ChangeOutcome:
+        return self._converge(vm, dict(originals), [], set(), ChangeOutcome(), dry=dry)
 
     # -- converging --------------------------------------------------------------------------------
 
@@ -353,11 +360,11 @@ class LibvirtApplier(PlanApplier):
         desired: Settings,
         errors: list[str],
         needs: set[Knob],
-        outcome: Outcome,
+        outcome: ChangeOutcome,
         *,
         dry: bool,
         skip: frozenset[Knob] = frozenset(),
-    ) -> Outcome:
+    ) -> ChangeOutcome:
         """Write the settings whose LIVE value differs from ``desired``, group by group, and
         read them back. A group that cannot be read is not written, and is reported when the
         plan needs one of its knobs (``needs``) or gmd has originals to put back; a knob

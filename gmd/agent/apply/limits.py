@@ -1,14 +1,15 @@
 """What gmd wants a VM held to, independent of how a host applies it.
 
 The daemon's plan names, per VM, a :class:`VmLimits`; the cgroup backend
-(:mod:`gmd.agent.apply.cgroupfs`) and the libvirt applier both translate it into their own knobs.
+(:mod:`gmd.agent.apply.cgroupfs_knobs`) and the libvirt applier both translate it into their own
+knobs.
 Weights are expressed on the cgroup v2 scale because that is what production hosts run and
 what libvirt's ``cpu_shares`` means there; the pure conversions below map them onto the
 cgroup v1 files for the hosts that still have those. Keeping the conversions free of file I/O
 lets them be tested (and reused by the libvirt applier) on their own.
 
 ``None`` in a field always means "gmd asks nothing of this knob": an applier leaves the knob
-at the VM's original value (see :func:`gmd.agent.apply.cgroupfs.apply`).
+at the VM's original value (see :func:`gmd.agent.apply.cgroupfs_writes.apply`).
 """
 
 from __future__ import annotations

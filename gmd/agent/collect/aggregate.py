@@ -1,6 +1,6 @@
 """Ticks → per-interval usage aligned to the daemon's interval. Pure: state in, state out.
 
-Each tick turns every VM's counters into a :class:`~gmd.agent.collect.counters.Span` (what it used
+Each tick turns every VM's counters into a :class:`~gmd.agent.collect.counters.VmSpan` (what it used
 since its previous reading) and spreads the span over the accounting intervals it overlaps, in
 proportion to time. An interval is *closed* once a tick is taken at or after its end; the
 caller turns closed intervals into batches. A span that reaches back into an interval closed
@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from gmd.agent.collect.base import Flavor, HostReading, Ownership
-from gmd.agent.collect.counters import Baseline, Span, Usage, step
+from gmd.agent.collect.counters import Baseline, UsageAmounts, VmSpan, step
 
 STATE_VERSION = 1
 
@@ -30,7 +30,7 @@ STATE_VERSION = 1
 class VmTotals:
     """One VM's use within one interval so far, and its latest owner."""
 
-    usage: Usage
+    usage: UsageAmounts
     owner: Ownership
 
 
@@ -62,7 +62,7 @@ class ClosedInterval:
 class TickResult:
     state: AgentState
     closed: list[ClosedInterval]
-    spans: list[Span]
+    spans: list[VmSpan]
 
 
 def split(start_s: float, end_s: float, interval_s: int) -> list[tuple[int, float]]:
@@ -83,18 +83,18 @@ def split(start_s: float, end_s: float, interval_s: int) -> list[tuple[int, floa
     return out
 
 
-def _spread(usage: Usage, shares: list[tuple[int, float]]) -> list[tuple[int, Usage]]:
+def _spread(usage: UsageAmounts, shares: list[tuple[int, float]]) -> list[tuple[int, UsageAmounts]]:
     """``usage`` divided by ``shares``; the last part takes the remainder so the parts add up
     to the whole exactly (no byte is lost or invented by rounding)."""
     if len(shares) == 1:
         return [(shares[0][0], usage)]
-    parts, taken = [], Usage()
+    parts, taken = [], UsageAmounts()
     for start, share in shares[:-1]:
         part = usage.scaled(share)
         parts.append((start, part))
         taken = taken.plus(part)
     remainder = usage.plus(taken.scaled(-1.0))
-    parts.append((shares[-1][0], Usage(*(max(v, 0.0) for v in remainder.amounts()))))
+    parts.append((shares[-1][0], UsageAmounts(*(max(v, 0.0) for v in remainder.amounts()))))
     return parts
 
 
@@ -122,7 +122,7 @@ def advance(state: AgentState, reading: HostReading, interval_s: int) -> TickRes
     reading = _not_before(reading, state.last_ok_s)
     open_ = {start: dict(vms) for start, vms in state.open.items()}
     open_host = dict(state.open_host_cpu)
-    spans: list[Span] = []
+    spans: list[VmSpan] = []
     if reading.ok:
         baselines = dict(state.baselines)
         for vm in reading.vms:
@@ -285,7 +285,7 @@ def load_state(blob: bytes) -> AgentState:
     }
     open_ = {
         int(start): {
-            uuid: VmTotals(Usage(*amounts), _owner_of(owner))
+            uuid: VmTotals(UsageAmounts(*amounts), _owner_of(owner))
             for uuid, (amounts, owner) in vms.items()
         }
         for start, vms in doc["open"].items()

@@ -125,6 +125,13 @@ class ReadFailure:
         return self.message
 
 
+def host_failure(why: str) -> ReadFailure:
+    """The host cannot be read now (``why``: the connection's own words, e.g.
+    :attr:`gmd.agent.libvirt_conn.LibvirtConnection.down_reason`), as a tick's reading says
+    it."""
+    return ReadFailure(FailureKind.host, why)
+
+
 @dataclass(frozen=True, slots=True)
 class HostReading:
     """Everything one tick read from a host.
@@ -153,7 +160,7 @@ class HostReading:
     VMs and everything else it runs); ``None`` when not known (a remote or test hypervisor)"""
     disk_disagreements: frozenset[str] = frozenset()
     """VMs whose cgroup's disk bytes disagreed with their QEMU's block stats at the latest
-    check (:class:`gmd.agent.collect.kernel.DiskCheck`; their disk use is QEMU's figure
+    check (:class:`gmd.agent.collect.kernel_disks.DiskCheck`; their disk use is QEMU's figure
     either way); always empty for the collectors that do not check"""
 
 

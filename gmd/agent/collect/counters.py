@@ -18,7 +18,7 @@ from gmd.wire import USAGE_FIELDS
 
 
 @dataclass(frozen=True, slots=True)
-class Usage:
+class UsageAmounts:
     """Amounts used over a span, in the batch format's units: one per
     :data:`gmd.wire.USAGE_FIELDS`, in that order (``tests/unit/test_wire.py`` keeps them equal)."""
 
@@ -35,15 +35,15 @@ class Usage:
     def as_wire(self) -> dict[str, float]:
         return dict(zip(USAGE_FIELDS, _amounts(self), strict=True))
 
-    def scaled(self, factor: float) -> Usage:
-        return Usage(*[v * factor for v in _amounts(self)])
+    def scaled(self, factor: float) -> UsageAmounts:
+        return UsageAmounts(*[v * factor for v in _amounts(self)])
 
-    def plus(self, other: Usage) -> Usage:
-        return Usage(*map(operator.add, _amounts(self), _amounts(other)))
+    def plus(self, other: UsageAmounts) -> UsageAmounts:
+        return UsageAmounts(*map(operator.add, _amounts(self), _amounts(other)))
 
 
 # Read once per VM and tick: attrgetter is C, a third of the cost of getattr in a generator.
-_amounts: Callable[[Usage], tuple[float, ...]] = attrgetter(*USAGE_FIELDS)
+_amounts: Callable[[UsageAmounts], tuple[float, ...]] = attrgetter(*USAGE_FIELDS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,13 +75,13 @@ class Baseline:
 
 
 @dataclass(frozen=True, slots=True)
-class Span:
+class VmSpan:
     """What one VM used between two moments, and who owned it then."""
 
     uuid: str
     start_s: float
     end_s: float
-    usage: Usage
+    usage: UsageAmounts
     owner: Ownership
     resets: tuple[str, ...] = ()
     """the counters that went down (or all of them, for a restarted process)"""
@@ -149,7 +149,7 @@ def _pairs_delta(
 
 def step(
     previous: Baseline | None, reading: VmReading, *, new_since_s: float | None
-) -> tuple[Span | None, Baseline]:
+) -> tuple[VmSpan | None, Baseline]:
     """The use since ``previous`` and the baseline to measure the next reading from.
 
     Three cases:
@@ -197,7 +197,7 @@ def step(
         )
     else:
         memory_byte_s = charged_memory(rss, cap) / 2 * span_s
-    usage = Usage(
+    usage = UsageAmounts(
         cpu_s=cpu_ns / 1e9,
         memory_byte_s=memory_byte_s,
         disk_read_bytes=float(rd),
@@ -206,4 +206,4 @@ def step(
         network_tx_bytes=float(tx),
     )
     end_s = max(reading.taken_s, start_s)
-    return Span(reading.uuid, start_s, end_s, usage, reading.owner, tuple(resets)), baseline
+    return VmSpan(reading.uuid, start_s, end_s, usage, reading.owner, tuple(resets)), baseline

@@ -40,6 +40,7 @@ from gmd.agent.collect.base import (
     Ownership,
     ReadFailure,
     VmReading,
+    host_failure,
 )
 from gmd.agent.collect.host import HostCpu, local_hypervisor
 from gmd.agent.collect.ownership import EVERY_DOMAIN, DomainFilter, ownership
@@ -208,7 +209,7 @@ class LibvirtCollector:
     def collect(self) -> HostReading:
         conn = self.conn.get()
         if conn is None:
-            return HostReading(self._clock(), False, errors=(self.conn.failure(),))
+            return HostReading(self._clock(), False, errors=(host_failure(self.conn.down_reason),))
         try:
             if self.bulk:
                 pairs = conn.getAllDomainStats(STATS, BULK_FLAGS)
@@ -219,7 +220,7 @@ class LibvirtCollector:
             host_cpu_s = None if self._host_cpu is None else self._host_cpu.read()
         except libvirt.libvirtError as exc:
             self.conn.lost(exc, "listing domains")
-            return HostReading(self._clock(), False, errors=(self.conn.failure(),))
+            return HostReading(self._clock(), False, errors=(host_failure(self.conn.down_reason),))
 
         everything = {dom.UUIDString(): (dom, stats) for dom, stats in pairs}
         listed = self.admitted(everything)
@@ -283,7 +284,7 @@ class LibvirtCollector:
                     continue
                 if code in CONNECTION_LOST:
                     self.conn.lost(exc, f"reading domain {uuid}")
-                    errors.append(self.conn.failure())
+                    errors.append(host_failure(self.conn.down_reason))
                     break
                 if code in DOMAIN_BUSY:
                     busy.add(uuid)

@@ -24,7 +24,7 @@ import sqlalchemy as sa
 
 from gmd.agent.client import DaemonClient
 from gmd.agent.config import AgentConfig, parse_agent
-from gmd.agent.loop import Agent
+from gmd.agent.loop import AgentLoop
 from gmd.agent.metrics import AgentMetrics
 from gmd.agent.sender import Sender
 from gmd.agent.spool import Spool, SpoolError
@@ -136,7 +136,7 @@ class Host:
         self.collector = ScriptedCollector(lambda: self.now, self.vms)
         self.transport = Flaky()
         self.config = agent_config(tmp_path, url, **agent)
-        self.agent: Agent | None = None
+        self.agent: AgentLoop | None = None
         self.start()
         self.ticks(1)  # the first reading, at start_s: a baseline only
 
@@ -147,7 +147,7 @@ class Host:
             max_batches=self.config.spool_max_batches,
         )
         client = DaemonClient(self.url, self.config.token, transport=self.transport)
-        self.agent = Agent(
+        self.agent = AgentLoop(
             self.config,
             self.collector,
             spool,

@@ -2,7 +2,7 @@
 and 503 when the host cannot be read or the ticks stop, 404 elsewhere, requests no HTTP server
 should choke on, and a stop that frees the port.
 
-The agent is a real :class:`~gmd.agent.loop.Agent` on a scripted collector, ticked by the test;
+The agent is a real :class:`~gmd.agent.loop.AgentLoop` on a scripted collector, ticked by the test;
 the server is the one gmd-agent runs (:class:`~gmd.agent.endpoints.EndpointServer`).
 """
 
@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gmd.agent.config import parse_agent
 from gmd.agent.endpoints import EndpointError, EndpointServer, Health, TickHealth
-from gmd.agent.loop import Agent
+from gmd.agent.loop import AgentLoop
 from gmd.agent.spool import Spool
 from tests.support.agent_fixtures import ScriptedCollector, ScriptedVm
 
@@ -38,7 +38,7 @@ class Host:
             {"agent": {"host": "cmp-1", "tick_s": 10, "libvirt_uri": "test:///x", **agent}}
         )
         spool = Spool(tmp_path / "spool.db", max_bytes=2**20, max_batches=100)
-        self.agent = Agent(config, self.collector, spool, None)
+        self.agent = AgentLoop(config, self.collector, spool, None)
 
     def tick(self) -> None:
         self.now += self.agent.config.tick_s

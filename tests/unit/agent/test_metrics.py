@@ -29,7 +29,7 @@ from gmd.agent.apply.libvirt import LibvirtApplier
 from gmd.agent.collect.base import FailureKind, HostReading, ReadFailure
 from gmd.agent.collect.libvirt import LibvirtCollector
 from gmd.agent.config import parse_agent
-from gmd.agent.loop import Agent
+from gmd.agent.loop import AgentLoop
 from gmd.agent.metrics import AgentMetrics
 from gmd.agent.spool import Spool
 from gmd.wire import PLAN_MODES
@@ -135,13 +135,13 @@ class QemuConn(Conn):
         return "QEMU"
 
 
-def agent_on(tmp_path: Path, collector: Any, **kw: Any) -> Agent:
+def agent_on(tmp_path: Path, collector: Any, **kw: Any) -> AgentLoop:
     config = parse_agent({"agent": {"host": "cmp-1", "tick_s": 1, "libvirt_uri": "test:///x"}})
     spool = Spool(tmp_path / "spool.db", max_bytes=2**20, max_batches=100)
-    return Agent(config, collector, spool, None, **kw)
+    return AgentLoop(config, collector, spool, None, **kw)
 
 
-def value(agent: Agent, name: str, **labels: str) -> float | None:
+def value(agent: AgentLoop, name: str, **labels: str) -> float | None:
     return agent.metrics.registry.get_sample_value(name, labels)
 
 

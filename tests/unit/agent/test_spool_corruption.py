@@ -90,13 +90,13 @@ def test_the_agents_loop_stops_on_a_spool_it_cannot_use(tmp_path: Path) -> None:
 
     from gmd.agent.collect.libvirt import LibvirtCollector
     from gmd.agent.config import parse_agent
-    from gmd.agent.loop import Agent
+    from gmd.agent.loop import AgentLoop
 
     path = tmp_path / "spool.db"
     spool_with_batches(path)
     spool = Spool(path, max_bytes=2**30, max_batches=10**6)
     config = parse_agent({"agent": {"host": "cmp-1", "tick_s": 0.05, "libvirt_uri": uri(NODE)}})
-    agent = Agent(config, LibvirtCollector(uri(NODE)), spool, None)
+    agent = AgentLoop(config, LibvirtCollector(uri(NODE)), spool, None)
     damage(path, "middle")
     spool._db.execute("PRAGMA cache_size = 0")
     stop = threading.Event()

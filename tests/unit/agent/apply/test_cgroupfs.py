@@ -24,21 +24,18 @@ import pytest
 from gmd.agent.apply.cgroupfs import (
     LIBVIRT_TEMPLATE,
     SYSTEMD_TEMPLATE,
-    CgroupBackend,
     CgroupError,
-    Snapshot,
     VmCgroup,
     VmIdentity,
-    apply,
     detect,
     from_domain,
     from_template,
     libvirt_machine_name,
-    read_current,
     render_template,
-    restore,
     systemd_escape,
 )
+from gmd.agent.apply.cgroupfs_report import Snapshot
+from gmd.agent.apply.cgroupfs_writes import CgroupBackend, apply, read_current, restore
 from gmd.agent.apply.limits import (
     LimitsError,
     VmLimits,
@@ -51,7 +48,7 @@ from gmd.agent.apply.limits import (
     shares_to_cpu_weight,
 )
 from gmd.agent.cgroups import CgroupLocator, DomainCgroups
-from gmd.agent.collect.kernel import counter_files
+from gmd.agent.collect.kernel_files import counter_files
 from tests.support.appliers import V2_DEFAULTS, FakeCgroupfsIO
 
 PAGE = 4096

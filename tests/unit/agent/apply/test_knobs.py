@@ -17,7 +17,7 @@ import libvirt
 import pytest
 
 from gmd.agent.apply.cgroup import CgroupApplier
-from gmd.agent.apply.cgroupfs import CgroupIO
+from gmd.agent.apply.cgroupfs_writes import CgroupIO
 from gmd.agent.apply.libvirt import LibvirtApplier
 from gmd.agent.libvirt_conn import DOMAIN_GONE, gone
 from gmd.wire import HostCapabilities, Knob, KnobOutcome
@@ -224,7 +224,7 @@ def test_the_agent_probes_tells_the_daemon_once_and_applies_with_the_probe(
 ) -> None:
     from gmd.agent.collect.libvirt import LibvirtCollector
     from gmd.agent.config import parse_agent
-    from gmd.agent.loop import Agent
+    from gmd.agent.loop import AgentLoop
     from gmd.agent.spool import Spool
     from tests.support.appliers import Plans
     from tests.support.knob_host import NO_BFQ, lay_out
@@ -238,7 +238,7 @@ def test_the_agent_probes_tells_the_daemon_once_and_applies_with_the_probe(
     plans = Plans()
     plans.plan = plan("on", item(UUID_A, cpu_weight=50))
     probe = lay_out(tmp_path / "host", "hybrid", {"vda": NO_BFQ})
-    agent = Agent(config, collector, spool, None, applier=applier, plans=plans, probe=probe)
+    agent = AgentLoop(config, collector, spool, None, applier=applier, plans=plans, probe=probe)
     plans.report_outcome = "down"  # the daemon is away at first: the word waits
     first = agent.tick(1_800_000_000)
     assert plans.capabilities == []
@@ -251,7 +251,9 @@ def test_the_agent_probes_tells_the_daemon_once_and_applies_with_the_probe(
     assert said.support(Knob.disk_weight).support.value == "unsupported"
     assert weight(conn, UUID_A) == 0  # no weight written where it would do nothing
     assert [k.knob for k in first.enforcement[0].knobs] == [Knob.cpu_weight, Knob.disk_weight]
-    gauge = agent.metrics.knob_support.labels("disk_weight", "unsupported")._value.get()
+    gauge = agent.metrics.registry.get_sample_value(
+        "gmd_agent_knob_support", {"knob": "disk_weight", "support": "unsupported"}
+    )
     assert gauge == 1
     spool.close()
 

@@ -23,7 +23,7 @@ from gmd.agent.apply.libvirt import LibvirtApplier
 from gmd.agent.client import DaemonClient
 from gmd.agent.collect.libvirt import LibvirtCollector
 from gmd.agent.config import parse_agent
-from gmd.agent.loop import Agent
+from gmd.agent.loop import AgentLoop
 from gmd.agent.spool import Spool
 from gmd.daemon.config import load
 from gmd.wire import CPU_CAP_MIN_CORES, DISK_CAP_MIN_BYTES_PER_S, HostPlan, PlanReport
@@ -70,13 +70,13 @@ class Daemon:
         return DaemonClient("http://gmd", "t", transport=httpx.MockTransport(self.handler))
 
 
-def agent_with(conn: Any, tmp_path: Path, applier: Any, daemon: Daemon) -> Agent:
+def agent_with(conn: Any, tmp_path: Path, applier: Any, daemon: Daemon) -> AgentLoop:
     config = parse_agent(
         {"agent": {"host": "cmp-1", "tick_s": 1, "plan_every_s": 30, "libvirt_uri": "test:///x"}}
     )
     collector = LibvirtCollector("test:///x", opener=lambda _u: conn)
     spool = Spool(tmp_path / "spool.db", max_bytes=2**20, max_batches=100)
-    return Agent(config, collector, spool, None, applier=applier, plans=daemon.client())
+    return AgentLoop(config, collector, spool, None, applier=applier, plans=daemon.client())
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ from gmd.agent.collect.base import (
     ReadFailure,
     VmReading,
 )
-from gmd.agent.collect.counters import Baseline, Usage, charged_memory, counter_delta, step
+from gmd.agent.collect.counters import Baseline, UsageAmounts, charged_memory, counter_delta, step
 from gmd.wire import SampleBatch
 
 OWNER = Ownership("proj-a", "nova/1.1", Flavor(2, 2**31), 1_700_000_000)
@@ -71,7 +71,7 @@ def test_step_measures_growth_of_the_same_process() -> None:
     span, base2 = step(base, second, new_since_s=None)
     assert span is not None
     assert (span.start_s, span.end_s) == (1000.0, 1010.0)
-    assert span.usage == Usage(
+    assert span.usage == UsageAmounts(
         cpu_s=15.0,
         memory_byte_s=1.25 * GIB * 10,  # mean of 1 and 1.5 GiB over 10 s
         disk_read_bytes=3000,
@@ -121,7 +121,7 @@ def test_a_new_domain_id_is_a_restart_even_if_counters_grew() -> None:
     span, base2 = step(base, restarted, new_since_s=None)
     assert span is not None
     # All of the new process's counters are use within the span; memory for half of it.
-    assert span.usage == Usage(7.0, GIB * 10 / 2, 2000, 600, 1, 2)
+    assert span.usage == UsageAmounts(7.0, GIB * 10 / 2, 2000, 600, 1, 2)
     assert span.resets == ("process (domain id 1 → 2)",)
     assert base2.run_id == 2
 
@@ -130,7 +130,7 @@ def test_a_vm_started_since_the_last_reading_counts_from_zero() -> None:
     span, _ = step(None, reading(20.0, 3.0, rss=2 * GIB), new_since_s=10.0)
     assert span is not None
     assert (span.start_s, span.end_s) == (10.0, 20.0)
-    assert span.usage == Usage(3.0, GIB * 10, 1000, 500, 300, 200)
+    assert span.usage == UsageAmounts(3.0, GIB * 10, 1000, 500, 300, 200)
 
 
 def test_a_device_missing_from_one_reading_keeps_its_counters() -> None:

@@ -24,25 +24,24 @@ from gmd.agent.cgroups import (
     parse_mountinfo,
     parse_proc_cgroup,
 )
-from gmd.agent.collect.kernel import (
+from gmd.agent.collect.kernel import KernelCollector, kernel_collector_fits
+from gmd.agent.collect.kernel_disks import DiskPlan, LocalDisk, plan_disks
+from gmd.agent.collect.kernel_files import (
     CgroupFiles,
     CounterFiles,
     CpuFile,
-    DiskPlan,
     IoFile,
     KeptFile,
-    KernelCollector,
     KernelReadError,
     KernelSources,
-    LocalDisk,
     counter_files,
-    kernel_collector_fits,
+)
+from gmd.agent.collect.kernel_parsers import (
     parse_blkio_service_bytes,
     parse_cpu_stat,
     parse_cpuacct_usage,
     parse_io_stat,
     parse_net_dev,
-    plan_disks,
 )
 from tests.support.kernel_host import (
     MACHINE,

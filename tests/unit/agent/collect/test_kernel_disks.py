@@ -22,18 +22,14 @@ from typing import Any
 
 import pytest
 
-from gmd.agent.collect.kernel import (
+from gmd.agent.collect.kernel_disks import (
     JUDGED_BYTES,
-    CgroupFiles,
-    CounterFiles,
-    CpuFile,
     DiskCheck,
-    IoFile,
-    KernelSources,
     LocalDisk,
     disk_counters_agree,
     host_device,
 )
+from gmd.agent.collect.kernel_files import CgroupFiles, CounterFiles, CpuFile, IoFile, KernelSources
 from gmd.agent.libvirt_conn import open_connection
 from gmd.agent.metrics import AgentMetrics
 from tests.support.kernel_host import (
@@ -398,7 +394,7 @@ def test_qemu_is_asked_for_a_checked_vm_only_every_check_every_s(tmp_path: Path)
 def test_the_kernel_is_made_to_count_a_devices_io_and_nothing_is_left_behind() -> None:
     """On this host's v1 blkio hierarchy (root): the limit set and lifted in a group of gmd's
     own, the group removed; a device that is not there is said, not raised."""
-    from gmd.agent.collect.kernel import ACCOUNTING_GROUP, enable_io_accounting
+    from gmd.agent.collect.kernel_disks import ACCOUNTING_GROUP, enable_io_accounting
 
     root = Path("/sys/fs/cgroup/blkio")
     if os.geteuid() != 0 or not (root / "blkio.throttle.read_bps_device").exists():

@@ -19,13 +19,9 @@ from pathlib import Path
 import pytest
 
 from gmd.agent.collect.base import Ownership, VmReading, vm_reading
-from gmd.agent.collect.kernel import (
-    CgroupFiles,
-    CounterFiles,
-    CpuFile,
-    IoFile,
-    KernelCollector,
-    KernelSources,
+from gmd.agent.collect.kernel import KernelCollector
+from gmd.agent.collect.kernel_files import CgroupFiles, CounterFiles, CpuFile, IoFile, KernelSources
+from gmd.agent.collect.kernel_parsers import (
     NetDevParser,
     parse_cpu_stat,
     parse_cpuacct_usage,

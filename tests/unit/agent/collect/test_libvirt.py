@@ -20,7 +20,7 @@ from gmd.agent.collect.aggregate import AgentState, advance
 from gmd.agent.collect.base import FailureKind, Flavor, Ownership
 from gmd.agent.collect.libvirt import LibvirtCollector
 from gmd.agent.config import parse_agent
-from gmd.agent.loop import Agent
+from gmd.agent.loop import AgentLoop
 from gmd.agent.spool import Spool
 from tests.support.agent_fixtures import (
     GMD,
@@ -265,7 +265,7 @@ def test_agent_with_libvirt_down_counts_errors_and_spools_nothing(tmp_path: Path
         {"agent": {"host": "cmp-x", "network_bytes_per_s": 1e9, "spool_path": "unused"}}
     )
     spool = Spool(tmp_path / "spool.db", max_bytes=10**6, max_batches=10)
-    agent = Agent(config, LibvirtCollector("qemu+tcp://127.0.0.1:1/system"), spool, None)
+    agent = AgentLoop(config, LibvirtCollector("qemu+tcp://127.0.0.1:1/system"), spool, None)
     for _ in range(3):
         report = agent.tick()
         assert not report.reading.ok and report.batches == 0

@@ -41,7 +41,7 @@ from gmd.agent.collect.replay import (
     vm_uuid,
 )
 from gmd.agent.config import AgentConfig, parse_agent
-from gmd.agent.loop import Agent
+from gmd.agent.loop import AgentLoop
 from gmd.agent.replay_run import replay_key, replay_run, tick_times
 from gmd.agent.sender import Sender
 from gmd.agent.spool import Spool
@@ -507,7 +507,7 @@ def test_a_replayed_host_is_accounted_as_the_trace_says(tmp_path: Path) -> None:
     with serving(config) as d:
         agent_cfg = agent_config(tmp_path, d.url)
         spool = Spool(agent_cfg.spool_path, max_bytes=2**30, max_batches=10**6)
-        agent = Agent(
+        agent = AgentLoop(
             agent_cfg, collector, spool, Sender(spool, DaemonClient(d.url, agent_cfg.token))
         )
         report = replay_run(agent, clock)
@@ -638,11 +638,11 @@ def test_an_interrupted_replay_resumes_and_delivers_what_an_uninterrupted_one_do
     def clock() -> ReplayClock:
         return ReplayClock(plan.start_s, plan.end_s, plan.trace_start_s)
 
-    def agent_on(directory: Path, client: DaemonClient, c: ReplayClock) -> Agent:
+    def agent_on(directory: Path, client: DaemonClient, c: ReplayClock) -> AgentLoop:
         cfg = agent_config(directory, client.base_url)
         spool = Spool(cfg.spool_path, max_bytes=2**30, max_batches=10**6)
         collector = ReplayCollector(replay_vms(traces, HOST, CUSTOMERS), c)
-        return Agent(cfg, collector, spool, Sender(spool, client), key=replay_key("t", c))
+        return AgentLoop(cfg, collector, spool, Sender(spool, client), key=replay_key("t", c))
 
     def daemon(name: str) -> Any:
         ledger = f"sqlite:///{tmp_path / name}.db"
