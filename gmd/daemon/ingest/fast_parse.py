@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from operator import attrgetter
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 import numpy as np
@@ -41,33 +41,40 @@ UnixTime = Annotated[int, Meta(ge=0, le=MAX_JSON_INT)]
 Name = Annotated[str, Meta(min_length=1, max_length=MAX_NAME)]
 
 
-class Capacity(msgspec.Struct, forbid_unknown_fields=True, gc=False):
-    cpu_cores: Positive
-    memory_bytes: Positive
-    disk_bytes_per_s: Positive
-    network_bytes_per_s: Positive
+def _struct(name: str, fields: list[tuple[Any, ...]]) -> Any:
+    return msgspec.defstruct(name, fields, kw_only=True, forbid_unknown_fields=True, gc=False)
 
 
-class Flavor(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+# The structs are made from the wire contract's field lists: a resource added to
+# gmd.wire.RESOURCES is read here with no change. The checker is shown what the code reads by
+# attribute; the amounts are read by name (attrgetter).
+if TYPE_CHECKING:
+
+    class Capacity(msgspec.Struct): ...
+
+    class Flavor(msgspec.Struct): ...
+
+    class Vm(msgspec.Struct):
+        uuid: str
+        customer: str
+        flavor: Flavor | UnsetType
+        created_s: int | None
+
+else:
+    Capacity = _struct("Capacity", [(f, Positive) for f in CAPACITY_FIELDS])
     # A missing amount and null mean the same (an equal split), as in gmd.wire.Flavor.
-    vcpus: Positive | None = None
-    memory_bytes: Positive | None = None
-    disk_bytes_per_s: Positive | None = None
-    network_bytes_per_s: Positive | None = None
-
-
-class Vm(msgspec.Struct, forbid_unknown_fields=True, gc=False):
-    uuid: str
-    customer: Name
-    cpu_s: Amount
-    memory_byte_s: Amount
-    disk_read_bytes: Amount
-    disk_write_bytes: Amount
-    network_rx_bytes: Amount
-    network_tx_bytes: Amount
-    # Unset, not None: ``"flavor": null`` is refused by the contract.
-    flavor: Flavor | UnsetType = UNSET
-    created_s: UnixTime | None = None
+    Flavor = _struct("Flavor", [(f, Positive | None, None) for f in FLAVOR_FIELDS])
+    Vm = _struct(
+        "Vm",
+        [
+            ("uuid", str),
+            ("customer", Name),
+            *[(f, Amount) for f in USAGE_FIELDS],
+            # Unset, not None: ``"flavor": null`` is refused by the contract.
+            ("flavor", Flavor | UnsetType, UNSET),
+            ("created_s", UnixTime | None, None),
+        ],
+    )
 
 
 class Batch(msgspec.Struct, forbid_unknown_fields=True):
