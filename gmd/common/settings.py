@@ -99,9 +99,9 @@ def _keyed(option: Option[T], key: str) -> Option[T]:
     return option
 
 
-def table(name: str, *, about: str = "") -> Callable[[type[D]], type[D]]:
+def table(name: str) -> Callable[[type[D]], type[D]]:
     """Declares a configuration dataclass (decorated with ``@dataclass(frozen=True)`` below
-    this) as the table ``name``; what the table is for is its docstring, or ``about``."""
+    this) as the table ``name``; what the table is for is its docstring."""
 
     def declare(settings: type[D]) -> type[D]:
         options: list[Option[Any]] = []
@@ -110,8 +110,8 @@ def table(name: str, *, about: str = "") -> Callable[[type[D]], type[D]]:
                 options.append(_keyed(f.metadata[_OPTION], f.name))
             elif _PARTS in f.metadata:
                 options.extend(f.metadata[_PARTS][1].values())
-        text = about or inspect.cleandoc(settings.__doc__ or "")
-        _TABLES[settings] = Table(name, text, tuple(options))
+        about = inspect.cleandoc(settings.__doc__ or "")
+        _TABLES[settings] = Table(name, about, tuple(options))
         return settings
 
     return declare

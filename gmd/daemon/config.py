@@ -616,13 +616,7 @@ def parse(document: dict[str, Any], source: str = "<config>", path: Path | None 
     default_owner = ORGANIZATIONS.option("default_owner").read(orgs)
     org_customers = ORGANIZATIONS.option("customers").read(orgs)
     orgs.done()
-    hosts_reader = root.sub("hosts")
-    hosts = {
-        name: read_table(HostConfig, h, name=name, owner=h.get("owner", str, default_owner))
-        for name in hosts_reader.table
-        if (h := hosts_reader.sub(name))
-    }
-    hosts_reader.done()
+    hosts = _hosts(root.sub("hosts"), default_owner)
     # [agent] belongs to gmd-agent, which validates it (gmd.agent.config), and [broker] to
     # gmd-broker (gmd.broker.config); one file can serve a host that runs several of them.
     root.get("agent", dict, {})
@@ -644,6 +638,16 @@ def parse(document: dict[str, Any], source: str = "<config>", path: Path | None 
         document=copy.deepcopy(document),
         source=source,
     )
+
+
+def _hosts(r: Reader, default_owner: str) -> dict[str, HostConfig]:
+    """``[hosts.NAME]`` each; a host's owner is the default owner unless it names one."""
+    hosts = {}
+    for name in r.table:
+        h = r.sub(name)
+        hosts[name] = read_table(HostConfig, h, name=name, owner=h.get("owner", str, default_owner))
+    r.done()
+    return hosts
 
 
 def _database(db: Reader) -> tuple[str, str | None]:
