@@ -27,8 +27,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gmd.daemon.config import PlacementConfig
 from gmd.daemon.placement.client import PlacementClient
+from gmd.daemon.placement.settings import PlacementConfig
 from gmd.daemon.placement.view import INVENTORY_EVERY, PlacementView
 from tests.support.openstack_support import LEGACY, start
 from tests.support.placement_support import PlacementWriteError, RealPlacement

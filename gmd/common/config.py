@@ -4,11 +4,9 @@ Both gmd-agent (its ``[agent]`` table) and gmd-daemon (the rest) read the same f
 way, so every error names the file and the key (``gmd.toml: accounting.gamma: 1.5 is not in
 [0, 1]``): an operator who mistyped a value at 3 a.m. should not have to read a traceback.
 
-Each key is declared once, as an :class:`Option` in the :class:`Table` of its section (the
-daemon's in :mod:`gmd.daemon.config`, the agent's in :mod:`gmd.agent.config`): its default,
-its bounds and what it means. The parsers read it through that declaration, the configuration
-classes take their defaults from it, and the tests check ``etc/gmd.toml`` and
-docs/configuration.md against it.
+Each key is declared once (:mod:`gmd.common.options` says what it takes,
+:mod:`gmd.common.settings` makes it a field of its table's configuration class); this module
+holds what every declaration reads through: the file, and the :class:`Reader` of one table.
 """
 
 from __future__ import annotations
@@ -17,10 +15,9 @@ import enum
 import math
 import os
 import tomllib
-from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, TypeVar
 
 from gmd import GmdError
 
@@ -28,7 +25,6 @@ DEFAULT_PATH = Path("/etc/gmd/gmd.toml")
 
 C = TypeVar("C", bound=str)
 K = TypeVar("K", bound=enum.StrEnum)
-T = TypeVar("T")
 
 
 # The types as TOML calls them: an operator wrote `port = "x"`, not a Python str.
@@ -86,8 +82,12 @@ def default_state_dir() -> Path:
 class Reader:
     """Walks one TOML table, remembering which keys were used to reject unknown ones."""
 
-    def __init__(self, source: str, prefix: str, table: dict[str, Any]) -> None:
+    def __init__(
+        self, source: str, prefix: str, table: dict[str, Any], path: Path | None = None
+    ) -> None:
         self.source, self.prefix, self.table = source, prefix, table
+        self.path = path
+        """the file read (None: the default file is absent): what relative paths are relative to"""
         self.used: set[str] = set()
 
     def fail(self, key: str, message: str) -> ConfigError:
@@ -107,10 +107,6 @@ class Reader:
         if not isinstance(value, kind):
             raise self.fail(key, f"expected {_expected(kinds)}, got {value!r}")
         return value
-
-    def option(self, option: Option[T]) -> T:
-        """A declared key: its declared default when absent, else checked as declared."""
-        return option.read(self)
 
     def number(self, key: str, default: float, low: float, high: float = math.inf) -> float:
         value = self.get(key, float, default)
@@ -134,132 +130,12 @@ class Reader:
         return value
 
     def sub(self, key: str) -> Reader:
-        return Reader(self.source, f"{self.prefix}{key}.", self.get(key, dict, {}))
+        return Reader(self.source, f"{self.prefix}{key}.", self.get(key, dict, {}), self.path)
 
     def done(self) -> None:
         unknown = sorted(set(self.table) - self.used)
         if unknown:
             raise self.fail(unknown[0], "unknown key (misspelt?)")
-
-
-@dataclass(frozen=True)
-class Option(Generic[T]):
-    """One key of gmd.toml, declared once: its default and what it means (``help``).
-
-    Declared as an attribute of its section's :class:`Table`, whose name is the key (``key=``
-    names an option made outside a table). ``default`` is what a file that leaves the key out
-    is read as having; the configuration classes take their defaults from it. ``shown`` says
-    the default in words where the docs should not just print ``default`` (it depends on the
-    host, on another key or on the state directory; or a unit helps), and must then hold
-    ``default`` as TOML writes it when that is a TOML value.
-
-    This base class is a key that its parser reads with its own code (a path relative to the
-    file, a default that depends on another key, a table of free keys); the subclasses read
-    themselves, through :meth:`Reader.option`.
-    """
-
-    default: T
-    help: str
-    key: str = field(default="", kw_only=True)
-    shown: str = field(default="", kw_only=True)
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        if self.key and self.key != name:
-            raise TypeError(f"{owner.__name__}.{name} is declared with key {self.key!r}")
-        object.__setattr__(self, "key", name)
-
-    def read(self, r: Reader) -> T:
-        raise TypeError(f"{r.prefix}{self.key} is read by its parser's own code")
-
-
-@dataclass(frozen=True)
-class Number(Option[float]):
-    """A number in [``low``, ``high``] (an integer in the file is read as a float)."""
-
-    low: float
-    high: float = math.inf
-
-    def read(self, r: Reader) -> float:
-        return r.number(self.key, self.default, self.low, self.high)
-
-
-@dataclass(frozen=True)
-class Count(Option[int]):
-    """A whole number in [``low``, ``high``]. A fraction is cut to its integer part, as it
-    always was, unless ``whole``: then it is refused, naming the ``unit`` it counts."""
-
-    low: float
-    high: float = math.inf
-    whole: bool = False
-    unit: str = ""
-
-    def read(self, r: Reader) -> int:
-        value = r.number(self.key, self.default, self.low, self.high)
-        if self.whole and value != int(value):
-            of = f" of {self.unit}" if self.unit else ""
-            raise r.fail(self.key, f"{value!r} is not a whole number{of}")
-        return int(value)
-
-
-@dataclass(frozen=True)
-class Text(Option[str]):
-    """A string."""
-
-    def read(self, r: Reader) -> str:
-        value: str = r.get(self.key, str, self.default)
-        return value
-
-
-@dataclass(frozen=True)
-class Flag(Option[bool]):
-    """true or false."""
-
-    def read(self, r: Reader) -> bool:
-        value: bool = r.get(self.key, bool, self.default)
-        return value
-
-
-@dataclass(frozen=True)
-class Choice(Option[C]):
-    """One of ``choices``, each a string."""
-
-    choices: tuple[C, ...]
-
-    def read(self, r: Reader) -> C:
-        return r.choice(self.key, self.default, self.choices)
-
-
-@dataclass(frozen=True)
-class Kind(Option[K]):
-    """A member of ``default``'s enum, written as its value (see :meth:`Reader.kind`)."""
-
-    def read(self, r: Reader) -> K:
-        return r.kind(self.key, self.default)
-
-
-class Table:
-    """The declared keys of one table of gmd.toml (``name``: ``"daemon.limits"``;
-    ``"hosts.NAME"`` for a table per host): each class attribute that is an :class:`Option`,
-    in the order written, which is the docs' order. The docstring says what the table is for.
-    A subclass is a namespace (``Limits.max_error_chars``), never instantiated; one whose keys
-    are made rather than written sets ``options`` itself."""
-
-    name: ClassVar[str]
-    options: ClassVar[tuple[Option[Any], ...]] = ()
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        declared = tuple(v for v in vars(cls).values() if isinstance(v, Option))
-        if declared:
-            cls.options = declared
-
-    @classmethod
-    def option(cls, key: str) -> Option[Any]:
-        """The option declared as ``key`` (KeyError: none)."""
-        for option in cls.options:
-            if option.key == key:
-                return option
-        raise KeyError(f"{cls.name}.{key}")
 
 
 def read_document(

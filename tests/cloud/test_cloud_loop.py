@@ -360,8 +360,8 @@ def test_unified_limits_lowered_until_nova_refuses_a_boot_and_restored_exactly(
     lowers the greedy project's limits in Keystone, the unified-limits Nova (counting usage in
     the cloud's PostgreSQL Placement) refuses its member's next boot, and once its level is
     back to 0 the project has no limit of its own again, as before, and boots."""
-    from gmd.daemon.config import QuotaBackendKind
     from gmd.daemon.enforce.quota_job import QuotaReconciler
+    from gmd.daemon.enforce.settings import QuotaBackendKind
 
     unified = nova.info["unified"]
     project = nova.projects["initech"]

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from gmd.daemon.config import Config, QuotaBackendKind
+from gmd.daemon.config import Config
 from gmd.daemon.enforce.keystone_limits import KeystoneLimits
 from gmd.daemon.enforce.nova_quotas import NovaQuotas
 from gmd.daemon.enforce.quota_backends import AutoQuotas, build_backend
@@ -28,6 +28,7 @@ from gmd.daemon.enforce.quotas import (
     QuotaStep,
     lowered,
 )
+from gmd.daemon.enforce.settings import QuotaBackendKind
 from gmd.daemon.ledger.migrate import upgrade
 from tests.support.daemon_support import make_config
 from tests.support.openstack_support import LEGACY, MEMBER, UNIFIED, UNIFIED_SYSTEM, RealCloud

@@ -29,7 +29,6 @@ from sqlalchemy import select
 from gmd.agent.client import DaemonClient, Delivery
 from gmd.common.config import ConfigError
 from gmd.daemon.api.services import Services
-from gmd.daemon.config import PlacementConfig
 from gmd.daemon.ledger.models import BatchState, IntervalState
 from gmd.daemon.ledger.tables import (
     actions,
@@ -43,6 +42,7 @@ from gmd.daemon.ledger.tables import (
     vms,
 )
 from gmd.daemon.placement.client import PlacementClient
+from gmd.daemon.placement.settings import PlacementConfig
 from gmd.daemon.placement.view import INVENTORY_EVERY, PlacementView
 from gmd.wire import CAPACITY_FIELDS
 from tests.support.daemon_support import (

@@ -1,9 +1,9 @@
 """The reference of every gmd.toml key in docs/configuration.md, made from the declarations.
 
-Each key is declared once, as an :class:`~gmd.common.config.Option` of its section's
-:class:`~gmd.common.config.Table` (:data:`gmd.daemon.config.TABLES`,
-:data:`gmd.agent.config.TABLES`, :data:`gmd.broker.config.TABLES`): its default, its bounds and
-what it means. The page holds a
+Each key is declared once, as an :class:`~gmd.common.options.Option` of a field of its
+table's configuration class (:mod:`gmd.common.settings`; the tables:
+:data:`gmd.daemon.config.TABLES`, :data:`gmd.agent.config.TABLES`,
+:data:`gmd.broker.config.TABLES`): its default, its bounds and what it means. The page holds a
 copy of them as tables between two markers, which ``tests/unit/common/test_config_defaults.py``
 compares with what this makes, so that an option added, changed or described anew shows up as a
 difference to regenerate:
@@ -13,7 +13,6 @@ difference to regenerate:
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 import re
@@ -23,14 +22,16 @@ from typing import Any
 
 from gmd.agent import config as agent_config
 from gmd.broker import config as broker_config
-from gmd.common.config import Choice, Count, Flag, Kind, Number, Option, Table, _bound
+from gmd.common.config import _bound
+from gmd.common.options import Choice, Count, Flag, Kind, Number, Option
+from gmd.common.settings import Table
 from gmd.daemon import config as daemon_config
 
 REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "docs" / "configuration.md"
 BEGIN = "<!-- every key: made by tests/support/config_reference.py, do not edit by hand -->"
 END = "<!-- end of every key -->"
-TABLES: tuple[type[Table], ...] = (
+TABLES: tuple[Table, ...] = (
     *daemon_config.TABLES,
     *agent_config.TABLES,
     *broker_config.TABLES,
@@ -91,9 +92,9 @@ def default(option: Option[Any]) -> str:
     return f"`{literal}`"
 
 
-def table(t: type[Table]) -> str:
+def table(t: Table) -> str:
     rows = [f"| `{o.key}` | {default(o)} | {values(o)} | {markdown(o.help)} |" for o in t.options]
-    about = markdown(inspect.cleandoc(t.__doc__ or ""))
+    about = markdown(t.about)
     return (
         f"### `[{t.name}]`\n\n{about}\n\n| key | default | takes | meaning |\n|---|---|---|---|\n"
         + "\n".join(rows)

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from gmd.daemon.config import QuotaBackendKind
 from gmd.daemon.enforce.nova_quotas import NovaQuotas
 from gmd.daemon.enforce.openstack_client import (
     MalformedAnswer,
@@ -46,6 +45,7 @@ from gmd.daemon.enforce.quotas import (
     QuotaSet,
     QuotaWrite,
 )
+from gmd.daemon.enforce.settings import QuotaBackendKind
 
 if TYPE_CHECKING:
     from openstack.connection import Connection

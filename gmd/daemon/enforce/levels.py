@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, insert, select
 
-from gmd.daemon.config import EnforcementConfig
+from gmd.daemon.enforce.settings import EnforcementConfig
 from gmd.daemon.ledger.accounting import AfterInterval
 from gmd.daemon.ledger.lookup import log_names
 from gmd.daemon.ledger.models import ActionKind, ActionStatus

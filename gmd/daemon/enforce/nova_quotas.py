@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from gmd.daemon.config import QuotaBackendKind
 from gmd.daemon.enforce.openstack_client import (
     MalformedAnswer,
     OpenStackClient,
@@ -39,6 +38,7 @@ from gmd.daemon.enforce.quotas import (
     QuotaSet,
     QuotaWrite,
 )
+from gmd.daemon.enforce.settings import QuotaBackendKind
 
 if TYPE_CHECKING:
     from openstack.connection import Connection

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy import Connection, Select, and_, false, func, select
 
-from gmd.daemon.config import EnforcementConfig
+from gmd.daemon.enforce.settings import EnforcementConfig
 from gmd.daemon.ledger import capabilities
 from gmd.daemon.ledger.models import BatchState, IntervalState
 from gmd.daemon.ledger.tables import (

@@ -19,7 +19,6 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from gmd.daemon.config import QuotaBackendKind
 from gmd.daemon.enforce.keystone_limits import KeystoneLimits
 from gmd.daemon.enforce.nova_quotas import NovaQuotas
 from gmd.daemon.enforce.quotas import (
@@ -29,6 +28,7 @@ from gmd.daemon.enforce.quotas import (
     QuotaSet,
     QuotaWrite,
 )
+from gmd.daemon.enforce.settings import QuotaBackendKind
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,6 @@ from typing import Any
 
 from sqlalchemy import Engine, delete, insert, select, text, update
 
-from gmd.daemon.config import EnforcementConfig
 from gmd.daemon.enforce.quota_backends import QuotaBackend, build_backend
 from gmd.daemon.enforce.quotas import (
     RESOURCES,
@@ -33,6 +32,7 @@ from gmd.daemon.enforce.quotas import (
     QuotaStep,
     lowered,
 )
+from gmd.daemon.enforce.settings import EnforcementConfig
 from gmd.daemon.ledger.migrate import writer
 from gmd.daemon.ledger.models import ActionKind, ActionStatus
 from gmd.daemon.ledger.tables import (

@@ -27,7 +27,7 @@ from fractions import Fraction
 from typing import Any, TypeAlias
 
 from gmd import GmdError
-from gmd.daemon.config import QuotaBackendKind
+from gmd.daemon.enforce.settings import QuotaBackendKind
 
 UNLIMITED = -1
 """Nova's and Keystone's value for "no limit"."""

@@ -44,9 +44,9 @@ from enum import StrEnum
 
 import numpy as np
 
-from gmd.daemon.config import PlacementConfig
 from gmd.daemon.enforce.quotas import QuotaError
 from gmd.daemon.placement.client import Allocation, Inventory, PlacementClient
+from gmd.daemon.placement.settings import PlacementConfig
 from gmd.wire import CAPACITY_FIELDS, FLAVOR_FIELDS, canonical_customer
 
 log = logging.getLogger(__name__)

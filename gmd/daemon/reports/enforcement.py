@@ -10,8 +10,8 @@ from sqlalchemy import Connection, select
 
 from gmd.columns import Column, Unit
 from gmd.common.timespec import iso
-from gmd.daemon.config import EnforcementConfig
 from gmd.daemon.enforce.plans import host_plan
+from gmd.daemon.enforce.settings import EnforcementConfig
 from gmd.daemon.ledger.lookup import require_host
 from gmd.daemon.ledger.tables import (
     customers as _customers,

@@ -15,7 +15,7 @@ from sqlalchemy import Connection, func, or_, select
 
 from gmd.columns import PROJECT, Column
 from gmd.common.timespec import iso
-from gmd.daemon.config import EnforcementConfig
+from gmd.daemon.enforce.settings import EnforcementConfig
 from gmd.daemon.ledger import reset_window
 from gmd.daemon.ledger.models import IntervalState
 from gmd.daemon.ledger.tables import (

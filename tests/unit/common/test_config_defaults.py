@@ -1,5 +1,5 @@
 """Each configuration option has one owner: its declaration (an
-:class:`~gmd.common.config.Option` in its section's :class:`~gmd.common.config.Table`), which
+:class:`~gmd.common.options.Option`, a field of its table's configuration class), which
 holds its default, its bounds and its help. What gmd.toml leaves out is what the configuration
 classes declare; every option the parsers read is declared and every declared option is read;
 the example file (etc/gmd.toml) shows every option with its declared default; and
@@ -23,7 +23,8 @@ import pytest
 from gmd.agent.config import AgentConfig, parse_agent
 from gmd.broker.config import parse_broker
 from gmd.common import config as common
-from gmd.common.config import Option, Table
+from gmd.common.options import Option
+from gmd.common.settings import Table
 from gmd.daemon.config import Config, parse
 from tests.support import config_reference
 from tests.support.config_reference import TABLES, toml
@@ -125,13 +126,13 @@ def test_declarations_are_whole() -> None:
     """Every table has a name and options with keys, once each; a default that TOML cannot
     write (None, a table) is said in words, and words for a default TOML can write hold it."""
     names = [t.name for t in TABLES]
-    assert len(names) == len(set(names)) and all(issubclass(t, Table) for t in TABLES)
+    assert len(names) == len(set(names)) and all(isinstance(t, Table) for t in TABLES)
     problems = []
     for t in TABLES:
         keys = [o.key for o in t.options]
         if not keys or "" in keys or len(keys) != len(set(keys)):
             problems.append(f"[{t.name}]: keys {keys}")
-        if not (t.__doc__ or "").strip():
+        if not t.about.strip():
             problems.append(f"[{t.name}]: no docstring to say what it is for")
     for key, o in DECLARED.items():
         literal = toml(o.default)

@@ -381,7 +381,9 @@ class Recorder:
     """A stand-in agent: records the simulated times it is ticked at."""
 
     def __init__(self, tick_s: float) -> None:
-        self.config = AgentConfig(None, "h", Path("/nonexistent"), tick_s=tick_s, interval_s=60)
+        self.config = AgentConfig(
+            path=None, host="h", spool_path=Path("/nonexistent"), tick_s=tick_s, interval_s=60
+        )
         self.state = AgentState()
         self.sender = None
         self.times: list[float] = []
