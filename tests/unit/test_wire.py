@@ -41,7 +41,7 @@ def test_the_models_carry_exactly_the_resources_fields() -> None:
 
 
 def test_the_agent_and_the_ledger_use_the_same_fields_in_the_same_order() -> None:
-    assert tuple(f.name for f in dataclasses.fields(UsageAmounts)) == USAGE_FIELDS
+    assert tuple(UsageAmounts.of(**dict.fromkeys(USAGE_FIELDS, 1.0)).as_wire()) == USAGE_FIELDS
     assert tuple(f.name for f in dataclasses.fields(AgentCapacity)) == CAPACITY_FIELDS
     assert USE_COLUMNS == USAGE_FIELDS
     assert {*USE_COLUMNS, *FLAVOR_COLUMNS} <= set(samples.c.keys())

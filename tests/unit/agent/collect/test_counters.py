@@ -71,7 +71,7 @@ def test_step_measures_growth_of_the_same_process() -> None:
     span, base2 = step(base, second, new_since_s=None)
     assert span is not None
     assert (span.start_s, span.end_s) == (1000.0, 1010.0)
-    assert span.usage == UsageAmounts(
+    assert span.usage == UsageAmounts.of(
         cpu_s=15.0,
         memory_byte_s=1.25 * GIB * 10,  # mean of 1 and 1.5 GiB over 10 s
         disk_read_bytes=3000,
@@ -346,3 +346,21 @@ def test_a_device_first_seen_in_a_running_process_is_a_baseline_not_use() -> Non
     )
     assert span is not None
     assert (span.usage.disk_read_bytes, span.usage.disk_write_bytes) == (500, 7)
+
+
+def test_usage_amounts_are_the_contracts_fields_every_one_by_name() -> None:
+    """A collector that leaves out a field of the wire contract (a resource added there that it
+    does not measure yet) fails where it builds the amounts, not in a batch the daemon refuses."""
+    from gmd.wire import USAGE_FIELDS
+
+    every = dict.fromkeys(USAGE_FIELDS, 2.0)
+    assert UsageAmounts.of(**every).as_wire() == every
+    assert UsageAmounts() == UsageAmounts(*[0.0] * len(USAGE_FIELDS))
+    with pytest.raises(ValueError, match=r"missing \['cpu_s'\]"):
+        UsageAmounts.of(**{f: 1.0 for f in USAGE_FIELDS if f != "cpu_s"})
+    with pytest.raises(ValueError, match=r"unknown \['gpu_s'\]"):
+        UsageAmounts.of(**every, gpu_s=1.0)
+    with pytest.raises(ValueError, match="amounts for"):
+        UsageAmounts(1.0, 2.0)
+    with pytest.raises(AttributeError, match="gpu_s"):
+        _ = UsageAmounts().gpu_s
