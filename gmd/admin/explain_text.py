@@ -58,9 +58,26 @@ def render_summary(e: Explanation) -> str:
 
 
 def render_text(e: Explanation, endowment_mode: str) -> str:
-    """The summary, then the explanation as paragraphs an operator can paste into a ticket."""
+    """The summary, then the explanation as paragraphs an operator can paste into a ticket:
+    the interval, then its five steps (use against endowment, greediness, balance, level,
+    what was enforced), then the range and the notes."""
+    out = [
+        *summary_lines(e),
+        "",
+        *_interval_words(e),
+        *_endowment_words(e, endowment_mode),
+        *_balance_words(e),
+        *_level_words(e),
+        *_enforced_words(e),
+        *_range_words(e),
+    ]
+    return "\n".join(out) + "\n"
+
+
+def _interval_words(e: Explanation) -> list[str]:
+    """Which interval, and the fair share of the cloud in it."""
     length = e.length_s
-    out: list[str] = [*summary_lines(e), ""]
+    out: list[str] = []
     say = out.append
     say(f"Customer {e.who}, interval {iso(e.start_s)} ({length} s)")
     say("")
@@ -70,6 +87,14 @@ def render_text(e: Explanation, endowment_mode: str) -> str:
         f" the whole cloud is {share} (the cloud's capacity divided among them)."
     )
     say("")
+    return out
+
+
+def _endowment_words(e: Explanation, endowment_mode: str) -> list[str]:
+    """Step 1: each VM's use against its endowment, term by term."""
+    length = e.length_s
+    out: list[str] = []
+    say = out.append
     say("1. Where it used more than its endowment, and what it left to others")
     if not e.hosts:
         say("   It ran no VM in this interval: it took nothing and ceded nothing (greediness 0).")
@@ -117,6 +142,13 @@ def render_text(e: Explanation, endowment_mode: str) -> str:
         f" number of resources ({len(e.resources)}), so that the resources add up comparably."
     )
     say("")
+    return out
+
+
+def _balance_words(e: Explanation) -> list[str]:
+    """Steps 2 and 3: the interval's greediness and the balance it makes."""
+    out: list[str] = []
+    say = out.append
     say(
         f"2. Greediness of the interval: {signed(e.ledger_greediness)}"
         + (
@@ -139,6 +171,13 @@ def render_text(e: Explanation, endowment_mode: str) -> str:
         f" (this interval's greediness) = {e.balance:.6g}"
     )
     say("")
+    return out
+
+
+def _level_words(e: Explanation) -> list[str]:
+    """Step 4: the score, the level it gives and what the level does."""
+    out: list[str] = []
+    say = out.append
     if e.priority_weight:
         score = (
             f"score = balance {e.balance:.6g} − {e.priority_weight:g} × DirectContr priority"
@@ -177,6 +216,13 @@ def render_text(e: Explanation, endowment_mode: str) -> str:
             say(f"   - {c.host}: {c.words} (over the last {window} accounted interval(s))")
     say(f"   (enforcement is {PlanMode(e.mode).words})")
     say("")
+    return out
+
+
+def _enforced_words(e: Explanation) -> list[str]:
+    """Step 5: the enforcement actions recorded for the level in force."""
+    out: list[str] = []
+    say = out.append
     say("5. What was enforced")
     if not e.actions:
         say("   Nothing recorded for the level in force.")
@@ -191,6 +237,13 @@ def render_text(e: Explanation, endowment_mode: str) -> str:
             + (f" [{knobs}]" if knobs else "")
             + f"; {a['reason']}"
         )
+    return out
+
+
+def _range_words(e: Explanation) -> list[str]:
+    """The range's summary, where one was asked, and the notes."""
+    out: list[str] = []
+    say = out.append
     if e.range_summary is not None:
         summary = e.range_summary
         terms = ", ".join(f"{k} {v:+.4g}" for k, v in sorted(summary["terms"].items()))
@@ -205,4 +258,4 @@ def render_text(e: Explanation, endowment_mode: str) -> str:
     for note in e.notes:
         say("")
         say(f"Note: {note}")
-    return "\n".join(out) + "\n"
+    return out

@@ -13,6 +13,8 @@ from typing import Annotated
 
 import typer
 import uvicorn
+from fastapi import FastAPI
+from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from uvicorn.config import STARTUP_FAILURE
 
@@ -23,7 +25,7 @@ from gmd.common.limits import raise_open_files
 from gmd.daemon import reload
 from gmd.daemon.api.app import create_app
 from gmd.daemon.api.services import Services
-from gmd.daemon.config import load as load_config
+from gmd.daemon.config import Config, load as load_config
 from gmd.daemon.enforce.openstack_client import entry_problem
 from gmd.daemon.ingest.transport import with_body_limit
 from gmd.daemon.ledger import migrate
@@ -77,6 +79,35 @@ def serve(
     # would drown what matters.
     logs.setup(log_level.value, quiet=("apscheduler", "alembic.runtime.migration"))
     raise_open_files()
+    config = _configured(config_path)
+    engine, api = _ledger_app(config, accounting)
+    server = _server(api, config, log_level, config_path)
+    d = config.daemon
+    where = (bind or d.bind, port if port is not None else d.port)
+    _say_started(config, engine, where, accounting)
+    try:
+        sock = listen(*where, share=d.share_port)
+    except OSError as exc:
+        raise fail(
+            f"cannot listen on {where[0]} port {where[1]}: {exc.strerror or exc}",
+            ExitCode.CANNOT_LISTEN,
+        ) from None
+    with sock:
+        try:
+            server.run(sockets=[sock])
+        except SystemExit as exc:
+            # uvicorn exits 3 when the app's start (its lifespan) fails; that start writes to
+            # the ledger, which the check before just did, so what failed is the database
+            # (gone since), and that is 1.
+            if exc.code != STARTUP_FAILURE:
+                raise
+            raise fail(
+                "could not start its services (the log above says why)", ExitCode.UNAVAILABLE
+            ) from None
+
+
+def _configured(config_path: Path | None) -> Config:
+    """The configuration, or exit 2 saying what is wrong with it."""
     try:
         config = load_config(config_path)
     except ConfigError as exc:
@@ -88,6 +119,12 @@ def serve(
             f' {placement.cloud!r}: {why} (verify = "off" trusts hosts\' tokens instead)',
             ExitCode.USAGE,
         )
+    return config
+
+
+def _ledger_app(config: Config, accounting: bool | None) -> tuple[Engine, FastAPI]:
+    """The ledger's engine, at the current schema and writable, and the app on it; exit 2 for
+    a URL that cannot be used, 1 for a database that cannot be reached, read or written."""
     try:
         engine = migrate.engine_for(config.database_url)
     except (SQLAlchemyError, OSError) as exc:
@@ -107,6 +144,14 @@ def serve(
             f" {getattr(exc, 'orig', None) or exc}",
             ExitCode.UNAVAILABLE,
         ) from None
+    return engine, api
+
+
+def _server(
+    api: FastAPI, config: Config, log_level: logs.LogLevel, config_path: Path | None
+) -> _Server:
+    """uvicorn's server of ``api`` behind the body cap, its TLS loaded (exit 2 when the
+    certificate or key cannot be used), SIGHUP reloading ``config_path``."""
     d = config.daemon
     server = _Server(
         uvicorn.Config(
@@ -130,13 +175,19 @@ def serve(
             f"cannot use daemon.tls_cert {d.tls_cert} with daemon.tls_key {d.tls_key}: {exc}",
             ExitCode.USAGE,
         ) from None
-    scheme = "https" if d.tls_cert else "http"
+    return server
+
+
+def _say_started(
+    config: Config, engine: Engine, where: tuple[str, int], accounting: bool | None
+) -> None:
+    """The log's first line: where the daemon serves, from which ledger, doing what."""
+    d, placement = config.daemon, config.placement
     log.info(
         "gmd-daemon on %s://%s:%d, ledger %s, %d s intervals, accounting %s, enforcement %s,"
         " hosts' claims %s",
-        scheme,
-        bind or d.bind,
-        port if port is not None else d.port,
+        "https" if d.tls_cert else "http",
+        *where,
         engine.url.render_as_string(hide_password=True),
         config.accounting.interval_s,
         "on" if (d.accounting if accounting is None else accounting) else "off",
@@ -150,26 +201,6 @@ def serve(
             " (docs/api.md)",
             placement.cloud,
         )
-    where = (bind or d.bind, port if port is not None else d.port)
-    try:
-        sock = listen(*where, share=d.share_port)
-    except OSError as exc:
-        raise fail(
-            f"cannot listen on {where[0]} port {where[1]}: {exc.strerror or exc}",
-            ExitCode.CANNOT_LISTEN,
-        ) from None
-    with sock:
-        try:
-            server.run(sockets=[sock])
-        except SystemExit as exc:
-            # uvicorn exits 3 when the app's start (its lifespan) fails; that start writes to
-            # the ledger, which the check above just did, so what failed is the database (gone
-            # since), and that is 1.
-            if exc.code != STARTUP_FAILURE:
-                raise
-            raise fail(
-                "could not start its services (the log above says why)", ExitCode.UNAVAILABLE
-            ) from None
 
 
 def listen(host: str, port: int, *, share: bool = False) -> socket.socket:

@@ -167,6 +167,10 @@ def report_command(
 
     Exit codes: 0 shown (also for an empty range), 1 database unavailable, 2 bad option,
     3 unknown customer.
+    \f
+    For the reader, not --help (Click and Typer stop at the form feed): this function's length
+    is its option declarations and its --help text, the report's columns by group; what it
+    does is the lines below.
     """
     from contextlib import nullcontext
 
@@ -367,6 +371,9 @@ def plot_command(
     Exit codes: 0 written, 1 database unavailable or the file cannot be written, 2 bad
     configuration or option (a suffix other than .png/.svg), 3 unknown customer or no
     accounted interval in the range.
+    \f
+    For the reader, not --help (Click and Typer stop at the form feed): this function's length
+    is its option declarations, each with its help text; what it does is the lines below.
     """
     from gmd.daemon.reports import plot as plotting
     from gmd.daemon.reports.series import EmptyRange, collect

@@ -95,6 +95,9 @@ def gm_command(
 
     Exit codes: 0 judged, 2 bad option or a situation no host could be in (negative use, use
     beyond the supply).
+    \f
+    For the reader, not --help (Click and Typer stop at the form feed): this function's length
+    is its option declarations, each with its help text; what it does is the lines below.
     """
     sources = sum(x is not None for x in (scenario, csv_file)) + bool(use)
     if sources != 1:
@@ -181,6 +184,9 @@ def whatif_command(
 
     Exit codes: 0 shown, 1 database unavailable, 2 bad option, a setting a what-if cannot
     change or a range beyond raw retention.
+    \f
+    For the reader, not --help (Click and Typer stop at the form feed): this function's length
+    is its option declarations, each with its help text; what it does is the lines below.
     """
     from gmd.daemon.reports.whatif import (
         COLUMNS as WHATIF_COLUMNS,
@@ -323,6 +329,9 @@ def simulate_command(
     and standard deviation over the samples of the unfairness Δψ/p against the exact
     Shapley-fair Ref (Skowron & Rzadca), total wait and utilization. docs/reproduction.md has
     the papers' tables next to ours and the commands that produce them.
+    \f
+    For the reader, not --help (Click and Typer stop at the form feed): this function's length
+    is its option declarations, each with its help text; what it does is the lines below.
     """
     from gmd.sim.command import SimulateOptions, shown, simulate
 

@@ -263,88 +263,64 @@ class LedgerIds:
         A host whose VMs have moved since to another host or owner is left to be looked up."""
         started = time.perf_counter()
         with engine.connect() as conn:
-            latest = conn.execute(
-                select(_intervals.c.id, _intervals.c.length_s)
-                .order_by(_intervals.c.id.desc())
-                .limit(1)
-            ).first()
-            if latest is None:
-                return Recalled(0, 0, 0.0)
-            lists = sample_store.latest_lists(conn, latest.id - intervals * latest.length_s)
-            organizations = {
-                name: i
-                for name, i in conn.execute(select(_organizations.c.name, _organizations.c.id))
-            }
-            hosts = {
-                i: (name, org)
-                for i, name, org in conn.execute(
-                    select(_hosts.c.id, _hosts.c.name, _hosts.c.organization_id)
-                )
-            }
-            customers = {
-                i: (name, seen)
-                for i, name, seen in conn.execute(
-                    select(_customers.c.id, _customers.c.name, _customers.c.last_seen_s)
-                )
-            }
-            listed = {v for vms, _ in lists.values() for v in vms}
-            vms = {
-                i: (uuid, owner, host, seen)
-                for i, uuid, owner, host, seen in conn.execute(
-                    select(
-                        _vms.c.id,
-                        _vms.c.uuid,
-                        _vms.c.customer_id,
-                        _vms.c.host_id,
-                        _vms.c.last_seen_s,
-                    )
-                )
-                if i in listed
-            }
+            latest = _read_latest(conn, intervals)
+        if latest is None:
+            return Recalled(0, 0, 0.0)
         recalled = remembered = 0
         with self.cache.lock:
             generation = self.cache.generation
-            self.cache.organizations.update(organizations)
-            for host_id, (vm_ids, customer_ids) in lists.items():
-                host = hosts.get(host_id)
-                try:
-                    rows = [vms[v] for v in vm_ids]
-                    owners = [customers[c] for c in customer_ids]
-                except KeyError:  # purged since
-                    continue
-                moved = any(
-                    (r[1], r[2]) != (c, host_id) for r, c in zip(rows, customer_ids, strict=True)
-                )
-                if host is None or moved:
-                    continue
-                name = host[0]
-                marks = [r[3] for r in rows] + [o[1] for o in owners]
-                # The period in which all of them were marked seen (none: mark them first).
-                period = min((mark_period(name, m) for m in marks if m is not None), default=-1)
-                if None in marks:
-                    period = -1
-                self.cache.hosts[name] = (host_id, host[1])
-                for v, (uuid, owner, at, seen) in zip(vm_ids, rows, strict=True):
-                    self.cache.vms[uuid] = (v, owner, at)
-                    if seen is not None:
-                        self.cache.vm_marked[v] = seen
-                # Customers' ids are not remembered by name: the general path looks a
-                # customer up once per process, and names it from the metadata then.
-                for c, (_customer, seen) in zip(customer_ids, owners, strict=True):
-                    if seen is not None:
-                        self.cache.customer_marked[c] = seen
-                self.cache.last[host_id] = HostVms(
-                    [r[0] for r in rows],
-                    [o[0] for o in owners],
-                    list(vm_ids),
-                    list(customer_ids),
-                    generation,
-                    period,
-                    named=False,
-                )
-                recalled += 1
-                remembered += len(vm_ids)
+            self.cache.organizations.update(latest.organizations)
+            for host_id, (vm_ids, customer_ids) in latest.lists.items():
+                if self._remember(latest, host_id, vm_ids, customer_ids, generation):
+                    recalled += 1
+                    remembered += len(vm_ids)
         return Recalled(recalled, remembered, time.perf_counter() - started)
+
+    def _remember(
+        self,
+        latest: _Latest,
+        host_id: int,
+        vm_ids: list[int],
+        customer_ids: list[int],
+        generation: int,
+    ) -> bool:
+        """Remember one host's latest list (the cache's lock held); False for a host whose VMs
+        were purged or moved since, or that is gone."""
+        host = latest.hosts.get(host_id)
+        try:
+            rows = [latest.vms[v] for v in vm_ids]
+            owners = [latest.customers[c] for c in customer_ids]
+        except KeyError:  # purged since
+            return False
+        moved = any((r[1], r[2]) != (c, host_id) for r, c in zip(rows, customer_ids, strict=True))
+        if host is None or moved:
+            return False
+        name = host[0]
+        marks = [r[3] for r in rows] + [o[1] for o in owners]
+        # The period in which all of them were marked seen (none: mark them first).
+        period = min((mark_period(name, m) for m in marks if m is not None), default=-1)
+        if None in marks:
+            period = -1
+        self.cache.hosts[name] = (host_id, host[1])
+        for v, (uuid, owner, at, seen) in zip(vm_ids, rows, strict=True):
+            self.cache.vms[uuid] = (v, owner, at)
+            if seen is not None:
+                self.cache.vm_marked[v] = seen
+        # Customers' ids are not remembered by name: the general path looks a customer up once
+        # per process, and names it from the metadata then.
+        for c, (_customer, seen) in zip(customer_ids, owners, strict=True):
+            if seen is not None:
+                self.cache.customer_marked[c] = seen
+        self.cache.last[host_id] = HostVms(
+            [r[0] for r in rows],
+            [o[0] for o in owners],
+            list(vm_ids),
+            list(customer_ids),
+            generation,
+            period,
+            named=False,
+        )
+        return True
 
     # -- organizations -------------------------------------------------------------------------
 
@@ -506,37 +482,7 @@ class LedgerIds:
             new.update(there)
             missing = [u for u in missing if u not in there]
         if missing:
-            made_s = dict(zip(record.vm_uuids, record.created_s, strict=True))
-            owner = dict(zip(record.vm_uuids, record.customers, strict=True))
-            # A row another transaction made first is not returned: looked up below.
-            if conn.dialect.name == "postgresql":
-                made = conn.execute(
-                    _NEW_VMS_FROM_ARRAYS,
-                    {
-                        "host_id": host_id,
-                        "seen_s": record.interval_start_s,
-                        "uuids": missing,
-                        "customers": [customer_ids[owner[u]] for u in missing],
-                        "created": [made_s[u] for u in missing],
-                    },
-                )
-            else:
-                made = conn.execute(
-                    upsert(conn, _vms)
-                    .on_conflict_do_nothing()
-                    .returning(_vms.c.uuid, _vms.c.id, _vms.c.customer_id, _vms.c.host_id),
-                    [
-                        {
-                            "uuid": u,
-                            "customer_id": customer_ids[owner[u]],
-                            "host_id": host_id,
-                            "created_s": made_s[u],
-                            "last_seen_s": record.interval_start_s,
-                        }
-                        for u in missing
-                    ],
-                )
-            rows = list(made)
+            rows = _make_vms(conn, record, host_id, customer_ids, missing)
             if created is not None:
                 created.update(i for _, i, _, _ in rows)
             rest = sorted(set(missing).difference(u for u, _, _, _ in rows))
@@ -705,3 +651,94 @@ class LedgerIds:
             held,
         )
         return known, (marked_vms, marked_customers)
+
+
+@dataclass(frozen=True)
+class _Latest:
+    """What the ledger's latest intervals say of the hosts that posted in them."""
+
+    lists: dict[int, tuple[list[int], list[int]]]
+    """host id → its latest batch's VM ids and their customer ids, in the batch's order"""
+    organizations: dict[str, int]
+    hosts: dict[int, tuple[str, int]]
+    """host id → (name, owner organization id)"""
+    customers: dict[int, tuple[str, int | None]]
+    """customer id → (name, last seen)"""
+    vms: dict[int, tuple[str, int, int, int | None]]
+    """VM id → (uuid, customer id, host id, last seen), of the VMs the lists name"""
+
+
+def _read_latest(conn: Connection, intervals: int) -> _Latest | None:
+    """:class:`_Latest` of the ledger's latest ``intervals`` intervals; None for a ledger
+    without one."""
+    latest = conn.execute(
+        select(_intervals.c.id, _intervals.c.length_s).order_by(_intervals.c.id.desc()).limit(1)
+    ).first()
+    if latest is None:
+        return None
+    lists = sample_store.latest_lists(conn, latest.id - intervals * latest.length_s)
+    listed = {v for vms, _ in lists.values() for v in vms}
+    vm_columns = (_vms.c.id, _vms.c.uuid, _vms.c.customer_id, _vms.c.host_id, _vms.c.last_seen_s)
+    return _Latest(
+        lists,
+        {name: i for name, i in conn.execute(select(_organizations.c.name, _organizations.c.id))},
+        {
+            i: (name, org)
+            for i, name, org in conn.execute(
+                select(_hosts.c.id, _hosts.c.name, _hosts.c.organization_id)
+            )
+        },
+        {
+            i: (name, seen)
+            for i, name, seen in conn.execute(
+                select(_customers.c.id, _customers.c.name, _customers.c.last_seen_s)
+            )
+        },
+        {
+            i: (uuid, owner, host, seen)
+            for i, uuid, owner, host, seen in conn.execute(select(*vm_columns))
+            if i in listed
+        },
+    )
+
+
+def _make_vms(
+    conn: Connection,
+    record: BatchRecord,
+    host_id: int,
+    customer_ids: Mapping[str, int],
+    missing: list[str],
+) -> list[tuple[str, int, int, int]]:
+    """Rows made for the batch's VMs ``missing`` from the ledger, on its host, owned as it
+    says, seen in its interval: (uuid, id, customer id, host id) of each row made here. A row
+    another transaction made first is not returned (the caller looks it up)."""
+    made_s = dict(zip(record.vm_uuids, record.created_s, strict=True))
+    owner = dict(zip(record.vm_uuids, record.customers, strict=True))
+    if conn.dialect.name == "postgresql":
+        made = conn.execute(
+            _NEW_VMS_FROM_ARRAYS,
+            {
+                "host_id": host_id,
+                "seen_s": record.interval_start_s,
+                "uuids": missing,
+                "customers": [customer_ids[owner[u]] for u in missing],
+                "created": [made_s[u] for u in missing],
+            },
+        )
+    else:
+        made = conn.execute(
+            upsert(conn, _vms)
+            .on_conflict_do_nothing()
+            .returning(_vms.c.uuid, _vms.c.id, _vms.c.customer_id, _vms.c.host_id),
+            [
+                {
+                    "uuid": u,
+                    "customer_id": customer_ids[owner[u]],
+                    "host_id": host_id,
+                    "created_s": made_s[u],
+                    "last_seen_s": record.interval_start_s,
+                }
+                for u in missing
+            ],
+        )
+    return [(u, i, c, h) for u, i, c, h in made]
