@@ -25,8 +25,8 @@ from gmd.daemon.api.app import create_app
 from gmd.daemon.api.body_limit import with_body_limit
 from gmd.daemon.api.services import Services
 from gmd.daemon.config import load as load_config
-from gmd.daemon.enforce.openstack_client import entry_problem
 from gmd.daemon.ledger import migrate
+from gmd.openstack.client import entry_problem
 
 log = logging.getLogger("gmd.daemon")
 

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 import numpy as np
 from sqlalchemy import Engine, func, select, update
 
-from gmd.daemon.enforce.quotas import QuotaError
 from gmd.daemon.ledger.migrate import writer
 from gmd.daemon.ledger.models import FLAVOR_COLUMNS, BatchState
 from gmd.daemon.ledger.quarantine import quarantine
@@ -31,6 +30,7 @@ from gmd.daemon.ledger.tables import (
     vms as _vms,
 )
 from gmd.daemon.placement.view import Disagreement, PlacementView, Refusal
+from gmd.openstack.client import OpenStackError
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ class Rechecker:
         report = RecheckReport()
         try:
             report.refreshed = self.view.refresh(self.budget_s)
-        except QuotaError as exc:
+        except OpenStackError as exc:
             report.unreachable = str(exc)
         for batch in [] if report.unreachable else pending(self.engine):
             if batch.state != BatchState.accepted:

@@ -18,11 +18,11 @@ import pytest
 
 from gmd.daemon.enforce.nova_quotas import NovaQuotas
 from gmd.daemon.enforce.quotas import (
-    QuotaError,
     QuotaSet,
     QuotaStep,
     lowered,
 )
+from gmd.openstack.client import OpenStackError
 from tests.support.fake_openstack import FakeOpenStack, write_clouds_yaml
 
 # openstacksdk warns about its own internals (deprecated in SDK 5/6), not about our calls.
@@ -150,7 +150,7 @@ def puts(fake: FakeOpenStack) -> list[Any]:
 def test_401_from_nova_is_not_retried_by_us(fake: FakeOpenStack) -> None:
     fake.fail(401, None)
     sleeps = Sleeps()
-    with pytest.raises(QuotaError) as caught:
+    with pytest.raises(OpenStackError) as caught:
         adapter(sleeps).get(PID)
     assert (caught.value.kind, caught.value.status) == ("unauthorized", 401)
     assert sleeps == []
@@ -172,7 +172,7 @@ def test_503_twice_then_ok_is_retried_with_exponential_backoff(fake: FakeOpenSta
 def test_503_forever_is_unavailable_after_the_configured_retries(fake: FakeOpenStack) -> None:
     fake.fail(503, None)
     sleeps = Sleeps()
-    with pytest.raises(QuotaError) as caught:
+    with pytest.raises(OpenStackError) as caught:
         adapter(sleeps, retries=3, backoff_s=0.5, backoff_max_s=1.5).get(PID)
     assert (caught.value.kind, caught.value.status) == ("unavailable", 503)
     assert caught.value.retryable
@@ -190,7 +190,7 @@ def test_retries_in_clouds_yaml_do_not_multiply_ours(
         path = write_clouds_yaml(tmp_path, fake, connect_retries=5, **settings)
         monkeypatch.setenv("OS_CLIENT_CONFIG_FILE", str(path))
         fake.fail(503, None)
-        with pytest.raises(QuotaError) as caught:
+        with pytest.raises(OpenStackError) as caught:
             adapter(retries=1).get(PID)
     assert caught.value.kind == "unavailable"
     assert fake.count("GET", QUOTA_PATH) == 2
@@ -208,7 +208,7 @@ def test_slow_server_times_out_within_bounded_time(fake: FakeOpenStack) -> None:
     fake.slow(10.0)
     sleeps = Sleeps()
     started = time.monotonic()
-    with pytest.raises(QuotaError) as caught:
+    with pytest.raises(OpenStackError) as caught:
         adapter(sleeps, timeout_s=0.3, retries=1).get(PID)
     elapsed = time.monotonic() - started
     assert caught.value.kind == "timeout"
@@ -223,7 +223,7 @@ def test_connection_refused_is_unavailable(tmp_path: Path, monkeypatch: pytest.M
         use_cloud(gone, tmp_path, monkeypatch)
     # The server is closed now; its port refuses connections.
     sleeps = Sleeps()
-    with pytest.raises(QuotaError) as caught:
+    with pytest.raises(OpenStackError) as caught:
         adapter(sleeps, retries=1).restore(PID, DEFAULTS)
     assert caught.value.kind == "unavailable"
     assert caught.value.operation == "restore (read before)"
@@ -233,7 +233,7 @@ def test_connection_refused_is_unavailable(tmp_path: Path, monkeypatch: pytest.M
 def test_unknown_cloud_is_a_config_error(fake: FakeOpenStack) -> None:
     sleeps = Sleeps()
     nova = NovaQuotas("no-such-cloud", retries=3, sleep=sleeps)
-    with pytest.raises(QuotaError) as caught:
+    with pytest.raises(OpenStackError) as caught:
         nova.get(PID)
     assert caught.value.kind == "config"
     assert "'no-such-cloud'" in str(caught.value) and "clouds.yaml" in str(caught.value)
@@ -241,7 +241,7 @@ def test_unknown_cloud_is_a_config_error(fake: FakeOpenStack) -> None:
     assert fake.requests == []
 
 
-def test_anything_the_sdk_raises_becomes_a_quota_error(fake: FakeOpenStack) -> None:
+def test_anything_the_sdk_raises_becomes_an_openstack_error(fake: FakeOpenStack) -> None:
     class Broken:
         def __getattr__(self, name: str) -> Any:
             raise RuntimeError("the SDK broke in a new way")
@@ -254,7 +254,7 @@ def test_anything_the_sdk_raises_becomes_a_quota_error(fake: FakeOpenStack) -> N
         return type("Conn", (), {"compute": conn, "close": lambda self: None})()
 
     sleeps = Sleeps()
-    with pytest.raises(QuotaError) as caught:
+    with pytest.raises(OpenStackError) as caught:
         adapter(sleeps, connection_factory=factory, timeout_s=3.5).get(PID)
     assert caught.value.kind == "error"
     assert "RuntimeError: the SDK broke in a new way" in str(caught.value)
