@@ -35,9 +35,9 @@ from ingest import free_port
 
 from gmd.daemon.api.samples import parse_record
 from gmd.daemon.config import ReadApiConfig, parse
-from gmd.daemon.ledger import migrate
 from gmd.daemon.ledger.accounting import account_due
 from gmd.daemon.ledger.store import LedgerStore
+from gmd.ledger_schema import migrate
 
 INTERVAL_S = 300
 HOST = "cmp-1"

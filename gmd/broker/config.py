@@ -20,12 +20,12 @@ from gmd.common.config import (
     Reader,
     Table,
     Text,
+    default_database_url,
     default_state_dir,
     read_document,
     relative_to_file,
 )
 from gmd.common.units import DAY_S
-from gmd.daemon.config import default_database_url
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")
 _HOSTS = re.compile(r"^[A-Za-z0-9.:\[\]_-]+(,[A-Za-z0-9.:\[\]_-]+)*(/[A-Za-z0-9/._-]*)?$")

@@ -25,7 +25,7 @@ from gmd.daemon.api.app import create_app
 from gmd.daemon.api.body_limit import with_body_limit
 from gmd.daemon.api.services import Services
 from gmd.daemon.config import load as load_config
-from gmd.daemon.ledger import migrate
+from gmd.ledger_schema import migrate
 from gmd.openstack.client import entry_problem
 
 log = logging.getLogger("gmd.daemon")

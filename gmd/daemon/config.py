@@ -32,7 +32,7 @@ from gmd.common.config import (
     Reader,
     Table,
     Text,
-    default_state_dir,
+    default_database_url,
     read_document,
 )
 from gmd.common.units import DAY_S, WEEK_S
@@ -48,10 +48,6 @@ from gmd.wire import (
     canonical_customer,
     resource_names,
 )
-
-
-def default_database_url() -> str:
-    return f"sqlite:///{default_state_dir() / 'ledger.db'}"
 
 
 class Database(Table):

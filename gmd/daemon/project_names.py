@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, ClassVar
 
 from sqlalchemy import Engine, select, update
 
-from gmd.daemon.ledger.migrate import writer
-from gmd.daemon.ledger.models import NameSource
-from gmd.daemon.ledger.tables import customers as _customers
+from gmd.ledger_schema.migrate import writer
+from gmd.ledger_schema.models import NameSource
+from gmd.ledger_schema.tables import customers as _customers
 from gmd.openstack.client import (
     MalformedAnswer,
     OpenStackClient,

@@ -11,7 +11,7 @@ the translation of whatever openstacksdk and keystoneauth raise into one error t
 call, its target and the cloud. It lives below the daemon and the broker (imports nothing of
 either) because both programs need it; what a failure *means* to a caller (a quota not
 applied, writes disabled) is the caller's to say, with kinds of its own
-(:class:`gmd.daemon.enforce.quotas.OpenStackErrorKind`).
+(:class:`gmd.daemon.enforce.quotas.QuotaErrorKind`).
 
 The clients speak to the services through raw HTTP on openstacksdk's service adapters, not
 through openstacksdk's resource classes: they choose the microversion, send exactly the keys
@@ -62,7 +62,7 @@ NO_SDK_RETRIES: dict[str, Any] = {
 
 class OpenStackErrorKind(StrEnum):
     """Why a call to a cloud failed (the quota job stores it in the enforcement log's
-    reasons, beside the quota-specific :class:`~gmd.daemon.enforce.quotas.OpenStackErrorKind`)."""
+    reasons, beside the quota-specific :class:`~gmd.daemon.enforce.quotas.QuotaErrorKind`)."""
 
     unauthorized = "unauthorized"
     """401: the clouds.yaml credentials are wrong or expired"""

@@ -28,7 +28,7 @@ from gmd.daemon.enforce.quotas import (
     QuotaStep,
     lowered,
 )
-from gmd.daemon.ledger.migrate import upgrade
+from gmd.ledger_schema.migrate import upgrade
 from gmd.openstack.client import OpenStackError
 from tests.support.daemon_support import make_config
 from tests.support.openstack_support import LEGACY, MEMBER, UNIFIED, UNIFIED_SYSTEM, RealCloud

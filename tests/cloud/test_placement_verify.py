@@ -30,8 +30,9 @@ from gmd.agent.client import DaemonClient, Delivery
 from gmd.common.config import ConfigError
 from gmd.daemon.api.services import Services
 from gmd.daemon.config import PlacementConfig
-from gmd.daemon.ledger.models import BatchState, IntervalState
-from gmd.daemon.ledger.tables import (
+from gmd.daemon.placement.view import INVENTORY_EVERY, PlacementView
+from gmd.ledger_schema.models import BatchState, IntervalState
+from gmd.ledger_schema.tables import (
     actions,
     batches,
     customer_ledger,
@@ -42,7 +43,6 @@ from gmd.daemon.ledger.tables import (
     samples,
     vms,
 )
-from gmd.daemon.placement.view import INVENTORY_EVERY, PlacementView
 from gmd.openstack.placement import PlacementReader
 from gmd.wire import CAPACITY_FIELDS
 from tests.support.daemon_support import (

@@ -22,9 +22,9 @@ import pytest
 import sqlalchemy as sa
 
 from gmd.common.version import version
-from gmd.daemon.ledger import migrate
 from gmd.daemon.ledger.accounting import compute_rows
 from gmd.daemon.ledger.store import BatchRecord, LedgerStore
+from gmd.ledger_schema import migrate
 from tests.support.daemon_support import (
     INTERVAL_S,
     HostSpec,

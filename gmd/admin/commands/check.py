@@ -33,7 +33,7 @@ class Finding:
 
 
 def _database(what: str, url: str, schema: bool) -> Finding:
-    from gmd.daemon.ledger import migrate
+    from gmd.ledger_schema import migrate
 
     file = sqlite_file(url)
     if file is not None and not file.exists():

@@ -34,9 +34,9 @@ from gmd.daemon.enforce.quotas import (
     QuotaStep,
     lowered,
 )
-from gmd.daemon.ledger.migrate import writer
-from gmd.daemon.ledger.models import ActionKind, ActionStatus
-from gmd.daemon.ledger.tables import (
+from gmd.ledger_schema.migrate import writer
+from gmd.ledger_schema.models import ActionKind, ActionStatus
+from gmd.ledger_schema.tables import (
     actions as _actions,
     customers as _customers,
     levels as _levels,

@@ -11,7 +11,7 @@ day per host (at a time of day its name decides, so that hosts do not all do it 
 batch moves ``last_seen_s`` of its VMs and customers on and finds, in the same transaction,
 whether their rows are still there (:meth:`LedgerStore._mark_seen`); a row gone is created
 again under a new id. Retention deletes only rows unseen for a day longer than its cutoff
-(:data:`~gmd.daemon.ledger.models.SEEN_PERIOD_S`), so no row a batch names without marking it
+(:data:`~gmd.ledger_schema.models.SEEN_PERIOD_S`), so no row a batch names without marking it
 can be gone.
 
 Concurrency: the batch takes a shared lock on its interval's row, and closing an interval
@@ -73,16 +73,16 @@ from sqlalchemy.sql.dml import Insert
 from gmd import GmdError
 from gmd.common.units import DAY_S
 from gmd.daemon.ledger import sample_store
-from gmd.daemon.ledger.migrate import writer
-from gmd.daemon.ledger.models import (
+from gmd.daemon.ledger.partitions import ensure_days
+from gmd.daemon.ledger.quarantine import quarantine
+from gmd.ledger_schema.migrate import writer
+from gmd.ledger_schema.models import (
     ID64,
     SEEN_PERIOD_S,
     IntervalState,
     NameSource,
 )
-from gmd.daemon.ledger.partitions import ensure_days
-from gmd.daemon.ledger.quarantine import quarantine
-from gmd.daemon.ledger.tables import (
+from gmd.ledger_schema.tables import (
     batches as _batches,
     customers as _customers,
     host_intervals as _host_intervals,

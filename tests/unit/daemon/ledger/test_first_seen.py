@@ -14,8 +14,8 @@ import pytest
 import sqlalchemy as sa
 
 from gmd.daemon.api.samples import record_of
-from gmd.daemon.ledger import migrate
 from gmd.daemon.ledger.store import BatchRecord, LedgerStore
+from gmd.ledger_schema import migrate
 from gmd.wire import SampleBatch
 from tests.support.daemon_support import HostSpec, aligned_past, batch, random_vms
 

@@ -18,8 +18,8 @@ import sqlalchemy as sa
 from sqlalchemy.exc import DBAPIError
 
 from gmd.daemon.api.samples import record_of
-from gmd.daemon.ledger import migrate
 from gmd.daemon.ledger.store import LedgerStore, _retryable
+from gmd.ledger_schema import migrate
 from gmd.wire import SampleBatch
 from tests.support.daemon_support import HostSpec, aligned_past, batch, kill, random_vms
 

@@ -11,7 +11,7 @@ from typing import cast
 
 from sqlalchemy import Table
 
-from gmd.daemon.ledger.models import (
+from gmd.ledger_schema.models import (
     BalanceReset,
     Batch,
     Customer,
