@@ -28,9 +28,11 @@ import sqlalchemy as sa
 from accounting import INTERVAL_S, random_cloud
 
 from gmd.daemon.config import parse
-from gmd.daemon.ledger import migrate, partitions
+from gmd.daemon.ledger import partitions
 from gmd.daemon.ledger.accounting import account_next, compute_rows, write_rows
-from gmd.daemon.ledger.models import (
+from gmd.daemon.ledger.sample_store import write_batches
+from gmd.ledger_schema import migrate
+from gmd.ledger_schema.models import (
     Batch,
     Customer,
     Host,
@@ -40,7 +42,6 @@ from gmd.daemon.ledger.models import (
     Organization,
     Vm,
 )
-from gmd.daemon.ledger.sample_store import write_batches
 
 REPO = Path(__file__).resolve().parents[1]
 # Ten minutes into an hour: an interval that does not end an hour, so what is timed is the

@@ -79,13 +79,18 @@ from gmd.admin.db_usage import usage
 from gmd.common.timespec import iso
 from gmd.daemon.config import Config, RetentionConfig, parse
 from gmd.daemon.enforce.levels import after_interval
-from gmd.daemon.ledger import migrate, partitions
+from gmd.daemon.ledger import partitions
 from gmd.daemon.ledger.accounting import account_due
-from gmd.daemon.ledger.models import USE_COLUMNS, Base, BatchState, IntervalState, NameSource
 from gmd.daemon.ledger.retention import LEDGER_TABLES, RAW_TABLES, purge
 from gmd.daemon.ledger.rollups import ROLLUP_TABLES
 from gmd.daemon.ledger.sample_store import write_batches
-from gmd.daemon.ledger.tables import (
+from gmd.daemon.reports import plot as plotting
+from gmd.daemon.reports.explain import explain
+from gmd.daemon.reports.series import collect
+from gmd.daemon.reports.usage import report
+from gmd.ledger_schema import migrate
+from gmd.ledger_schema.models import USE_COLUMNS, Base, BatchState, IntervalState, NameSource
+from gmd.ledger_schema.tables import (
     actions as _actions,
     batches as _batches,
     customer_ledger as _ledger,
@@ -96,10 +101,6 @@ from gmd.daemon.ledger.tables import (
     organizations as _organizations,
     vms as _vms,
 )
-from gmd.daemon.reports import plot as plotting
-from gmd.daemon.reports.explain import explain
-from gmd.daemon.reports.series import collect
-from gmd.daemon.reports.usage import report
 
 DAY_S = 86400
 GIB = 2**30

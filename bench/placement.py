@@ -27,9 +27,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gmd.daemon.placement.client import PlacementClient
 from gmd.daemon.placement.settings import PlacementConfig
 from gmd.daemon.placement.view import INVENTORY_EVERY, PlacementView
+from gmd.openstack.placement import PlacementReader
 from tests.support.openstack_support import LEGACY, start
 from tests.support.placement_support import PlacementWriteError, RealPlacement
 
@@ -71,7 +71,7 @@ def main() -> None:
         for vm in servers:
             written.server(provider, project, vm, ram_mb=SERVER_RAM_MB)
         config = PlacementConfig(verify="on", cloud=LEGACY, refresh_s=args.refresh_s)
-        client = PlacementClient(LEGACY, timeout_s=30)
+        client = PlacementReader(LEGACY, timeout_s=30)
         view = PlacementView(config, client, 0.1)
         capacity = (64.0, 512 * 2.0**30, 1e9, 1e9)
         owners = [project] * len(servers)

@@ -34,9 +34,10 @@ from ledger_accounting import drop_database, postgres_url
 from gmd.daemon.config import RetentionConfig
 from gmd.daemon.ingest.record import BatchRecord
 from gmd.daemon.ingest.store import LedgerStore
-from gmd.daemon.ledger import migrate, partitions
+from gmd.daemon.ledger import partitions
 from gmd.daemon.ledger.retention import purge
-from gmd.daemon.ledger.tables import vms
+from gmd.ledger_schema import migrate
+from gmd.ledger_schema.tables import vms
 
 INTERVAL_S = 300
 DAY_S = 86400

@@ -36,8 +36,8 @@ from ingest import free_port
 from gmd.daemon.config import ReadApiConfig, parse
 from gmd.daemon.ingest.parse import parse_record
 from gmd.daemon.ingest.store import LedgerStore
-from gmd.daemon.ledger import migrate
 from gmd.daemon.ledger.accounting import account_due
+from gmd.ledger_schema import migrate
 
 INTERVAL_S = 300
 HOST = "cmp-1"

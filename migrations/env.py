@@ -1,10 +1,10 @@
 """Alembic environment: runs gmd's migrations on the connection that
-gmd.daemon.ledger.migrate hands in."""
+gmd.ledger_schema.migrate hands in."""
 
 from alembic import context
 from sqlalchemy import create_engine
 
-from gmd.daemon.ledger.models import Base
+from gmd.ledger_schema.models import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -13,8 +13,8 @@ from typing import Any
 from sqlalchemy import Connection, select
 
 from gmd.common.timespec import iso
-from gmd.daemon.ledger.models import BatchState
-from gmd.daemon.ledger.tables import batches as _batches, hosts as _hosts, intervals as _intervals
+from gmd.ledger_schema.models import BatchState
+from gmd.ledger_schema.tables import batches as _batches, hosts as _hosts, intervals as _intervals
 from gmd.render import Column
 
 COLUMNS = (

@@ -25,7 +25,7 @@ from gmd.common.cli import ExitCode, fail
 from gmd.common.config import DEFAULT_PATH, ConfigError
 from gmd.common.timespec import NotATime, parse_time
 from gmd.daemon.config import Config, load as load_config_file
-from gmd.daemon.ledger import migrate
+from gmd.ledger_schema import migrate
 
 NAMED = "project uuid or project name"
 """How every command that takes a customer says it may be named: the ledger's lookup

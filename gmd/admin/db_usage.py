@@ -20,7 +20,6 @@ from gmd.common.timespec import iso
 from gmd.common.units import DAY_S
 from gmd.daemon.config import RetentionConfig
 from gmd.daemon.ledger import partitions, sample_store
-from gmd.daemon.ledger.models import SEEN_PERIOD_S, Base
 from gmd.daemon.ledger.retention import (
     LEDGER_TABLES,
     RAW_TABLES,
@@ -28,7 +27,8 @@ from gmd.daemon.ledger.retention import (
     cutoffs,
     unseen_cutoff_s,
 )
-from gmd.daemon.ledger.tables import customers, samples
+from gmd.ledger_schema.models import SEEN_PERIOD_S, Base
+from gmd.ledger_schema.tables import customers, samples
 from gmd.render import Column, Unit
 
 COLUMNS = (

@@ -500,8 +500,8 @@ def account(layout: Layout, cloud: Cloud, out: TextIO) -> tuple[int, float]:
     level decisions in the same transaction. Returns (intervals accounted, wall seconds)."""
     from gmd.daemon.config import load
     from gmd.daemon.enforce.levels import after_interval
-    from gmd.daemon.ledger import migrate
     from gmd.daemon.ledger.accounting import account_next, close_all_due
+    from gmd.ledger_schema import migrate
 
     began = time.monotonic()
     config = load(layout.config)

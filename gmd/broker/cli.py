@@ -60,7 +60,7 @@ def _ledger(config: BrokerConfig) -> Engine:
     does); else exit 1 in one line."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from gmd.daemon.ledger import migrate
+    from gmd.ledger_schema import migrate
 
     try:
         engine = migrate.engine_for(config.database_url)

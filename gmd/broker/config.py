@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from gmd.broker.coordination import ROOT
-from gmd.common.config import ConfigError, Reader, read_document
+from gmd.common.config import ConfigError, Reader, default_database_url, read_document
 from gmd.common.options import Kind, Location, Number, Pattern, StateFile, Text, Words
 from gmd.common.settings import Table, read_table, setting, subtable, table, table_of
 from gmd.common.units import DAY_S
-from gmd.daemon.config import default_database_url
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")
 _HOSTS = re.compile(r"^[A-Za-z0-9.:\[\]_-]+(,[A-Za-z0-9.:\[\]_-]+)*(/[A-Za-z0-9/._-]*)?$")

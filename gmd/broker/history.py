@@ -42,8 +42,8 @@ from sqlalchemy import Engine, and_, delete, func, insert, select, update
 from sqlalchemy.exc import SQLAlchemyError
 
 from gmd.broker.coordination import Completion, SiteRecord, Standing
-from gmd.daemon.ledger.migrate import writer
-from gmd.daemon.ledger.tables import (
+from gmd.ledger_schema.migrate import writer
+from gmd.ledger_schema.tables import (
     federation_events as _events,
     federation_standings as _standings,
 )

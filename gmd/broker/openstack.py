@@ -3,12 +3,13 @@ project, deleted once it has run; the site offers its configured cores, never mo
 Placement's spare VCPU.
 
 **One way of reaching the cloud.** Nova, Glance and Placement are spoken to through
-:class:`~gmd.daemon.enforce.openstack_client.OpenStackClient`, gmd-daemon's one owner of a
-connection to OpenStack: an openstacksdk connection from a clouds.yaml entry, raw HTTP on its
+:class:`~gmd.openstack.client.OpenStackClient`, gmd's one owner of a connection to OpenStack
+(gmd-daemon's too): an openstacksdk connection from a clouds.yaml entry, raw HTTP on its
 service adapters at a chosen microversion, every request bounded by ``timeout_s`` and every
-failure one error in one line (a :class:`~gmd.daemon.enforce.quotas.QuotaError`, whatever its
-name says) that names the call, the project and the cloud. No retries inside a call: the
-broker's thread waits on these calls, and the next poll asks again anyway.
+failure one error in one line (an :class:`~gmd.openstack.client.OpenStackError`) that names
+the call, the project and the cloud. Placement is read by the daemon's reader
+(:class:`~gmd.openstack.placement.PlacementReader`, in the broker's words). No retries inside
+a call: the broker's thread waits on these calls, and the next poll asks again anyway.
 
 **Never in the broker's way.** The broker calls its handler from its one thread, each tick.
 Nothing here blocks for longer than a request's timeout and nothing raises into the loop but
@@ -58,13 +59,15 @@ from gmd import GmdError
 from gmd.broker.config import OpenStackSettings
 from gmd.broker.coordination import Request
 from gmd.broker.handlers import Finished, HandlerUnavailable
-from gmd.daemon.enforce.openstack_client import (
+from gmd.openstack.client import (
     ConnectionFactory,
     MalformedAnswer,
     OpenStackClient,
+    OpenStackError,
+    OpenStackErrorKind,
     checked,
 )
-from gmd.daemon.enforce.quotas import QuotaError, QuotaErrorKind
+from gmd.openstack.placement import PlacementReader
 
 if TYPE_CHECKING:
     from openstack.connection import Connection
@@ -74,15 +77,10 @@ log = logging.getLogger(__name__)
 COMPUTE_MICROVERSION = "2.52"
 """The oldest that does all the handler asks: ``networks: "none"`` (2.37), a flavor's vCPUs in
 a server's details (2.47), tags given at boot (2.52) and listings filtered by tag (2.26)."""
-PLACEMENT_MICROVERSION = "1.22"
-"""Allocation candidates with provider summaries (1.12) and a forbidden trait (1.22)."""
 TAG = "gmd-federation"
 """Every federation server's tag: what the handler lists."""
 PREFIX = "gmd-fed-"
 """A federation server's name is this and the request's node name (``gmd-fed-req-0000000012``)."""
-SPARE_QUERY = "/allocation_candidates?resources=VCPU:1&required=!COMPUTE_STATUS_DISABLED"
-"""Hosts with a VCPU free that are not disabled (nova-compute sets the trait on a disabled
-service's provider): what the federation may still be given."""
 REASK_S = 60.0
 """A server asked to be deleted that Nova still lists, and not as being deleted, after this
 long is asked again."""
@@ -137,10 +135,10 @@ class NovaServers(OpenStackClient):
     each one HTTP request of at most ``timeout_s`` (no retries: the caller asks again)."""
 
     subject = "federation servers"
-    hints: ClassVar[dict[QuotaErrorKind, str]] = {
-        QuotaErrorKind.forbidden: "refused by Nova (the project's quota, or its policy)",
-        QuotaErrorKind.bad_request: "Nova refused the request",
-        QuotaErrorKind.not_found: "not found: check the image, the flavors and the project",
+    hints: ClassVar[dict[OpenStackErrorKind, str]] = {
+        OpenStackErrorKind.forbidden: "refused by Nova (the project's quota, or its policy)",
+        OpenStackErrorKind.bad_request: "Nova refused the request",
+        OpenStackErrorKind.not_found: "not found: check the image, the flavors and the project",
     }
 
     def __init__(
@@ -278,50 +276,15 @@ def _utc_seconds(text: Any) -> float | None:
     return when.replace(tzinfo=when.tzinfo or UTC).timestamp()
 
 
-class PlacementSpare(OpenStackClient):
-    """The cloud's spare VCPU, from Placement: one request (no retries)."""
+class PlacementSpare(PlacementReader):
+    """The cloud's spare VCPU, from Placement (:meth:`~PlacementReader.spare_vcpus`: one
+    request, no retries): the one Placement reader, in the broker's words."""
 
     subject = "spare VCPU in Placement"
-    of = "of "
-    hints: ClassVar[dict[QuotaErrorKind, str]] = {
-        QuotaErrorKind.forbidden: "not allowed by Placement's policy: allocation candidates"
+    hints: ClassVar[dict[OpenStackErrorKind, str]] = {
+        OpenStackErrorKind.forbidden: "not allowed by Placement's policy: allocation candidates"
         " need an admin (or service) account: broker.openstack.placement_cloud",
     }
-
-    def __init__(
-        self,
-        cloud: str,
-        *,
-        timeout_s: float,
-        connection_factory: ConnectionFactory | None = None,
-    ) -> None:
-        super().__init__(
-            cloud, timeout_s=timeout_s, retries=0, connection_factory=connection_factory
-        )
-
-    def spare_vcpus(self) -> float:
-        """Over the compute hosts that are not disabled: VCPU capacity less use, summed."""
-
-        def read(conn: Connection) -> float:
-            return spare_of(
-                checked(conn.placement.get(SPARE_QUERY, microversion=PLACEMENT_MICROVERSION))
-            )
-
-        result: float = self.call("read", "every compute host", read)
-        return result
-
-
-def spare_of(body: Any) -> float:
-    """The spare VCPU in an allocation candidates answer's provider summaries."""
-    summaries = body.get("provider_summaries") if isinstance(body, dict) else None
-    if not isinstance(summaries, dict):
-        raise MalformedAnswer("Placement's answer has no object 'provider_summaries'")
-    spare = 0.0
-    for summary in summaries.values():
-        vcpu = summary.get("resources", {}).get("VCPU") if isinstance(summary, dict) else None
-        if isinstance(vcpu, dict):
-            spare += max(0.0, float(vcpu.get("capacity", 0)) - float(vcpu.get("used", 0)))
-    return spare
 
 
 @dataclass
@@ -420,13 +383,13 @@ class OpenStackHandler:
         try:
             flavor = self._flavor_for(request.cores)
             body = self._boot_body(name, request, flavor)
-        except (QuotaError, NoFlavor) as exc:
+        except (OpenStackError, NoFlavor) as exc:
             self._failed(name, request.id, 0.0, str(exc), pause=True)
             return
         job = _Job(name, request.id, float(flavor.vcpus), request.run_s, now)
         try:
             job.server_id = self._nova.create(body)
-        except QuotaError as exc:
+        except OpenStackError as exc:
             if not exc.retryable:
                 self._failed(name, request.id, 0.0, str(exc), pause=True)
                 return
@@ -493,13 +456,13 @@ class OpenStackHandler:
             if job.active is not None and now - job.active >= job.run_s:
                 self._retire(job, now)
 
-    def _poll(self, now: float) -> QuotaError | None:
+    def _poll(self, now: float) -> OpenStackError | None:
         """One listing of the project's federation servers, and what follows from it; what
         failed (the client logged it; the next poll asks again)."""
         self._polled = now
         try:
             servers = self._nova.servers()
-        except QuotaError as exc:
+        except OpenStackError as exc:
             return exc
         mine = [s for s in servers if s.metadata.get("gmd_runner") == self.site]
         if not self._listed_once:
@@ -605,7 +568,7 @@ class OpenStackHandler:
         try:
             self._nova.delete(server_id)
             asked = self.clock()
-        except QuotaError:
+        except OpenStackError:
             asked = -math.inf  # the client logged it
         self._doomed[server_id] = (why, asked)
 
@@ -664,13 +627,13 @@ class OpenStackHandler:
 
     # -- Placement ----------------------------------------------------------------------------
 
-    def _read_spare(self, now: float) -> QuotaError | None:
+    def _read_spare(self, now: float) -> OpenStackError | None:
         """Read Placement's spare VCPU now (None kept when it cannot be read); the error."""
         self._spare_read = now
         assert self.placement is not None
         try:
             self._spare = self.placement.spare_vcpus()
-        except QuotaError as exc:
+        except OpenStackError as exc:
             self._spare = None
             return exc
         return None

@@ -79,6 +79,15 @@ def default_state_dir() -> Path:
     return Path("/var/lib/gmd") if os.geteuid() == 0 else Path("var").resolve()
 
 
+def default_database_url() -> str:
+    """The ledger when ``[database] url`` is unset: ``ledger.db`` in the state directory.
+
+    Here rather than in the daemon's configuration because gmd-broker reads the same key of the
+    same file and must find the same ledger (it writes the federation's history there), and the
+    broker imports nothing of the daemon."""
+    return f"sqlite:///{default_state_dir() / 'ledger.db'}"
+
+
 class Reader:
     """Walks one TOML table, remembering which keys were used to reject unknown ones."""
 

@@ -26,9 +26,9 @@ from gmd.daemon import reload
 from gmd.daemon.api.app import create_app
 from gmd.daemon.api.services import Services
 from gmd.daemon.config import Config, load as load_config
-from gmd.daemon.enforce.openstack_client import entry_problem
 from gmd.daemon.ingest.transport import with_body_limit
-from gmd.daemon.ledger import migrate
+from gmd.ledger_schema import migrate
+from gmd.openstack.client import entry_problem
 
 log = logging.getLogger("gmd.daemon")
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gmd.common.config import Reader, default_state_dir, read_document
+from gmd.common.config import Reader, default_database_url, read_document
 from gmd.common.options import (
     Choice,
     Count,
@@ -45,11 +45,6 @@ from gmd.fairness.decay import DEFAULT_HALF_LIFE_S
 from gmd.fairness.directcontr import Utility
 from gmd.fairness.interval import IntervalSettings
 from gmd.wire import RESOURCES_COMBINED, RESOURCES_SPLIT, canonical_customer, resource_names
-
-
-def default_database_url() -> str:
-    return f"sqlite:///{default_state_dir() / 'ledger.db'}"
-
 
 DATABASE = Table(
     "database",

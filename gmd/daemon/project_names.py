@@ -16,11 +16,16 @@ from typing import TYPE_CHECKING, ClassVar
 
 from sqlalchemy import Engine, select, update
 
-from gmd.daemon.enforce.openstack_client import MalformedAnswer, OpenStackClient, checked
-from gmd.daemon.enforce.quotas import QuotaError, QuotaErrorKind
-from gmd.daemon.ledger.migrate import writer
-from gmd.daemon.ledger.models import NameSource
-from gmd.daemon.ledger.tables import customers as _customers
+from gmd.ledger_schema.migrate import writer
+from gmd.ledger_schema.models import NameSource
+from gmd.ledger_schema.tables import customers as _customers
+from gmd.openstack.client import (
+    MalformedAnswer,
+    OpenStackClient,
+    OpenStackError,
+    OpenStackErrorKind,
+    checked,
+)
 from gmd.wire import canonical_customer
 
 if TYPE_CHECKING:
@@ -34,8 +39,8 @@ class ProjectNames(OpenStackClient):
 
     subject = "project names"
     of = "of "
-    hints: ClassVar[dict[QuotaErrorKind, str]] = {
-        QuotaErrorKind.forbidden: "not allowed by Keystone's policy: listing every project"
+    hints: ClassVar[dict[OpenStackErrorKind, str]] = {
+        OpenStackErrorKind.forbidden: "not allowed by Keystone's policy: listing every project"
         " needs a reader or admin role",
     }
 
@@ -102,7 +107,7 @@ class NameRefresher:
     def run(self) -> int:
         try:
             names = self.client.projects()
-        except QuotaError as exc:
+        except OpenStackError as exc:
             log.warning("project names not refreshed: %s", exc)
             return 0
         changed = store_names(self.engine, names)

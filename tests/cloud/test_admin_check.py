@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gmd.daemon.ledger import migrate
+from gmd.ledger_schema import migrate
 from tests.support.openstack_support import LEGACY, RealCloud
 
 pytest_plugins = ["tests.support.openstack_support"]

@@ -30,9 +30,9 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from gmd.daemon.ledger.migrate import upgrade
-from gmd.daemon.ledger.tables import actions
 from gmd.daemon.reports.host_knobs import hosts
+from gmd.ledger_schema.migrate import upgrade
+from gmd.ledger_schema.tables import actions
 from tests.support.cloud_story import (
     CAP,
     CAP_MARGIN,

@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from gmd.daemon.ledger.accounting import account_due
-from gmd.daemon.ledger.models import NameSource
 from gmd.daemon.project_names import NameRefresher, ProjectNames, store_names
+from gmd.ledger_schema.models import NameSource
 from tests.support.daemon_support import (
     HostSpec,
     aligned_past,

@@ -29,7 +29,8 @@ from gmd.daemon.enforce.quotas import (
     lowered,
 )
 from gmd.daemon.enforce.settings import QuotaBackendKind
-from gmd.daemon.ledger.migrate import upgrade
+from gmd.ledger_schema.migrate import upgrade
+from gmd.openstack.client import OpenStackError
 from tests.support.daemon_support import make_config
 from tests.support.openstack_support import LEGACY, MEMBER, UNIFIED, UNIFIED_SYSTEM, RealCloud
 
@@ -137,7 +138,7 @@ def test_without_force_real_nova_refuses_to_go_below_usage(
     project = real_cloud.new_project("greedy")
     real_cloud.add_servers("nova-legacy", project, count=4, vcpus=2, ram_mb=2048)
     monkeypatch.setattr(NovaQuotas, "force", False)
-    with nova() as quotas, pytest.raises(QuotaError) as caught:
+    with nova() as quotas, pytest.raises(OpenStackError) as caught:
         quotas.apply(project, QuotaSet(cores=2, ram_mb=51200, instances=10))
     error = caught.value
     assert (error.kind, error.status) == ("bad_request", 400)
@@ -155,19 +156,19 @@ def test_real_errors_become_quota_error_kinds_with_novas_own_message(
     project = real_cloud.new_project()
     with nova() as quotas:
         # Nova checks the project with Keystone and answers 400: gmd calls it not_found.
-        with pytest.raises(QuotaError) as caught:
+        with pytest.raises(OpenStackError) as caught:
             quotas.apply("0123456789abcdef0123456789abcdef", DEFAULTS)
         assert (caught.value.kind, caught.value.status) == ("not_found", 400)
         assert "is not a valid project" in str(caught.value)
         # Beyond Nova's schema (a 32-bit limit): its validation message.
-        with pytest.raises(QuotaError) as caught:
+        with pytest.raises(OpenStackError) as caught:
             quotas.apply(project, QuotaSet(cores=2**31, ram_mb=51200, instances=10))
         assert (caught.value.kind, caught.value.status) == ("bad_request", 400)
         assert "Invalid input for field/attribute cores" in str(caught.value)
         assert quotas.disabled_reason is None
     # A microversion the server does not serve: its 406, naming what it does serve.
     monkeypatch.setattr(NovaQuotas, "_negotiate", lambda self, conn: "2.999")
-    with nova() as quotas, pytest.raises(QuotaError) as caught:
+    with nova() as quotas, pytest.raises(OpenStackError) as caught:
         quotas.get(project)
     assert (caught.value.kind, caught.value.status) == ("unsupported_version", 406)
     assert "Version 2.999 is not supported by the API. Minimum is 2.1" in str(caught.value)
@@ -181,7 +182,7 @@ def test_a_wrong_password_is_unauthorized(real_cloud: RealCloud, tmp_path: Path)
     import os
 
     os.environ["OS_CLIENT_CONFIG_FILE"] = str(path)  # restored by real_cloud's monkeypatch
-    with nova() as quotas, pytest.raises(QuotaError) as caught:
+    with nova() as quotas, pytest.raises(OpenStackError) as caught:
         quotas.get(real_cloud.acme)
     assert (caught.value.kind, caught.value.status) == ("unauthorized", 401)
 
@@ -331,7 +332,7 @@ def test_keystone_refuses_limits_where_nothing_is_registered(real_cloud: RealClo
     keystone = KeystoneLimits(LEGACY, limits_cloud="legacy-system", timeout_s=30, retries=0)
     with keystone:
         assert keystone.registered(project) == {}
-        with pytest.raises(QuotaError) as caught:
+        with pytest.raises(OpenStackError) as caught:
             keystone.apply(project, QuotaSet(5, 12800, 2))
     assert (caught.value.kind, caught.value.status) == ("forbidden", 403)
     assert "no corresponding registered limit" in str(caught.value)
@@ -341,7 +342,7 @@ def test_keystone_refuses_limits_where_nothing_is_registered(real_cloud: RealClo
 def test_a_member_only_account_cannot_write_keystone_limits(real_cloud: RealCloud) -> None:
     project = real_cloud.new_project()
     keystone = KeystoneLimits(UNIFIED, limits_cloud=MEMBER, timeout_s=30, retries=0)
-    with keystone, pytest.raises(QuotaError) as caught:
+    with keystone, pytest.raises(OpenStackError) as caught:
         keystone.apply(project, QuotaSet(5, 12800, 2))
     assert (caught.value.kind, caught.value.status) == ("forbidden", 403)
     assert "You are not authorized to perform the requested action: identity:create_limits" in str(

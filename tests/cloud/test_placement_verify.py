@@ -29,8 +29,10 @@ from sqlalchemy import select
 from gmd.agent.client import DaemonClient, Delivery
 from gmd.common.config import ConfigError
 from gmd.daemon.api.services import Services
-from gmd.daemon.ledger.models import BatchState, IntervalState
-from gmd.daemon.ledger.tables import (
+from gmd.daemon.placement.settings import PlacementConfig
+from gmd.daemon.placement.view import INVENTORY_EVERY, PlacementView
+from gmd.ledger_schema.models import BatchState, IntervalState
+from gmd.ledger_schema.tables import (
     actions,
     batches,
     customer_ledger,
@@ -41,9 +43,7 @@ from gmd.daemon.ledger.tables import (
     samples,
     vms,
 )
-from gmd.daemon.placement.client import PlacementClient
-from gmd.daemon.placement.settings import PlacementConfig
-from gmd.daemon.placement.view import INVENTORY_EVERY, PlacementView
+from gmd.openstack.placement import PlacementReader
 from gmd.wire import CAPACITY_FIELDS
 from tests.support.daemon_support import (
     INTERVAL_S,
@@ -741,7 +741,7 @@ def test_placement_calls_per_interval_follow_the_refresh_policy(placement: Place
         "sqlite://",
         placement={"verify": "on", "cloud": LEGACY, "refresh_s": refresh_s, "miss_s": miss_s},
     ).placement
-    view = PlacementView(config, PlacementClient(LEGACY, timeout_s=10), 0.1, lambda: now[0])
+    view = PlacementView(config, PlacementReader(LEGACY, timeout_s=10), 0.1, lambda: now[0])
     capacity = HostSpec("any").capacity
     cap = tuple(capacity[f] for f in CAPACITY_FIELDS)
 

@@ -24,8 +24,8 @@ import sqlalchemy as sa
 from gmd.common.version import version
 from gmd.daemon.ingest.record import BatchRecord
 from gmd.daemon.ingest.store import LedgerStore
-from gmd.daemon.ledger import migrate
 from gmd.daemon.ledger.accounting import compute_rows
+from gmd.ledger_schema import migrate
 from tests.support.daemon_support import (
     INTERVAL_S,
     HostSpec,

@@ -2,7 +2,7 @@
 
 The migrations stay at the top of the source tree (migrations/); pyproject.toml's
 [tool.setuptools.data-files] puts them in the wheel's data, which pip installs under
-PREFIX/share/gmd/migrations. gmd.daemon.ledger.migrate.migrations_dir() looks there after
+PREFIX/share/gmd/migrations. gmd.ledger_schema.migrate.migrations_dir() looks there after
 $GMD_MIGRATIONS and the source tree.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from gmd.daemon.ledger import migrate
+from gmd.ledger_schema import migrate
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = "share/gmd/migrations"
@@ -93,7 +93,7 @@ def test_wheel_holds_only_the_package_and_its_data(wheel: zipfile.ZipFile) -> No
         if not name.startswith(data) and ".dist-info/" not in name
     }
     assert tops == {"gmd"}
-    assert "gmd/daemon/ledger/migrate.py" in wheel.namelist()
+    assert "gmd/ledger_schema/migrate.py" in wheel.namelist()
 
 
 def test_wheel_carries_the_demo_traces(wheel: zipfile.ZipFile) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from gmd.daemon.ledger import migrate
+from gmd.ledger_schema import migrate
 from tests.support.soak import Service
 from tests.support.soak_federation import (
     HOME,

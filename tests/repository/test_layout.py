@@ -7,8 +7,13 @@ gmd is packaged by the process that runs the code (the project's architecture no
   libraries, so a compute host installs only ``gmd[agent]``;
 - the daemon (``gmd/daemon/**`` and what it reaches) reaches nothing of ``gmd.agent`` or
   ``gmd.admin`` and never imports libvirt;
-- the broker (``gmd/broker/**``, a federation's gmd-broker) reaches nothing of ``gmd.agent`` or
-  ``gmd.admin`` and never imports libvirt;
+- the broker (``gmd/broker/**``, a federation's gmd-broker) reaches nothing of ``gmd.agent``,
+  ``gmd.admin`` or ``gmd.daemon`` and never imports libvirt: what it shares with the daemon
+  sits below both (``gmd.openstack``, ``gmd.ledger_schema``, ``gmd.common``);
+- ``gmd.openstack`` (the one way of reaching OpenStack: the client, the Placement reader) and
+  ``gmd.ledger_schema`` (the ledger's tables, its migrations' runner and engine) serve the
+  daemon and the broker alike and reach nothing of ``gmd.daemon``, ``gmd.broker``,
+  ``gmd.agent`` or ``gmd.admin``, and never libvirt;
 - the simulator (``gmd/sim/**``) reaches nothing of ``gmd.daemon``, ``gmd.agent`` or
   ``gmd.broker``: it replays traces, it needs no ledger (gmd-admin runs it, so the cycle rule
   keeps it from gmd-admin);
@@ -95,6 +100,8 @@ STDLIB = frozenset(sys.stdlib_module_names) | {"__future__"}
 # What the agent's collectors and appliers alike stand on: modules of gmd.agent that import
 # nothing of gmd.agent but each other (the collectors may import them, and nothing else of it).
 AGENT_GROUND_FLOOR = ("gmd.agent.libvirt_conn", "gmd.agent.cgroups", "gmd.agent.disks")
+# The programs: what the daemon and the broker share must reach none of them.
+PROGRAMS = ("gmd.daemon", "gmd.broker", "gmd.agent", "gmd.admin")
 
 
 # --- reading the imports -------------------------------------------------------------------
@@ -490,7 +497,15 @@ def check_layout(root: Path) -> list[str]:
             modules, "gmd.daemon", "the daemon", ["gmd.agent", "gmd.admin"], AGENT_LIBRARIES
         ),
         *check_process(
-            modules, "gmd.broker", "the broker", ["gmd.agent", "gmd.admin"], AGENT_LIBRARIES
+            modules,
+            "gmd.broker",
+            "the broker",
+            ["gmd.agent", "gmd.admin", "gmd.daemon"],
+            AGENT_LIBRARIES,
+        ),
+        *check_process(modules, "gmd.openstack", "gmd.openstack", list(PROGRAMS), AGENT_LIBRARIES),
+        *check_process(
+            modules, "gmd.ledger_schema", "gmd.ledger_schema", list(PROGRAMS), AGENT_LIBRARIES
         ),
         *check_process(
             modules,
@@ -537,6 +552,11 @@ def test_the_checker_sees_the_whole_package() -> None:
     assert {"libvirt", "pydantic", "httpx"} <= libraries
     daemon_libraries = {i.top for m in reach(modules, "gmd.daemon") for i in modules[m].imports}
     assert {"sqlalchemy", "fastapi", "openstack"} <= daemon_libraries
+    # the broker reaches what it shares with the daemon, below both
+    broker = reach(modules, "gmd.broker")
+    assert {"gmd.openstack.placement", "gmd.ledger_schema.tables", "gmd.common.config"} <= set(
+        broker
+    )
     # lazy imports are read (gmd.agent.cli picks its collector inside a function)
     assert any(i.lazy and i.internal for m in agent for i in modules[m].imports)
 
@@ -598,7 +618,7 @@ BAD_PROCESS_IMPORTS = [
         "from ...admin import output",  # relative, and `output` is a module
         ["the agent must reach nothing of gmd.admin", "gmd.admin.output"],
     ),
-    ("gmd/daemon/ledger/store.py", "import libvirt", ["the daemon must not import libvirt"]),
+    ("gmd/daemon/ingest/store.py", "import libvirt", ["the daemon must not import libvirt"]),
     (
         "gmd/daemon/api/app.py",
         "from gmd.agent import spool",
@@ -614,6 +634,31 @@ BAD_PROCESS_IMPORTS = [
         "from gmd.daemon.reports import standings",
         ["the simulator must reach nothing of gmd.daemon", "gmd.daemon.reports.standings"],
     ),
+    (
+        "gmd/broker/history.py",
+        "from gmd.daemon.ingest import store",
+        ["the broker must reach nothing of gmd.daemon", "gmd.daemon.ingest.store"],
+    ),
+    (
+        "gmd/broker/config.py",
+        "from gmd.daemon.config import load",
+        ["the broker must reach nothing of gmd.daemon", "gmd.daemon.config"],
+    ),
+    (
+        "gmd/broker/openstack.py",
+        "import gmd.daemon.enforce.quotas",
+        ["the broker must reach nothing of gmd.daemon", "gmd.daemon.enforce.quotas"],
+    ),
+    (
+        "gmd/openstack/placement.py",
+        "from gmd.broker import handlers",
+        ["gmd.openstack must reach nothing of gmd.broker", "gmd.broker.handlers"],
+    ),
+    (
+        "gmd/ledger_schema/tables.py",
+        "from gmd.broker import coordination",
+        ["gmd.ledger_schema must reach nothing of gmd.broker", "gmd.broker.coordination"],
+    ),
 ]
 
 
@@ -628,6 +673,45 @@ def test_a_process_importing_the_other_sides_code_fails(
     assert len(problems) == 1, "\n".join(problems)
     for text in [f"{path}:{number}: `{line}`", *expected]:
         assert text in problems[0], problems[0]
+
+
+SHARED_IMPORTING_A_PROGRAM = [
+    # (file, the planted line, the message of the shared package's own rule). The programs
+    # that reach the file break their rules too (the broker reaching gmd.daemon through
+    # gmd.openstack): those messages come beside this one.
+    (
+        "gmd/openstack/client.py",
+        "from gmd.daemon.enforce import quotas",
+        "gmd.openstack must reach nothing of gmd.daemon, but imports gmd.daemon.enforce.quotas",
+    ),
+    (
+        "gmd/openstack/placement.py",
+        "from gmd.agent import spool",
+        "gmd.openstack must reach nothing of gmd.agent, but imports gmd.agent.spool",
+    ),
+    (
+        "gmd/openstack/client.py",
+        "import gmd.admin.output",
+        "gmd.openstack must reach nothing of gmd.admin, but imports gmd.admin.output",
+    ),
+    (
+        "gmd/ledger_schema/migrate.py",
+        "from gmd.daemon.ingest import store",
+        "gmd.ledger_schema must reach nothing of gmd.daemon, but imports gmd.daemon.ingest.store",
+    ),
+]
+
+
+@pytest.mark.parametrize(("path", "line", "expected"), SHARED_IMPORTING_A_PROGRAM)
+def test_what_the_daemon_and_the_broker_share_imports_neither(
+    tree: Path, path: str, line: str, expected: str
+) -> None:
+    number = plant(tree, path, line)
+    # Importing what imports it back (the quotas import gmd.openstack's error) also knots the
+    # modules: that is the cycle rule's to say.
+    problems = [p for p in check_layout(tree) if "import cycle" not in p]
+    assert f"{path}:{number}: `{line}`: {expected}" in problems, "\n".join(problems)
+    assert all(p.startswith(f"{path}:{number}: `{line}`: ") for p in problems), problems
 
 
 def test_a_lazy_import_inside_a_function_counts(tree: Path) -> None:

@@ -17,7 +17,7 @@ from kazoo.client import KazooClient
 from gmd.broker.broker import Broker, BrokerSettings
 from gmd.broker.handlers import LocalProcesses
 from gmd.broker.history import History
-from gmd.daemon.ledger import migrate
+from gmd.ledger_schema import migrate
 from tests.support.zookeeper_fixtures import client
 
 
@@ -33,7 +33,7 @@ def counted_completions(urls: list[str]) -> Counter[str]:
     over the ledgers of ``urls`` (each counted once in all, if the federation is right)."""
     from sqlalchemy import and_, create_engine, select
 
-    from gmd.daemon.ledger.tables import federation_events as events
+    from gmd.ledger_schema.tables import federation_events as events
 
     found: Counter[str] = Counter()
     for url in urls:

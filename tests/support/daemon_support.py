@@ -24,7 +24,7 @@ import uvicorn
 from gmd.daemon.api.app import create_app
 from gmd.daemon.config import Config, parse
 from gmd.daemon.ingest.transport import with_body_limit
-from gmd.daemon.ledger import migrate
+from gmd.ledger_schema import migrate
 from gmd.wire import USAGE_FIELDS
 
 INTERVAL_S = 60

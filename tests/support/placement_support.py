@@ -5,7 +5,7 @@ clone).
 Both take the same two writes, which are all the daemon's verification reads back: a compute
 host's resource provider with its inventory (:meth:`host`), and a server's allocations on it
 with its project (:meth:`server`). The stub answers the four reads of
-:class:`gmd.daemon.placement.client.PlacementClient` and Placement's version document (which
+:class:`gmd.openstack.placement.PlacementReader` and Placement's version document (which
 keystoneauth discovers first), and is reached through a ``clouds.yaml`` entry with
 ``auth_type: none`` and ``placement_endpoint_override``: no Keystone is involved. It vouches for
 exactly what was written to it, as Placement does; what it does not model (generations,
@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 VERSION = "1.12"
-"""the microversion the writes are made at (the reads' own, gmd.daemon.placement.client)"""
+"""the microversion the writes are made at (the reads' own, gmd.openstack.placement)"""
 
 
 class PlacementWriteError(RuntimeError):

@@ -13,8 +13,8 @@ from gmd.admin.common import database, reading, times
 from gmd.admin.output import Listing, Output, View, emit, output_options
 from gmd.common.cli import ExitCode, choice, fail
 from gmd.common.timespec import iso as iso_time
-from gmd.daemon.ledger import migrate
-from gmd.daemon.ledger.models import BatchState
+from gmd.ledger_schema import migrate
+from gmd.ledger_schema.models import BatchState
 
 batches_app = typer.Typer(rich_markup_mode=None)
 

@@ -33,7 +33,7 @@ class Finding:
 
 
 def _database(what: str, url: str, schema: bool) -> Finding:
-    from gmd.daemon.ledger import migrate
+    from gmd.ledger_schema import migrate
 
     file = sqlite_file(url)
     if file is not None and not file.exists():
@@ -67,7 +67,7 @@ def _database(what: str, url: str, schema: bool) -> Finding:
 def _cloud(what: str, cloud: str, ask: Callable[[Any], object]) -> Finding:
     """The clouds.yaml entry ``cloud``: it exists, authenticates, and ``ask(connection)``
     (one read) is answered."""
-    from gmd.daemon.enforce.openstack_client import describe, entry_problem
+    from gmd.openstack.client import describe, entry_problem
 
     problem = entry_problem(cloud)
     if problem is not None:
@@ -88,7 +88,7 @@ def _cloud(what: str, cloud: str, ask: Callable[[Any], object]) -> Finding:
 def _placement(conn: Any) -> None:
     """The read the daemon's Placement view makes first (a provider by name), at its
     microversion."""
-    from gmd.daemon.placement.client import MICROVERSION
+    from gmd.openstack.placement import MICROVERSION
 
     answer = conn.placement.get("/resource_providers?name=gmd-check", microversion=MICROVERSION)
     answer.raise_for_status()

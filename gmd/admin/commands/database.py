@@ -16,7 +16,7 @@ import typer
 from gmd.admin.common import database, load_config, reading, shown_url, sqlite_file
 from gmd.admin.output import Listing, Output, View, emit, output_options
 from gmd.common.cli import ExitCode, fail
-from gmd.daemon.ledger import migrate
+from gmd.ledger_schema import migrate
 
 db_app = typer.Typer(
     help="The ledger database: create it and upgrade its schema.",

@@ -14,7 +14,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
 from gmd.daemon.api.deps import ServicesDep
-from gmd.daemon.ledger import migrate
+from gmd.ledger_schema import migrate
 
 router = APIRouter()
 

@@ -45,8 +45,8 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, select
 
-from gmd.daemon.ledger.models import ActionKind, ActionStatus
-from gmd.daemon.ledger.tables import hosts as _hosts
+from gmd.ledger_schema.models import ActionKind, ActionStatus
+from gmd.ledger_schema.tables import hosts as _hosts
 from gmd.wire import KnobOutcome, knob_words
 
 if TYPE_CHECKING:

@@ -32,10 +32,10 @@ from gmd.daemon.ledger.retention import purge
 from gmd.daemon.ledger.schedule import Accountant
 from gmd.daemon.ledger.status import hosts_last_seen, level_counts
 from gmd.daemon.ledger.write_health import WriteHealth
-from gmd.daemon.placement.client import PlacementClient
 from gmd.daemon.placement.recheck import Rechecker, RecheckReport
 from gmd.daemon.placement.view import PlacementView
 from gmd.daemon.project_names import NameRefresher, ProjectNames
+from gmd.openstack.placement import PlacementReader
 from gmd.wire import PlanMode
 
 log = logging.getLogger(__name__)
@@ -88,11 +88,12 @@ class Services:
         a cloud)"""
         if config.placement.on:
             p = config.placement
-            client = PlacementClient(
+            client = PlacementReader(
                 p.cloud,
                 timeout_s=p.timeout_s,
                 on_call=self.metrics.placement_requests.inc,
                 pause_s=p.miss_s,
+                pause_named="[placement] miss_s",
             )
             # A deleted server's last seconds come in a batch up to max_late_s after its
             # interval: that long, its host may still name it.

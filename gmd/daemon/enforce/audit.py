@@ -20,9 +20,9 @@ from sqlalchemy import Engine, insert, or_, select
 
 from gmd.common.timespec import iso_as_sent
 from gmd.daemon.enforce.plans import recent_window, running_vms
-from gmd.daemon.ledger.migrate import writer
-from gmd.daemon.ledger.models import ActionKind, ActionStatus
-from gmd.daemon.ledger.tables import (
+from gmd.ledger_schema.migrate import writer
+from gmd.ledger_schema.models import ActionKind, ActionStatus
+from gmd.ledger_schema.tables import (
     actions as _actions,
     hosts as _hosts,
     vms as _vms,

@@ -30,11 +30,6 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from gmd.daemon.enforce.nova_quotas import NovaQuotas
-from gmd.daemon.enforce.openstack_client import (
-    MalformedAnswer,
-    OpenStackClient,
-    checked,
-)
 from gmd.daemon.enforce.quotas import (
     RESOURCES,
     UNLIMITED,
@@ -46,6 +41,7 @@ from gmd.daemon.enforce.quotas import (
     QuotaWrite,
 )
 from gmd.daemon.enforce.settings import QuotaBackendKind
+from gmd.openstack.client import MalformedAnswer, OpenStackClient, OpenStackErrorKind, checked
 
 if TYPE_CHECKING:
     from openstack.connection import Connection
@@ -96,12 +92,12 @@ class ProjectLimits:
 
 class _Keystone(OpenStackClient):
     subject = "Keystone limits"
-    hints: ClassVar[dict[QuotaErrorKind, str]] = {
-        QuotaErrorKind.forbidden: "refused by Keystone: writing limits needs an account with"
+    hints: ClassVar[dict[OpenStackErrorKind, str]] = {
+        OpenStackErrorKind.forbidden: "refused by Keystone: writing limits needs an account with"
         " the admin role, and a registered limit of each resource for the compute service and"
         " region",
-        QuotaErrorKind.bad_request: "Keystone refused the request",
-        QuotaErrorKind.conflict: "Keystone already has that project limit (another writer?)",
+        OpenStackErrorKind.bad_request: "Keystone refused the request",
+        OpenStackErrorKind.conflict: "Keystone already has that project limit (another writer?)",
     }
 
 

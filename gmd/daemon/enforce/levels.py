@@ -18,15 +18,15 @@ from sqlalchemy import Connection, insert, select
 from gmd.daemon.enforce.settings import EnforcementConfig
 from gmd.daemon.ledger.accounting import AfterInterval
 from gmd.daemon.ledger.lookup import log_names
-from gmd.daemon.ledger.models import ActionKind, ActionStatus
 from gmd.daemon.ledger.status import level_counts
-from gmd.daemon.ledger.tables import (
+from gmd.fairness.policy import decide_customers
+from gmd.ledger_schema.models import ActionKind, ActionStatus
+from gmd.ledger_schema.tables import (
     actions as _actions,
     customer_ledger as _ledger,
     levels as _levels,
     upsert,
 )
-from gmd.fairness.policy import decide_customers
 from gmd.wire import PlanMode
 
 log = logging.getLogger(__name__)

@@ -24,12 +24,6 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from gmd.daemon.enforce.openstack_client import (
-    MalformedAnswer,
-    OpenStackClient,
-    ServiceRefused,
-    checked,
-)
 from gmd.daemon.enforce.quotas import (
     QuotaError,
     QuotaErrorKind,
@@ -39,6 +33,13 @@ from gmd.daemon.enforce.quotas import (
     QuotaWrite,
 )
 from gmd.daemon.enforce.settings import QuotaBackendKind
+from gmd.openstack.client import (
+    MalformedAnswer,
+    OpenStackClient,
+    OpenStackErrorKind,
+    ServiceRefused,
+    checked,
+)
 
 if TYPE_CHECKING:
     from openstack.connection import Connection
@@ -66,11 +67,12 @@ class NovaQuotas(OpenStackClient):
     force: ClassVar[bool] = True
     """Always: a quota below usage is what enforcement is for (a test turns it off to show
     Nova's refusal)."""
-    hints: ClassVar[dict[QuotaErrorKind, str]] = {
-        QuotaErrorKind.forbidden: "not allowed by Nova's policy: writing quotas needs the admin"
-        " role, project-scoped",
-        QuotaErrorKind.bad_request: "Nova refused the request",
-        QuotaErrorKind.not_found: "not found: no such project in Keystone, or no compute API there",
+    hints: ClassVar[dict[OpenStackErrorKind, str]] = {
+        OpenStackErrorKind.forbidden: "not allowed by Nova's policy: writing quotas needs the"
+        " admin role, project-scoped",
+        OpenStackErrorKind.bad_request: "Nova refused the request",
+        OpenStackErrorKind.not_found: "not found: no such project in Keystone, or no compute"
+        " API there",
     }
 
     def __init__(self, cloud: str, **kw: Any) -> None:

@@ -25,17 +25,6 @@ from sqlalchemy import Connection, Select, and_, false, func, select
 
 from gmd.daemon.enforce.settings import EnforcementConfig
 from gmd.daemon.ledger import capabilities
-from gmd.daemon.ledger.models import BatchState, IntervalState
-from gmd.daemon.ledger.tables import (
-    batches as _batches,
-    customers as _customers,
-    host_intervals as _host_intervals,
-    hosts as _hosts,
-    intervals as _intervals,
-    levels as _levels,
-    samples as _samples,
-    vms as _vms,
-)
 from gmd.fairness.policy import (
     CapDecision,
     CapResource,
@@ -49,6 +38,17 @@ from gmd.fairness.policy import (
     unsupported,
     weight_as_disk_limit,
     weights_for,
+)
+from gmd.ledger_schema.models import BatchState, IntervalState
+from gmd.ledger_schema.tables import (
+    batches as _batches,
+    customers as _customers,
+    host_intervals as _host_intervals,
+    hosts as _hosts,
+    intervals as _intervals,
+    levels as _levels,
+    samples as _samples,
+    vms as _vms,
 )
 from gmd.wire import (
     CPU_CAP_MAX_CORES,

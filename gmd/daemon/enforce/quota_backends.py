@@ -22,19 +22,20 @@ from typing import Any, Protocol
 from gmd.daemon.enforce.keystone_limits import KeystoneLimits
 from gmd.daemon.enforce.nova_quotas import NovaQuotas
 from gmd.daemon.enforce.quotas import (
-    QuotaError,
     QuotaNotApplied,
     QuotaOriginal,
     QuotaSet,
     QuotaWrite,
 )
 from gmd.daemon.enforce.settings import QuotaBackendKind
+from gmd.openstack.client import OpenStackError
 
 log = logging.getLogger(__name__)
 
 
 class QuotaBackend(Protocol):
-    """What the quota job needs of a backend; every method raises only QuotaError."""
+    """What the quota job needs of a backend; every method raises only a
+    :data:`~gmd.daemon.enforce.quotas.QuotaFailure`."""
 
     cloud: str
 
@@ -88,7 +89,7 @@ class AutoQuotas:
             return
         try:
             registered = self.keystone.registered(project_id)
-        except QuotaError as exc:
+        except OpenStackError as exc:
             if exc.retryable:
                 raise
             # Unreadable limits (no such API, or not allowed): no unified limits we can write.

@@ -27,20 +27,22 @@ from gmd.daemon.enforce.quotas import (
     RESOURCES,
     QuotaError,
     QuotaErrorKind,
+    QuotaFailure,
     QuotaOriginal,
     QuotaSet,
     QuotaStep,
     lowered,
 )
 from gmd.daemon.enforce.settings import EnforcementConfig
-from gmd.daemon.ledger.migrate import writer
-from gmd.daemon.ledger.models import ActionKind, ActionStatus
-from gmd.daemon.ledger.tables import (
+from gmd.ledger_schema.migrate import writer
+from gmd.ledger_schema.models import ActionKind, ActionStatus
+from gmd.ledger_schema.tables import (
     actions as _actions,
     customers as _customers,
     levels as _levels,
     quota_originals as _originals,
 )
+from gmd.openstack.client import OpenStackError
 from gmd.wire import PlanMode
 
 log = logging.getLogger(__name__)
@@ -158,7 +160,7 @@ class QuotaReconciler:
                     self._restore(project, cid, level, row, dry, counts)
                 else:
                     self._lower(project, cid, level, steps, row, dry, counts)
-            except QuotaError as exc:
+            except (OpenStackError, QuotaError) as exc:
                 counts["failed"] += 1
                 self._failed(project, cid, level, steps, exc)
         return QuotaRun(**counts)
@@ -273,7 +275,7 @@ class QuotaReconciler:
                 .values(**values)
             )
 
-    def _failed(self, project: str, cid: int, level: int, steps: int, exc: QuotaError) -> None:
+    def _failed(self, project: str, cid: int, level: int, steps: int, exc: QuotaFailure) -> None:
         if exc.kind == QuotaErrorKind.disabled:
             if not self._disabled_said:
                 log.error("quota writes to cloud %s are disabled: %s", self.cloud, exc)

@@ -15,7 +15,10 @@ API, :mod:`.keystone_limits` for unified limits in Keystone, :mod:`.quota_backen
 - :class:`QuotaOriginal` is what restoring must bring back: the values, and which of them were
   the cloud's default rather than the project's own limit (so that restoring removes the limit
   gmd created instead of pinning today's default).
-- :class:`QuotaError` and its kinds: the backends raise nothing else.
+- :class:`QuotaError` and its kinds: what is wrong with a quota write that the cloud
+  accepted (not applied), or why gmd no longer writes (disabled). A backend raises these, and
+  :class:`~gmd.openstack.client.OpenStackError` when the cloud could not be asked (the two
+  together: :data:`QuotaFailure`).
 """
 
 from __future__ import annotations
@@ -28,43 +31,21 @@ from typing import Any, TypeAlias
 
 from gmd import GmdError
 from gmd.daemon.enforce.settings import QuotaBackendKind
+from gmd.openstack.client import OpenStackError
 
 UNLIMITED = -1
 """Nova's and Keystone's value for "no limit"."""
 
 
 class QuotaErrorKind(StrEnum):
-    """Why a quota read or write failed (stored in the enforcement log's reasons)."""
+    """What went wrong with a quota that the cloud itself did not refuse (stored in the
+    enforcement log's reasons, as an :class:`~gmd.openstack.client.OpenStackErrorKind` is when
+    the cloud could not be asked or refused)."""
 
-    unauthorized = "unauthorized"
-    """401: the clouds.yaml credentials are wrong or expired"""
-    forbidden = "forbidden"
-    """403: the user may not read/write quotas (needs an admin role)"""
-    not_found = "not_found"
-    """404: no such project, or no quota API at that endpoint"""
-    bad_request = "bad_request"
-    """other 4xx: the service refused the values"""
-    conflict = "conflict"
-    """409: another writer created the same limit at the same time"""
-    unsupported_version = "unsupported_version"
-    """406: the microversion asked for is not served"""
-    unavailable = "unavailable"
-    """5xx, 429, connection refused/reset: retried"""
-    timeout = "timeout"
-    """no answer within the timeout: retried"""
     not_applied = "not_applied"
     """the write was accepted but the read-back differs (wrong backend)"""
     disabled = "disabled"
     """the breaker is open after a not_applied: no more writes to this cloud"""
-    config = "config"
-    """the cloud is not in clouds.yaml, or its auth settings are incomplete"""
-    error = "error"
-    """anything else openstacksdk raised (a malformed answer, …)"""
-
-
-RETRYABLE_KINDS: frozenset[QuotaErrorKind] = frozenset(
-    {QuotaErrorKind.unavailable, QuotaErrorKind.timeout}
-)
 
 
 # --- pure part ----------------------------------------------------------------------------
@@ -220,7 +201,9 @@ class QuotaWrite:
 
 
 class QuotaError(GmdError):
-    """A quota operation failed; ``kind`` says how, the message names cloud, project and step."""
+    """A quota write the cloud accepted did not take, or writes to the cloud are disabled;
+    ``kind`` says which, the message names cloud, project and step. Never retried: asking
+    again cannot change either."""
 
     def __init__(
         self,
@@ -230,19 +213,18 @@ class QuotaError(GmdError):
         cloud: str,
         project_id: str | None,
         operation: str,
-        status: int | None = None,
     ) -> None:
         super().__init__(message)
         self.kind: QuotaErrorKind = kind
         self.cloud = cloud
         self.project_id = project_id
         self.operation = operation
-        self.status = status
-        """the HTTP status, when the failure was an HTTP answer"""
 
-    @property
-    def retryable(self) -> bool:
-        return self.kind in RETRYABLE_KINDS
+
+QuotaFailure: TypeAlias = OpenStackError | QuotaError
+"""What a quota backend raises: the cloud could not be asked or refused
+(:class:`~gmd.openstack.client.OpenStackError`), or the quota did not take
+(:class:`QuotaError`). Both have a ``kind`` that the enforcement log keeps."""
 
 
 class QuotaNotApplied(QuotaError):

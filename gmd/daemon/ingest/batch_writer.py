@@ -53,9 +53,9 @@ from gmd.daemon.ingest.record import (
     KeyReused,
 )
 from gmd.daemon.ledger import sample_store
-from gmd.daemon.ledger.models import ID64, IntervalState
 from gmd.daemon.ledger.quarantine import quarantine
-from gmd.daemon.ledger.tables import (
+from gmd.ledger_schema.models import ID64, IntervalState
+from gmd.ledger_schema.tables import (
     batches as _batches,
     dialect_insert,
     host_intervals as _host_intervals,

@@ -7,7 +7,7 @@ per host (at a time of day its name decides, so that hosts do not all do it at o
 moves ``last_seen_s`` of its VMs and customers on and finds, in the same transaction, whether
 their rows are still there (:meth:`LedgerIds.mark_seen`); a row gone is created again under a
 new id. Retention deletes only rows unseen for a day longer than its cutoff
-(:data:`~gmd.daemon.ledger.models.SEEN_PERIOD_S`), so no row a batch names without marking it
+(:data:`~gmd.ledger_schema.models.SEEN_PERIOD_S`), so no row a batch names without marking it
 can be gone. Names are inserted in sorted order so that concurrent batches take row locks in
 the same order and cannot deadlock each other. A host's VMs and their owners are looked up
 once, not per batch, while its batches list the same ones (:meth:`IdCache.same_vms`).
@@ -40,8 +40,8 @@ from sqlalchemy.dialects import postgresql
 
 from gmd.daemon.ingest.record import Admit, BatchRecord
 from gmd.daemon.ledger import sample_store
-from gmd.daemon.ledger.models import SEEN_PERIOD_S, NameSource
-from gmd.daemon.ledger.tables import (
+from gmd.ledger_schema.models import SEEN_PERIOD_S, NameSource
+from gmd.ledger_schema.tables import (
     customers as _customers,
     hosts as _hosts,
     intervals as _intervals,

@@ -42,9 +42,9 @@ from sqlalchemy import Engine
 from gmd.daemon.ingest.ids import LedgerIds, mark_period
 from gmd.daemon.ingest.record import Admit, BatchRecord, IngestResult
 from gmd.daemon.ledger import sample_store
-from gmd.daemon.ledger.models import PER_VM, SAMPLE_IDS, IntervalState, sample_batches
 from gmd.daemon.ledger.sample_store import BATCH_COLUMNS
-from gmd.daemon.ledger.tables import batches, host_intervals, hosts, intervals
+from gmd.ledger_schema.models import PER_VM, SAMPLE_IDS, IntervalState, sample_batches
+from gmd.ledger_schema.tables import batches, host_intervals, hosts, intervals
 from gmd.wire import CAPACITY_FIELDS
 
 log = logging.getLogger(__name__)

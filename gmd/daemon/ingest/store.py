@@ -22,8 +22,8 @@ from gmd.common.units import DAY_S
 from gmd.daemon.ingest.batch_writer import BatchWriter
 from gmd.daemon.ingest.ids import RECALL_INTERVALS, LedgerIds, Recalled
 from gmd.daemon.ingest.record import Admit, BatchRecord, IngestResult
-from gmd.daemon.ledger.migrate import writer
 from gmd.daemon.ledger.partitions import ensure_days
+from gmd.ledger_schema.migrate import writer
 
 log = logging.getLogger(__name__)
 

@@ -1,1 +1,3 @@
-"""The ledger: what gmd remembers. SQLAlchemy models, the store, interval accounting."""
+"""The ledger: what gmd remembers. The store, interval accounting, rollups, retention; the
+tables themselves and their migrations are :mod:`gmd.ledger_schema`'s (gmd-broker writes the
+same database)."""

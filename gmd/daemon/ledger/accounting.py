@@ -41,15 +41,23 @@ from gmd import GmdError
 from gmd.daemon.config import AccountingConfig
 from gmd.daemon.ledger import reset_window, rollups, sample_store
 from gmd.daemon.ledger.binary_copy import binary_rows
-from gmd.daemon.ledger.migrate import writer
-from gmd.daemon.ledger.models import (
+from gmd.daemon.ledger.quarantine import Quarantined, bad_data, isolate
+from gmd.fairness.directcontr import Utility
+from gmd.fairness.interval import (
+    Accounts,
+    IntervalResult,
+    IntervalUse,
+    Standing,
+    account_interval,
+)
+from gmd.ledger_schema.migrate import writer
+from gmd.ledger_schema.models import (
     FLAVOR_COLUMNS,
     USE_COLUMNS,
     BatchState,
     IntervalState,
 )
-from gmd.daemon.ledger.quarantine import Quarantined, bad_data, isolate
-from gmd.daemon.ledger.tables import (
+from gmd.ledger_schema.tables import (
     batches as _batches,
     customer_ledger as _customer_ledger,
     host_intervals as _host_intervals,
@@ -59,14 +67,6 @@ from gmd.daemon.ledger.tables import (
     resource_ledger as _resource_ledger,
     samples as _samples,
     vms as _vms,
-)
-from gmd.fairness.directcontr import Utility
-from gmd.fairness.interval import (
-    Accounts,
-    IntervalResult,
-    IntervalUse,
-    Standing,
-    account_interval,
 )
 from gmd.wire import CAPACITY_FIELDS, RESOURCES
 

@@ -15,8 +15,8 @@ from datetime import UTC, datetime
 from pydantic import ValidationError
 from sqlalchemy import Connection, Engine, delete, insert, select
 
-from gmd.daemon.ledger.migrate import writer
-from gmd.daemon.ledger.tables import host_capabilities as _caps
+from gmd.ledger_schema.migrate import writer
+from gmd.ledger_schema.tables import host_capabilities as _caps
 from gmd.wire import HostCapabilities
 
 

@@ -15,7 +15,7 @@ from collections.abc import Collection, Sequence
 from sqlalchemy import Connection, select
 
 from gmd import GmdError
-from gmd.daemon.ledger.tables import customers as _customers, hosts as _hosts
+from gmd.ledger_schema.tables import customers as _customers, hosts as _hosts
 from gmd.wire import canonical_customer
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, Engine, text
 
 from gmd.common.units import DAY_S
-from gmd.daemon.ledger.models import PARTITION_PARENT, PARTITION_SCHEMA, PARTITIONED
+from gmd.ledger_schema.models import PARTITION_PARENT, PARTITION_SCHEMA, PARTITIONED
 
 log = logging.getLogger(__name__)
 

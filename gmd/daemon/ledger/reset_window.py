@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 from sqlalchemy import ColumnElement, Connection, func, select
 
-from gmd.daemon.ledger.tables import balance_resets as _resets
+from gmd.ledger_schema.tables import balance_resets as _resets
 
 
 def counts(effective_s: int, after_s: float | None, upto_s: float | None) -> bool:

@@ -21,13 +21,13 @@ from sqlalchemy import Connection, Engine, func, insert, select, text
 
 from gmd.daemon.ledger import lookup
 from gmd.daemon.ledger.accounting import ACCOUNTING_LOCK
-from gmd.daemon.ledger.migrate import writer
-from gmd.daemon.ledger.models import (
+from gmd.ledger_schema.migrate import writer
+from gmd.ledger_schema.models import (
     ActionKind,
     ActionStatus,
     IntervalState,
 )
-from gmd.daemon.ledger.tables import (
+from gmd.ledger_schema.tables import (
     actions as _actions,
     balance_resets as _resets,
     customer_ledger as _ledger,

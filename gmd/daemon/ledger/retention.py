@@ -41,10 +41,10 @@ from sqlalchemy import Column, Connection, Engine, Table, delete, exists, func, 
 
 from gmd.daemon.config import RetentionConfig
 from gmd.daemon.ledger import partitions, sample_store
-from gmd.daemon.ledger.migrate import writer
-from gmd.daemon.ledger.models import SEEN_PERIOD_S, IntervalState
 from gmd.daemon.ledger.rollups import ROLLUP_TABLES
-from gmd.daemon.ledger.tables import (
+from gmd.ledger_schema.migrate import writer
+from gmd.ledger_schema.models import SEEN_PERIOD_S, IntervalState
+from gmd.ledger_schema.tables import (
     actions,
     balance_resets,
     batches,

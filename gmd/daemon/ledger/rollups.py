@@ -50,9 +50,9 @@ from sqlalchemy import (
 )
 
 from gmd.common.units import DAY_S, HOUR_S
-from gmd.daemon.ledger.migrate import writer
-from gmd.daemon.ledger.models import BatchState, IntervalState
-from gmd.daemon.ledger.tables import (
+from gmd.ledger_schema.migrate import writer
+from gmd.ledger_schema.models import BatchState, IntervalState
+from gmd.ledger_schema.tables import (
     batches as _batches,
     customer_ledger as _ledger,
     customer_rollups as _customer_rollups,

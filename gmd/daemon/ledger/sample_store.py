@@ -1,6 +1,6 @@
 """Where a batch's samples are stored, and the writes and reads that depend on it.
 
-On PostgreSQL a batch is one row of :data:`~gmd.daemon.ledger.models.sample_batches`, each
+On PostgreSQL a batch is one row of :data:`~gmd.ledger_schema.models.sample_batches`, each
 VM's figures an element of its arrays (migration 0013): a sample row cost 239 bytes on disk
 for ~110 bytes of figures, a row of arrays ~1.0×. ``samples`` is a view of it with the rows
 every reader knows, so reports and explain keep their SQL. On SQLite ``samples`` is the table.
@@ -32,7 +32,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import distinct_on
 
 from gmd.daemon.ledger.binary_copy import HEADER, TRAILER, binary_rows, send_copy
-from gmd.daemon.ledger.models import (
+from gmd.ledger_schema.models import (
     FLAVOR_COLUMNS,
     PER_VM,
     SAMPLE_FIGURES,
@@ -40,7 +40,7 @@ from gmd.daemon.ledger.models import (
     USE_COLUMNS,
     sample_batches,
 )
-from gmd.daemon.ledger.tables import quarantined_samples, samples
+from gmd.ledger_schema.tables import quarantined_samples, samples
 
 _INT4, _FLOAT8 = 23, 701
 """PostgreSQL's type oids of an array's elements (``pg_type``)."""

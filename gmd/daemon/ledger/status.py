@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from sqlalchemy import Connection, func, select
 
-from gmd.daemon.ledger.tables import hosts as _hosts, levels as _levels
+from gmd.ledger_schema.tables import hosts as _hosts, levels as _levels
 
 
 def hosts_last_seen(conn: Connection) -> dict[str, int]:

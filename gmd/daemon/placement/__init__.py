@@ -5,7 +5,7 @@ A host's token lets it post batches; it does not make what they say true. The cl
 the truth: Placement holds each compute host's resource provider with its inventory, and every
 instance (consumer: the server id, which is the libvirt domain uuid an agent reports) with its
 allocations (its flavor's VCPU and MEMORY_MB) on one provider and its owning project.
-:mod:`.client` reads it, :mod:`.view`
-caches it and checks batches against it, :mod:`.recheck` checks later the batches accepted
-while Placement could not be reached.
+:mod:`gmd.openstack.placement` reads it (the one Placement client, which gmd-broker reads
+through too), :mod:`.view` caches it and checks batches against it, :mod:`.recheck` checks
+later the batches accepted while Placement could not be reached.
 """

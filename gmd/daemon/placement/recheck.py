@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 import numpy as np
 from sqlalchemy import Engine, func, select, update
 
-from gmd.daemon.enforce.quotas import QuotaError
-from gmd.daemon.ledger.migrate import writer
-from gmd.daemon.ledger.models import FLAVOR_COLUMNS, BatchState
 from gmd.daemon.ledger.quarantine import quarantine
-from gmd.daemon.ledger.tables import (
+from gmd.daemon.placement.view import Disagreement, PlacementView, Refusal
+from gmd.ledger_schema.migrate import writer
+from gmd.ledger_schema.models import FLAVOR_COLUMNS, BatchState
+from gmd.ledger_schema.tables import (
     batches as _batches,
     customers as _customers,
     host_intervals as _host_intervals,
@@ -29,7 +29,7 @@ from gmd.daemon.ledger.tables import (
     samples as _samples,
     vms as _vms,
 )
-from gmd.daemon.placement.view import Disagreement, PlacementView, Refusal
+from gmd.openstack.client import OpenStackError
 from gmd.wire import CAPACITY_FIELDS
 
 log = logging.getLogger(__name__)
@@ -123,7 +123,7 @@ class Rechecker:
         report = RecheckReport()
         try:
             report.refreshed = self.view.refresh(self.budget_s)
-        except QuotaError as exc:
+        except OpenStackError as exc:
             report.unreachable = str(exc)
         for batch in [] if report.unreachable else pending(self.engine):
             if batch.state != BatchState.accepted:

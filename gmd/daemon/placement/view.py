@@ -44,9 +44,9 @@ from enum import StrEnum
 
 import numpy as np
 
-from gmd.daemon.enforce.quotas import QuotaError
-from gmd.daemon.placement.client import Allocation, Inventory, PlacementClient
 from gmd.daemon.placement.settings import PlacementConfig
+from gmd.openstack.client import OpenStackError
+from gmd.openstack.placement import Allocation, Inventory, PlacementReader
 from gmd.wire import CAPACITY_FIELDS, FLAVOR_FIELDS, canonical_customer
 
 log = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ class PlacementView:
     def __init__(
         self,
         config: PlacementConfig,
-        client: PlacementClient,
+        client: PlacementReader,
         margin: float,
         clock: Callable[[], float] = time.monotonic,
         remember_s: float = 0.0,
@@ -260,7 +260,8 @@ class PlacementView:
     def refresh(self, budget_s: float | None = None) -> int:
         """Read again the snapshots older than ``refresh_s``, stalest first, within
         ``budget_s``; forget hosts no batch named for ``3 × refresh_s``. Returns how many were
-        read; raises :class:`QuotaError` when Placement fails (the job logs it)."""
+        read; raises :class:`~gmd.openstack.client.OpenStackError` when Placement fails (the
+        job logs it)."""
         now = self.clock()
         with self._lock:
             for host in [
@@ -307,7 +308,7 @@ class PlacementView:
         given), for the interval that began at ``start_s``."""
         try:
             return self._check(host, capacity, uuids, customers, flavor, start_s)
-        except QuotaError as exc:
+        except OpenStackError as exc:
             return Verdict(unreachable=str(exc))
 
     def _check(

@@ -11,8 +11,8 @@ from typing import Any
 from sqlalchemy import Connection, CursorResult, and_, or_, select
 
 from gmd.columns import Column
-from gmd.daemon.ledger.models import ActionKind
-from gmd.daemon.ledger.tables import (
+from gmd.ledger_schema.models import ActionKind
+from gmd.ledger_schema.tables import (
     actions as _actions,
     customers as _customers,
     hosts as _hosts,

@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, Connection, and_, false, or_, select
 
 from gmd.common.units import DAY_S, HOUR_S
-from gmd.daemon.ledger.tables import rollup_periods as _periods
+from gmd.ledger_schema.tables import rollup_periods as _periods
 
 
 @dataclass(frozen=True)

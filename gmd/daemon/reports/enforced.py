@@ -35,13 +35,13 @@ from typing import cast
 from sqlalchemy import Connection, and_, or_, select
 
 from gmd.daemon.enforce.plans import recent_window, running_vms
-from gmd.daemon.ledger.models import ActionKind, ActionStatus
-from gmd.daemon.ledger.tables import (
+from gmd.daemon.reports.actions import level_changes
+from gmd.ledger_schema.models import ActionKind, ActionStatus
+from gmd.ledger_schema.tables import (
     actions as _actions,
     levels as _levels,
     vms as _vms,
 )
-from gmd.daemon.reports.actions import level_changes
 from gmd.wire import Knob, PlanMode
 
 HOST_KINDS = (ActionKind.host_apply.value, ActionKind.host_restore.value)

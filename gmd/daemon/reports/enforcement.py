@@ -13,12 +13,12 @@ from gmd.common.timespec import iso
 from gmd.daemon.enforce.plans import host_plan
 from gmd.daemon.enforce.settings import EnforcementConfig
 from gmd.daemon.ledger.lookup import require_host
-from gmd.daemon.ledger.tables import (
+from gmd.fairness.policy import CapDecision, CapResource, LevelEffect, caps_wanted
+from gmd.ledger_schema.tables import (
     customers as _customers,
     hosts as _hosts,
     levels as _levels,
 )
-from gmd.fairness.policy import CapDecision, CapResource, LevelEffect, caps_wanted
 
 LEVEL_COLUMNS = (
     Column("customer", "Customer", None, "left"),

@@ -36,12 +36,23 @@ from gmd.daemon.config import Config
 from gmd.daemon.enforce.plans import host_caps, host_knobs, others_use, recent_window
 from gmd.daemon.ledger import capabilities, lookup, reset_window
 from gmd.daemon.ledger.accounting import previous_standing, read_interval
-from gmd.daemon.ledger.models import (
+from gmd.daemon.reports.actions import actions as list_actions, knobs_words
+from gmd.daemon.reports.enforcement import caps_words
+from gmd.fairness.decay import decay_factor
+from gmd.fairness.interval import account_interval
+from gmd.fairness.policy import (
+    CapDecision,
+    CapResource,
+    ThrottlePolicy,
+    caps_wanted,
+    for_customer,
+)
+from gmd.ledger_schema.models import (
     ActionKind,
     BatchState,
     IntervalState,
 )
-from gmd.daemon.ledger.tables import (
+from gmd.ledger_schema.tables import (
     actions as _actions,
     batches as _batches,
     customer_ledger as _ledger,
@@ -54,17 +65,6 @@ from gmd.daemon.ledger.tables import (
     resource_ledger as _terms,
     samples as _samples,
     vms as _vms,
-)
-from gmd.daemon.reports.actions import actions as list_actions, knobs_words
-from gmd.daemon.reports.enforcement import caps_words
-from gmd.fairness.decay import decay_factor
-from gmd.fairness.interval import account_interval
-from gmd.fairness.policy import (
-    CapDecision,
-    CapResource,
-    ThrottlePolicy,
-    caps_wanted,
-    for_customer,
 )
 from gmd.wire import Knob, PlanMode
 

@@ -11,7 +11,7 @@ from sqlalchemy import Connection, select
 
 from gmd.columns import Column
 from gmd.common.timespec import iso
-from gmd.daemon.ledger.tables import (
+from gmd.ledger_schema.tables import (
     federation_events as _events,
     federation_standings as _standings,
 )

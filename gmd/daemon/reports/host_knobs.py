@@ -15,7 +15,7 @@ from sqlalchemy import Connection, select
 from gmd.columns import Column
 from gmd.common.timespec import iso
 from gmd.daemon.ledger.capabilities import every_host
-from gmd.daemon.ledger.tables import hosts as _hosts, organizations as _orgs
+from gmd.ledger_schema.tables import hosts as _hosts, organizations as _orgs
 from gmd.wire import Knob, KnobSupport
 
 _MARK = {KnobSupport.supported: "yes", KnobSupport.unsupported: "no", KnobSupport.unknown: "?"}

@@ -22,15 +22,15 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, func, select
 
 from gmd.daemon.ledger.lookup import UnknownCustomer, customer_id
-from gmd.daemon.ledger.models import IntervalState
-from gmd.daemon.ledger.tables import (
+from gmd.fairness.policy import ThrottlePolicy
+from gmd.ledger_schema.models import IntervalState
+from gmd.ledger_schema.tables import (
     host_intervals as _host_intervals,
     hosts as _hosts,
     intervals as _intervals,
     levels as _levels,
     samples as _samples,
 )
-from gmd.fairness.policy import ThrottlePolicy
 from gmd.wire import visible_name
 
 RESOURCES = ("cpu", "memory", "disk", "network")

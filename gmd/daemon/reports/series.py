@@ -40,10 +40,13 @@ from gmd import GmdError
 from gmd.common.timespec import iso
 from gmd.common.units import DAY_S, HOUR_S
 from gmd.daemon.ledger.lookup import customer_ids, display_names
-from gmd.daemon.ledger.models import (
+from gmd.daemon.reports.actions import level_changes
+from gmd.daemon.reports.coverage import Coverage, coverage
+from gmd.daemon.reports.enforced import Enforced, Throttling, level_runs, throttling
+from gmd.ledger_schema.models import (
     IntervalState,
 )
-from gmd.daemon.ledger.tables import (
+from gmd.ledger_schema.tables import (
     customer_ledger as _ledger,
     customer_rollups as _customer_rollups,
     customers as _customers,
@@ -53,9 +56,6 @@ from gmd.daemon.ledger.tables import (
     resource_rollups as _resource_rollups,
     rollup_periods as _periods,
 )
-from gmd.daemon.reports.actions import level_changes
-from gmd.daemon.reports.coverage import Coverage, coverage
-from gmd.daemon.reports.enforced import Enforced, Throttling, level_runs, throttling
 from gmd.wire import RESOURCES_COMBINED, RESOURCES_SPLIT
 
 # Resources in the order the configuration lists them; any other name follows, A→Z.

@@ -17,14 +17,14 @@ from gmd.columns import PROJECT, Column
 from gmd.common.timespec import iso
 from gmd.daemon.enforce.settings import EnforcementConfig
 from gmd.daemon.ledger import reset_window
-from gmd.daemon.ledger.models import IntervalState
-from gmd.daemon.ledger.tables import (
+from gmd.daemon.reports.enforced import enforced_now
+from gmd.ledger_schema.models import IntervalState
+from gmd.ledger_schema.tables import (
     customer_ledger as _ledger,
     customers as _customers,
     intervals as _intervals,
     levels as _levels,
 )
-from gmd.daemon.reports.enforced import enforced_now
 from gmd.wire import PlanMode
 
 COLUMNS = (

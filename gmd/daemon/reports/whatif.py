@@ -43,8 +43,11 @@ from gmd.daemon.ledger.accounting import (
     previous_standing,
     read_raw_interval,
 )
-from gmd.daemon.ledger.models import ActionKind, IntervalState
-from gmd.daemon.ledger.tables import (
+from gmd.fairness.contended import contended_use
+from gmd.fairness.interval import account_interval
+from gmd.fairness.policy import decide_customers
+from gmd.ledger_schema.models import ActionKind, IntervalState
+from gmd.ledger_schema.tables import (
     actions as _actions,
     customer_ledger as _ledger,
     customers as _customers,
@@ -52,9 +55,6 @@ from gmd.daemon.ledger.tables import (
     organization_ledger as _org_ledger,
     samples as _samples,
 )
-from gmd.fairness.contended import contended_use
-from gmd.fairness.interval import account_interval
-from gmd.fairness.policy import decide_customers
 from gmd.wire import PlanMode
 
 CHANGEABLE: Mapping[str, tuple[str, ...]] = {

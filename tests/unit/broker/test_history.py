@@ -21,8 +21,8 @@ from sqlalchemy import Engine, select
 from gmd.broker.broker import Broker, Choice
 from gmd.broker.coordination import Federation, Request
 from gmd.broker.history import BEHIND, History
-from gmd.daemon.ledger import migrate
-from gmd.daemon.ledger.tables import federation_events, federation_standings
+from gmd.ledger_schema import migrate
+from gmd.ledger_schema.tables import federation_events, federation_standings
 from tests.support.daemon_support import gmd_admin, make_config, serving
 from tests.support.polling import wait_until
 from tests.support.zookeeper_fixtures import client

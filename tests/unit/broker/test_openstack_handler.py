@@ -23,10 +23,9 @@ from gmd.broker.openstack import (
     HandlerUnavailable,
     Listed,
     OpenStackHandler,
-    spare_of,
 )
 from gmd.common.config import ConfigError
-from gmd.daemon.enforce.quotas import QuotaError, QuotaErrorKind
+from gmd.openstack.client import OpenStackError, OpenStackErrorKind
 
 SETTINGS = OpenStackSettings(
     cloud="fed", image="guest", poll_s=1.0, spare_s=5.0, timeout_s=2.0, pause_s=30.0
@@ -39,8 +38,10 @@ FLAVORS = [
 ]
 
 
-def failure(kind: QuotaErrorKind = QuotaErrorKind.unavailable, text: str = "down") -> QuotaError:
-    return QuotaError(kind, text, cloud="fed", project_id="p", operation="x")
+def failure(
+    kind: OpenStackErrorKind = OpenStackErrorKind.unavailable, text: str = "down"
+) -> OpenStackError:
+    return OpenStackError(kind, text, cloud="fed", target="p", operation="x")
 
 
 @dataclass
@@ -59,11 +60,11 @@ class FakeNova:
     made: dict[str, dict[str, Any]] = field(default_factory=dict)
     created: list[dict[str, Any]] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
-    fail_list: QuotaError | None = None
-    fail_create: QuotaError | None = None
+    fail_list: OpenStackError | None = None
+    fail_create: OpenStackError | None = None
     create_anyway: bool = False
     """with fail_create: Nova made the server, the answer was lost"""
-    fail_delete: QuotaError | None = None
+    fail_delete: OpenStackError | None = None
     ids: Iterator[str] = field(default_factory=lambda: (f"srv-{n}" for n in itertools.count(1)))
 
     def flavors(self) -> list[Flavor]:
@@ -133,7 +134,7 @@ class FakeNova:
 @dataclass
 class FakePlacement:
     spare: float = 8.0
-    fail: QuotaError | None = None
+    fail: OpenStackError | None = None
     reads: int = 0
 
     def spare_vcpus(self) -> float:
@@ -228,7 +229,7 @@ def test_a_server_in_error_fails_is_deleted_and_the_site_pauses_its_offer() -> N
 def test_a_refused_boot_or_no_fitting_flavor_fails_at_once() -> None:
     c = cloud(cores=8.0)
     h = c.handler
-    c.nova.fail_create = failure(QuotaErrorKind.forbidden, "Quota exceeded for cores")
+    c.nova.fail_create = failure(OpenStackErrorKind.forbidden, "Quota exceeded for cores")
     h.start("req-1", request())
     assert h.finished() == [Finished("req-1", 0.0, False)] and h.free_cores() == 0.0
     c.later(SETTINGS.pause_s)
@@ -240,7 +241,7 @@ def test_a_refused_boot_or_no_fitting_flavor_fails_at_once() -> None:
 def test_an_unanswered_boot_is_found_by_its_metadata_or_failed() -> None:
     c = cloud()
     h = c.handler
-    c.nova.fail_create, c.nova.create_anyway = failure(QuotaErrorKind.timeout), True
+    c.nova.fail_create, c.nova.create_anyway = failure(OpenStackErrorKind.timeout), True
     h.start("req-1", request())
     assert h.running() == {"req-1"}
     c.nova.fail_create, c.nova.create_anyway = None, False
@@ -253,7 +254,7 @@ def test_an_unanswered_boot_is_found_by_its_metadata_or_failed() -> None:
     assert [d.completed for d in h.finished()] == [True]
 
     # no server made: failed once a listing well after the boot does not show it
-    c.nova.fail_create = failure(QuotaErrorKind.timeout)
+    c.nova.fail_create = failure(OpenStackErrorKind.timeout)
     h.start("req-2", request())
     c.later(1)
     assert h.finished() == []
@@ -298,15 +299,15 @@ def test_nova_unreachable_raises_nothing_but_running_before_the_first_listing() 
 
 def test_check_refuses_what_waiting_cannot_mend() -> None:
     c = cloud()
-    c.nova.fail_list = failure(QuotaErrorKind.unauthorized, "authentication refused")
+    c.nova.fail_list = failure(OpenStackErrorKind.unauthorized, "authentication refused")
     with pytest.raises(HandlerUnavailable, match="authentication refused"):
         c.handler.check()
     c = cloud()
-    c.placement.fail = failure(QuotaErrorKind.forbidden, "placement policy")
+    c.placement.fail = failure(OpenStackErrorKind.forbidden, "placement policy")
     with pytest.raises(HandlerUnavailable, match="placement policy"):
         c.handler.check()
     c = cloud()
-    c.nova.fail_list = failure(QuotaErrorKind.timeout)
+    c.nova.fail_list = failure(OpenStackErrorKind.timeout)
     c.handler.check()  # waited out
 
 
@@ -372,18 +373,6 @@ def test_close_deletes_every_server() -> None:
     c.handler.start("req-2", request("job2"))
     c.handler.close()
     assert sorted(c.nova.deleted) == ["srv-1", "srv-2"]
-
-
-def test_spare_is_capacity_less_use_over_the_providers() -> None:
-    body = {
-        "allocation_requests": [],
-        "provider_summaries": {
-            "a": {"resources": {"VCPU": {"capacity": 8, "used": 3}}},
-            "b": {"resources": {"VCPU": {"capacity": 4, "used": 6}}},  # overcommitted
-            "c": {"resources": {"MEMORY_MB": {"capacity": 1024, "used": 0}}},
-        },
-    }
-    assert spare_of(body) == 5.0
 
 
 def test_the_openstack_table_is_validated_naming_file_and_key() -> None:

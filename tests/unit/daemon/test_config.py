@@ -187,8 +187,7 @@ def test_the_example_file_serves_the_agent_too() -> None:
 def test_systemds_state_directory_is_the_default_state_dir(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from gmd.common.config import default_state_dir
-    from gmd.daemon.config import default_database_url
+    from gmd.common.config import default_database_url, default_state_dir
 
     monkeypatch.setenv("STATE_DIRECTORY", f"{tmp_path}/gmd:{tmp_path}/other")
     assert default_state_dir() == tmp_path / "gmd"

@@ -20,14 +20,14 @@ from sqlalchemy import ColumnElement, Connection, func, select
 from gmd import OptionError
 from gmd.columns import Column
 from gmd.common.timespec import iso
-from gmd.daemon.ledger.models import IntervalState
-from gmd.daemon.ledger.tables import (
+from gmd.daemon.reports.coverage import Coverage, coverage
+from gmd.daemon.reports.enforced import Throttling, level_runs, throttling
+from gmd.ledger_schema.models import IntervalState
+from gmd.ledger_schema.tables import (
     customers as _customers,
     intervals as _intervals,
     samples as _samples,
 )
-from gmd.daemon.reports.coverage import Coverage, coverage
-from gmd.daemon.reports.enforced import Throttling, level_runs, throttling
 
 # Resources in the order the configuration lists them (combined, then split I/O); others A→Z.
 RESOURCE_ORDER: tuple[str, ...] = (

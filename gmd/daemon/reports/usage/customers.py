@@ -15,17 +15,6 @@ from sqlalchemy import Connection, and_, func, or_, select, union_all
 
 from gmd.columns import PROJECT, Column
 from gmd.daemon.ledger import lookup, reset_window
-from gmd.daemon.ledger.models import ActionKind, ActionStatus
-from gmd.daemon.ledger.tables import (
-    actions as _actions,
-    customer_ledger as _ledger,
-    customer_rollups as _customer_rollups,
-    organization_ledger as _org_ledger,
-    organizations as _organizations,
-    resource_ledger as _terms,
-    resource_rollups as _resource_rollups,
-    samples as _samples,
-)
 from gmd.daemon.reports.usage.common import (
     THROTTLE_NOTE,
     Range,
@@ -41,6 +30,17 @@ from gmd.daemon.reports.usage.common import (
     throttle_spans,
     throttled_in,
     utc_datetime,
+)
+from gmd.ledger_schema.models import ActionKind, ActionStatus
+from gmd.ledger_schema.tables import (
+    actions as _actions,
+    customer_ledger as _ledger,
+    customer_rollups as _customer_rollups,
+    organization_ledger as _org_ledger,
+    organizations as _organizations,
+    resource_ledger as _terms,
+    resource_rollups as _resource_rollups,
+    samples as _samples,
 )
 
 QUOTA_KINDS: tuple[str, ...] = (ActionKind.quota_lower.value, ActionKind.quota_restore.value)

@@ -11,14 +11,14 @@ from __future__ import annotations
 from sqlalchemy import BigInteger, Connection, distinct, func, literal, select, union_all
 
 from gmd.columns import Column, Unit
-from gmd.daemon.ledger.tables import (
+from gmd.daemon.reports.coverage import Coverage
+from gmd.daemon.reports.usage.common import Range, Steps, late_by, sql_float, sql_int
+from gmd.ledger_schema.tables import (
     host_rollups as _host_rollups,
     hosts as _hosts,
     organizations as _organizations,
     samples as _samples,
 )
-from gmd.daemon.reports.coverage import Coverage
-from gmd.daemon.reports.usage.common import Range, Steps, late_by, sql_float, sql_int
 
 HOST_COLUMNS = (
     Column("host", "Host", None, "left"),

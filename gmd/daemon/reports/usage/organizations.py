@@ -13,9 +13,10 @@ from collections import defaultdict
 from sqlalchemy import Connection, and_, distinct, exists, func, literal, select, union_all
 
 from gmd.columns import Column
-from gmd.daemon.ledger.models import BatchState
 from gmd.daemon.ledger.rollups import served_peaks
-from gmd.daemon.ledger.tables import (
+from gmd.daemon.reports.usage.common import Range, Steps, customer_names, end_note, sql_float
+from gmd.ledger_schema.models import BatchState
+from gmd.ledger_schema.tables import (
     batches as _batches,
     host_intervals as _host_intervals,
     host_rollups as _host_rollups,
@@ -25,7 +26,6 @@ from gmd.daemon.ledger.tables import (
     organizations as _organizations,
     samples as _samples,
 )
-from gmd.daemon.reports.usage.common import Range, Steps, customer_names, end_note, sql_float
 
 ORGANIZATION_COLUMNS = (
     Column("organization", "Organization", None, "left"),

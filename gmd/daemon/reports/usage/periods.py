@@ -17,12 +17,6 @@ from sqlalchemy import Connection, case, func, select, union_all
 from gmd.columns import PROJECT, Column
 from gmd.common.units import DAY_S, WEEK_S
 from gmd.daemon.ledger import lookup, reset_window
-from gmd.daemon.ledger.tables import (
-    actions as _actions,
-    customer_ledger as _ledger,
-    customer_rollups as _customer_rollups,
-    samples as _samples,
-)
 from gmd.daemon.reports.usage.common import (
     THROTTLE_NOTE,
     Range,
@@ -35,6 +29,12 @@ from gmd.daemon.reports.usage.common import (
     throttle_spans,
     throttled_in,
     utc_datetime,
+)
+from gmd.ledger_schema.tables import (
+    actions as _actions,
+    customer_ledger as _ledger,
+    customer_rollups as _customer_rollups,
+    samples as _samples,
 )
 
 # Unix time 0 was a Thursday: shifting by three days makes weeks start on Mondays.

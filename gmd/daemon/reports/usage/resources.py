@@ -11,10 +11,6 @@ from __future__ import annotations
 from sqlalchemy import Connection, case, func, select, union_all
 
 from gmd.columns import Column
-from gmd.daemon.ledger.tables import (
-    resource_ledger as _terms,
-    resource_rollups as _resource_rollups,
-)
 from gmd.daemon.reports.usage.common import (
     Range,
     Steps,
@@ -23,6 +19,10 @@ from gmd.daemon.reports.usage.common import (
     resource_key,
     sql_float,
     sql_int,
+)
+from gmd.ledger_schema.tables import (
+    resource_ledger as _terms,
+    resource_rollups as _resource_rollups,
 )
 
 RESOURCE_COLUMNS = (

@@ -19,7 +19,7 @@ from sqlalchemy.exc import DBAPIError
 
 from gmd.daemon.ingest.parse import record_of
 from gmd.daemon.ingest.store import LedgerStore, retryable
-from gmd.daemon.ledger import migrate
+from gmd.ledger_schema import migrate
 from gmd.wire import SampleBatch
 from tests.support.daemon_support import HostSpec, aligned_past, batch, kill, random_vms
 

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 
 from gmd.daemon.config import Config
 from gmd.daemon.ledger.accounting import account_due, compute_rows
-from gmd.daemon.ledger.migrate import engine_for
+from gmd.ledger_schema.migrate import engine_for
 from tests.support.daemon_support import (
     HostSpec,
     aligned_past,

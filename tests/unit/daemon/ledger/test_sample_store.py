@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 from gmd.admin.db_usage import usage
 from gmd.daemon.config import RetentionConfig
-from gmd.daemon.ledger import migrate, partitions, sample_store
+from gmd.daemon.ledger import partitions, sample_store
 from gmd.daemon.ledger.accounting import (
     SAMPLE_CUSTOMER,
     SAMPLE_FLAVOR,
@@ -22,8 +22,9 @@ from gmd.daemon.ledger.accounting import (
     SAMPLE_VM,
     read_samples,
 )
-from gmd.daemon.ledger.models import FLAVOR_COLUMNS, USE_COLUMNS
-from gmd.daemon.ledger.tables import samples
+from gmd.ledger_schema import migrate
+from gmd.ledger_schema.models import FLAVOR_COLUMNS, USE_COLUMNS
+from gmd.ledger_schema.tables import samples
 
 START = int(time.time()) // 86400 * 86400 + 600
 

@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from gmd.daemon.ingest.parse import record_of
 from gmd.daemon.ingest.record import BatchRecord, CapacityConflict, KeyReused
 from gmd.daemon.ingest.store import LedgerStore
-from gmd.daemon.ledger import migrate
+from gmd.ledger_schema import migrate
 from gmd.wire import SampleBatch
 from tests.support.daemon_support import (
     HostSpec,

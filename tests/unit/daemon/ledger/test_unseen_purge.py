@@ -16,7 +16,7 @@ from gmd.daemon.config import Config, RetentionConfig
 from gmd.daemon.ingest.ids import mark_period
 from gmd.daemon.ledger.accounting import account_due
 from gmd.daemon.ledger.retention import purge
-from gmd.daemon.ledger.tables import actions, customers, levels, vms
+from gmd.ledger_schema.tables import actions, customers, levels, vms
 from tests.support.daemon_support import (
     HostSpec,
     as_uuid,

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 from gmd.daemon.enforce.levels import after_interval
 from gmd.daemon.ledger.accounting import account_due
-from gmd.daemon.ledger.tables import customers, levels
+from gmd.ledger_schema.tables import customers, levels
 from tests.support.daemon_support import (
     INTERVAL_S,
     HostSpec,

@@ -36,10 +36,10 @@ from typer.testing import CliRunner
 from gmd.admin.cli import app
 from gmd.daemon.enforce.levels import after_interval
 from gmd.daemon.ledger.accounting import account_due
-from gmd.daemon.ledger.migrate import engine_for
-from gmd.daemon.ledger.models import EnforcementAction
 from gmd.daemon.ledger.resets import reset_balance
 from gmd.daemon.reports.usage import report
+from gmd.ledger_schema.migrate import engine_for
+from gmd.ledger_schema.models import EnforcementAction
 from tests.support.daemon_support import HostSpec, auth, batch, cpu_only, make_config, serving
 
 ADMIN = Path(sys.executable).with_name("gmd-admin")

@@ -501,7 +501,7 @@ def test_no_override_reproduces_a_demo_ledger_row_by_row(database_url: str, tmp_
     levels in force, interval by interval, are the replay's."""
     from gmd.admin import demo
     from gmd.daemon.config import load
-    from gmd.daemon.ledger import migrate, tables
+    from gmd.ledger_schema import migrate, tables
 
     root = tmp_path / "demo"
     figures = demo.run(

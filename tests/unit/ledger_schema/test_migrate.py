@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from gmd.daemon.ledger import migrate
-from gmd.daemon.ledger.models import stored_metadata
+from gmd.ledger_schema import migrate
+from gmd.ledger_schema.models import stored_metadata
 
 
 def tables(engine: sa.Engine) -> set[str]:

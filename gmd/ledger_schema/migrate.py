@@ -1,4 +1,6 @@
-"""Schema upgrades through Alembic, for ``gmd-admin db`` and the daemon's start-up check."""
+"""Schema upgrades through Alembic, for ``gmd-admin db`` and the start-up check of gmd-daemon
+and gmd-broker; and the engine that opens the ledger, with the writer transactions SQLite needs.
+"""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ _WRITER = "gmd_writer"
 # below an installation prefix; and where they are in the source tree (an editable install or
 # a checkout).
 INSTALLED_MIGRATIONS = Path("share", "gmd", "migrations")
-SOURCE_MIGRATIONS = Path(__file__).resolve().parents[3] / "migrations"
+SOURCE_MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
 
 
 def install_prefixes() -> list[Path]:

@@ -1,22 +1,36 @@
-"""Placement's answers the daemon needs, read over raw HTTP on openstacksdk's adapter.
+"""Everything gmd reads from Placement, over raw HTTP on openstacksdk's adapter: the one
+Placement client.
 
-The connection, its timeout and the translation of every failure into one error kind are
-those of the quota clients (:class:`~gmd.daemon.enforce.openstack_client.OpenStackClient`):
-one way of reaching the cloud. Calls are never retried here: a batch must not wait for
-Placement longer than one call's ``timeout_s``; what fails is verified later instead.
+gmd-daemon's Placement view (:mod:`gmd.daemon.placement.view`, and the job that verifies
+later what it could not: :mod:`gmd.daemon.placement.recheck`) reads a compute host's provider,
+its inventory, the consumers with allocations on it and one consumer's allocations and
+project; gmd-broker (:mod:`gmd.broker.openstack`) reads the cloud's spare VCPU from the
+allocation candidates. Both read through :class:`PlacementReader`, so that the connection, its
+timeout, the translation of every failure into an
+:class:`~gmd.openstack.client.OpenStackError` and the parsing of Placement's answers are
+written once (:class:`~gmd.openstack.client.OpenStackClient`: one way of reaching the cloud).
+
+Calls are never retried here: a daemon's batch must not wait for Placement longer than one
+call's ``timeout_s`` (what fails is verified later instead), and the broker's thread waits on
+these calls (its next poll asks again anyway).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from urllib.parse import quote
 
-from gmd.daemon.enforce.openstack_client import MalformedAnswer, OpenStackClient, checked
-from gmd.daemon.enforce.quotas import QuotaError, QuotaErrorKind
+from gmd.openstack.client import (
+    MalformedAnswer,
+    OpenStackClient,
+    OpenStackError,
+    OpenStackErrorKind,
+    checked,
+)
 
 if TYPE_CHECKING:
     from openstack.connection import Connection
@@ -25,7 +39,13 @@ _T = TypeVar("_T")
 
 MICROVERSION = "1.12"
 """The first that gives a consumer's project and user with its allocations
-(``GET /allocations/{consumer}``)."""
+(``GET /allocations/{consumer}``): the microversion of the provider and consumer reads."""
+CANDIDATES_MICROVERSION = "1.22"
+"""Allocation candidates with provider summaries (1.12) and a forbidden trait (1.22): the
+microversion of :meth:`PlacementReader.spare_vcpus`."""
+SPARE_QUERY = "/allocation_candidates?resources=VCPU:1&required=!COMPUTE_STATUS_DISABLED"
+"""Hosts with a VCPU free that are not disabled (nova-compute sets the trait on a disabled
+service's provider): what the federation may still be given."""
 
 
 @dataclass(frozen=True)
@@ -56,13 +76,20 @@ class Consumer:
     project_id: str | None
 
 
-class PlacementClient(OpenStackClient):
-    """The few reads the Placement view makes; each is one HTTP request."""
+class PlacementReader(OpenStackClient):
+    """The reads gmd makes of Placement; each is one HTTP request, never retried.
 
-    subject = "Placement view"
+    ``subject`` and ``hints`` are the daemon's words (its log lines and docs/operations.md
+    quote them); the broker's subclass says its own. After a read that Placement did not
+    answer (unavailable, timeout) nothing asks it again for ``pause_s``: a Placement that
+    swallows requests would otherwise hold every batch for ``timeout_s``. ``pause_named`` is
+    what the pause is called in that error's message (the setting an operator would change).
+    """
+
+    subject: ClassVar[str] = "Placement view"
     of = "of "
-    hints: ClassVar[dict[QuotaErrorKind, str]] = {
-        QuotaErrorKind.forbidden: "not allowed by Placement's policy: reading providers and"
+    hints: ClassVar[Mapping[OpenStackErrorKind, str]] = {
+        OpenStackErrorKind.forbidden: "not allowed by Placement's policy: reading providers and"
         " allocations needs an admin (or service) role",
     }
 
@@ -73,6 +100,7 @@ class PlacementClient(OpenStackClient):
         timeout_s: float,
         on_call: Callable[[], object] | None = None,
         pause_s: float = 0.0,
+        pause_named: str = "the pause",
         clock: Callable[[], float] = time.monotonic,
         **kwargs: Any,
     ) -> None:
@@ -80,15 +108,21 @@ class PlacementClient(OpenStackClient):
         self.calls = 0
         """HTTP requests made (tests and benchmarks count them)"""
         self.pause_s = pause_s
-        """after Placement could not be reached, how long nothing asks it again: a Placement
-        that swallows requests would otherwise hold every batch for ``timeout_s``"""
+        """after Placement could not be reached, how long nothing asks it again"""
+        self._pause_named = pause_named
         self._on_call = on_call
         self._clock = clock
         self._calls_lock = threading.Lock()
         self._paused_until = float("-inf")
         self._pause_reason = ""
 
-    def _get(self, what: str, path: str, parse: Callable[[Any], _T]) -> _T:
+    def _get(
+        self,
+        what: str,
+        path: str,
+        parse: Callable[[Any], _T],
+        microversion: str = MICROVERSION,
+    ) -> _T:
         """``parse`` of the answer's body, within the call: whatever a malformed answer makes
         it raise becomes the client's one error kind, as a failed request does."""
 
@@ -97,21 +131,21 @@ class PlacementClient(OpenStackClient):
                 self.calls += 1
             if self._on_call is not None:
                 self._on_call()
-            return parse(checked(conn.placement.get(path, microversion=MICROVERSION)))
+            return parse(checked(conn.placement.get(path, microversion=microversion)))
 
         now = self._clock()
         with self._calls_lock:
             paused, reason = now < self._paused_until, self._pause_reason
         if paused:
             raise self.error(
-                QuotaErrorKind.unavailable,
+                OpenStackErrorKind.unavailable,
                 "read",
                 what,
-                f"not asked again for [placement] miss_s after it failed: {reason}",
+                f"not asked again for {self._pause_named} after it failed: {reason}",
             )
         try:
             return self.call("read", what, read)
-        except QuotaError as exc:
+        except OpenStackError as exc:
             if exc.retryable:
                 with self._calls_lock:
                     self._paused_until = self._clock() + self.pause_s
@@ -138,6 +172,11 @@ class PlacementClient(OpenStackClient):
     def consumer(self, uuid: str) -> Consumer:
         """Where the consumer has allocations, and its project."""
         return self._get(f"consumer {uuid}", f"/allocations/{quote(uuid)}", _consumer)
+
+    def spare_vcpus(self) -> float:
+        """Over the compute hosts that are not disabled: VCPU capacity less use, summed (one
+        request for the whole cloud: :func:`spare_of`)."""
+        return self._get("every compute host", SPARE_QUERY, spare_of, CANDIDATES_MICROVERSION)
 
 
 def _provider(name: str) -> Callable[[Any], str | None]:
@@ -195,3 +234,16 @@ def _consumer(body: Any) -> Consumer:
         raise MalformedAnswer("Placement's answer has no object 'allocations'")
     project = body.get("project_id") if items else None
     return Consumer(frozenset(str(p) for p in items), None if project is None else str(project))
+
+
+def spare_of(body: Any) -> float:
+    """The spare VCPU in an allocation candidates answer's provider summaries."""
+    summaries = body.get("provider_summaries") if isinstance(body, dict) else None
+    if not isinstance(summaries, dict):
+        raise MalformedAnswer("Placement's answer has no object 'provider_summaries'")
+    spare = 0.0
+    for summary in summaries.values():
+        vcpu = summary.get("resources", {}).get("VCPU") if isinstance(summary, dict) else None
+        if isinstance(vcpu, dict):
+            spare += max(0.0, float(vcpu.get("capacity", 0)) - float(vcpu.get("used", 0)))
+    return spare

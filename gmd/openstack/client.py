@@ -1,15 +1,28 @@
-"""One cloud's openstacksdk connection, with bounded retries and every failure a QuotaError.
+"""One cloud's openstacksdk connection, with bounded retries and every failure an
+:class:`OpenStackError`: how every part of gmd reaches OpenStack.
 
-The quota backends (:mod:`.nova_quotas`, :mod:`.keystone_limits`) speak to the services through
-raw HTTP on openstacksdk's service adapters, not through openstacksdk's resource classes: they
-choose the microversion, send exactly the keys that microversion accepts (``force`` included)
-and read the service's own error message from the body, which is what an operator needs to see
-("Quota limit 2 for cores must be greater than or equal to already used and reserved 8").
+gmd-daemon's quota backends (:mod:`gmd.daemon.enforce.nova_quotas`,
+:mod:`gmd.daemon.enforce.keystone_limits`), its project names
+(:mod:`gmd.daemon.project_names`), the Placement reads of the daemon and of gmd-broker
+(:mod:`gmd.openstack.placement`) and the broker's federation servers
+(:mod:`gmd.broker.openstack`) all subclass :class:`OpenStackClient`, so that a cloud is
+reached one way: the connection built from a clouds.yaml entry, its timeout, its retries and
+the translation of whatever openstacksdk and keystoneauth raise into one error that names the
+call, its target and the cloud. It lives below the daemon and the broker (imports nothing of
+either) because both programs need it; what a failure *means* to a caller (a quota not
+applied, writes disabled) is the caller's to say, with kinds of its own
+(:class:`gmd.daemon.enforce.quotas.QuotaErrorKind`).
+
+The clients speak to the services through raw HTTP on openstacksdk's service adapters, not
+through openstacksdk's resource classes: they choose the microversion, send exactly the keys
+that microversion accepts (``force`` included) and read the service's own error message from
+the body, which is what an operator needs to see ("Quota limit 2 for cores must be greater
+than or equal to already used and reserved 8").
 
 Calls never hang (openstacksdk's ``api_timeout`` on every HTTP request, no hidden
-openstacksdk retries) and never raise anything but :class:`QuotaError`. Only ``unavailable``
-(5xx, 429, connection refused) and ``timeout`` are retried, with exponential backoff; a
-401/403/400 cannot fix itself by asking again.
+openstacksdk retries) and never raise anything but :class:`OpenStackError`. Only
+``unavailable`` (5xx, 429, connection refused) and ``timeout`` are retried, with exponential
+backoff; a 401/403/400 cannot fix itself by asking again.
 """
 
 from __future__ import annotations
@@ -17,12 +30,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias, TypeVar
 
 from gmd import GmdError
-from gmd.daemon.enforce.quotas import QuotaError, QuotaErrorKind
 
 if TYPE_CHECKING:
     from openstack.connection import Connection
@@ -45,6 +58,65 @@ NO_SDK_RETRIES: dict[str, Any] = {
     "placement_connect_retries": 0,
     "placement_status_code_retries": 0,
 }
+
+
+class OpenStackErrorKind(StrEnum):
+    """Why a call to a cloud failed (the quota job stores it in the enforcement log's
+    reasons, beside the quota-specific :class:`~gmd.daemon.enforce.quotas.QuotaErrorKind`)."""
+
+    unauthorized = "unauthorized"
+    """401: the clouds.yaml credentials are wrong or expired"""
+    forbidden = "forbidden"
+    """403: the user may not do this (the service's policy; often an admin role is needed)"""
+    not_found = "not_found"
+    """404: no such project (or provider, image …), or no such API at that endpoint"""
+    bad_request = "bad_request"
+    """other 4xx: the service refused the request"""
+    conflict = "conflict"
+    """409: another writer created the same thing at the same time"""
+    unsupported_version = "unsupported_version"
+    """406: the microversion asked for is not served"""
+    unavailable = "unavailable"
+    """5xx, 429, connection refused/reset: retried"""
+    timeout = "timeout"
+    """no answer within the timeout: retried"""
+    config = "config"
+    """the cloud is not in clouds.yaml, or its auth settings are incomplete"""
+    error = "error"
+    """anything else openstacksdk raised (a malformed answer, …)"""
+
+
+RETRYABLE_KINDS: frozenset[OpenStackErrorKind] = frozenset(
+    {OpenStackErrorKind.unavailable, OpenStackErrorKind.timeout}
+)
+
+
+class OpenStackError(GmdError):
+    """A call to a cloud failed; ``kind`` says how, the message names the call, its target
+    and the cloud (and what the operator should look at)."""
+
+    def __init__(
+        self,
+        kind: OpenStackErrorKind,
+        message: str,
+        *,
+        cloud: str,
+        target: str | None,
+        operation: str,
+        status: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.kind: OpenStackErrorKind = kind
+        self.cloud = cloud
+        self.target = target
+        """what the call named: a project id, ``provider <name>``, ``every compute host``"""
+        self.operation = operation
+        self.status = status
+        """the HTTP status, when the failure was an HTTP answer"""
+
+    @property
+    def retryable(self) -> bool:
+        return self.kind in RETRYABLE_KINDS
 
 
 class ServiceRefused(GmdError):
@@ -95,31 +167,31 @@ def one_line(text: str, limit: int = 400) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def status_kind(status: int | None, message: str = "") -> QuotaErrorKind:
+def status_kind(status: int | None, message: str = "") -> OpenStackErrorKind:
     if status is None:
-        return QuotaErrorKind.unavailable
+        return OpenStackErrorKind.unavailable
     if status == 401:
-        return QuotaErrorKind.unauthorized
+        return OpenStackErrorKind.unauthorized
     if status == 403:
-        return QuotaErrorKind.forbidden
+        return OpenStackErrorKind.forbidden
     if status == 404:
-        return QuotaErrorKind.not_found
+        return OpenStackErrorKind.not_found
     if status == 400 and "is not a valid project" in message:
-        return QuotaErrorKind.not_found  # Nova checks the project with Keystone and answers 400
+        return OpenStackErrorKind.not_found  # Nova checks the project with Keystone and answers 400
     if status == 406:
-        return QuotaErrorKind.unsupported_version
+        return OpenStackErrorKind.unsupported_version
     if status == 408:
-        return QuotaErrorKind.timeout
+        return OpenStackErrorKind.timeout
     if status == 409:
-        return QuotaErrorKind.conflict
+        return OpenStackErrorKind.conflict
     if status == 429 or status >= 500:
-        return QuotaErrorKind.unavailable
+        return OpenStackErrorKind.unavailable
     if 400 <= status < 500:
-        return QuotaErrorKind.bad_request
-    return QuotaErrorKind.error
+        return OpenStackErrorKind.bad_request
+    return OpenStackErrorKind.error
 
 
-def _classify(exc: BaseException) -> tuple[QuotaErrorKind, int | None, str]:
+def _classify(exc: BaseException) -> tuple[OpenStackErrorKind, int | None, str]:
     """The kind, HTTP status and message of what openstacksdk, keystoneauth or we raised."""
     import requests
     from keystoneauth1 import exceptions as ksa
@@ -134,9 +206,9 @@ def _classify(exc: BaseException) -> tuple[QuotaErrorKind, int | None, str]:
     if isinstance(exc, ksa.HttpError):
         return status_kind(exc.http_status), exc.http_status, describe(exc)
     if isinstance(exc, ksa.ConnectTimeout | requests.Timeout):  # ksa: connect *and* read
-        return QuotaErrorKind.timeout, None, describe(exc)
+        return OpenStackErrorKind.timeout, None, describe(exc)
     if isinstance(exc, ksa.ConnectionError | ksa.DiscoveryFailure | requests.ConnectionError):
-        return QuotaErrorKind.unavailable, None, describe(exc)
+        return OpenStackErrorKind.unavailable, None, describe(exc)
     if isinstance(
         exc,
         sdk.ConfigException
@@ -146,8 +218,8 @@ def _classify(exc: BaseException) -> tuple[QuotaErrorKind, int | None, str]:
         | ksa.CatalogException
         | ksa.EndpointNotFound,
     ):
-        return QuotaErrorKind.config, None, describe(exc)
-    return QuotaErrorKind.error, None, describe(exc)
+        return OpenStackErrorKind.config, None, describe(exc)
+    return OpenStackErrorKind.error, None, describe(exc)
 
 
 def describe(exc: BaseException, limit: int = 300) -> str:
@@ -174,14 +246,15 @@ def entry_problem(cloud: str) -> str | None:
 class OpenStackClient:
     """One cloud's connection (kept between calls, with its token), retries and translation.
 
-    ``subject`` names what the subclass manages in messages ("Nova quota", "Keystone limits");
+    ``subject`` names what the subclass manages in messages ("Nova quota", "Keystone limits",
+    "Placement view");
     ``hints`` says per error kind what the operator should look at. Worst-case duration of one
     call: ``(retries + 1)`` attempts of at most a few HTTP requests (discovery, authentication,
     the call itself) of ``timeout_s`` each, plus the backoff sleeps.
     """
 
-    subject = "quota"
-    hints: ClassVar[dict[QuotaErrorKind, str]] = {}
+    subject: ClassVar[str] = "OpenStack service"
+    hints: ClassVar[Mapping[OpenStackErrorKind, str]] = {}
     of: ClassVar[str] = "of project "
     """what the target a call names is, in messages (``of project <id>``); a subclass whose
     calls name their target themselves (``provider <name>``) says ``"of "``"""
@@ -245,18 +318,18 @@ class OpenStackClient:
                 self._conn = factory(cloud=self.cloud, api_timeout=self.timeout_s, **NO_SDK_RETRIES)
             return self._conn
 
-    def call(self, operation: str, project_id: str, fn: Callable[[Connection], _T]) -> _T:
-        """``fn`` on the connection, retried on unavailable/timeout; raises only QuotaError."""
+    def call(self, operation: str, target: str, fn: Callable[[Connection], _T]) -> _T:
+        """``fn`` on the connection, retried on unavailable/timeout; raises only OpenStackError."""
         attempts = self.retries + 1
         for attempt in range(1, attempts + 1):
             try:
-                with self._translated(operation, project_id):
+                with self._translated(operation, target):
                     try:
                         conn = self.connection()
                     except Exception as exc:
                         raise _ConfigFailure(exc) from exc
                     return fn(conn)
-            except QuotaError as error:
+            except OpenStackError as error:
                 if not error.retryable or attempt == attempts:
                     if error.retryable:
                         log.error("%s (gave up after %d attempts)", error, attempt)
@@ -270,63 +343,69 @@ class OpenStackClient:
                 self._sleep(delay)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def error(self, kind: QuotaErrorKind, operation: str, project_id: str, text: str) -> QuotaError:
-        """A QuotaError whose message names the operation, project and cloud."""
-        return QuotaError(
+    def error(
+        self, kind: OpenStackErrorKind, operation: str, target: str, text: str
+    ) -> OpenStackError:
+        """An OpenStackError whose message names the operation, its target and the cloud."""
+        return OpenStackError(
             kind,
-            f"{operation} of the {self.subject} {self.of}{project_id} on cloud "
+            f"{operation} of the {self.subject} {self.of}{target} on cloud "
             f"{self.cloud!r} failed: {text}",
             cloud=self.cloud,
-            project_id=project_id,
+            target=target,
             operation=operation,
         )
 
     @contextmanager
-    def _translated(self, operation: str, project_id: str) -> Iterator[None]:
-        """Turn whatever openstacksdk and its libraries raise into a QuotaError."""
+    def _translated(self, operation: str, target: str) -> Iterator[None]:
+        """Turn whatever openstacksdk and its libraries raise into a OpenStackError."""
         try:
             yield
-        except QuotaError:
+        except OpenStackError:
             raise
         except _ConfigFailure as failure:
             exc = failure.cause
-            raise QuotaError(
-                QuotaErrorKind.config,
-                f"{operation} of the {self.subject} {self.of}{project_id} on cloud "
+            raise OpenStackError(
+                OpenStackErrorKind.config,
+                f"{operation} of the {self.subject} {self.of}{target} on cloud "
                 f"{self.cloud!r} failed: cannot connect with the clouds.yaml entry "
                 f"{self.cloud!r}: {describe(exc)}",
                 cloud=self.cloud,
-                project_id=project_id,
+                target=target,
                 operation=operation,
             ) from exc
         except Exception as exc:
             kind, status, message = _classify(exc)
             http = f" (HTTP {status})" if status is not None else ""
             hint = self.hints.get(kind) or _HINTS[kind]
-            raise QuotaError(
+            raise OpenStackError(
                 kind,
-                f"{operation} of the {self.subject} {self.of}{project_id} on cloud "
+                f"{operation} of the {self.subject} {self.of}{target} on cloud "
                 f"{self.cloud!r} failed: {hint}{http}: {message}",
                 cloud=self.cloud,
-                project_id=project_id,
+                target=target,
                 operation=operation,
                 status=status,
             ) from exc
 
 
-_HINTS: dict[QuotaErrorKind, str] = {
-    QuotaErrorKind.unauthorized: (
+_HINTS: dict[OpenStackErrorKind, str] = {
+    OpenStackErrorKind.unauthorized: (
         "authentication refused: check the credentials of this cloud in clouds.yaml"
     ),
-    QuotaErrorKind.forbidden: "not allowed: the policy of the service refused this user",
-    QuotaErrorKind.not_found: "not found: check the project id and the service's endpoint",
-    QuotaErrorKind.bad_request: "the service refused the request",
-    QuotaErrorKind.conflict: "the service reports a conflict (another writer at the same time?)",
-    QuotaErrorKind.unsupported_version: "the service does not support the API version asked for",
-    QuotaErrorKind.unavailable: "the cloud is unavailable",
-    QuotaErrorKind.timeout: "no answer within the timeout",
-    QuotaErrorKind.config: "the cloud's configuration is unusable",
-    QuotaErrorKind.error: "unexpected failure",
+    OpenStackErrorKind.forbidden: "not allowed: the policy of the service refused this user",
+    OpenStackErrorKind.not_found: "not found: check the project id and the service's endpoint",
+    OpenStackErrorKind.bad_request: "the service refused the request",
+    OpenStackErrorKind.conflict: (
+        "the service reports a conflict (another writer at the same time?)"
+    ),
+    OpenStackErrorKind.unsupported_version: (
+        "the service does not support the API version asked for"
+    ),
+    OpenStackErrorKind.unavailable: "the cloud is unavailable",
+    OpenStackErrorKind.timeout: "no answer within the timeout",
+    OpenStackErrorKind.config: "the cloud's configuration is unusable",
+    OpenStackErrorKind.error: "unexpected failure",
 }
 
 

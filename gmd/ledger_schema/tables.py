@@ -12,7 +12,7 @@ from typing import Any, cast
 from sqlalchemy import Connection, Table
 from sqlalchemy.dialects import postgresql, sqlite
 
-from gmd.daemon.ledger.models import (
+from gmd.ledger_schema.models import (
     BalanceReset,
     Batch,
     Customer,
