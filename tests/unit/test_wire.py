@@ -11,7 +11,7 @@ import numpy as np
 from gmd.agent.collect.capacity import Capacity as AgentCapacity
 from gmd.agent.collect.counters import Usage
 from gmd.daemon.config import AccountingConfig
-from gmd.daemon.ledger.accounting import supply_and_flavor, use_amounts
+from gmd.daemon.ledger.interval_samples import supply_and_flavor, use_amounts
 from gmd.daemon.ledger.models import FLAVOR_COLUMNS, USE_COLUMNS, ActionKind
 from gmd.daemon.ledger.store import CAPACITY_COLUMNS
 from gmd.daemon.ledger.tables import host_intervals, samples

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,12 +36,12 @@ from gmd.common.units import DAY_S, HOUR_S
 from gmd.daemon.config import Config
 from gmd.daemon.enforce.plans import host_caps, host_knobs, others_use, recent_window
 from gmd.daemon.ledger import capabilities, lookup, reset_window
-from gmd.daemon.ledger.accounting import previous_standing, read_interval
 from gmd.daemon.ledger.models import (
     ActionKind,
     BatchState,
     IntervalState,
 )
+from gmd.daemon.ledger.step_input import IntervalData, previous_standing, read_interval
 from gmd.daemon.ledger.tables import (
     actions as _actions,
     batches as _batches,
@@ -57,8 +58,8 @@ from gmd.daemon.ledger.tables import (
 )
 from gmd.daemon.reports.actions import actions as list_actions, knobs_words
 from gmd.daemon.reports.enforcement import caps_words
+from gmd.fairness.cloud import CloudGreediness
 from gmd.fairness.decay import decay_factor
-from gmd.fairness.interval import account_interval
 from gmd.fairness.policy import (
     CapDecision,
     CapResource,
@@ -396,17 +397,60 @@ def _recompute(
     conn: Connection, config: Config, interval_id: int, length_s: int, customer_id: int
 ) -> tuple[list[HostExplained], float, dict[str, float], int]:
     """The customer's hosts and VMs in the interval, its recomputed G, the share s_i and N:
-    the interval read and stepped exactly as accounting does (:func:`read_interval`,
-    :func:`account_interval`), with the current configuration."""
+    the interval read and stepped exactly as accounting does (:func:`read_interval`, then the
+    pure step :func:`gmd.fairness.ledger_step.step_interval`), with the current
+    configuration."""
     acc = config.accounting
     with np.errstate(over="ignore", invalid="ignore"):
         data = read_interval(conn, interval_id, acc)
         if data is None:
             return [], 0.0, {}, 0
-        step = account_interval(
-            data.use, data.standing, acc.interval_settings(), data.accounts, data.reset
+        step = data.step(acc.interval_settings())
+    result = step.result.greediness
+    resources = acc.resources
+    share = {r: float(result.share[k]) for k, r in enumerate(resources)}
+    mine = step.accounts.account_of_customer.get(customer_id)
+    if mine is None:
+        return [], 0.0, share, result.active_customers
+    names = _names(conn, interval_id, data)
+    consumers_on = np.bincount(result.consumer_host, minlength=len(names.hosts))
+    explained: list[HostExplained] = []
+    for h in sorted(
+        {int(result.consumer_host[j]) for j in np.flatnonzero(result.consumer_customer == mine)}
+    ):
+        ids = np.flatnonzero((result.consumer_customer == mine) & (result.consumer_host == h))
+        host = names.hosts[h]
+        explained.append(
+            HostExplained(
+                host.name,
+                host.organization,
+                int(consumers_on[h]),
+                [_vm_explained(result, int(j), names.vm_uuids, resources) for j in ids],
+                [
+                    HostResource(
+                        r,
+                        float(data.sampled.supply[h, k]),
+                        float(result.over[h, k]),
+                        float(result.ceded[h, k]),
+                        float(result.credit[h, k]),
+                    )
+                    for k, r in enumerate(resources)
+                ],
+            )
         )
-    result = step.greediness
+    return explained, float(result.customer_greediness[mine]), share, result.active_customers
+
+
+@dataclass(frozen=True)
+class _Names:
+    hosts: list[Any]
+    """per host row: its ``name`` and its owner ``organization``'s name"""
+    vm_uuids: list[str]
+    """per VM row: its uuid"""
+
+
+def _names(conn: Connection, interval_id: int, data: IntervalData) -> _Names:
+    """The names behind the interval's host and VM rows."""
     uuids = dict(
         conn.execute(
             select(_vms.c.id, _vms.c.uuid).where(_vms.c.id.in_(np.unique(data.vm_ids).tolist()))
@@ -424,59 +468,28 @@ def _recompute(
             )
         )
     }
-    hosts = [named[int(h)] for h in data.host_ids]
-    supply = data.use.supply
-    vm_uuid = [str(uuids[int(v)]) for v in data.vm_ids]
-    mine = data.accounts.account_of_customer.get(customer_id)
-    resources = acc.resources
-    share = {r: float(result.share[k]) for k, r in enumerate(resources)}
-    if mine is None:
-        return [], 0.0, share, result.active_customers
-    consumers_on = np.bincount(result.consumer_host, minlength=len(hosts))
-    explained: list[HostExplained] = []
-    for h in sorted(
-        {int(result.consumer_host[j]) for j in np.flatnonzero(result.consumer_customer == mine)}
-    ):
-        ids = np.flatnonzero((result.consumer_customer == mine) & (result.consumer_host == h))
-        vms = []
-        for j in ids:
-            members = np.flatnonzero(result.consumer_of_vm == j)
-            name = ", ".join(vm_uuid[int(v)] for v in members)
-            vms.append(
-                VmExplained(
-                    name,
-                    float(result.greediness[j]),
-                    [
-                        ResourceUse(
-                            r,
-                            float(result.use[j, k]),
-                            float(result.endowment[j, k]),
-                            float(result.offsets[j, k]),
-                            float(result.terms[j, k]),
-                        )
-                        for k, r in enumerate(resources)
-                    ],
-                )
+    return _Names([named[int(h)] for h in data.host_ids], [str(uuids[int(v)]) for v in data.vm_ids])
+
+
+def _vm_explained(
+    result: CloudGreediness, consumer: int, vm_uuid: list[str], resources: Sequence[str]
+) -> VmExplained:
+    """One consumer (a VM, or the VMs the consumer mode makes one) term by term."""
+    members = np.flatnonzero(result.consumer_of_vm == consumer)
+    return VmExplained(
+        ", ".join(vm_uuid[int(v)] for v in members),
+        float(result.greediness[consumer]),
+        [
+            ResourceUse(
+                r,
+                float(result.use[consumer, k]),
+                float(result.endowment[consumer, k]),
+                float(result.offsets[consumer, k]),
+                float(result.terms[consumer, k]),
             )
-        explained.append(
-            HostExplained(
-                hosts[h].name,
-                hosts[h].organization,
-                int(consumers_on[h]),
-                vms,
-                [
-                    HostResource(
-                        r,
-                        float(supply[h, k]),
-                        float(result.over[h, k]),
-                        float(result.ceded[h, k]),
-                        float(result.credit[h, k]),
-                    )
-                    for k, r in enumerate(resources)
-                ],
-            )
-        )
-    return explained, float(result.customer_greediness[mine]), share, result.active_customers
+            for k, r in enumerate(resources)
+        ],
+    )
 
 
 # --- the standing and the level ------------------------------------------------------------------
