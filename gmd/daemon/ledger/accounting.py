@@ -306,53 +306,73 @@ def account_next(
                     if on_wait is not None:
                         on_wait(Waiting(start_s, pending, until))
                     return None
-                unverified = unverified_ids(conn, interval_id)
-                _batches_late(conn, interval_id, unverified)
-                log.warning(
-                    "interval %s: accounted without %d batch(es) Placement has not verified"
-                    " after waiting [placement] wait_s = %g s; they are kept as late ones,"
-                    " their use counted for nobody",
-                    iso(start_s),
-                    len(unverified),
-                    unverified_wait_s,
-                )
+                _drop_unverified(conn, interval_id, start_s, unverified_wait_s)
 
-        def account(batch_ids: Sequence[int] | None = None, *, keep: bool = True) -> None:
-            with conn.begin_nested() as savepoint:
-                write_rows(conn, interval_id, compute_rows(conn, interval_id, config, batch_ids))
-                if not keep:
-                    savepoint.rollback()
-
-        try:
-            account()
-        except Exception as exc:
-            if not bad_data(exc):
-                raise
-            found = isolate(conn, interval_id, lambda ids: account(ids, keep=False), exc)
-            if not found:
-                raise AccountingStuck(
-                    f"interval {iso(start_s)} cannot be accounted and no batch of it explains"
-                    f" why: {exc}"
-                ) from exc
-            log.error(
-                "interval %s: %d batch(es) quarantined, accounted without them: %s",
-                iso(start_s),
-                len(found),
-                "; ".join(f"{q.key} from {q.host}: {q.error}" for q in found),
-            )
-            if on_quarantine is not None:
-                on_quarantine(found)
-            try:
-                account()
-            except Exception as again:
-                raise AccountingStuck(
-                    f"interval {iso(start_s)} still cannot be accounted without its"
-                    f" quarantined batches: {again}"
-                ) from again
+        _account_isolating(conn, interval_id, start_s, config, on_quarantine)
         rollups.after_interval(conn, start_s, int(row.length_s))
         if after is not None:
             after(conn, interval_id, start_s, int(row.length_s))
         return start_s
+
+
+def _drop_unverified(
+    conn: Connection, interval_id: int, start_s: int, unverified_wait_s: float
+) -> None:
+    """Past the wait: the interval's unverified batches become late ones, counted for nobody."""
+    unverified = unverified_ids(conn, interval_id)
+    _batches_late(conn, interval_id, unverified)
+    log.warning(
+        "interval %s: accounted without %d batch(es) Placement has not verified"
+        " after waiting [placement] wait_s = %g s; they are kept as late ones,"
+        " their use counted for nobody",
+        iso(start_s),
+        len(unverified),
+        unverified_wait_s,
+    )
+
+
+def _account_isolating(
+    conn: Connection,
+    interval_id: int,
+    start_s: int,
+    config: AccountingConfig,
+    on_quarantine: Callable[[list[Quarantined]], object] | None,
+) -> None:
+    """Account the interval; when its data makes it fail, quarantine the batches that do and
+    account it without them (see :func:`account_next`)."""
+
+    def account(batch_ids: Sequence[int] | None = None, *, keep: bool = True) -> None:
+        with conn.begin_nested() as savepoint:
+            write_rows(conn, interval_id, compute_rows(conn, interval_id, config, batch_ids))
+            if not keep:
+                savepoint.rollback()
+
+    try:
+        account()
+    except Exception as exc:
+        if not bad_data(exc):
+            raise
+        found = isolate(conn, interval_id, lambda ids: account(ids, keep=False), exc)
+        if not found:
+            raise AccountingStuck(
+                f"interval {iso(start_s)} cannot be accounted and no batch of it explains"
+                f" why: {exc}"
+            ) from exc
+        log.error(
+            "interval %s: %d batch(es) quarantined, accounted without them: %s",
+            iso(start_s),
+            len(found),
+            "; ".join(f"{q.key} from {q.host}: {q.error}" for q in found),
+        )
+        if on_quarantine is not None:
+            on_quarantine(found)
+        try:
+            account()
+        except Exception as again:
+            raise AccountingStuck(
+                f"interval {iso(start_s)} still cannot be accounted without its"
+                f" quarantined batches: {again}"
+            ) from again
 
 
 def write_rows(conn: Connection, interval_id: int, rows: LedgerRows) -> None:
