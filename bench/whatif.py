@@ -36,7 +36,8 @@ from ledger_growth import DAY_S, day_rows, make_cloud, progress, seed_cloud, sto
 from gmd.daemon.config import parse
 from gmd.daemon.enforce.levels import after_interval
 from gmd.daemon.ledger import partitions
-from gmd.daemon.ledger.accounting import account_due, read_raw_interval, read_samples
+from gmd.daemon.ledger.accounting import account_due
+from gmd.daemon.ledger.interval_samples import read_raw_interval, read_samples
 from gmd.daemon.reports.whatif import indicators, replay, with_overrides
 from gmd.ledger_schema import migrate
 from gmd.ledger_schema.models import IntervalState

@@ -12,7 +12,7 @@ import json
 
 from gmd.common.timespec import iso
 from gmd.daemon.reports.actions import knobs_words
-from gmd.daemon.reports.explain import (
+from gmd.daemon.reports.explanation import (
     Explanation,
     drivers_words,
     signed,

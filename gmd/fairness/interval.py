@@ -1,8 +1,10 @@
 """One accounting interval, pure: what the VMs used → each customer's greediness and balance,
 each account's DirectContr sums, utility, contribution and priority.
 
-The one step that accounting writes to the ledger, ``gmd-admin explain`` shows, and a what-if
-replays under other settings: written once, so that the three cannot drift apart.
+The arithmetic of the one step that accounting writes to the ledger, ``gmd-admin explain``
+shows, and a what-if replays under other settings (:mod:`gmd.fairness.ledger_step` takes it
+from a typed standing to the next, levels and all): written once, so that the three cannot
+drift apart.
 
 **Accounts.** Customers and organizations share one space of accounts (DirectContr: an
 organization that is also a customer shares its customer's account, so its own load on its own

@@ -91,6 +91,20 @@ class DaemonMetrics:
         Info("gmd_build", "The gmd version this daemon runs.", registry=r).info(
             {"version": version()}
         )
+        self._ingest(r)
+        self._accounting(r)
+        self._enforcement(r)
+        self._ledger(r)
+        self._placement(r)
+        self.read_busy = Counter(
+            "gmd_read_busy_requests",
+            "Read requests (reports, plots, what-ifs, pages) answered 503 because"
+            " [read_api] concurrent were being served and they waited [read_api] queue_s.",
+            registry=r,
+        )
+
+    def _ingest(self, r: CollectorRegistry) -> None:
+        """Batches and samples received, refused and stored, per host and reason."""
         self.batches = Counter(
             "gmd_ingest_batches",
             "Sample batches received, by outcome: accepted, duplicate (a retry, acknowledged"
@@ -125,6 +139,9 @@ class DaemonMetrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             registry=r,
         )
+
+    def _accounting(self, r: CollectorRegistry) -> None:
+        """Intervals accounted, how long each took, what failed or was set aside."""
         self.intervals = Counter(
             "gmd_accounting_intervals", "Intervals accounted by this daemon.", registry=r
         )
@@ -148,6 +165,9 @@ class DaemonMetrics:
             "Start (Unix time) of the latest interval this daemon accounted.",
             registry=r,
         )
+
+    def _enforcement(self, r: CollectorRegistry) -> None:
+        """Throttle levels, the enforcement mode, quota writes and what hosts reported."""
         self.levels = Gauge(
             "gmd_enforcement_customers",
             "Customers at each throttle level above 0, as the latest decision left them"
@@ -195,6 +215,9 @@ class DaemonMetrics:
         for knob in Knob:
             for outcome in KnobOutcome:
                 self.host_knobs.labels(knob.value, outcome.value)
+
+    def _ledger(self, r: CollectorRegistry) -> None:
+        """Ledger writes that failed, and whether they are failing now."""
         self.ledger_write_failures = Counter(
             "gmd_ledger_write_failures",
             "Requests whose ledger write failed with a database error (answered 503).",
@@ -206,6 +229,8 @@ class DaemonMetrics:
             registry=r,
         )
 
+    def _placement(self, r: CollectorRegistry) -> None:
+        """What Placement refused, set aside or vouched for, and the requests to it."""
         self.placement_refused = Counter(
             "gmd_placement_refused_batches",
             "Batches refused at ingest because Placement contradicts the host's own claims"
@@ -245,12 +270,6 @@ class DaemonMetrics:
         self.placement_waiting = Gauge(
             "gmd_placement_waiting_batches",
             "Batches stored unverified that Placement has yet to vouch for.",
-            registry=r,
-        )
-        self.read_busy = Counter(
-            "gmd_read_busy_requests",
-            "Read requests (reports, plots, what-ifs, pages) answered 503 because"
-            " [read_api] concurrent were being served and they waited [read_api] queue_s.",
             registry=r,
         )
         self.placement_requests = Counter(

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 
 from sqlalchemy import Connection, insert, select
 
@@ -19,11 +18,16 @@ from gmd.daemon.enforce.settings import EnforcementConfig
 from gmd.daemon.ledger.accounting import AfterInterval
 from gmd.daemon.ledger.lookup import log_names
 from gmd.daemon.ledger.status import level_counts
-from gmd.fairness.policy import decide_customers
+from gmd.daemon.ledger.step_input import customer_standings
+from gmd.fairness.ledger_step import (
+    CustomerStanding,
+    LevelChange,
+    LevelHeld,
+    decide_next_levels,
+)
 from gmd.ledger_schema.models import ActionKind, ActionStatus
 from gmd.ledger_schema.tables import (
     actions as _actions,
-    customer_ledger as _ledger,
     levels as _levels,
     upsert,
 )
@@ -32,53 +36,33 @@ from gmd.wire import PlanMode
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class LevelChange:
-    customer_id: int
-    before: int
-    after: int
-    score: float
-    reason: str
-
-
 def decide_after_interval(
     conn: Connection, interval_id: int, end_s: float, config: EnforcementConfig
 ) -> list[LevelChange]:
     """New levels for every customer with a standing or a level; returns the changes.
 
-    A customer with a level but no row in this interval has no standing left (the ledger is
-    dense while a standing is not negligible), so its score is 0.
+    The decision is the pure step's (:func:`gmd.fairness.ledger_step.decide_next_levels`)
+    over the standing the interval's rows carry; a customer with a level but no row in this
+    interval has no standing left (the ledger is dense while a standing is not negligible),
+    so its score is 0.
     """
     if config.mode == PlanMode.off:
         return []
     policy = config.policy
-    standing = {
-        r.customer_id: (r.balance, r.priority)
-        for r in conn.execute(
-            select(_ledger.c.customer_id, _ledger.c.balance, _ledger.c.priority).where(
-                _ledger.c.interval_id == interval_id
-            )
-        )
-    }
+    standing = customer_standings(conn, interval_id)
     if not standing:
         # Nobody reported in this interval (agents or network down): no news, levels held.
         return []
-    state = {
-        r.customer_id: (r.level, r.since_s)
-        for r in conn.execute(select(_levels.c.customer_id, _levels.c.level, _levels.c.since_s))
-    }
-    step = decide_customers(standing, state, end_s, policy)
-    decision = step.decision
+    step = decide_next_levels(standing, levels_held(conn), end_s, policy)
     rows = [
         {
-            "customer_id": c,
-            "level": int(decision.level[i]),
-            "since_s": float(decision.since_s[i]),
-            "score": float(decision.score[i]),
+            "customer_id": k.customer_id,
+            "level": k.level,
+            "since_s": k.since_s,
+            "score": k.score,
             "interval_id": interval_id,
         }
-        for i, c in enumerate(step.customers)
-        if step.kept[i]
+        for k in step.kept
     ]
     if rows:
         stmt = upsert(conn, _levels)
@@ -89,46 +73,61 @@ def decide_after_interval(
             ),
             rows,
         )
-    changes = [
-        LevelChange(
-            c,
-            int(step.before[i]),
-            int(decision.level[i]),
-            float(decision.score[i]),
-            decision.reason[i],
-        )
-        for i, c in enumerate(step.customers)
-        if decision.changed[i]
-    ]
+    changes = list(step.changes)
     if changes:
-        conn.execute(
-            insert(_actions),
-            [
-                {
-                    "interval_id": interval_id,
-                    "customer_id": ch.customer_id,
-                    "kind": ActionKind.level.value,
-                    "status": ActionStatus.decided.value,
-                    "dry_run": config.mode == PlanMode.dry_run,
-                    "before": json.dumps({"level": ch.before}),
-                    "after": json.dumps({"level": ch.after, **_effect(config, ch.after)}),
-                    "reason": f"{ch.reason} (balance {standing.get(ch.customer_id, (0.0,))[0]:.4g},"
-                    f" enter {list(policy.enter)}, leave {list(policy.leave)})",
-                }
-                for ch in changes
-            ],
-        )
-        names = log_names(conn, [ch.customer_id for ch in changes])
-        for ch in changes:
-            log.info(
-                "customer %s: level %d → %d%s: %s",
-                names.get(ch.customer_id, f"#{ch.customer_id}"),
-                ch.before,
-                ch.after,
-                " (dry-run)" if config.mode == PlanMode.dry_run else "",
-                ch.reason,
-            )
+        _record(conn, interval_id, config, changes, standing)
     return changes
+
+
+def levels_held(conn: Connection) -> dict[int, LevelHeld]:
+    """Every customer's level in force, as the levels table holds it."""
+    return {
+        r.customer_id: LevelHeld(r.level, r.since_s)
+        for r in conn.execute(select(_levels.c.customer_id, _levels.c.level, _levels.c.since_s))
+    }
+
+
+def _record(
+    conn: Connection,
+    interval_id: int,
+    config: EnforcementConfig,
+    changes: list[LevelChange],
+    standing: Mapping[int, CustomerStanding],
+) -> None:
+    """Audit the level changes (one action row each) and log them."""
+    policy = config.policy
+    conn.execute(
+        insert(_actions),
+        [
+            {
+                "interval_id": interval_id,
+                "customer_id": ch.customer_id,
+                "kind": ActionKind.level.value,
+                "status": ActionStatus.decided.value,
+                "dry_run": config.mode == PlanMode.dry_run,
+                "before": json.dumps({"level": ch.before}),
+                "after": json.dumps({"level": ch.after, **_effect(config, ch.after)}),
+                "reason": f"{ch.reason} (balance {_balance(standing, ch.customer_id):.4g},"
+                f" enter {list(policy.enter)}, leave {list(policy.leave)})",
+            }
+            for ch in changes
+        ],
+    )
+    names = log_names(conn, [ch.customer_id for ch in changes])
+    for ch in changes:
+        log.info(
+            "customer %s: level %d → %d%s: %s",
+            names.get(ch.customer_id, f"#{ch.customer_id}"),
+            ch.before,
+            ch.after,
+            " (dry-run)" if config.mode == PlanMode.dry_run else "",
+            ch.reason,
+        )
+
+
+def _balance(standing: Mapping[int, CustomerStanding], customer_id: int) -> float:
+    found = standing.get(customer_id)
+    return 0.0 if found is None else found.balance
 
 
 def _effect(config: EnforcementConfig, level: int) -> dict[str, object]:

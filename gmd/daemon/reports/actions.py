@@ -8,7 +8,7 @@ from collections.abc import Collection
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, CursorResult, and_, or_, select
+from sqlalchemy import ColumnElement, Connection, CursorResult, and_, or_, select
 
 from gmd.columns import Column
 from gmd.ledger_schema.models import ActionKind
@@ -66,9 +66,22 @@ def actions(
         .outerjoin(_hosts, _hosts.c.id == _actions.c.host_id)
         .outerjoin(_intervals, _intervals.c.id == _actions.c.interval_id)
     )
-    # An interval's id is its start (Unix seconds): the range is a range of ids.
+    query = query.where(*_about(from_s, to_s))
+    if customer is not None:
+        query = query.where(_customers.c.name == customer)
+    newest_first = query.order_by(_actions.c.at.desc(), _actions.c.id.desc())
+    if limit is not None:
+        newest_first = newest_first.limit(limit)
+    return [_action_row(r, raw) for r in reversed(conn.execute(newest_first).all())]
+
+
+def _about(from_s: float | None, to_s: float | None) -> list[ColumnElement[bool]]:
+    """The conditions for actions about ``[from_s, to_s)``: tied to an interval starting in
+    it (an interval's id is its start, Unix seconds: the range is a range of ids), or to none
+    and recorded in it."""
+    where: list[ColumnElement[bool]] = []
     if from_s is not None:
-        query = query.where(
+        where.append(
             or_(
                 _actions.c.interval_id >= math.ceil(from_s),
                 and_(
@@ -78,7 +91,7 @@ def actions(
             )
         )
     if to_s is not None:
-        query = query.where(
+        where.append(
             or_(
                 _actions.c.interval_id < math.ceil(to_s),
                 and_(
@@ -87,35 +100,31 @@ def actions(
                 ),
             )
         )
-    if customer is not None:
-        query = query.where(_customers.c.name == customer)
-    newest_first = query.order_by(_actions.c.at.desc(), _actions.c.id.desc())
-    if limit is not None:
-        newest_first = newest_first.limit(limit)
-    rows = []
-    for r in reversed(conn.execute(newest_first).all()):
-        at = r.at  # aware UTC (UtcDateTime)
-        rows.append(
-            {
-                "at": at.strftime("%Y-%m-%dT%H:%M:%SZ"),
-                "interval": None
-                if r.start_s is None
-                else datetime.fromtimestamp(r.start_s, UTC).strftime("%Y-%m-%dT%H:%MZ"),
-                "customer": r.customer,
-                "host": r.host,
-                "kind": r.kind,
-                "status": r.status,
-                "dry_run": bool(r.dry_run),
-                "before": _compact(r.before),
-                "after": _compact(r.after),
-                "knobs": knob_outcomes(r.knobs),
-                "reason": r.reason,
-            }
-        )
-        if raw:
-            rows[-1]["interval_s"] = r.start_s
-            rows[-1]["at_dt"] = at
-    return rows
+    return where
+
+
+def _action_row(r: Any, raw: bool) -> dict[str, Any]:
+    """One action as reports show it (``raw``: with ``interval_s`` and ``at_dt``)."""
+    at = r.at  # aware UTC (UtcDateTime)
+    row = {
+        "at": at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "interval": None
+        if r.start_s is None
+        else datetime.fromtimestamp(r.start_s, UTC).strftime("%Y-%m-%dT%H:%MZ"),
+        "customer": r.customer,
+        "host": r.host,
+        "kind": r.kind,
+        "status": r.status,
+        "dry_run": bool(r.dry_run),
+        "before": _compact(r.before),
+        "after": _compact(r.after),
+        "knobs": knob_outcomes(r.knobs),
+        "reason": r.reason,
+    }
+    if raw:
+        row["interval_s"] = r.start_s
+        row["at_dt"] = at
+    return row
 
 
 def level_changes(

@@ -145,34 +145,8 @@ def standings(
         if r["customer"] in reset_names:
             r["balance"] = 0.0
     if everyone:
-        listed = {r["customer"] for r in rows}
-        names = conn.execute(
-            select(
-                _customers.c.name, _customers.c.display_name, func.coalesce(_levels.c.level, 0)
-            ).outerjoin(_levels, _levels.c.customer_id == _customers.c.id)
-        ).all()
-        rows += [
-            {
-                "customer": n,
-                "name": shown,
-                "balance": 0.0,
-                "greediness": 0.0,
-                "utility": 0.0,
-                "priority": 0.0,
-                "vms": 0,
-                "level": level,
-            }
-            for n, shown, level in names
-            if n not in listed and (not customers or n in customers or shown in customers)
-        ]
-    config = enforcement or EnforcementConfig(mode=PlanMode.off)
-    throttled = any(r["level"] != 0 for r in rows)
-    now = enforced_now(conn, config.mode, config.contention.intervals) if throttled else {}
-    ids = dict(conn.execute(select(_customers.c.name, _customers.c.id)).all()) if now else {}
-    for r in rows:
-        state = now.get(ids.get(r["customer"], -1)) if r["level"] != 0 else None
-        r["enforced"] = None if state is None else state.word.value
-        r["enforced_why"] = None if state is None else state.why()
+        rows += _without_standing(conn, {str(r["customer"]) for r in rows}, customers)
+    _add_enforced(conn, rows, enforcement or EnforcementConfig(mode=PlanMode.off))
     if sort in ("customer", "name"):
         rows.sort(key=lambda r: (str(r[sort] or ""), str(r["customer"])))
     else:
@@ -181,3 +155,42 @@ def standings(
         rows.reverse()
     shown = {str(r["customer"]) for r in rows}
     return Standings(row.start_s, row.length_s, latest, rows, tuple(sorted(reset_names & shown)))
+
+
+def _without_standing(
+    conn: Connection, listed: set[str], customers: Sequence[str]
+) -> list[dict[str, object]]:
+    """Zero rows for the customers (of ``customers``, if any) not ``listed``: those without a
+    standing, at the level they hold."""
+    names = conn.execute(
+        select(
+            _customers.c.name, _customers.c.display_name, func.coalesce(_levels.c.level, 0)
+        ).outerjoin(_levels, _levels.c.customer_id == _customers.c.id)
+    ).all()
+    return [
+        {
+            "customer": n,
+            "name": shown,
+            "balance": 0.0,
+            "greediness": 0.0,
+            "utility": 0.0,
+            "priority": 0.0,
+            "vms": 0,
+            "level": level,
+        }
+        for n, shown, level in names
+        if n not in listed and (not customers or n in customers or shown in customers)
+    ]
+
+
+def _add_enforced(
+    conn: Connection, rows: list[dict[str, object]], config: EnforcementConfig
+) -> None:
+    """Each row's Enforced column: what its level above 0 does now, and why."""
+    throttled = any(r["level"] != 0 for r in rows)
+    now = enforced_now(conn, config.mode, config.contention.intervals) if throttled else {}
+    ids = dict(conn.execute(select(_customers.c.name, _customers.c.id)).all()) if now else {}
+    for r in rows:
+        state = now.get(ids.get(r["customer"], -1)) if r["level"] != 0 else None
+        r["enforced"] = None if state is None else state.word.value
+        r["enforced_why"] = None if state is None else state.why()

@@ -3,10 +3,10 @@
 "Who would have been throttled, when, had γ, the thresholds, the half-life or the endowment
 been otherwise?" gmd keeps every interval's raw samples for ``retention.raw_days`` and every
 level it decided: a what-if replays those intervals through the same pure step accounting
-uses (:func:`gmd.fairness.interval.account_interval`, fed by :func:`read_raw_interval` and
-:func:`assemble` exactly as accounting is), decides levels with the same pure
-:func:`gmd.fairness.policy.decide_customers`, and compares with what was recorded. It never
-writes the ledger, so it can run beside the daemon and again with the same answer.
+takes (:func:`gmd.fairness.ledger_step.step_interval`, balances and levels alike, fed by
+:func:`read_raw_interval` and :func:`gmd.daemon.ledger.step_input.interval_data` exactly as
+accounting is), and compares with what was recorded. It never writes the ledger, so it can run
+beside the daemon and again with the same answer.
 
 The replay starts from the standing the ledger recorded before ``--from`` (balances, DirectContr
 sums and the levels then in force): "had these settings applied from then on". With no
@@ -19,7 +19,6 @@ import bisect
 import copy
 import itertools
 import json
-import math
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,25 +33,23 @@ from gmd.common.config import ConfigError
 from gmd.common.timespec import iso
 from gmd.daemon.config import Config, parse
 from gmd.daemon.ledger import reset_window
-from gmd.daemon.ledger.accounting import (
-    IntervalData,
-    LedgerRows,
-    assemble,
-    ledger_rows,
-    organization_customers,
-    previous_standing,
-    read_raw_interval,
-)
+from gmd.daemon.ledger.accounting import LedgerRows, ledger_rows
+from gmd.daemon.ledger.interval_samples import organization_customers, read_raw_interval
+from gmd.daemon.ledger.step_input import interval_data, previous_standing, read_standing
 from gmd.fairness.contended import contended_use
-from gmd.fairness.interval import account_interval
-from gmd.fairness.policy import decide_customers
+from gmd.fairness.ledger_step import (
+    CustomerStanding,
+    IntervalStep,
+    LedgerStanding,
+    LevelHeld,
+    finite_balances,
+)
 from gmd.ledger_schema.models import ActionKind, IntervalState
 from gmd.ledger_schema.tables import (
     actions as _actions,
     customer_ledger as _ledger,
     customers as _customers,
     intervals as _intervals,
-    organization_ledger as _org_ledger,
     samples as _samples,
 )
 from gmd.wire import PlanMode
@@ -173,19 +170,6 @@ def _value(text: str, key: str) -> Any:
         raise WhatIfRefused(f"--set {key}: the value is nested too deep") from None
 
 
-@dataclass
-class _CustomerStanding:
-    balance: float
-    utility_work: float
-    utility_moment: float
-
-
-@dataclass
-class _OrgStanding:
-    contribution_work: float
-    contribution_moment: float
-
-
 @dataclass(frozen=True)
 class TimedLevelChange:
     """A level decided after the interval starting at ``start_s`` (in force from its end)."""
@@ -263,8 +247,39 @@ def replay(
     ``max_intervals`` (more: :class:`WhatIfRefused`); ``stop()``, asked before each interval,
     says why the replay must end now (:class:`WhatIfStopped`). Settings whose balances are not
     finite numbers (weights that overflow) are refused, not reported."""
-    acc = config.accounting
-    policy = config.enforcement.policy
+    rows = _intervals_in(conn, from_s, to_s, max_intervals)
+    _check_raw(conn, config, rows[0].start_s)
+    first_s = int(rows[0].start_s)
+    recorded = _recorded_levels(conn)
+    standing = _standing_before(conn, first_s, recorded)
+    out = WhatIf(int(from_s), int(to_s), len(rows), tuple(sets), {}, {}, {}, {})
+    run = _Replay(
+        conn,
+        config,
+        out,
+        keep_rows,
+        # Read once for the whole range: which organizations are customers, and the resets.
+        organization_customers(conn),
+        reset_window.resets(
+            conn, first_s if standing.start_s is None else standing.start_s, int(rows[-1].start_s)
+        ),
+        cap_fractions(config),
+        _RecordedInForce(recorded),
+    )
+    for done, interval in enumerate(rows):
+        why = None if stop is None else stop()
+        if why is not None:
+            raise WhatIfStopped(
+                f"the what-if stopped after {done} of its {len(rows)} intervals: {why}"
+            )
+        standing = run.interval(interval, standing)
+    _compare(conn, out, rows, recorded)
+    out.recorded_modes = _recorded_modes(conn, first_s, int(to_s))
+    return out
+
+
+def _intervals_in(conn: Connection, from_s: float, to_s: float, max_intervals: int) -> list[Any]:
+    """The accounted intervals starting in the range, oldest first (refused: none, too many)."""
     rows = conn.execute(
         select(_intervals.c.id, _intervals.c.start_s, _intervals.c.length_s)
         .where(
@@ -281,118 +296,104 @@ def replay(
             f"[{iso(from_s)}, {iso(to_s)}) holds {len(rows)} intervals; a what-if replays at"
             f" most {max_intervals} ([read_api] whatif_max_intervals): give a shorter range"
         )
-    _check_raw(conn, config, rows[0].start_s)
-    first_s = int(rows[0].start_s)
-    prev = previous_standing(conn, first_s)
-    prev_start: int | None = None if prev is None else int(prev.start_s)
-    customers: dict[int, _CustomerStanding] = {}
-    orgs: dict[int, _OrgStanding] = {}
-    if prev is not None:
-        for r in conn.execute(select(_ledger).where(_ledger.c.interval_id == prev.id)):
-            customers[r.customer_id] = _CustomerStanding(
-                r.balance, r.utility_work, r.utility_moment
-            )
-        for r in conn.execute(select(_org_ledger).where(_org_ledger.c.interval_id == prev.id)):
-            orgs[r.organization_id] = _OrgStanding(r.contribution_work, r.contribution_moment)
-    recorded = _recorded_levels(conn)
-    caps = cap_fractions(config)
-    # Read once for the whole range: which organizations are customers, and the resets.
-    org_customer = organization_customers(conn)
-    resets = reset_window.resets(
-        conn, first_s if prev_start is None else prev_start, int(rows[-1].start_s)
-    )
-    # The levels in force before the range: each customer's last recorded change before it
-    # (a customer once above 0 keeps its row, as customer_levels does).
-    state: dict[int, tuple[int, float]] = {}
+    return list(rows)
+
+
+def _standing_before(
+    conn: Connection, first_s: int, recorded: Mapping[int, Sequence[tuple[int, int, int, int]]]
+) -> LedgerStanding:
+    """The standing the ledger recorded before ``first_s``, with the levels then in force:
+    each customer's last recorded change before it (a customer once above 0 keeps its row,
+    as customer_levels does)."""
+    levels: dict[int, LevelHeld] = {}
     for c, changes in recorded.items():
         earlier = [x for x in changes if x[0] < first_s]
         if earlier:
-            state[c] = (earlier[-1][3], float(earlier[-1][1]))
-    out = WhatIf(int(from_s), int(to_s), len(rows), tuple(sets), {}, {}, {}, {})
-    # The recorded levels in force, advanced interval by interval over the record's changes
-    # (a change is in force from the interval after the one it was decided after).
-    events = sorted(
-        (in_force, c, after) for c, changes in recorded.items() for _, in_force, _, after in changes
-    )
-    recorded_now: dict[int, int] = {}
-    next_event = 0
-    for done, interval in enumerate(rows):
-        why = None if stop is None else stop()
-        if why is not None:
-            raise WhatIfStopped(
-                f"the what-if stopped after {done} of its {len(rows)} intervals: {why}"
-            )
+            levels[c] = LevelHeld(earlier[-1][3], float(earlier[-1][1]))
+    prev = previous_standing(conn, first_s)
+    if prev is None:
+        return LedgerStanding.nothing(levels)
+    return read_standing(conn, int(prev.id), int(prev.start_s), levels)
+
+
+class _RecordedInForce:
+    """The recorded levels in force, advanced interval by interval over the record's changes
+    (a change is in force from the interval after the one it was decided after)."""
+
+    def __init__(self, recorded: Mapping[int, Sequence[tuple[int, int, int, int]]]) -> None:
+        self.events = sorted(
+            (in_force, c, after)
+            for c, changes in recorded.items()
+            for _, in_force, _, after in changes
+        )
+        self.now: dict[int, int] = {}
+        self.next = 0
+
+    def at(self, start_s: int) -> dict[int, int]:
+        """The levels in force in the interval starting at ``start_s`` (called in order)."""
+        while self.next < len(self.events) and self.events[self.next][0] <= start_s:
+            _, c, after = self.events[self.next]
+            self.now[c] = after
+            self.next += 1
+        return self.now
+
+
+@dataclass
+class _Replay:
+    """What a replay reads once and fills interval by interval."""
+
+    conn: Connection
+    config: Config
+    out: WhatIf
+    keep_rows: bool
+    org_customer: dict[int, int]
+    resets: list[tuple[int, int]]
+    caps: np.ndarray
+    recorded: _RecordedInForce
+
+    def interval(self, interval: Any, standing: LedgerStanding) -> LedgerStanding:
+        """One interval stepped from ``standing`` (the pure step accounting takes, levels and
+        all); returns the standing after it."""
+        acc, out = self.config.accounting, self.out
         start_s, length_s = int(interval.start_s), int(interval.length_s)
-        out.levels[start_s] = {c: level for c, (level, _) in state.items() if level > 0}
+        out.levels[start_s] = {c: h.level for c, h in standing.levels.items() if h.level > 0}
         raw = read_raw_interval(
-            conn,
+            self.conn,
             interval.id,
             acc,
             span=(start_s, length_s),
-            customer_of_organization=org_customer,
+            customer_of_organization=self.org_customer,
         )
         if raw is None:
-            continue
+            return standing
         reset = (
             set()
-            if prev_start is None
-            else reset_window.customers_within(resets, prev_start, start_s)
+            if standing.start_s is None
+            else reset_window.customers_within(self.resets, standing.start_s, start_s)
         )
+        enforcement = self.config.enforcement
+        policy = None if enforcement.mode == PlanMode.off else enforcement.policy
         with np.errstate(over="ignore", invalid="ignore"):
-            data = assemble(raw, acc, prev_start, customers, orgs, reset)
-            step = account_interval(
-                data.use, data.standing, acc.interval_settings(), data.accounts, data.reset
-            )
-        while next_event < len(events) and events[next_event][0] <= start_s:
-            _, c, after = events[next_event]
-            recorded_now[c] = after
-            next_event += 1
-        _add_contended(out, data, acc.resources, config, caps, out.levels[start_s], recorded_now)
-        written = ledger_rows(interval.id, data.accounts, step, acc.resources)
-        if keep_rows:
+            step = interval_data(raw, acc, standing, reset).step(acc.interval_settings(), policy)
+        in_force = self.recorded.at(start_s)
+        _add_contended(
+            out, step, acc.resources, self.config, self.caps, out.levels[start_s], in_force
+        )
+        written = ledger_rows(interval.id, step, acc.resources)
+        if self.keep_rows:
             out.rows[start_s] = written
-        if not written.customers:
-            continue
-        customers = {
-            int(r["customer_id"]): _CustomerStanding(
-                float(r["balance"]),
-                float(r["utility_work"]),
-                float(r["utility_moment"]),
-            )
-            for r in written.customers
-        }
-        orgs = {
-            int(r["organization_id"]): _OrgStanding(
-                float(r["contribution_work"]),
-                float(r["contribution_moment"]),
-            )
-            for r in written.organizations
-        }
-        prev_start = start_s
-        _finite(customers, start_s, sets)
-        out.balances[start_s] = {c: s.balance for c, s in customers.items()}
+        if not step.customers:
+            return standing
+        _finite(step.customers, start_s, out.sets)
+        out.balances[start_s] = {c: s.balance for c, s in step.customers.items()}
         out.greediness[start_s] = {
             int(r["customer_id"]): float(r["greediness"]) for r in written.customers
         }
-        if config.enforcement.mode == PlanMode.off:
-            continue
-        standing = {
-            int(r["customer_id"]): (float(r["balance"]), float(r["priority"]))
-            for r in written.customers
-        }
-        end_s = start_s + length_s
-        decided = decide_customers(standing, state, end_s, policy)
-        decision = decided.decision
-        for i, c in enumerate(decided.customers):
-            if decided.kept[i]:
-                state[c] = (int(decision.level[i]), float(decision.since_s[i]))
-            if decision.changed[i]:
-                _customer(out, conn, c).replayed.append(
-                    TimedLevelChange(start_s, end_s, int(decided.before[i]), int(decision.level[i]))
-                )
-    _compare(conn, out, rows, recorded)
-    out.recorded_modes = _recorded_modes(conn, first_s, int(to_s))
-    return out
+        for change in () if step.levels is None else step.levels.changes:
+            _customer(out, self.conn, change.customer_id).replayed.append(
+                TimedLevelChange(start_s, start_s + length_s, change.before, change.after)
+            )
+        return step.after
 
 
 def _recorded_modes(conn: Connection, from_s: int, to_s: int) -> frozenset[PlanMode]:
@@ -410,16 +411,15 @@ def _recorded_modes(conn: Connection, from_s: int, to_s: int) -> frozenset[PlanM
     return frozenset(PlanMode.dry_run if dry else PlanMode.on for dry in flags)
 
 
-def _finite(customers: dict[int, _CustomerStanding], start_s: int, sets: Sequence[str]) -> None:
+def _finite(customers: Mapping[int, CustomerStanding], start_s: int, sets: Sequence[str]) -> None:
     """:class:`WhatIfRefused` when a replayed balance is not a finite number: such settings
     say nothing (a NaN would read as throttled for ever)."""
-    for standing in customers.values():
-        if not math.isfinite(standing.balance):
-            changed = " ".join(f"--set {s}" for s in sets) or "the settings"
-            raise WhatIfRefused(
-                f"{changed}: balances are not finite numbers from the interval at"
-                f" {iso(start_s)} on (a weight or amount overflows): nothing to report"
-            )
+    if not finite_balances(customers):
+        changed = " ".join(f"--set {s}" for s in sets) or "the settings"
+        raise WhatIfRefused(
+            f"{changed}: balances are not finite numbers from the interval at"
+            f" {iso(start_s)} on (a weight or amount overflows): nothing to report"
+        )
 
 
 def cap_fractions(config: Config) -> np.ndarray:
@@ -432,7 +432,7 @@ def cap_fractions(config: Config) -> np.ndarray:
 
 def _add_contended(
     out: WhatIf,
-    data: IntervalData,
+    step: IntervalStep,
     resources: Sequence[str],
     config: Config,
     caps: np.ndarray,
@@ -445,14 +445,14 @@ def _add_contended(
     by that of the level the record had in force (``recorded_levels``)."""
     if "cpu" not in resources:
         return
-    customers = data.accounts.customers
+    customers = step.accounts.customers
     column = list(resources).index("cpu")
     threshold = config.enforcement.contention.cpu_above
 
     def bounded(by: Mapping[int, int]) -> Any:
         level = np.minimum([by.get(c, 0) for c in customers], len(caps) - 1)
         return contended_use(
-            data.use, column, threshold, caps[level] if len(customers) else np.zeros(0)
+            step.use, column, threshold, caps[level] if len(customers) else np.zeros(0)
         )
 
     found, record = bounded(levels), bounded(recorded_levels)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, func, select
+from sqlalchemy import ColumnElement, Connection, Select, func, select, union_all
 
 from gmd import OptionError
 from gmd.columns import Column
@@ -277,3 +277,19 @@ def sort_rows(rows: list[dict[str, object]], columns: Iterable[Column], key: str
         rows.sort(key=lambda r: (-sql_float(r[key]), str(r[name])))
     else:
         rows.sort(key=lambda r: (str(r.get(key, "")), str(r[name])))
+
+
+def raw_and_rolled(
+    conn: Connection,
+    parts: Sequence[Select[Any]],
+    by: Sequence[str],
+    **aggregates: Callable[[Any], Any],
+) -> list[Any]:
+    """The rows of ``parts`` (selects of the same columns, by the first one's labels: what the
+    raw ledger holds for the range's raw spans and what its rollups hold for the rolled ones)
+    grouped by the columns ``by``, each column of ``aggregates`` aggregated by its function
+    (``gm=func.sum``): the shape of every grouping's totals over a range, written once."""
+    both = union_all(*parts).subquery()
+    keys = [both.c[k] for k in by]
+    figures = [aggregate(both.c[name]).label(name) for name, aggregate in aggregates.items()]
+    return list(conn.execute(select(*keys, *figures).group_by(*keys)))

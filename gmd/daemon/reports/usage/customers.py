@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from sqlalchemy import Connection, and_, func, or_, select, union_all
+from sqlalchemy import Connection, and_, func, or_, select
 
 from gmd.columns import PROJECT, Column
 from gmd.daemon.ledger import lookup, reset_window
@@ -24,6 +24,7 @@ from gmd.daemon.reports.usage.common import (
     late_by,
     only_customer,
     range_note,
+    raw_and_rolled,
     resource_key,
     sort_rows,
     sql_float,
@@ -74,68 +75,14 @@ def by_customer(
     """Customer rows. The per-resource terms are the ledger's biggest table (one row per
     customer, interval and resource), so they are summed last, and with ``top`` only for
     the customers kept — unless the rows are sorted by one of them."""
-    only = [] if customer_id is None else [_ledger.c.customer_id == customer_id]
     step("GM sums")
-    cr = _customer_rollups.c
-    both = union_all(
-        select(_ledger.c.customer_id.label("cid"), _ledger.c.greediness.label("gm")).where(
-            rng.cover.raw_where(_ledger.c.interval_id), *only
-        ),
-        select(cr.customer_id, cr.gm_sum).where(
-            rng.cover.rolled_where(_customer_rollups), *only_customer(cr.customer_id, customer_id)
-        ),
-    ).subquery()
-    gm = {
-        int(cid): sql_float(total)
-        for cid, total in conn.execute(select(both.c.cid, func.sum(both.c.gm)).group_by(both.c.cid))
-    }
+    gm = _gm_sums(conn, rng, customer_id)
     step("standings at the end")
-    end: dict[int, tuple[float, float, float]] = {}
-    contribution: dict[int, float] = {}
-    if rng.end_id is not None:
-        end = {
-            int(r.customer_id): (float(r.balance), float(r.utility), float(r.priority))
-            for r in conn.execute(
-                select(
-                    _ledger.c.customer_id, _ledger.c.balance, _ledger.c.utility, _ledger.c.priority
-                ).where(_ledger.c.interval_id == rng.end_id, *only)
-            )
-        }
-        contribution = {
-            int(cid): float(c)
-            for cid, c in conn.execute(
-                select(_organizations.c.customer_id, _org_ledger.c.contribution)
-                .join(_organizations, _organizations.c.id == _org_ledger.c.organization_id)
-                .where(
-                    _org_ledger.c.interval_id == rng.end_id,
-                    _organizations.c.customer_id.is_not(None),
-                )
-            )
-        }
+    end, contribution = _end_standings(conn, rng, customer_id)
     step("late samples")
     late = late_by(conn, rng, _samples.c.customer_id, customer_id)
     step("quota changes")
-    quota_query = (
-        select(_actions.c.customer_id, func.count())
-        .where(
-            _actions.c.kind.in_(QUOTA_KINDS),
-            _actions.c.status != ActionStatus.failed.value,
-            _actions.c.customer_id.is_not(None),
-            # Tied to an interval: by its start, as every report column; else by when recorded.
-            or_(
-                and_(*rng.ids(_actions.c.interval_id)),
-                and_(
-                    _actions.c.interval_id.is_(None),
-                    _actions.c.at >= utc_datetime(rng.lo),
-                    _actions.c.at < utc_datetime(rng.hi),
-                ),
-            ),
-        )
-        .group_by(_actions.c.customer_id)
-    )
-    if customer_id is not None:
-        quota_query = quota_query.where(_actions.c.customer_id == customer_id)
-    quota = {int(cid): int(n) for cid, n in conn.execute(quota_query)}
+    quota = _quota_changes(conn, rng, customer_id)
     step("throttling")
     spans = throttle_spans(conn, rng, customer_id)
     throttled = {cid: throttled_in(s, rng, 0, rng.accounted) for cid, s in spans.items()}
@@ -158,8 +105,6 @@ def by_customer(
     rows: dict[int, dict[str, object]] = {}
     for cid in ids:
         balance, utility, priority = end.get(cid, (0.0, 0.0, 0.0))
-        if cid in reset:
-            balance = 0.0
         total = gm.get(cid, 0.0)
         seconds, mode = throttled.get(cid, (0, ""))
         rows[cid] = {
@@ -167,7 +112,7 @@ def by_customer(
             "name": shown.get(cid),
             "gm_sum": total,
             "gm_mean": total / rng.accounted if rng.accounted else 0.0,
-            "balance": balance,
+            "balance": 0.0 if cid in reset else balance,
             "utility": utility,
             "priority": priority,
             "contribution": contribution.get(cid, 0.0),
@@ -178,6 +123,93 @@ def by_customer(
         }
 
     step("per-resource terms")
+    rows, wanted = _top(rows, customer_id, sort, top)
+    ordered = _add_terms(conn, rng, rows, wanted)
+    columns = (
+        *_CUSTOMER_HEAD,
+        *(Column(f"gm_{r}", f"GM {r}", 4) for r in ordered),
+        *_CUSTOMER_TAIL,
+    )
+    shown_reset = sorted(names.get(c, str(c)) for c in reset & set(rows))
+    return columns, list(rows.values()), _customer_notes(rng, columns, shown_reset)
+
+
+def _gm_sums(conn: Connection, rng: Range, customer_id: int | None) -> dict[int, float]:
+    """Per customer, its GM summed over the range (raw rows and rollups)."""
+    only = [] if customer_id is None else [_ledger.c.customer_id == customer_id]
+    cr = _customer_rollups.c
+    raw = select(_ledger.c.customer_id.label("cid"), _ledger.c.greediness.label("gm")).where(
+        rng.cover.raw_where(_ledger.c.interval_id), *only
+    )
+    rolled = select(cr.customer_id, cr.gm_sum).where(
+        rng.cover.rolled_where(_customer_rollups), *only_customer(cr.customer_id, customer_id)
+    )
+    return {
+        int(r.cid): sql_float(r.gm)
+        for r in raw_and_rolled(conn, (raw, rolled), ("cid",), gm=func.sum)
+    }
+
+
+def _end_standings(
+    conn: Connection, rng: Range, customer_id: int | None
+) -> tuple[dict[int, tuple[float, float, float]], dict[int, float]]:
+    """Per customer its balance, utility and priority after the range's last interval with
+    rows, and the contribution of the organizations that are customers."""
+    if rng.end_id is None:
+        return {}, {}
+    only = [] if customer_id is None else [_ledger.c.customer_id == customer_id]
+    end = {
+        int(r.customer_id): (float(r.balance), float(r.utility), float(r.priority))
+        for r in conn.execute(
+            select(
+                _ledger.c.customer_id, _ledger.c.balance, _ledger.c.utility, _ledger.c.priority
+            ).where(_ledger.c.interval_id == rng.end_id, *only)
+        )
+    }
+    contribution = {
+        int(cid): float(c)
+        for cid, c in conn.execute(
+            select(_organizations.c.customer_id, _org_ledger.c.contribution)
+            .join(_organizations, _organizations.c.id == _org_ledger.c.organization_id)
+            .where(
+                _org_ledger.c.interval_id == rng.end_id,
+                _organizations.c.customer_id.is_not(None),
+            )
+        )
+    }
+    return end, contribution
+
+
+def _quota_changes(conn: Connection, rng: Range, customer_id: int | None) -> dict[int, int]:
+    """Per customer, its quota lowerings and restorations in the range (failed ones not)."""
+    quota_query = (
+        select(_actions.c.customer_id, func.count())
+        .where(
+            _actions.c.kind.in_(QUOTA_KINDS),
+            _actions.c.status != ActionStatus.failed.value,
+            _actions.c.customer_id.is_not(None),
+            # Tied to an interval: by its start, as every report column; else by when recorded.
+            or_(
+                and_(*rng.ids(_actions.c.interval_id)),
+                and_(
+                    _actions.c.interval_id.is_(None),
+                    _actions.c.at >= utc_datetime(rng.lo),
+                    _actions.c.at < utc_datetime(rng.hi),
+                ),
+            ),
+        )
+        .group_by(_actions.c.customer_id)
+    )
+    if customer_id is not None:
+        quota_query = quota_query.where(_actions.c.customer_id == customer_id)
+    return {int(cid): int(n) for cid, n in conn.execute(quota_query)}
+
+
+def _top(
+    rows: dict[int, dict[str, object]], customer_id: int | None, sort: str | None, top: int | None
+) -> tuple[dict[int, dict[str, object]], set[int] | None]:
+    """The rows ``top`` keeps, and the customers whose terms to sum (None: all). Sorted by a
+    resource's terms, every customer's are needed first."""
     wanted: set[int] | None = None if customer_id is None else {customer_id}
     by_resource = sort is not None and sort.startswith("gm_") and sort not in ("gm_sum", "gm_mean")
     if top is not None and not by_resource and len(rows) > top:
@@ -186,6 +218,14 @@ def by_customer(
         kept = {id(r) for r in order[:top]}
         wanted = {cid for cid, r in rows.items() if id(r) in kept}
         rows = {cid: r for cid, r in rows.items() if cid in wanted}
+    return rows, wanted
+
+
+def _add_terms(
+    conn: Connection, rng: Range, rows: dict[int, dict[str, object]], wanted: set[int] | None
+) -> list[str]:
+    """Add each row's per-resource terms (``gm_<resource>``) for the ``wanted`` customers
+    (None: all); returns the resources in column order."""
     terms: dict[int, dict[str, float]] = defaultdict(dict)
     resources: set[str] = set()
     if rng.end_id is not None and rng.accounted:
@@ -198,29 +238,23 @@ def by_customer(
     kept_t = [] if wanted is None else [_terms.c.customer_id.in_(sorted(wanted))]
     rr = _resource_rollups.c
     kept_r = [] if wanted is None else [rr.customer_id.in_(sorted(wanted))]
-    both_terms = union_all(
-        select(
-            _terms.c.customer_id.label("cid"), _terms.c.resource, _terms.c.term.label("term")
-        ).where(rng.cover.raw_where(_terms.c.interval_id), *kept_t),
-        select(rr.customer_id, rr.resource, rr.term_sum).where(
-            rng.cover.rolled_where(_resource_rollups), *kept_r
-        ),
-    ).subquery()
-    query = select(both_terms.c.cid, both_terms.c.resource, func.sum(both_terms.c.term)).group_by(
-        both_terms.c.cid, both_terms.c.resource
+    raw = select(
+        _terms.c.customer_id.label("cid"), _terms.c.resource, _terms.c.term.label("term")
+    ).where(rng.cover.raw_where(_terms.c.interval_id), *kept_t)
+    rolled = select(rr.customer_id, rr.resource, rr.term_sum).where(
+        rng.cover.rolled_where(_resource_rollups), *kept_r
     )
     if wanted != set():
-        for cid, resource, total in conn.execute(query):
-            terms[int(cid)][str(resource)] = sql_float(total)
-            resources.add(str(resource))
+        for r in raw_and_rolled(conn, (raw, rolled), ("cid", "resource"), term=func.sum):
+            terms[int(r.cid)][str(r.resource)] = sql_float(r.term)
+            resources.add(str(r.resource))
     ordered = sorted(resources, key=resource_key)
     for cid, row in rows.items():
         row.update({f"gm_{r}": terms.get(cid, {}).get(r, 0.0) for r in ordered})
-    columns = (
-        *_CUSTOMER_HEAD,
-        *(Column(f"gm_{r}", f"GM {r}", 4) for r in ordered),
-        *_CUSTOMER_TAIL,
-    )
+    return ordered
+
+
+def _customer_notes(rng: Range, columns: tuple[Column, ...], shown_reset: list[str]) -> list[str]:
     notes = [
         range_note(rng, columns),
         end_note(rng, "balance, utility, priority and contribution (organizations only)"),
@@ -230,7 +264,6 @@ def by_customer(
         " were recorded if none)",
         "gm_<resource>: that resource's terms of the GM sum (they add up to it)",
     ]
-    shown_reset = sorted(names.get(c, str(c)) for c in reset & set(rows))
     if shown_reset:
         notes.append(f"balance reset after that interval (shown as 0): {', '.join(shown_reset)}")
-    return columns, list(rows.values()), notes
+    return notes

@@ -8,11 +8,20 @@ rolled up). The columns are defined in :mod:`gmd.daemon.reports.usage`.
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Connection, distinct, func, literal, select, union_all
+from typing import Any
+
+from sqlalchemy import BigInteger, Connection, distinct, func, literal, select
 
 from gmd.columns import Column, Unit
 from gmd.daemon.reports.coverage import Coverage
-from gmd.daemon.reports.usage.common import Range, Steps, late_by, sql_float, sql_int
+from gmd.daemon.reports.usage.common import (
+    Range,
+    Steps,
+    late_by,
+    raw_and_rolled,
+    sql_float,
+    sql_int,
+)
 from gmd.ledger_schema.tables import (
     host_rollups as _host_rollups,
     hosts as _hosts,
@@ -38,59 +47,12 @@ def by_host(
     conn: Connection, rng: Range, step: Steps, customer_id: int | None
 ) -> tuple[tuple[Column, ...], list[dict[str, object]], list[str]]:
     step("samples per host")
-    s_ = _samples.c
     # A customer's share of a host is not rolled up: its report reads the samples.
     cover = rng.cover if customer_id is None else Coverage(rng.lo, rng.hi, (), ((rng.lo, rng.hi),))
-    mine = [] if customer_id is None else [s_.customer_id == customer_id]
-    raw = select(
-        s_.host_id.label("host"),
-        literal(1, BigInteger).label("samples"),
-        s_.cpu_s.label("cpu"),
-        s_.memory_byte_s.label("memory"),
-        (s_.disk_read_bytes + s_.disk_write_bytes).label("disk"),
-        (s_.network_rx_bytes + s_.network_tx_bytes).label("network"),
-    ).where(cover.raw_where(s_.interval_id), s_.late.is_(False), *mine)
-    hr = _host_rollups.c
-    rolled = select(
-        hr.host_id, hr.samples, hr.cpu_s, hr.memory_byte_s, hr.disk_bytes, hr.network_bytes
-    ).where(cover.rolled_where(_host_rollups))
-    both = union_all(raw, rolled).subquery()
-    found = {
-        int(r.host): r
-        for r in conn.execute(
-            select(
-                both.c.host,
-                func.sum(both.c.samples).label("samples"),
-                func.sum(both.c.cpu).label("cpu"),
-                func.sum(both.c.memory).label("memory"),
-                func.sum(both.c.disk).label("disk"),
-                func.sum(both.c.network).label("network"),
-            ).group_by(both.c.host)
-        )
-    }
+    found = _use_by_host(conn, cover, customer_id)
     step("peaks and late samples")
-    per_interval = (
-        select(
-            s_.host_id.label("host"),
-            func.count(distinct(s_.vm_id)).label("vms"),
-            func.count(distinct(s_.customer_id)).label("customers"),
-        )
-        .where(cover.raw_where(s_.interval_id), s_.late.is_(False), *mine)
-        .group_by(s_.interval_id, s_.host_id)
-    )
-    peaks_of = union_all(
-        per_interval,
-        select(hr.host_id, hr.vms_max, hr.customers_max).where(cover.rolled_where(_host_rollups)),
-    ).subquery()
-    peaks = {
-        int(h): (int(v), int(c))
-        for h, v, c in conn.execute(
-            select(
-                peaks_of.c.host, func.max(peaks_of.c.vms), func.max(peaks_of.c.customers)
-            ).group_by(peaks_of.c.host)
-        )
-    }
-    late = late_by(conn, rng, s_.host_id, customer_id)
+    peaks = _peaks_by_host(conn, cover, customer_id)
+    late = late_by(conn, rng, _samples.c.host_id, customer_id)
     step("names")
     hosts = {
         int(r.id): (str(r.name), str(r.org))
@@ -125,3 +87,50 @@ def by_host(
         " one interval; organization: the owner now"
     ]
     return HOST_COLUMNS, rows, notes
+
+
+def _use_by_host(conn: Connection, cover: Coverage, customer_id: int | None) -> dict[int, Any]:
+    """Per host, its on-time samples and what they used (raw samples and rollups)."""
+    s_ = _samples.c
+    mine = [] if customer_id is None else [s_.customer_id == customer_id]
+    raw = select(
+        s_.host_id.label("host"),
+        literal(1, BigInteger).label("samples"),
+        s_.cpu_s.label("cpu"),
+        s_.memory_byte_s.label("memory"),
+        (s_.disk_read_bytes + s_.disk_write_bytes).label("disk"),
+        (s_.network_rx_bytes + s_.network_tx_bytes).label("network"),
+    ).where(cover.raw_where(s_.interval_id), s_.late.is_(False), *mine)
+    hr = _host_rollups.c
+    rolled = select(
+        hr.host_id, hr.samples, hr.cpu_s, hr.memory_byte_s, hr.disk_bytes, hr.network_bytes
+    ).where(cover.rolled_where(_host_rollups))
+    sums = dict.fromkeys(("samples", "cpu", "memory", "disk", "network"), func.sum)
+    return {int(r.host): r for r in raw_and_rolled(conn, (raw, rolled), ("host",), **sums)}
+
+
+def _peaks_by_host(
+    conn: Connection, cover: Coverage, customer_id: int | None
+) -> dict[int, tuple[int, int]]:
+    """Per host, the most VMs and customers it ran in one interval."""
+    s_ = _samples.c
+    mine = [] if customer_id is None else [s_.customer_id == customer_id]
+    per_interval = (
+        select(
+            s_.host_id.label("host"),
+            func.count(distinct(s_.vm_id)).label("vms"),
+            func.count(distinct(s_.customer_id)).label("customers"),
+        )
+        .where(cover.raw_where(s_.interval_id), s_.late.is_(False), *mine)
+        .group_by(s_.interval_id, s_.host_id)
+    )
+    hr = _host_rollups.c
+    rolled = select(hr.host_id, hr.vms_max, hr.customers_max).where(
+        cover.rolled_where(_host_rollups)
+    )
+    return {
+        int(r.host): (int(r.vms), int(r.customers))
+        for r in raw_and_rolled(
+            conn, (per_interval, rolled), ("host",), vms=func.max, customers=func.max
+        )
+    }

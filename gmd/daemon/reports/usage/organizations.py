@@ -10,11 +10,18 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from sqlalchemy import Connection, and_, distinct, exists, func, literal, select, union_all
+from sqlalchemy import Connection, and_, distinct, exists, func, literal, select
 
 from gmd.columns import Column
 from gmd.daemon.ledger.rollups import served_peaks
-from gmd.daemon.reports.usage.common import Range, Steps, customer_names, end_note, sql_float
+from gmd.daemon.reports.usage.common import (
+    Range,
+    Steps,
+    customer_names,
+    end_note,
+    raw_and_rolled,
+    sql_float,
+)
 from gmd.ledger_schema.models import BatchState
 from gmd.ledger_schema.tables import (
     batches as _batches,
@@ -59,78 +66,10 @@ def by_organization(
             )
         }
     step("hosts and supply")
-    hc, hr = _host_intervals.c, _host_rollups.c
-    accounted = exists().where(
-        _batches.c.interval_id == hc.interval_id,
-        _batches.c.host_id == hc.host_id,
-        _batches.c.late.is_(False),
-        _batches.c.state == BatchState.accepted,
-    )
-    raw_hosts = (
-        select(
-            hc.organization_id.label("oid"),
-            hc.host_id.label("host"),
-            (hc.cpu_cores * _intervals.c.length_s).label("supplied"),
-            literal(0.0).label("used"),
-        )
-        .join(_intervals, _intervals.c.id == hc.interval_id)
-        .where(rng.cover.raw_where(hc.interval_id), accounted)
-    )
-    s_ = _samples.c
-    raw_use = (
-        select(
-            hc.organization_id.label("oid"),
-            hc.host_id.label("host"),
-            literal(0.0).label("supplied"),
-            s_.cpu_s.label("used"),
-        )
-        .join(
-            _host_intervals,
-            and_(hc.interval_id == s_.interval_id, hc.host_id == s_.host_id),
-        )
-        .where(rng.cover.raw_where(s_.interval_id), s_.late.is_(False))
-    )
-    rolled = select(hr.organization_id, hr.host_id, hr.cpu_supplied_core_s, hr.cpu_s).where(
-        rng.cover.rolled_where(_host_rollups)
-    )
-    both = union_all(raw_hosts, raw_use, rolled).subquery()
-    supply = {
-        int(r.oid): (int(r.hosts), sql_float(r.supplied), sql_float(r.used))
-        for r in conn.execute(
-            select(
-                both.c.oid,
-                func.count(distinct(both.c.host)).label("hosts"),
-                func.sum(both.c.supplied).label("supplied"),
-                func.sum(both.c.used).label("used"),
-            ).group_by(both.c.oid)
-        )
-    }
+    supply = _supply(conn, rng)
     step("customers served and late samples")
-    served: dict[int, int] = defaultdict(int)
-    for a, b in rng.cover.raw:
-        for oid, n in served_peaks(conn, a, b):
-            served[oid] = max(served[oid], n)
-    orc = _org_rollups.c
-    for oid, n in conn.execute(
-        select(orc.organization_id, func.max(orc.customers_max))
-        .where(rng.cover.rolled_where(_org_rollups))
-        .group_by(orc.organization_id)
-    ):
-        served[int(oid)] = max(served[int(oid)], int(n))
-    late = {
-        int(oid): int(n)
-        for oid, n in conn.execute(
-            select(hc.organization_id, func.count())
-            .select_from(
-                _samples.join(
-                    _host_intervals,
-                    and_(hc.interval_id == s_.interval_id, hc.host_id == s_.host_id),
-                )
-            )
-            .where(*rng.ids(s_.interval_id), s_.late.is_(True))
-            .group_by(hc.organization_id)
-        )
-    }
+    served = _served(conn, rng)
+    late = _late_by_organization(conn, rng)
     orgs = {
         int(r.id): (str(r.name), r.customer_id)
         for r in conn.execute(
@@ -166,3 +105,88 @@ def by_organization(
         " in one interval",
     ]
     return ORGANIZATION_COLUMNS, rows, notes
+
+
+def _supply(conn: Connection, rng: Range) -> dict[int, tuple[int, float, float]]:
+    """Per organization: the hosts accounted in the range, the CPU they supplied (cores ×
+    interval length) and the CPU their on-time samples used."""
+    hc, hr = _host_intervals.c, _host_rollups.c
+    accounted = exists().where(
+        _batches.c.interval_id == hc.interval_id,
+        _batches.c.host_id == hc.host_id,
+        _batches.c.late.is_(False),
+        _batches.c.state == BatchState.accepted,
+    )
+    raw_hosts = (
+        select(
+            hc.organization_id.label("oid"),
+            hc.host_id.label("host"),
+            (hc.cpu_cores * _intervals.c.length_s).label("supplied"),
+            literal(0.0).label("used"),
+        )
+        .join(_intervals, _intervals.c.id == hc.interval_id)
+        .where(rng.cover.raw_where(hc.interval_id), accounted)
+    )
+    s_ = _samples.c
+    raw_use = (
+        select(
+            hc.organization_id.label("oid"),
+            hc.host_id.label("host"),
+            literal(0.0).label("supplied"),
+            s_.cpu_s.label("used"),
+        )
+        .join(
+            _host_intervals,
+            and_(hc.interval_id == s_.interval_id, hc.host_id == s_.host_id),
+        )
+        .where(rng.cover.raw_where(s_.interval_id), s_.late.is_(False))
+    )
+    rolled = select(hr.organization_id, hr.host_id, hr.cpu_supplied_core_s, hr.cpu_s).where(
+        rng.cover.rolled_where(_host_rollups)
+    )
+    return {
+        int(r.oid): (int(r.host), sql_float(r.supplied), sql_float(r.used))
+        for r in raw_and_rolled(
+            conn,
+            (raw_hosts, raw_use, rolled),
+            ("oid",),
+            host=lambda c: func.count(distinct(c)),
+            supplied=func.sum,
+            used=func.sum,
+        )
+    }
+
+
+def _served(conn: Connection, rng: Range) -> dict[int, int]:
+    """Per organization, the most customers its hosts served in one interval of the range."""
+    served: dict[int, int] = defaultdict(int)
+    for a, b in rng.cover.raw:
+        for oid, n in served_peaks(conn, a, b):
+            served[oid] = max(served[oid], n)
+    orc = _org_rollups.c
+    for oid, n in conn.execute(
+        select(orc.organization_id, func.max(orc.customers_max))
+        .where(rng.cover.rolled_where(_org_rollups))
+        .group_by(orc.organization_id)
+    ):
+        served[int(oid)] = max(served[int(oid)], int(n))
+    return served
+
+
+def _late_by_organization(conn: Connection, rng: Range) -> dict[int, int]:
+    """Per organization, the late samples of its hosts in the range."""
+    hc, s_ = _host_intervals.c, _samples.c
+    return {
+        int(oid): int(n)
+        for oid, n in conn.execute(
+            select(hc.organization_id, func.count())
+            .select_from(
+                _samples.join(
+                    _host_intervals,
+                    and_(hc.interval_id == s_.interval_id, hc.host_id == s_.host_id),
+                )
+            )
+            .where(*rng.ids(s_.interval_id), s_.late.is_(True))
+            .group_by(hc.organization_id)
+        )
+    }

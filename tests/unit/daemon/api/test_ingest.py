@@ -16,7 +16,8 @@ import sqlalchemy as sa
 
 from gmd.daemon.ingest.checks import BatchProblem, ProblemCode, batch_problems
 from gmd.daemon.ingest.parse import record_of
-from gmd.daemon.ledger.accounting import SAMPLE_USE, account_due, read_samples
+from gmd.daemon.ledger.accounting import account_due
+from gmd.daemon.ledger.interval_samples import SAMPLE_USE, read_samples
 from gmd.wire import SampleBatch
 from tests.support.daemon_support import (
     INTERVAL_S,

@@ -285,7 +285,8 @@ def test_hosts_lists_each_hosts_knobs_for_operators(database_url: str, tmp_path:
 
 
 def test_explain_says_where_a_host_has_no_disk_weight(database_url: str, tmp_path: Path) -> None:
-    from gmd.daemon.reports.explain import explain, summary_lines
+    from gmd.daemon.reports.explain import explain
+    from gmd.daemon.reports.explanation import summary_lines
 
     config = configured(tmp_path, database_url)
     with serving(config) as d:

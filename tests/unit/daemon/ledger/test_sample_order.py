@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gmd.daemon.ledger.accounting import (
+from gmd.daemon.ledger.interval_samples import (
     SAMPLE_HOST,
     SAMPLE_VM,
     host_vm_batch_order,

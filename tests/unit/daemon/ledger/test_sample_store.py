@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from gmd.admin.db_usage import usage
 from gmd.daemon.config import RetentionConfig
 from gmd.daemon.ledger import partitions, sample_store
-from gmd.daemon.ledger.accounting import (
+from gmd.daemon.ledger.interval_samples import (
     SAMPLE_CUSTOMER,
     SAMPLE_FLAVOR,
     SAMPLE_HOST,

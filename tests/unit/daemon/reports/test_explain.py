@@ -270,6 +270,6 @@ def test_the_why_cites_the_greed_that_made_the_level_not_the_latest_crumb(
 )
 def test_durations_read_as_people_say_them(seconds: float, said: str) -> None:
     """A 30 s half-life was said as "halves every 0 min" (seen in make cloud-demo)."""
-    from gmd.daemon.reports.explain import _duration
+    from gmd.daemon.reports.explanation import duration
 
-    assert _duration(seconds) == said
+    assert duration(seconds) == said
