@@ -44,7 +44,7 @@ from gmd.common.options import (
     Text,
     Words,
 )
-from gmd.common.settings import Refusal, Table, composed, read_table, setting, table, table_of
+from gmd.common.settings import RuleRefusal, Table, composed, read_table, setting, table, table_of
 from gmd.common.timespec import parse_time
 from gmd.common.units import DAY_S
 from gmd.traces import TraceError, trace_file, trace_ranges
@@ -162,18 +162,18 @@ class Moment(Option[Any]):
 def _token(token: str | None, token_file: Path | None) -> str | None:
     """``token``, or what ``token_file`` holds; printable either way."""
     if token is not None and token_file is not None:
-        raise Refusal("token_file", "give token or token_file, not both")
+        raise RuleRefusal("token_file", "give token or token_file, not both")
     key = "token"
     if token_file is not None:
         key = "token_file"
         try:
             token = token_file.read_text().strip()
         except OSError as exc:
-            raise Refusal(
+            raise RuleRefusal(
                 "token_file", f"{str(token_file)!r}: cannot read: {exc.strerror}"
             ) from None
     if token is not None and not _PRINTABLE.match(token):
-        raise Refusal(key, "the token must be printable ASCII without spaces, and not empty")
+        raise RuleRefusal(key, "the token must be printable ASCII without spaces, and not empty")
     return token
 
 

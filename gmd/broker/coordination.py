@@ -127,7 +127,7 @@ class SiteRecord:
 
 
 @dataclass(frozen=True)
-class Standing:
+class OrgStanding:
     """One organisation in the federation now: its summary, its priority, and its requests
     queued, running anywhere, lent (other organisations' requests its sites run) and borrowed
     (its requests other organisations' sites run); its sites that are members."""
@@ -576,7 +576,7 @@ class Federation:
                 continue
         return out
 
-    def standings(self) -> list[Standing]:
+    def standings(self) -> list[OrgStanding]:
         """Every organisation the federation knows now (by summary, member, or request), by
         priority, highest first."""
         summaries = self.summaries()
@@ -592,7 +592,7 @@ class Federation:
         for org in orgs:
             s = summaries.get(org, Summary(org))
             rows.append(
-                Standing(
+                OrgStanding(
                     org=org,
                     contributed=s.contributed,
                     used=s.used,

@@ -41,7 +41,7 @@ from typing import Protocol
 from sqlalchemy import Engine, and_, delete, func, insert, select, update
 from sqlalchemy.exc import SQLAlchemyError
 
-from gmd.broker.coordination import Completion, SiteRecord, Standing
+from gmd.broker.coordination import Completion, OrgStanding, SiteRecord
 from gmd.ledger_schema.migrate import writer
 from gmd.ledger_schema.tables import (
     federation_events as _events,
@@ -280,7 +280,7 @@ class History:
 
     # -- standings ----------------------------------------------------------------------------
 
-    def write_standings(self, rows: Sequence[Standing], as_of_s: float) -> bool:
+    def write_standings(self, rows: Sequence[OrgStanding], as_of_s: float) -> bool:
         """Replace the standings with ``rows``; False when the ledger cannot be reached."""
         values = [{**asdict(r), "as_of_s": as_of_s, "observer": self.site} for r in rows]
         try:

@@ -92,7 +92,7 @@ class NoFlavor(GmdError):
 
 
 @dataclass(frozen=True)
-class Flavor:
+class NovaFlavor:
     id: str
     name: str
     vcpus: int
@@ -117,7 +117,7 @@ class Listed:
 class Nova(Protocol):
     """What the handler asks Nova (and Glance) in the federation's project."""
 
-    def flavors(self) -> list[Flavor]: ...
+    def flavors(self) -> list[NovaFlavor]: ...
     def image_id(self, image: str) -> str: ...
     def create(self, body: dict[str, Any]) -> str: ...
     def servers(self) -> list[Listed]: ...
@@ -159,14 +159,14 @@ class NovaServers(OpenStackClient):
     def _call(self, operation: str, fn: Callable[[Connection], Any]) -> Any:
         return self.call(operation, self.project, fn)
 
-    def flavors(self) -> list[Flavor]:
-        def read(conn: Connection) -> list[Flavor]:
+    def flavors(self) -> list[NovaFlavor]:
+        def read(conn: Connection) -> list[NovaFlavor]:
             body = checked(conn.compute.get("/flavors/detail", microversion=COMPUTE_MICROVERSION))
             items = body.get("flavors") if isinstance(body, dict) else None
             if not isinstance(items, list):
                 raise MalformedAnswer("Nova's answer has no list 'flavors'")
             return [
-                Flavor(
+                NovaFlavor(
                     str(f["id"]),
                     str(f.get("name", "")),
                     int(f.get("vcpus", 0)),
@@ -177,7 +177,7 @@ class NovaServers(OpenStackClient):
                 if isinstance(f, dict) and "id" in f
             ]
 
-        result: list[Flavor] = self._call("list of the flavors", read)
+        result: list[NovaFlavor] = self._call("list of the flavors", read)
         return result
 
     def image_id(self, image: str) -> str:
@@ -330,7 +330,7 @@ class OpenStackHandler:
     _paused_until: float = -math.inf
     _spare: float | None = None
     _spare_read: float = -math.inf
-    _flavors: list[Flavor] | None = None
+    _flavors: list[NovaFlavor] | None = None
     _image: str | None = None
 
     def __post_init__(self) -> None:
@@ -583,7 +583,7 @@ class OpenStackHandler:
 
     # -- booting ------------------------------------------------------------------------------
 
-    def _flavor_for(self, cores: float) -> Flavor:
+    def _flavor_for(self, cores: float) -> NovaFlavor:
         """The smallest allowed flavor with the request's cores (the list is read again once
         when none fits: a flavor may have been made since)."""
         need = max(1, math.ceil(cores - 1e-9))
@@ -601,7 +601,7 @@ class OpenStackHandler:
         names = ", ".join(sorted(f.name for f in self._flavors or [])) or "none"
         raise NoFlavor(f"no flavor with {need} vCPUs or more among {names} (allowed)")
 
-    def _boot_body(self, name: str, request: Request, flavor: Flavor) -> dict[str, Any]:
+    def _boot_body(self, name: str, request: Request, flavor: NovaFlavor) -> dict[str, Any]:
         if self._image is None:
             self._image = self._nova.image_id(self.settings.image)
         network = self.settings.network

@@ -6,7 +6,7 @@ or :func:`composed` (several keys that make one value, such as a policy), and ea
 within it a field declared with :func:`subtable`. The field's default is its option's, and
 :func:`read_table` builds the class from a TOML table through the declarations: types,
 bounds, defaults and unknown keys, with the options' own error messages. Only rules that span
-several keys are written by hand, beside the table; they raise :class:`Refusal`, which names
+several keys are written by hand, beside the table; they raise :class:`RuleRefusal`, which names
 the key, and the reader names the file and the table.
 
 The reference of every key (docs/configuration.md, checked against etc/gmd.toml) is made from
@@ -31,7 +31,7 @@ _PARTS = "gmd.parts"
 _SUBTABLE = "gmd.subtable"
 
 
-class Refusal(Exception):
+class RuleRefusal(Exception):
     """A rule over several keys refuses the file: the key it names and why. The reader adds
     the file and the table (``gmd.toml: agent.tick_s: 90 is longer than interval_s = 60``)."""
 
@@ -140,7 +140,7 @@ def read_table(settings: type[D], r: Reader, /, **given: Any) -> D:
             elif _SUBTABLE in f.metadata:
                 values[f.name] = read_table(f.metadata[_SUBTABLE], r.sub(f.name))
         made = settings(**values)
-    except Refusal as refusal:
+    except RuleRefusal as refusal:
         raise r.fail(refusal.key, refusal.message) from None
     r.done()
     return made
@@ -150,7 +150,7 @@ def _build(build: Callable[..., T], options: Mapping[str, Option[Any]], r: Reade
     read = {key: option.read(r) for key, option in options.items()}
     try:
         return build(**read)
-    except (ConfigError, Refusal):
+    except (ConfigError, RuleRefusal):
         raise
     except ValueError as exc:  # the made value's own checks (a policy's levels)
         raise r.fail("", str(exc)) from None

@@ -27,7 +27,7 @@ class FillingStep:
 
 
 @dataclass(frozen=True)
-class Allocation:
+class DrfAllocation:
     tasks: dict[str, float]
     allocation: dict[str, np.ndarray]
     dominant: dict[str, float]
@@ -59,7 +59,7 @@ def progressive_filling(
     *,
     resources: Sequence[str] | None = None,
     max_tasks: int = 1_000_000,
-) -> Allocation:
+) -> DrfAllocation:
     """DRF with whole tasks: repeatedly launch a task of the user with the lowest dominant share.
 
     Users whose next task no longer fits are passed over; filling stops when no task fits.
@@ -88,7 +88,7 @@ def progressive_filling(
                 total=used / cap,
             )
         )
-    return Allocation(
+    return DrfAllocation(
         tasks={u: float(count[k]) for k, u in enumerate(users)},
         allocation={u: count[k] * d[k] for k, u in enumerate(users)},
         dominant={u: float((count[k] * d[k] / cap).max()) for k, u in enumerate(users)},

@@ -50,7 +50,7 @@ class Counters:
 
 
 @dataclass(frozen=True)
-class View:
+class RequestView:
     """What one request is weighed by."""
 
     cluster: Cluster
@@ -63,7 +63,7 @@ class _State:
     cluster_at: float = -1e18
     projects: dict[str, tuple[Project, float]] = field(default_factory=dict)
     failed_at: float = -1e18
-    pending: Future[View | None] | None = None
+    pending: Future[RequestView | None] | None = None
     asking: set[str] = field(default_factory=set)
     """projects whose level alone is being fetched"""
 
@@ -103,7 +103,7 @@ class Source:
             return Project(project_id), False
         return known[0], now - known[1] <= self.cache_s
 
-    def _start(self, project_id: str, now: float) -> Future[View | None] | None:
+    def _start(self, project_id: str, now: float) -> Future[RequestView | None] | None:
         """The fetch under way, or one started now (none while gmd is in its retry pause)."""
         s = self._state
         if s.pending is None and now - s.failed_at >= self.retry_s:
@@ -121,7 +121,7 @@ class Source:
             s.asking.add(project_id)
             self._pool.submit(self._refresh_project, project_id)
 
-    def view(self, project_id: str) -> View | None:
+    def view(self, project_id: str) -> RequestView | None:
         """The cluster and the project for one request, or None: weigh it neutrally.
 
         With the hosts fresh, a project not known (or known too long ago) is fetched in the
@@ -135,7 +135,7 @@ class Source:
                 project, fresh = self._project(project_id, now)
                 if not fresh:
                     self._ask(project_id, now)
-                return View(cluster, project)
+                return RequestView(cluster, project)
             pending = self._start(project_id, now)
             if pending is None:
                 LOG.debug("gmd failed lately: weighing neutrally until it is asked again")
@@ -156,9 +156,9 @@ class Source:
         if fetched is None or fetched.project.id == project_id:
             return fetched
         with self._lock:
-            return View(fetched.cluster, self._project(project_id, self._clock())[0])
+            return RequestView(fetched.cluster, self._project(project_id, self._clock())[0])
 
-    def _refresh(self, project_id: str) -> View | None:
+    def _refresh(self, project_id: str) -> RequestView | None:
         """One fetch, on the worker thread: its answer replaces the cached one (None: it
         failed)."""
         try:
@@ -185,7 +185,7 @@ class Source:
             s = self._state
             s.cluster, s.cluster_at, s.pending = cluster, now, None
             self._remember(project, now)
-        return View(cluster, project)
+        return RequestView(cluster, project)
 
     def _refresh_project(self, project_id: str) -> None:
         """One project's level, on the worker thread (the route without its hosts)."""

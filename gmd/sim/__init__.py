@@ -10,7 +10,7 @@ from gmd.sim.coalitions import CoalitionRun, simulate_rand, simulate_ref
 from gmd.sim.experiment import ExperimentConfig, ExperimentResult, run_experiment
 from gmd.sim.policies import parse_policy, policy_names
 from gmd.sim.scheduler import Schedule, simulate
-from gmd.sim.swf import Trace, read_swf
+from gmd.sim.swf import SwfLog, read_swf
 from gmd.sim.workload import Workload, build_workload, processor_counts
 
 __all__ = [
@@ -18,7 +18,7 @@ __all__ = [
     "ExperimentConfig",
     "ExperimentResult",
     "Schedule",
-    "Trace",
+    "SwfLog",
     "Workload",
     "build_workload",
     "parse_policy",

@@ -35,7 +35,7 @@ from gmd.common.units import DAY_S
 from gmd.render import FORMATS, Column, csv_text, json_text, table_text
 from gmd.sim.bootstrap import DEFAULT_CONFIDENCE, Ordering, Statistic, orderings
 from gmd.sim.experiment import ExperimentConfig, ExperimentResult, run_experiment
-from gmd.sim.placement import FalbInputs, PolicyResult, Scenario
+from gmd.sim.placement import FalbInputs, FalbScenario, PolicyResult
 from gmd.sim.policies import parse_policy
 from gmd.sim.workload import PROCESSOR_MODES, read_assignment
 
@@ -273,7 +273,7 @@ def placement_shown(results: Sequence[PolicyResult], inputs: FalbInputs, seeds: 
         rows.append(row)
     stream = (
         f", arriving {inputs.arrival.value} {inputs.gap_s:g} s apart"
-        if inputs.scenario == Scenario.stream
+        if inputs.scenario == FalbScenario.stream
         else ""
     )
     caption = (

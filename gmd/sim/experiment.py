@@ -39,7 +39,7 @@ from gmd.sim.measures import (
 from gmd.sim.policies import PolicySpec, parse_policy
 from gmd.sim.scheduler import Schedule, simulate
 from gmd.sim.shapley import shapley_float
-from gmd.sim.swf import Trace, peak_processors, read_swf
+from gmd.sim.swf import SwfLog, peak_processors, read_swf
 from gmd.sim.workload import (
     Deal,
     Workload,
@@ -138,7 +138,7 @@ def resolve_policies(names: Sequence[str]) -> list[PolicySpec]:
     return specs
 
 
-def sample_workloads(config: ExperimentConfig, trace: Trace) -> list[Workload]:
+def sample_workloads(config: ExperimentConfig, trace: SwfLog) -> list[Workload]:
     """The samples' workloads, each from its own ``(seed, index)`` random stream."""
     if config.n_orgs < 1:
         raise ValueError(f"organizations = {config.n_orgs}: need at least one")
@@ -288,7 +288,7 @@ def run_experiment(
     *,
     workers: int | None = None,
     progress: Callable[[int, int], None] | None = None,
-    trace: Trace | None = None,
+    trace: SwfLog | None = None,
 ) -> ExperimentResult:
     """Run every sample (in parallel when ``workers`` > 1; default: all cores)."""
     if not resolve_policies(config.policies):

@@ -76,7 +76,7 @@ class Order(enum.StrEnum):
 
 
 @dataclass(frozen=True)
-class Policy:
+class FalbPolicy:
     """One row of Table 4 (and the baseline): an order and a node strategy."""
 
     name: str
@@ -84,12 +84,12 @@ class Policy:
     strategy: Strategy
 
 
-FALB_POLICIES: tuple[Policy, ...] = (
-    Policy("YuniKorn", Order.fifo, Strategy.mean_utilization),
-    Policy("FA-YK", Order.rrdf, Strategy.mean_utilization),
-    Policy("FALB-2", Order.rrdf, Strategy.falb2),
-    Policy("FALB-3", Order.rrdf, Strategy.falb3),
-    Policy("k8s-balanced", Order.fifo, Strategy.balanced),
+FALB_POLICIES: tuple[FalbPolicy, ...] = (
+    FalbPolicy("YuniKorn", Order.fifo, Strategy.mean_utilization),
+    FalbPolicy("FA-YK", Order.rrdf, Strategy.mean_utilization),
+    FalbPolicy("FALB-2", Order.rrdf, Strategy.falb2),
+    FalbPolicy("FALB-3", Order.rrdf, Strategy.falb3),
+    FalbPolicy("k8s-balanced", Order.fifo, Strategy.balanced),
 )
 
 
@@ -104,7 +104,7 @@ class App:
 
 
 @dataclass
-class Run:
+class FalbRun:
     """What one simulation recorded."""
 
     makespan_s: float
@@ -156,11 +156,11 @@ def simulate_placement(
     capacity: Sequence[Sequence[float]],
     apps: Sequence[App],
     n_tenants: int,
-    policy: Policy,
+    policy: FalbPolicy,
     *,
     tie: Tie = Tie.lowest,
     rng: np.random.Generator | None = None,
-) -> Run:
+) -> FalbRun:
     """Run ``apps`` on nodes of ``capacity`` (nodes × resources) under ``policy``. Raises
     ValueError for an application no node could ever hold (it would wait for ever).
 
@@ -178,7 +178,7 @@ def simulate_placement(
     rrdf = [0.0] * n_tenants
     starts = [math.nan] * len(apps)
     nodes = [-1] * len(apps)
-    run = Run(0.0, starts, nodes, run_s=[a.run_s for a in apps])
+    run = FalbRun(0.0, starts, nodes, run_s=[a.run_s for a in apps])
     # events: (time, kind, app); kind 0 = completion before 1 = arrival at the same instant
     events: list[tuple[float, int, int]] = [(a.submit_s, 1, k) for k, a in enumerate(apps)]
     heapq.heapify(events)
@@ -233,7 +233,7 @@ def _next(waiting: list[int], apps: Sequence[App], rrdf: list[float], order: Ord
     )
 
 
-class Scenario(enum.StrEnum):
+class FalbScenario(enum.StrEnum):
     """How the applications arrive (the paper's two scenarios)."""
 
     batch = "batch"
@@ -253,7 +253,7 @@ class Arrival(enum.StrEnum):
 
 
 def falb_apps(
-    scenario: Scenario,
+    scenario: FalbScenario,
     rng: np.random.Generator,
     *,
     jitter: float = 0.0,
@@ -266,7 +266,7 @@ def falb_apps(
         for _ in range(FALB_APPS_PER_TENANT):
             scale = 1.0 + (rng.uniform(-jitter, jitter) if jitter else 0.0)
             apps.append(App(t, (cpu, mem), run_s * scale, 0.0))
-    if scenario == Scenario.stream:
+    if scenario == FalbScenario.stream:
         interleaved = arrival == Arrival.interleaved
         order = rng.permutation(len(apps)) if interleaved else np.arange(len(apps))
         apps = [
@@ -305,7 +305,7 @@ class PolicyResult:
 class FalbInputs:
     """The choices the paper leaves open, one value each (:func:`falb_runs`)."""
 
-    scenario: Scenario
+    scenario: FalbScenario
     jitter: float = 0.1
     """run times varied by ±this fraction (0: Table 3's exact times)"""
     arrival: Arrival = Arrival.interleaved
@@ -315,8 +315,8 @@ class FalbInputs:
 
 
 def falb_runs(
-    inputs: FalbInputs, seed: int, policies: Sequence[Policy] = FALB_POLICIES
-) -> dict[str, Run]:
+    inputs: FalbInputs, seed: int, policies: Sequence[FalbPolicy] = FALB_POLICIES
+) -> dict[str, FalbRun]:
     """Every policy on the same applications, drawn from ``seed``."""
     capacity = [(cpu, mem) for _n, cpu, mem in FALB_NODES]
     rng = np.random.default_rng(seed)
@@ -333,11 +333,11 @@ def falb_runs(
 
 
 def falb_experiment(
-    inputs: FalbInputs, *, seeds: int = 10, policies: Sequence[Policy] = FALB_POLICIES
+    inputs: FalbInputs, *, seeds: int = 10, policies: Sequence[FalbPolicy] = FALB_POLICIES
 ) -> list[PolicyResult]:
     """FALB's experiment on Table 1's nodes and Table 3's tenants, every policy on the same
     applications for each seed (0 … seeds − 1)."""
-    per: dict[str, list[Run]] = {p.name: [] for p in policies}
+    per: dict[str, list[FalbRun]] = {p.name: [] for p in policies}
     for seed in range(seeds):
         for name, run in falb_runs(inputs, seed, policies).items():
             per[name].append(run)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gmd.common.units import DAY_S
-from gmd.sim.placement import FALB_POLICIES, Arrival, FalbInputs, Scenario, Tie
+from gmd.sim.placement import FALB_POLICIES, Arrival, FalbInputs, FalbScenario, Tie
 from gmd.sim.workload import Deal
 
 SHIPPED = "shipped:"
@@ -79,7 +79,7 @@ class Study:
             f is not None
             and f.jitter == 0
             and f.tie == Tie.lowest
-            and (f.scenario == Scenario.batch or f.arrival == Arrival.sequential)
+            and (f.scenario == FalbScenario.batch or f.arrival == Arrival.sequential)
         )
 
 
@@ -252,7 +252,7 @@ def _falb(raw: Mapping[str, Any]) -> tuple[Study, ...]:
         s = _merged(raw, entry)
         try:
             inputs = FalbInputs(
-                scenario=Scenario(s["scenario"]),
+                scenario=FalbScenario(s["scenario"]),
                 jitter=float(s.get("jitter", 0.0)),
                 arrival=Arrival(s.get("arrival", Arrival.sequential.value)),
                 gap_s=float(s.get("gap_s", 1.0)),

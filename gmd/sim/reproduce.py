@@ -30,7 +30,7 @@ from gmd.sim.command import is_contended
 from gmd.sim.experiment import ExperimentConfig, ExperimentResult, run_experiment
 from gmd.sim.placement import falb_runs
 from gmd.sim.protocol import SHIPPED, Protocol, Study, StudyKind, load_protocol
-from gmd.sim.swf import Trace, peak_processors, read_swf
+from gmd.sim.swf import SwfLog, peak_processors, read_swf
 
 REPO = Path(__file__).resolve().parents[2]
 PROTOCOL = REPO / "docs" / "reproduction-protocol.toml"
@@ -100,7 +100,7 @@ def run_study(
 ) -> list[dict[str, Any]]:
     """Every (seed, trace) run of one study, from the cache where it has them."""
     runs = []
-    traces: dict[str, Trace] = {}
+    traces: dict[str, SwfLog] = {}
     plan = [(seed, trace) for seed in study.seeds for trace in study.traces or ("",)]
     for n, (seed, trace) in enumerate(plan, 1):
         key = json.dumps([study.id, seed, trace, _fingerprint(study)], sort_keys=True)
@@ -163,7 +163,7 @@ def _fingerprint(study: Study) -> str:
     )
 
 
-def _config(study: Study, seed: int, trace: str, log: Trace) -> ExperimentConfig:
+def _config(study: Study, seed: int, trace: str, log: SwfLog) -> ExperimentConfig:
     cloudshare = study.kind == StudyKind.cloudshare
     total = study.total_processors
     if total is None and study.processor_scale != 1.0:

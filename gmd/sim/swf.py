@@ -21,7 +21,7 @@ _MAXPROCS = re.compile(r"^;\s*MaxProcs:\s*(\d+)")
 
 
 @dataclass(frozen=True)
-class Trace:
+class SwfLog:
     """A job log, one entry per job as the log has it (parallel jobs not yet split)."""
 
     path: str
@@ -39,7 +39,7 @@ class Trace:
         return int(self.job_id.shape[0])
 
 
-def read_swf(path: str | Path) -> Trace:
+def read_swf(path: str | Path) -> SwfLog:
     """Read a trace; jobs that never ran (run time or processor count unknown or 0) are dropped.
 
     Dropping them is what the papers do implicitly: a job with no run time contributes no
@@ -81,7 +81,7 @@ def read_swf(path: str | Path) -> Trace:
     submit = table[:, _SUBMIT]
     keep = (run > 0) & (procs > 0) & (submit >= 0)
     order = np.argsort(submit[keep], kind="stable")
-    return Trace(
+    return SwfLog(
         path=str(path),
         job_id=table[keep, _JOB].astype(np.int64)[order],
         submit_s=np.floor(submit[keep]).astype(np.int64)[order],
@@ -96,7 +96,7 @@ def read_swf(path: str | Path) -> Trace:
     )
 
 
-def peak_processors(trace: Trace) -> int:
+def peak_processors(trace: SwfLog) -> int:
     """The most processors the logged system had busy at once (from the logged start times).
 
     A lower bound on the machine's size, used when a copy of a log lost its ``MaxProcs`` header.

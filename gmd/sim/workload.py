@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gmd.sim.swf import Trace
+from gmd.sim.swf import SwfLog
 
 PROCESSOR_MODES: tuple[str, ...] = ("equal", "zipf")
 
@@ -243,7 +243,7 @@ def read_assignment(path: str | Path) -> tuple[dict[int, int], list[str]]:
 
 
 def build_workload(
-    trace: Trace,
+    trace: SwfLog,
     start_s: int,
     window_s: int,
     org_of_user: Mapping[int, int],

@@ -23,7 +23,7 @@ from gmd.admin.output import Listing, Output, View, emit, output_options
 from gmd.common.cli import ExitCode, choice, fail
 from gmd.common.units import DAY_S
 from gmd.fairness.scenarios import SCENARIOS
-from gmd.sim.placement import Arrival, Scenario, Tie
+from gmd.sim.placement import Arrival, FalbScenario, Tie
 
 if TYPE_CHECKING:
     from gmd.sim.command import Shown
@@ -366,14 +366,14 @@ def simulate_command(
 @output_options
 def simulate_placement_command(
     scenario: Annotated[
-        Scenario,
+        FalbScenario,
         typer.Option(
-            parser=choice(Scenario),
+            parser=choice(FalbScenario),
             metavar="batch|stream",
             help="batch: every application submitted at once; stream: one after another,"
             " --gap seconds apart, in the --arrival order.",
         ),
-    ] = Scenario.batch,
+    ] = FalbScenario.batch,
     seeds: Annotated[
         int, typer.Option(min=1, max=1000, help="Runs, each on its own random variation.")
     ] = 20,

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from gmd.agent.collect.base import Flavor, HostReading, Ownership
+from gmd.agent.collect.base import DomainFlavor, HostReading, Ownership
 from gmd.agent.collect.counters import Baseline, UsageAmounts, VmSpan, step
 
 STATE_VERSION = 1
@@ -233,7 +233,7 @@ def _owner_doc(o: Ownership) -> list[Any]:
 
 def _owner_of(doc: list[Any]) -> Ownership:
     """An owner :func:`_owner_doc` wrote (a state from before project names has five items)."""
-    return Ownership(doc[0], doc[1], Flavor(doc[2], doc[3]), doc[4], *doc[5:6])
+    return Ownership(doc[0], doc[1], DomainFlavor(doc[2], doc[3]), doc[4], *doc[5:6])
 
 
 def dump_state(state: AgentState) -> bytes:

@@ -17,7 +17,7 @@ UNKNOWN_CUSTOMER = "unknown"
 
 
 @dataclass(frozen=True, slots=True)
-class Flavor:
+class DomainFlavor:
     """What a VM was configured with (``None``: not known, the daemon splits equally)."""
 
     vcpus: float | None = None
@@ -41,7 +41,7 @@ class Ownership:
 
     customer: str = UNKNOWN_CUSTOMER
     source: str = "unknown"
-    flavor: Flavor = field(default_factory=Flavor)
+    flavor: DomainFlavor = field(default_factory=DomainFlavor)
     created_s: int | None = None
     customer_name: str | None = None
 

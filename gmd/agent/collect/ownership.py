@@ -24,7 +24,7 @@ import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 
-from gmd.agent.collect.base import UNKNOWN_CUSTOMER, Flavor, Ownership
+from gmd.agent.collect.base import UNKNOWN_CUSTOMER, DomainFlavor, Ownership
 from gmd.wire import MAX_NAME, visible_name
 
 NOVA_NS = (
@@ -91,7 +91,7 @@ def _created_s(text: str | None) -> int | None:
         return None
 
 
-def domain_flavor(root: ET.Element) -> Flavor:
+def domain_flavor(root: ET.Element) -> DomainFlavor:
     """The domain's configured vCPUs and memory (``<vcpu>``, ``<memory unit=…>``)."""
     vcpus = _positive(root.findtext("vcpu"))
     memory = root.find("memory")
@@ -101,10 +101,10 @@ def domain_flavor(root: ET.Element) -> Flavor:
         scale = _MEMORY_UNITS.get(memory.get("unit", "KiB").lower())
         if amount is not None and scale is not None:
             memory_bytes = amount * scale
-    return Flavor(vcpus, memory_bytes)
+    return DomainFlavor(vcpus, memory_bytes)
 
 
-def _nova(instance: ET.Element, source: str, ns: str, fallback: Flavor) -> Ownership | None:
+def _nova(instance: ET.Element, source: str, ns: str, fallback: DomainFlavor) -> Ownership | None:
     """The owner Nova wrote into ``<instance>``; None if it names no valid project."""
 
     def q(path: str) -> str:
@@ -117,7 +117,7 @@ def _nova(instance: ET.Element, source: str, ns: str, fallback: Flavor) -> Owner
     f = instance.find(q("flavor"))
     if f is not None:
         memory_mib = _positive(f.findtext(q("memory")))
-        flavor = Flavor(
+        flavor = DomainFlavor(
             _positive(f.findtext(q("vcpus"))), None if memory_mib is None else memory_mib * MIB
         )
     if customer is None:
@@ -143,7 +143,7 @@ def ownership(root: ET.Element, default_customer: str | None = None) -> Ownershi
             customer = _customer(mine.get("customer"))
             if customer is not None:
                 memory_mib = _positive(mine.get("memory_mib"))
-                flavor = Flavor(
+                flavor = DomainFlavor(
                     _positive(mine.get("vcpus")) or fallback_flavor.vcpus,
                     memory_mib * MIB if memory_mib is not None else fallback_flavor.memory_bytes,
                 )

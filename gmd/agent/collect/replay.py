@@ -62,7 +62,7 @@ import numpy as np
 from gmd import GmdError
 from gmd.agent.collect.base import (
     UNKNOWN_CUSTOMER,
-    Flavor,
+    DomainFlavor,
     HostReading,
     HostResources,
     Ownership,
@@ -346,7 +346,9 @@ class ReplayCollector:
         if runs:
             created = max(math.floor(self.clock.to_sim(runs[0].start_s)), 0)
         given = vm.trace.flavor
-        return Ownership(vm.customer, "replay", Flavor(given.vcpus, given.memory_bytes), created)
+        return Ownership(
+            vm.customer, "replay", DomainFlavor(given.vcpus, given.memory_bytes), created
+        )
 
     def resources(self) -> HostResources:
         return self._resources

@@ -27,7 +27,7 @@ READ_PROJECT = "fairness:read_project"
 
 
 @dataclass(frozen=True)
-class Reader:
+class ReadCaller:
     """The caller of a read route: ``everyone`` (an operator), or a member of ``project_id``."""
 
     name: str
@@ -56,14 +56,14 @@ class Unauthenticated(GmdError):
 
 
 class ReadAccess(Protocol):
-    def reader(self, token: str | None) -> Reader: ...
+    def reader(self, token: str | None) -> ReadCaller: ...
 
 
 class LocalAccess:
     """The operator's local admin mode: every caller reads everything."""
 
-    def reader(self, token: str | None) -> Reader:
-        return Reader("the operator (local)", everyone=True)
+    def reader(self, token: str | None) -> ReadCaller:
+        return ReadCaller("the operator (local)", everyone=True)
 
 
 def policy_defaults() -> list[Any]:
@@ -141,7 +141,7 @@ class KeystoneAccess:
         # As every OpenStack service answers a 401: where to get a token.
         self._challenge = f'Keystone uri="{config.keystone["www_authenticate_uri"]}"'
 
-    def reader(self, token: str | None) -> Reader:
+    def reader(self, token: str | None) -> ReadCaller:
         """Who ``token`` belongs to; :class:`Unauthenticated` when Keystone does not say."""
         import webob
         from oslo_context import context
@@ -162,7 +162,7 @@ class KeystoneAccess:
         everyone = rules.enforce(READ_EVERYONE, {}, creds)
         name = request.environ.get("HTTP_X_USER_NAME") or "a Keystone user"
         project = request.environ.get("HTTP_X_PROJECT_ID")
-        return Reader(str(name), bool(everyone), project, creds, rules)
+        return ReadCaller(str(name), bool(everyone), project, creds, rules)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from starlette.concurrency import run_in_threadpool
 
 from gmd import OptionError
 from gmd.common.timespec import NotATime, parse_time
-from gmd.daemon.api.access import Reader, Unauthenticated
+from gmd.daemon.api.access import ReadCaller, Unauthenticated
 from gmd.daemon.api.deps import ServicesDep
 from gmd.daemon.api.errors import Refused
 from gmd.daemon.api.members import for_member
@@ -63,7 +63,9 @@ def segment(name: str) -> str:
     return quote(name, safe="")
 
 
-def reader(services: ServicesDep, x_auth_token: Annotated[str | None, Header()] = None) -> Reader:
+def reader(
+    services: ServicesDep, x_auth_token: Annotated[str | None, Header()] = None
+) -> ReadCaller:
     """The caller, before anything is read (a plain function: it may ask Keystone, so
     FastAPI runs it on a worker thread)."""
     access = services.read_access
@@ -75,10 +77,10 @@ def reader(services: ServicesDep, x_auth_token: Annotated[str | None, Header()] 
         raise Refused(401, str(exc), challenge=exc.challenge) from None
 
 
-ReaderDep = Annotated[Reader, Depends(reader)]
+ReaderDep = Annotated[ReadCaller, Depends(reader)]
 
 
-def _customer(services: ServicesDep, who: Reader, customer: str) -> str:
+def _customer(services: ServicesDep, who: ReadCaller, customer: str) -> str:
     """The project uuid of ``customer`` (a uuid or a project name) that ``who`` may read."""
     with services.engine.connect() as conn:
         try:
@@ -93,7 +95,7 @@ def _customer(services: ServicesDep, who: Reader, customer: str) -> str:
     return uuid
 
 
-def _seen_by(who: Reader, services: ServicesDep, project: str, document: Any) -> Any:
+def _seen_by(who: ReadCaller, services: ServicesDep, project: str, document: Any) -> Any:
     """``document`` as ``who`` may see it: as it is for an operator, a member's view
     (:func:`~gmd.daemon.api.members.for_member`: no host's name, owner or words) of ``project``
     for a member."""
@@ -257,7 +259,7 @@ def get_federation_events(
     return {"events": rows}
 
 
-def _operator(who: Reader, what: str) -> None:
+def _operator(who: ReadCaller, what: str) -> None:
     if not who.everyone:
         raise Refused(403, f"{who.name} may not read {what}: it is the operators'")
 
@@ -289,7 +291,7 @@ async def get_whatif(
 
 async def whatif_document(
     request: Request,
-    who: Reader,
+    who: ReadCaller,
     services: Services,
     from_: str,
     to: str,

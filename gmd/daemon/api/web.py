@@ -27,7 +27,7 @@ from fastapi import APIRouter, Cookie, Depends, Header, Query, Request
 from fastapi.responses import HTMLResponse, Response
 
 from gmd.daemon.api import read
-from gmd.daemon.api.access import Reader
+from gmd.daemon.api.access import ReadCaller
 from gmd.daemon.api.deps import ServicesDep
 from gmd.daemon.api.errors import Refused
 from gmd.daemon.reports.standings import SortKey
@@ -141,12 +141,12 @@ def web_reader(
     services: ServicesDep,
     x_auth_token: Annotated[str | None, Header()] = None,
     gmd_token: Annotated[str | None, Cookie()] = None,
-) -> Reader:
+) -> ReadCaller:
     """The read API's caller, whose token may also come in a cookie (a browser's)."""
     return read.reader(services, x_auth_token or gmd_token)
 
 
-WebReader = Annotated[Reader, Depends(web_reader)]
+WebReader = Annotated[ReadCaller, Depends(web_reader)]
 
 
 def _page(title: str, body: str, status: int = 200) -> HTMLResponse:

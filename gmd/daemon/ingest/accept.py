@@ -15,7 +15,7 @@ from gmd.daemon.api.errors import Refused
 from gmd.daemon.api.metrics import DaemonMetrics, Rejection
 from gmd.daemon.api.services import Services
 from gmd.daemon.ingest.checks import BatchProblem, ProblemCode, batch_problems, implausible
-from gmd.daemon.ingest.limits import Claim
+from gmd.daemon.ingest.limits import HostClaim
 from gmd.daemon.ingest.parse import parse_record
 from gmd.daemon.ingest.record import (
     BatchRecord,
@@ -211,7 +211,7 @@ def ingest_within_limits(
     counted for a batch that is not stored after all (a database error, a store's retry) is
     given back, so that a full disk does not use up a host's room."""
     oldest_s = now_s - services.config.daemon.max_late_s - batch.interval_s
-    claims: list[Claim] = []
+    claims: list[HostClaim] = []
 
     def release() -> None:
         while claims:

@@ -50,55 +50,55 @@ def _struct(name: str, fields: list[tuple[Any, ...]]) -> Any:
 # attribute; the amounts are read by name (attrgetter).
 if TYPE_CHECKING:
 
-    class Capacity(msgspec.Struct): ...
+    class FastCapacity(msgspec.Struct): ...
 
-    class Flavor(msgspec.Struct): ...
+    class FastFlavor(msgspec.Struct): ...
 
-    class Vm(msgspec.Struct):
+    class FastVm(msgspec.Struct):
         uuid: str
         customer: str
-        flavor: Flavor | UnsetType
+        flavor: FastFlavor | UnsetType
         created_s: int | None
 
 else:
-    Capacity = _struct("Capacity", [(f, Positive) for f in CAPACITY_FIELDS])
+    FastCapacity = _struct("FastCapacity", [(f, Positive) for f in CAPACITY_FIELDS])
     # A missing amount and null mean the same (an equal split), as in gmd.wire.Flavor.
-    Flavor = _struct("Flavor", [(f, Positive | None, None) for f in FLAVOR_FIELDS])
-    Vm = _struct(
-        "Vm",
+    FastFlavor = _struct("FastFlavor", [(f, Positive | None, None) for f in FLAVOR_FIELDS])
+    FastVm = _struct(
+        "FastVm",
         [
             ("uuid", str),
             ("customer", Name),
             *[(f, Amount) for f in USAGE_FIELDS],
             # Unset, not None: ``"flavor": null`` is refused by the contract.
-            ("flavor", Flavor | UnsetType, UNSET),
+            ("flavor", FastFlavor | UnsetType, UNSET),
             ("created_s", UnixTime | None, None),
         ],
     )
 
 
-class Batch(msgspec.Struct, forbid_unknown_fields=True):
+class FastBatch(msgspec.Struct, forbid_unknown_fields=True):
     key: str
     host: Name
     interval_start_s: UnixTime
     interval_s: Annotated[int, Meta(gt=0, le=MAX_JSON_INT)]
-    capacity: Capacity
-    vms: list[Vm]
+    capacity: FastCapacity
+    vms: list[FastVm]
     customer_names: Annotated[dict[Name, Name], Meta(max_length=MAX_CUSTOMER_NAMES)] = {}
     host_cpu_s: Amount | None = None
 
 
-_DECODER = msgspec.json.Decoder(Batch)
+_DECODER = msgspec.json.Decoder(FastBatch)
 # Python's ``$`` also matches before a final newline, pydantic's does not: whole-string
 # matches only. The UUIDs of a batch are matched in one pass over them, one per line.
 _KEY = re.compile(r"[!-~]{1,128}")
 _UUIDS = re.compile(r"(?:[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\n)*")
-_NO_FLAVOR = Flavor()
+_NO_FLAVOR = FastFlavor()
 _USAGE = [attrgetter(f) for f in USAGE_FIELDS]
 _FLAVOR = [attrgetter(f) for f in FLAVOR_FIELDS]
 
 
-def accept(body: bytes) -> Batch | None:
+def accept(body: bytes) -> FastBatch | None:
     """The batch in ``body`` if it is well-formed in the common way, else None (pydantic
     then decides, and words the refusal)."""
     try:
@@ -121,11 +121,11 @@ def accept(body: bytes) -> Batch | None:
     return batch
 
 
-def capacity(batch: Batch) -> tuple[float, ...]:
+def capacity(batch: FastBatch) -> tuple[float, ...]:
     return tuple(getattr(batch.capacity, f) for f in CAPACITY_FIELDS)
 
 
-def use(batch: Batch) -> np.ndarray:
+def use(batch: FastBatch) -> np.ndarray:
     """VMs × :data:`~gmd.wire.USAGE_FIELDS`."""
     vms = batch.vms
     return np.array([list(map(get, vms)) for get in _USAGE], dtype=np.float64).T.reshape(
@@ -133,7 +133,7 @@ def use(batch: Batch) -> np.ndarray:
     )
 
 
-def flavor(batch: Batch) -> np.ndarray:
+def flavor(batch: FastBatch) -> np.ndarray:
     """VMs × :data:`~gmd.wire.FLAVOR_FIELDS`, NaN where the flavor gives no amount."""
     flavors = [_NO_FLAVOR if f is UNSET else f for f in map(attrgetter("flavor"), batch.vms)]
     return np.array([list(map(get, flavors)) for get in _FLAVOR], dtype=np.float64).T.reshape(

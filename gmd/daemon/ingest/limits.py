@@ -59,7 +59,7 @@ class _Window:
 
 
 @dataclass(frozen=True)
-class Claim:
+class HostClaim:
     """What :meth:`HostLimits.admit_batch` counted for one batch, to give back if the batch is
     not stored after all (a full disk must not use up a host's exemption or its bounds)."""
 
@@ -95,7 +95,7 @@ class HostLimits:
         customers: int,
         vms: int,
         oldest_s: float,
-    ) -> Claim:
+    ) -> HostClaim:
         """Let a new batch of ``host`` for the interval of ``interval_start_s``, which would
         introduce ``customers`` and ``vms`` new to the ledger, be stored at ``now_s``, or
         refuse it. What is let in is counted at once (two batches at a time cannot both take
@@ -131,11 +131,11 @@ class HostLimits:
                         raise self._over(host, now_s, key_name, bound, count, held, what)
                 window.customers += customers
                 window.vms += vms
-                claim = Claim(host, interval_start_s, window.index, customers, vms)
+                claim = HostClaim(host, interval_start_s, window.index, customers, vms)
             else:
                 # The host's first batch since this daemon started: a new ledger or daemon.
                 self._started.add(host)
-                claim = Claim(host, interval_start_s, None)
+                claim = HostClaim(host, interval_start_s, None)
             self._batches[key] = stored + 1
             if len(self._batches) > self._prune_batches_above:
                 self._batches, self._prune_batches_above = _pruned(
@@ -143,7 +143,7 @@ class HostLimits:
                 )
         return claim
 
-    def release(self, claim: Claim) -> None:
+    def release(self, claim: HostClaim) -> None:
         """Give back what :meth:`admit_batch` counted for a batch that was not stored."""
         with self._lock:
             key = (claim.host, claim.interval_start_s)

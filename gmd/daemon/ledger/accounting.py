@@ -245,7 +245,7 @@ def _batches_late(conn: Connection, interval_id: int, batch_ids: Sequence[int]) 
 
 
 @dataclass(frozen=True)
-class Waiting:
+class AwaitingVerification:
     """Accounting waits for an interval's unverified batches (``[placement] wait_s``)."""
 
     start_s: int
@@ -261,7 +261,7 @@ def account_next(
     *,
     now_s: float | None = None,
     unverified_wait_s: float | None = None,
-    on_wait: Callable[[Waiting], object] | None = None,
+    on_wait: Callable[[AwaitingVerification], object] | None = None,
 ) -> int | None:
     """Account the earliest closed interval, if this process holds the lock and its turn has
     come. Returns its start, or None when there was nothing to do (or another daemon is at it).
@@ -304,7 +304,7 @@ def account_next(
                 until = start_s + int(row.length_s) + config.grace_s + unverified_wait_s
                 if now < until:
                     if on_wait is not None:
-                        on_wait(Waiting(start_s, pending, until))
+                        on_wait(AwaitingVerification(start_s, pending, until))
                     return None
                 _drop_unverified(conn, interval_id, start_s, unverified_wait_s)
 
@@ -420,7 +420,7 @@ class RunReport:
     quarantined: list[Quarantined] = field(default_factory=list)
     stopped: bool = False
     """the run ended early because it was asked to stop (``should_stop``)"""
-    waiting: Waiting | None = None
+    waiting: AwaitingVerification | None = None
     """accounting waits for this interval's unverified batches"""
 
 
@@ -471,7 +471,7 @@ def account_due(
     quarantined: list[Quarantined] = []
     began = time.monotonic()
     stopped = False
-    waiting: list[Waiting] = []
+    waiting: list[AwaitingVerification] = []
     while time.monotonic() - began < budget_s:
         if should_stop is not None and should_stop():
             stopped = True

@@ -37,7 +37,7 @@ from gmd.daemon.ledger.step_input import previous_standing
 from gmd.daemon.reports.actions import actions as list_actions
 from gmd.daemon.reports.enforcement import caps_words
 from gmd.daemon.reports.explain_recompute import recompute
-from gmd.daemon.reports.explanation import Driver, Explanation, HostCaps
+from gmd.daemon.reports.explanation import CapsOnHost, Driver, Explanation
 from gmd.fairness.decay import decay_factor
 from gmd.fairness.policy import (
     for_customer,
@@ -486,7 +486,7 @@ def _caps(
     interval_id: int,
     level: int,
     customer_id: int,
-) -> list[HostCaps]:
+) -> list[CapsOnHost]:
     """Whether the level's caps apply to the customer on each host, measured as the plan
     served after the interval measured it: over the accounted intervals up to it (withheld
     where the customer contends the host alone: :func:`gmd.fairness.policy.for_customer`)."""
@@ -507,7 +507,7 @@ def _caps(
             host_knobs(host_caps(conn, host_id, window, contention), knobs), others, contention
         )
         weight = knobs is None or Knob.disk_weight not in knobs.unsupported()
-        out.append(HostCaps(host, decisions, caps_words(effect, decisions), weight))
+        out.append(CapsOnHost(host, decisions, caps_words(effect, decisions), weight))
     return out
 
 

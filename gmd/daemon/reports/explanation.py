@@ -25,7 +25,7 @@ from gmd.wire import PlanMode
 
 
 @dataclass(frozen=True)
-class HostCaps:
+class CapsOnHost:
     """Whether the hard caps of the customer's level apply on one of its hosts, and why."""
 
     host: str
@@ -102,7 +102,7 @@ class Explanation:
     name: str | None = None
     """the project's name, where the ledger knows it"""
     policy: ThrottlePolicy = field(default_factory=ThrottlePolicy)
-    caps: list[HostCaps] = field(default_factory=list)
+    caps: list[CapsOnHost] = field(default_factory=list)
     """per host the customer ran VMs on in the interval"""
     quota_cloud: str = ""
     """[enforcement.quota] cloud: empty when gmd changes no quota"""
@@ -216,7 +216,7 @@ def duration(seconds: float) -> str:
     return f"{seconds / DAY_S:.1f} days"
 
 
-def _hosts_where(caps: list[HostCaps], resource: CapResource) -> str:
+def _hosts_where(caps: list[CapsOnHost], resource: CapResource) -> str:
     """ "on cmp-01 (cpu 91 % ≥ 80 %); not on cmp-02 (cpu 22 % < 80 %), …"."""
     on: list[str] = []
     off: list[str] = []

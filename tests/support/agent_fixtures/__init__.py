@@ -11,8 +11,8 @@ from typing import Any
 import libvirt
 
 from gmd.agent.collect.base import (
+    DomainFlavor,
     FailureKind,
-    Flavor,
     HostReading,
     HostResources,
     Ownership,
@@ -72,7 +72,7 @@ class ScriptedVm:
     write_bytes_per_s: int = 500
     rx_bytes_per_s: int = 2000
     tx_bytes_per_s: int = 100
-    flavor: Flavor = field(default_factory=lambda: Flavor(2, 2**31))
+    flavor: DomainFlavor = field(default_factory=lambda: DomainFlavor(2, 2**31))
     started_s: float = 0.0
     run_id: int = 1
 

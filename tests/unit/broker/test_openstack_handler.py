@@ -19,9 +19,9 @@ from gmd.broker.coordination import Request
 from gmd.broker.handlers import Finished
 from gmd.broker.openstack import (
     TAG,
-    Flavor,
     HandlerUnavailable,
     Listed,
+    NovaFlavor,
     OpenStackHandler,
 )
 from gmd.common.config import ConfigError
@@ -31,10 +31,10 @@ SETTINGS = OpenStackSettings(
     cloud="fed", image="guest", poll_s=1.0, spare_s=5.0, timeout_s=2.0, pause_s=30.0
 )
 FLAVORS = [
-    Flavor("f-big", "big", 4, 4096, 10),
-    Flavor("f-tiny", "tiny", 1, 128, 1),
-    Flavor("f-two", "two", 2, 2048, 10),
-    Flavor("f-two-small", "two-small", 2, 1024, 10),
+    NovaFlavor("f-big", "big", 4, 4096, 10),
+    NovaFlavor("f-tiny", "tiny", 1, 128, 1),
+    NovaFlavor("f-two", "two", 2, 2048, 10),
+    NovaFlavor("f-two-small", "two-small", 2, 1024, 10),
 ]
 
 
@@ -67,7 +67,7 @@ class FakeNova:
     fail_delete: OpenStackError | None = None
     ids: Iterator[str] = field(default_factory=lambda: (f"srv-{n}" for n in itertools.count(1)))
 
-    def flavors(self) -> list[Flavor]:
+    def flavors(self) -> list[NovaFlavor]:
         return list(FLAVORS)
 
     def image_id(self, image: str) -> str:

@@ -8,7 +8,15 @@ import pytest
 
 from gmd.common.config import ConfigError, Reader
 from gmd.common.options import Count, Number, Text
-from gmd.common.settings import Refusal, composed, read_table, setting, subtable, table, table_of
+from gmd.common.settings import (
+    RuleRefusal,
+    composed,
+    read_table,
+    setting,
+    subtable,
+    table,
+    table_of,
+)
 
 
 def _span(low: float, high: float) -> tuple[float, float]:
@@ -68,7 +76,7 @@ def test_refusals_name_the_file_and_the_key(table_: dict[str, object], message: 
 
 def test_a_rule_over_several_keys_names_its_key() -> None:
     def refusing(low: float, high: float) -> tuple[float, float]:
-        raise Refusal("high", "too close to low")
+        raise RuleRefusal("high", "too close to low")
 
     @table("demo.rule")
     @dataclass(frozen=True)

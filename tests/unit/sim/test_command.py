@@ -110,7 +110,14 @@ def test_gmd_admin_simulate(small_trace: Path) -> None:
 def test_gmd_admin_simulate_placement() -> None:
     """FALB's experiment through the admin CLI: every strategy, the figures falb_experiment
     gives for the same seeds, and a bad scenario refused in one line with exit 2."""
-    from gmd.sim.placement import FALB_POLICIES, Arrival, FalbInputs, Scenario, Tie, falb_experiment
+    from gmd.sim.placement import (
+        FALB_POLICIES,
+        Arrival,
+        FalbInputs,
+        FalbScenario,
+        Tie,
+        falb_experiment,
+    )
 
     admin = Path(sys.executable).with_name("gmd-admin")
     args = ["simulate-placement", "--scenario", "stream", "--seeds", "2", "--jitter", "0.05",
@@ -123,7 +130,7 @@ def test_gmd_admin_simulate_placement() -> None:
     assert doc["config"] == {"scenario": "stream", "seeds": 2, "jitter": 0.05,
                              "arrival": "sequential", "gap_s": 1.0, "tie": "random"}  # fmt: skip
     assert [r["policy"] for r in doc["policies"]] == [p.name for p in FALB_POLICIES]
-    inputs = FalbInputs(Scenario.stream, 0.05, Arrival.sequential, 1.0, Tie.random)
+    inputs = FalbInputs(FalbScenario.stream, 0.05, Arrival.sequential, 1.0, Tie.random)
     expected = falb_experiment(inputs, seeds=2)
     assert [r["makespan_s"] for r in doc["policies"]] == [e.makespan_s.mean for e in expected]
     assert [r["rrdf_spread_ci95"] for r in doc["policies"]] == [

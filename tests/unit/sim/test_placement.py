@@ -16,17 +16,17 @@ from gmd.sim.placement import (
     App,
     Arrival,
     FalbInputs,
+    FalbPolicy,
+    FalbScenario,
     Order,
-    Policy,
-    Scenario,
     Tie,
     falb_apps,
     falb_experiment,
     simulate_placement,
 )
 
-FIFO_MEAN = Policy("mean", Order.fifo, Strategy.mean_utilization)
-RRDF_FALB3 = Policy("falb3", Order.rrdf, Strategy.falb3)
+FIFO_MEAN = FalbPolicy("mean", Order.fifo, Strategy.mean_utilization)
+RRDF_FALB3 = FalbPolicy("falb3", Order.rrdf, Strategy.falb3)
 
 
 def test_two_nodes_by_hand() -> None:
@@ -85,11 +85,11 @@ def test_an_application_no_node_can_hold_is_refused() -> None:
 
 def test_the_papers_workload() -> None:
     rng = np.random.default_rng(0)
-    batch = falb_apps(Scenario.batch, rng)
+    batch = falb_apps(FalbScenario.batch, rng)
     assert len(batch) == len(FALB_TENANTS) * FALB_APPS_PER_TENANT == 200
     assert {a.submit_s for a in batch} == {0.0}
     assert {(a.demand, a.run_s) for a in batch if a.tenant == 0} == {((2, 8), 50)}
-    stream = falb_apps(Scenario.stream, np.random.default_rng(0), gap_s=2.0)
+    stream = falb_apps(FalbScenario.stream, np.random.default_rng(0), gap_s=2.0)
     assert [a.submit_s for a in stream] == [2.0 * i for i in range(200)]
     assert sorted(a.tenant for a in stream) == sorted(a.tenant for a in batch)
     # every tenant's applications charge the same RRDF: 2·8·50 = 1·4·200 = 8·2·50 = 4·1·200
@@ -97,7 +97,7 @@ def test_the_papers_workload() -> None:
 
 
 def test_falb_experiment_reports_each_policy_with_an_interval() -> None:
-    results = falb_experiment(FalbInputs(Scenario.batch), seeds=4)
+    results = falb_experiment(FalbInputs(FalbScenario.batch), seeds=4)
     by = {r.policy: r for r in results}
     assert set(by) == {"YuniKorn", "FA-YK", "FALB-2", "FALB-3", "k8s-balanced"}
     for r in results:
@@ -111,7 +111,7 @@ def test_falb_experiment_reports_each_policy_with_an_interval() -> None:
 
 def test_the_stream_arrives_interleaved_or_tenant_after_tenant() -> None:
     def tenants(arrival: Arrival) -> list[int]:
-        apps = falb_apps(Scenario.stream, np.random.default_rng(0), arrival=arrival)
+        apps = falb_apps(FalbScenario.stream, np.random.default_rng(0), arrival=arrival)
         return [a.tenant for a in sorted(apps, key=lambda a: a.submit_s)]
 
     assert tenants(Arrival.sequential) == sorted(tenants(Arrival.sequential))

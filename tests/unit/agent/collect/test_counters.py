@@ -15,8 +15,8 @@ from gmd.agent.collect.aggregate import (
     split,
 )
 from gmd.agent.collect.base import (
+    DomainFlavor,
     FailureKind,
-    Flavor,
     HostReading,
     Ownership,
     ReadFailure,
@@ -25,7 +25,7 @@ from gmd.agent.collect.base import (
 from gmd.agent.collect.counters import Baseline, UsageAmounts, charged_memory, counter_delta, step
 from gmd.wire import SampleBatch
 
-OWNER = Ownership("proj-a", "nova/1.1", Flavor(2, 2**31), 1_700_000_000)
+OWNER = Ownership("proj-a", "nova/1.1", DomainFlavor(2, 2**31), 1_700_000_000)
 VM1 = "6f1c5b1e-1c2d-4e3f-8a9b-0c1d2e3f4a5b"  # the wire takes VM ids as UUIDs
 GIB = 2**30
 
@@ -96,7 +96,7 @@ def test_memory_is_charged_at_most_the_flavor() -> None:
     assert span is not None and span.usage.memory_byte_s == 2 * GIB * 10
     span, _ = step(None, reading(10.0, 2.0, rss=3 * GIB), new_since_s=0.0)
     assert span is not None and span.usage.memory_byte_s == 2 * GIB * 10 / 2
-    unknown = Ownership("proj-a", "default", Flavor(2, None))
+    unknown = Ownership("proj-a", "default", DomainFlavor(2, None))
     _, base = step(None, reading(0.0, 1.0, rss=5 * GIB, owner=unknown), new_since_s=None)
     span, _ = step(base, reading(10.0, 2.0, rss=3 * GIB, owner=unknown), new_since_s=None)
     assert span is not None and span.usage.memory_byte_s == 4 * GIB * 10

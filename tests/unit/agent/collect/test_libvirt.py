@@ -17,7 +17,7 @@ import libvirt
 import pytest
 
 from gmd.agent.collect.aggregate import AgentState, advance
-from gmd.agent.collect.base import FailureKind, Flavor, Ownership
+from gmd.agent.collect.base import DomainFlavor, FailureKind, Ownership
 from gmd.agent.collect.libvirt import LibvirtCollector
 from gmd.agent.config import parse_agent
 from gmd.agent.loop import AgentLoop
@@ -47,21 +47,21 @@ def test_owner_flavor_and_creation_time_from_metadata() -> None:
         NOVA: Ownership(
             "7f3e1c2b9a8d4e5f6a7b8c9d0e1f2a3b",
             "nova/1.1",
-            Flavor(2.0, 4096 * MIB),
+            DomainFlavor(2.0, 4096 * MIB),
             1709294400,
             "acme",  # the project's name, as Nova wrote it beside the uuid
         ),
         NOVA10: Ownership(
             "11112222333344445555666677778888",
             "nova/1.0",
-            Flavor(1.0, 2048 * MIB),
+            DomainFlavor(1.0, 2048 * MIB),
             1579077000,
             "legacy",
         ),
         # gmd's namespace gives 6 vCPUs; the RAM comes from the domain's <memory> (8 GiB).
-        GMD: Ownership("physics-lab", "gmd", Flavor(6.0, 8 * 2**30)),
+        GMD: Ownership("physics-lab", "gmd", DomainFlavor(6.0, 8 * 2**30)),
         # No owner: reported, under "unknown", with the domain's own size as its flavor.
-        ORPHAN: Ownership("unknown", "unknown", Flavor(2.0, 2**30)),
+        ORPHAN: Ownership("unknown", "unknown", DomainFlavor(2.0, 2**30)),
     }
     # The stopped domain is neither read nor listed.
     assert STOPPED not in reading.listed and reading.listed == set(owners)
@@ -71,7 +71,7 @@ def test_owner_flavor_and_creation_time_from_metadata() -> None:
 def test_default_customer_for_vms_without_metadata() -> None:
     c, _ = collector(default_customer="operator-pool")
     owners = {v.uuid: v.owner for v in c.collect().vms}
-    assert owners[ORPHAN] == Ownership("operator-pool", "default", Flavor(2.0, 2**30))
+    assert owners[ORPHAN] == Ownership("operator-pool", "default", DomainFlavor(2.0, 2**30))
     assert owners[NOVA].customer == "7f3e1c2b9a8d4e5f6a7b8c9d0e1f2a3b"
 
 
@@ -130,7 +130,7 @@ def test_many_domains_in_one_tick(tmp_path: Path) -> None:
     customers = {v.owner.customer for v in reading.vms}
     assert customers == {f"proj-{k}" for k in range(7)}
     vm = {v.uuid: v for v in reading.vms}["00000000-0000-4000-8000-000000000013"]
-    assert vm.owner.flavor == Flavor(2.0, 1024 * MIB)
+    assert vm.owner.flavor == DomainFlavor(2.0, 1024 * MIB)
     assert set(vm.disks) == {"vda"} and set(vm.nics) == {"tap13"}
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import calendar
 import time
 
-from gmd.agent.collect.base import Flavor, Ownership
+from gmd.agent.collect.base import DomainFlavor, Ownership
 from gmd.agent.collect.ownership import ownership_from_xml
 from tests.support.agent_fixtures import NODE
 
@@ -29,7 +29,7 @@ def test_nova_11_wins_over_10_and_gmd() -> None:
         '<gmd:vm xmlns:gmd="urn:gmd:libvirt:1" customer="mine"/>'
     )
     # No Nova flavor: the domain's own size is what it was configured with.
-    assert ownership_from_xml(xml) == Ownership("new", "nova/1.1", Flavor(2.0, 2 * 2**30))
+    assert ownership_from_xml(xml) == Ownership("new", "nova/1.1", DomainFlavor(2.0, 2 * 2**30))
 
 
 def test_nova_11_without_a_project_falls_back_to_10() -> None:
@@ -39,23 +39,27 @@ def test_nova_11_without_a_project_falls_back_to_10() -> None:
         f"</nova:owner><nova:flavor><nova:vcpus>4</nova:vcpus><nova:memory>512</nova:memory>"
         f"</nova:flavor><nova:creationTime>not a time</nova:creationTime></nova:instance>"
     )
-    assert ownership_from_xml(xml) == Ownership("p10", "nova/1.0", Flavor(4.0, 512 * 2**20))
+    assert ownership_from_xml(xml) == Ownership("p10", "nova/1.0", DomainFlavor(4.0, 512 * 2**20))
 
 
 def test_gmd_namespace_then_default_then_unknown() -> None:
     gmd = domain('<gmd:vm xmlns:gmd="urn:gmd:libvirt:1" customer=" lab " memory_mib="1024"/>')
-    assert ownership_from_xml(gmd, "ops") == Ownership("lab", "gmd", Flavor(2.0, 2**30))
+    assert ownership_from_xml(gmd, "ops") == Ownership("lab", "gmd", DomainFlavor(2.0, 2**30))
     # A customer name the ledger would refuse (control characters) is no owner.
     bad = domain('<gmd:vm xmlns:gmd="urn:gmd:libvirt:1" customer="a&#10;b"/>')
     assert ownership_from_xml(bad, "ops").source == "default"
     plain = domain("", memory="<memory unit='GiB'>4</memory>", vcpu=3)
-    assert ownership_from_xml(plain, "ops") == Ownership("ops", "default", Flavor(3.0, 4 * 2**30))
-    assert ownership_from_xml(plain) == Ownership("unknown", "unknown", Flavor(3.0, 4 * 2**30))
+    assert ownership_from_xml(plain, "ops") == Ownership(
+        "ops", "default", DomainFlavor(3.0, 4 * 2**30)
+    )
+    assert ownership_from_xml(plain) == Ownership(
+        "unknown", "unknown", DomainFlavor(3.0, 4 * 2**30)
+    )
 
 
 def test_no_metadata_element_at_all() -> None:
     xml = "<domain><name>bare</name><memory unit='MB'>1000</memory></domain>"
-    assert ownership_from_xml(xml) == Ownership("unknown", "unknown", Flavor(None, 1e9))
+    assert ownership_from_xml(xml) == Ownership("unknown", "unknown", DomainFlavor(None, 1e9))
 
 
 def test_the_project_name_beside_the_uuid_if_the_daemon_would_accept_it() -> None:
@@ -85,7 +89,7 @@ def test_the_domain_xml_nova_34_really_wrote() -> None:
     assert ownership_from_xml(xml) == Ownership(
         "e492db59c98e4f7cb004ecc37c2fb176",
         "nova/1.1",
-        Flavor(1.0, 128 * 2**20),
+        DomainFlavor(1.0, 128 * 2**20),
         created_s=created,
         customer_name="acme",
     )

@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gmd.daemon.api.access import Reader
+from gmd.daemon.api.access import ReadCaller
 from gmd.daemon.api.members import PATH_WORDS, MemberView, host_id, report_words
 from gmd.daemon.enforce.levels import after_interval
 from gmd.daemon.ledger.accounting import account_due
@@ -375,10 +375,10 @@ class _OwnProject:
 class StandInAccess:
     """A token is the name of the project its bearer is a member of; "operator" reads all."""
 
-    def reader(self, token: str | None) -> Reader:
+    def reader(self, token: str | None) -> ReadCaller:
         if token == "operator":
-            return Reader("an operator", everyone=True)
-        return Reader(f"{token}-member", False, token, policy=token, rules=_OwnProject())
+            return ReadCaller("an operator", everyone=True)
+        return ReadCaller(f"{token}-member", False, token, policy=token, rules=_OwnProject())
 
 
 def test_a_members_answers_and_pages_name_no_host_where_an_operators_do(tmp_path: Path) -> None:
