@@ -249,6 +249,23 @@ def write_configs(
     """
     tokens = {h: secrets.token_urlsafe(24) for h in cloud.hosts}
     lab_host = cloud.hosts[-1] if len(cloud.hosts) > 1 else None
+    lines = _daemon_lines(layout, cloud, port, database_url)
+    for host in cloud.hosts:
+        digest = hashlib.sha256(tokens[host].encode()).hexdigest()
+        owner = LAB if host == lab_host else "operator"
+        lines += [f"[hosts.{host}]", f"owner = {_toml(owner)}", f"token_sha256 = {_toml(digest)}"]
+        lines.append("")
+    layout.config.write_text("\n".join(lines))
+    for host in cloud.hosts:
+        token_file = layout.root / f"{host}.token"
+        token_file.write_text(tokens[host] + "\n")
+        token_file.chmod(0o600)
+        _write_agent_config(layout, cloud, traces, port, host, token_file, memory_per_host)
+
+
+def _daemon_lines(layout: Layout, cloud: Cloud, port: int, database_url: str | None) -> list[str]:
+    """The daemon's gmd.toml but its hosts: dry-run enforcement, balances halving daily, late
+    intervals taken for as long as the replay runs."""
     lines = [
         "# Written by gmd-admin demo: the daemon's and gmd-admin's configuration.",
         "[database]",
@@ -284,41 +301,44 @@ def write_configs(
         f"{LAB} = {_toml(LAB)}",
         "",
     ]
-    for host in cloud.hosts:
-        digest = hashlib.sha256(tokens[host].encode()).hexdigest()
-        owner = LAB if host == lab_host else "operator"
-        lines += [f"[hosts.{host}]", f"owner = {_toml(owner)}", f"token_sha256 = {_toml(digest)}"]
-        lines.append("")
-    layout.config.write_text("\n".join(lines))
-    for host in cloud.hosts:
-        token_file = layout.root / f"{host}.token"
-        token_file.write_text(tokens[host] + "\n")
-        token_file.chmod(0o600)
-        names = cloud.traces_on(host)
-        agent = {
-            "daemon_url": f"http://127.0.0.1:{port}",
-            "token_file": token_file.name,
-            "host": host,
-            "tick_s": cloud.tick_s,
-            "interval_s": cloud.interval_s,
-            "spool_path": f"spool-{host}.db",
-            "metrics_port": 0,
-            "enforce_backend": "none",
-            "network_bytes_per_s": 1.25e9,
-            "collector": "replay",
-            "replay_dir": str(traces),
-            "replay_vms": names,
-            "replay_customers": {n: cloud.owners[n] for n in names},
-            "replay_start": cloud.start_s,
-            "replay_end": cloud.end_s,
-            "replay_speed": "max",
-            "replay_host_cores": cloud.cores[host],
-            "replay_host_memory_bytes": memory_per_host,
-        }
-        body = "\n".join(f"{k} = {_toml(v)}" for k, v in agent.items())
-        layout.agent_config(host).write_text(
-            f"# Written by gmd-admin demo: simulated compute host {host}.\n[agent]\n{body}\n"
-        )
+    return lines
+
+
+def _write_agent_config(
+    layout: Layout,
+    cloud: Cloud,
+    traces: Path,
+    port: int,
+    host: str,
+    token_file: Path,
+    memory_per_host: float,
+) -> None:
+    """One simulated host's agent file: replaying its VMs' traces as fast as it can."""
+    names = cloud.traces_on(host)
+    agent = {
+        "daemon_url": f"http://127.0.0.1:{port}",
+        "token_file": token_file.name,
+        "host": host,
+        "tick_s": cloud.tick_s,
+        "interval_s": cloud.interval_s,
+        "spool_path": f"spool-{host}.db",
+        "metrics_port": 0,
+        "enforce_backend": "none",
+        "network_bytes_per_s": 1.25e9,
+        "collector": "replay",
+        "replay_dir": str(traces),
+        "replay_vms": names,
+        "replay_customers": {n: cloud.owners[n] for n in names},
+        "replay_start": cloud.start_s,
+        "replay_end": cloud.end_s,
+        "replay_speed": "max",
+        "replay_host_cores": cloud.cores[host],
+        "replay_host_memory_bytes": memory_per_host,
+    }
+    body = "\n".join(f"{k} = {_toml(v)}" for k, v in agent.items())
+    layout.agent_config(host).write_text(
+        f"# Written by gmd-admin demo: simulated compute host {host}.\n[agent]\n{body}\n"
+    )
 
 
 # -- processes --------------------------------------------------------------------------------
@@ -594,17 +614,7 @@ def run(
     ``database_url``: an empty database to grow the ledger in instead of the directory's
     SQLite file (the tests grow one on PostgreSQL too)."""
     began = time.monotonic()
-    if not traces.is_dir():
-        raise DemoError(
-            f"no Bitbrains traces in {traces}: give --traces DIR (the N.csv or N.csv.gz files"
-            " of GWA-T-12 Rnd)"
-        )
-    names = parse_traces(vms)
-    for name in names:
-        try:
-            trace_file(traces, name)
-        except TraceError as exc:
-            raise DemoError(str(exc)) from None
+    names = _traces_of(traces, vms)
     cloud = plan_cloud(names, hosts, days, cores_per_host=cores_per_host)
     check_coverage(traces, cloud, days)
     layout = prepare(root)
@@ -617,19 +627,7 @@ def run(
         memory_per_host=memory_per_host,
         database_url=database_url,
     )
-    customers = sorted(set(cloud.owners.values()))
-    small = ""
-    if hosts > 1:
-        first = cloud.hosts[0]
-        small = f" ({first}: {cloud.cores[first]:g}, a small busy one)"
-    print(
-        f"gmd demo: {len(names)} Bitbrains VMs of {len(customers)} customers"
-        f" ({', '.join(customers)}) on {hosts} simulated hosts of {cores_per_host:g} cores{small},"
-        f" replaying the {cloud.intervals * cloud.interval_s / DAY_S:.3g} days up to"
-        f" {iso(cloud.end_s)}\n  files: {layout.root} (configuration: {layout.config.name})",
-        file=out,
-        flush=True,
-    )
+    _say_cloud(out, names, cloud, layout, cores_per_host)
     ledger = "the ledger database given" if database_url else f"SQLite ledger {layout.ledger.name}"
     with daemon(layout, port):
         print(
@@ -654,22 +652,7 @@ def run(
     accounted, account_s = account(layout, cloud, out)
     print("[4/4] what the operators' commands say", file=out, flush=True)
     span = ("--from", iso(cloud.start_s), "--to", iso(cloud.end_s))
-    standings = admin(layout, out, "standings", "--format", "json", show=False)
-    rows = json.loads(standings)["customers"]
-    greediest = str(rows[0]["customer"]) if rows else None
-    if rows and float(rows[0]["balance"]) <= 0:
-        print(f"  (nobody's balance is positive: {greediest} is the least moderate)", file=out)
-    admin(layout, out, "standings")
-    admin(layout, out, "report", *span)
-    admin(layout, out, "report", *span, "--group-by", "day")
-    if greediest is not None:
-        admin(layout, out, "explain", greediest)
-        admin(layout, out, "actions", "--customer", greediest, "--limit", "12")
-    admin(layout, out, "enforce", "--plan")
-    caps = where_capped(admin(layout, out, "enforce", "--plan", "--format", "json", show=False))
-    if greediest is not None:
-        print(f"\n{caps_walkthrough(greediest, caps.get(greediest, {}))}", file=out, flush=True)
-    admin(layout, out, "plot", *span, "-o", str(layout.plot))
+    greediest, caps = _operators_commands(layout, out, span)
     total_s = time.monotonic() - began
     command = typed("gmd-admin")
     print(
@@ -695,3 +678,65 @@ def run(
         "config": str(layout.config),
         "plot": str(layout.plot),
     }
+
+
+def _traces_of(traces: Path, vms: str) -> list[str]:
+    """The VMs' trace names of ``vms`` (``1-100``), each found in ``traces``; DemoError
+    saying which is missing."""
+    if not traces.is_dir():
+        raise DemoError(
+            f"no Bitbrains traces in {traces}: give --traces DIR (the N.csv or N.csv.gz files"
+            " of GWA-T-12 Rnd)"
+        )
+    names = parse_traces(vms)
+    for name in names:
+        try:
+            trace_file(traces, name)
+        except TraceError as exc:
+            raise DemoError(str(exc)) from None
+    return names
+
+
+def _say_cloud(
+    out: TextIO, names: list[str], cloud: Cloud, layout: Layout, cores_per_host: float
+) -> None:
+    """The demo's first lines: what it replays, on what, and where its files are."""
+    customers = sorted(set(cloud.owners.values()))
+    hosts = len(cloud.hosts)
+    small = ""
+    if hosts > 1:
+        first = cloud.hosts[0]
+        small = f" ({first}: {cloud.cores[first]:g}, a small busy one)"
+    print(
+        f"gmd demo: {len(names)} Bitbrains VMs of {len(customers)} customers"
+        f" ({', '.join(customers)}) on {hosts} simulated hosts of {cores_per_host:g} cores{small},"
+        f" replaying the {cloud.intervals * cloud.interval_s / DAY_S:.3g} days up to"
+        f" {iso(cloud.end_s)}\n  files: {layout.root} (configuration: {layout.config.name})",
+        file=out,
+        flush=True,
+    )
+
+
+def _operators_commands(
+    layout: Layout, out: TextIO, span: tuple[str, ...]
+) -> tuple[str | None, dict[str, dict[str, str]]]:
+    """Step 4: what gmd-admin says of the replayed days (standings, reports, the greediest
+    customer's explanation and actions, the plan, the plot); the greediest customer and where
+    each customer is capped."""
+    standings = admin(layout, out, "standings", "--format", "json", show=False)
+    rows = json.loads(standings)["customers"]
+    greediest = str(rows[0]["customer"]) if rows else None
+    if rows and float(rows[0]["balance"]) <= 0:
+        print(f"  (nobody's balance is positive: {greediest} is the least moderate)", file=out)
+    admin(layout, out, "standings")
+    admin(layout, out, "report", *span)
+    admin(layout, out, "report", *span, "--group-by", "day")
+    if greediest is not None:
+        admin(layout, out, "explain", greediest)
+        admin(layout, out, "actions", "--customer", greediest, "--limit", "12")
+    admin(layout, out, "enforce", "--plan")
+    caps = where_capped(admin(layout, out, "enforce", "--plan", "--format", "json", show=False))
+    if greediest is not None:
+        print(f"\n{caps_walkthrough(greediest, caps.get(greediest, {}))}", file=out, flush=True)
+    admin(layout, out, "plot", *span, "-o", str(layout.plot))
+    return greediest, caps

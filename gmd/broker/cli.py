@@ -24,7 +24,11 @@ from gmd.common.cli import ExitCode, LogLevelOption, fail, run, version_option
 from gmd.common.config import ConfigError
 
 if TYPE_CHECKING:
+    from kazoo.client import KazooClient
     from sqlalchemy import Engine
+
+    from gmd.broker.broker import Broker
+    from gmd.broker.handlers import ResourceHandler
 
 log = logging.getLogger("gmd.broker")
 
@@ -89,39 +93,16 @@ def run_command(
     """
     logs.setup(log_level.value, quiet=("kazoo.client",))
     config = _config(config_path)
-    from kazoo.client import KazooClient
     from kazoo.exceptions import KazooException
     from kazoo.handlers.threading import KazooTimeoutError
     from sqlalchemy.exc import SQLAlchemyError
 
     from gmd.broker.broker import Broker, BrokerSettings
-    from gmd.broker.handlers import LocalProcesses, ResourceHandler
     from gmd.broker.history import History
 
-    if config.handler == HandlerKind.openstack:
-        from gmd.broker.handlers import HandlerUnavailable
-        from gmd.broker.openstack import OpenStackHandler
-
-        cloud = OpenStackHandler(config.site, config.cores, config.openstack)
-        try:
-            cloud.check()
-        except HandlerUnavailable as exc:
-            cloud.close(delete=False)
-            raise fail(str(exc), ExitCode.UNAVAILABLE) from None
-        handler: ResourceHandler = cloud
-    else:
-        handler = LocalProcesses(config.site, config.cores, config.journal, config.speed)
+    handler = _handler(config)
     ledger = _ledger(config)
-    zk = KazooClient(
-        hosts=config.zookeeper,
-        timeout=config.session_timeout_s,
-        connection_retry={"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 1.0},
-    )
-    try:
-        zk.start(timeout=30)
-    except KazooTimeoutError:
-        message = f"ZooKeeper at {config.zookeeper} did not answer in 30 s"
-        raise fail(message, ExitCode.UNAVAILABLE) from None
+    zk = _zookeeper(config)
     settings = BrokerSettings(
         config.site, config.org, config.threshold, root=config.root, tick_s=config.tick_s
     )
@@ -136,25 +117,7 @@ def run_command(
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        config.inbox.mkdir(parents=True, exist_ok=True)
-        held = inbox.held(config.inbox, config.site, config.org)
-        broker.start(held)
-        log.info(
-            "%s (%s) brokering: %g cores, threshold %g, ZooKeeper %s%s",
-            config.site,
-            config.org,
-            config.cores,
-            config.threshold,
-            config.zookeeper,
-            config.root,
-        )
-        if held:
-            log.info(
-                "%s: %d request(s) an earlier process took from the inbox and did not hand on:"
-                " published again unless ZooKeeper has them",
-                config.site,
-                len(held),
-            )
+        _start(broker, config)
         while not stop.is_set():
             for request in inbox.take(config.inbox, config.site, config.org):
                 broker.submit(request)
@@ -212,3 +175,65 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def _handler(config: BrokerConfig) -> ResourceHandler:
+    """What runs this site's requests: the OpenStack cloud (checked now: exit 1 when it
+    cannot be used) or local processes."""
+    from gmd.broker.handlers import LocalProcesses
+
+    if config.handler != HandlerKind.openstack:
+        return LocalProcesses(config.site, config.cores, config.journal, config.speed)
+    from gmd.broker.handlers import HandlerUnavailable
+    from gmd.broker.openstack import OpenStackHandler
+
+    cloud = OpenStackHandler(config.site, config.cores, config.openstack)
+    try:
+        cloud.check()
+    except HandlerUnavailable as exc:
+        cloud.close(delete=False)
+        raise fail(str(exc), ExitCode.UNAVAILABLE) from None
+    return cloud
+
+
+def _zookeeper(config: BrokerConfig) -> KazooClient:
+    """A started ZooKeeper session that retries its connection for ever; exit 1 when the
+    ensemble does not answer in 30 s."""
+    from kazoo.client import KazooClient
+    from kazoo.handlers.threading import KazooTimeoutError
+
+    zk = KazooClient(
+        hosts=config.zookeeper,
+        timeout=config.session_timeout_s,
+        connection_retry={"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 1.0},
+    )
+    try:
+        zk.start(timeout=30)
+    except KazooTimeoutError:
+        message = f"ZooKeeper at {config.zookeeper} did not answer in 30 s"
+        raise fail(message, ExitCode.UNAVAILABLE) from None
+    return zk
+
+
+def _start(broker: Broker, config: BrokerConfig) -> None:
+    """Start brokering with the requests an earlier process took from the inbox and did not
+    hand on, and say so."""
+    config.inbox.mkdir(parents=True, exist_ok=True)
+    held = inbox.held(config.inbox, config.site, config.org)
+    broker.start(held)
+    log.info(
+        "%s (%s) brokering: %g cores, threshold %g, ZooKeeper %s%s",
+        config.site,
+        config.org,
+        config.cores,
+        config.threshold,
+        config.zookeeper,
+        config.root,
+    )
+    if held:
+        log.info(
+            "%s: %d request(s) an earlier process took from the inbox and did not hand on:"
+            " published again unless ZooKeeper has them",
+            config.site,
+            len(held),
+        )

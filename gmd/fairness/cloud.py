@@ -206,7 +206,7 @@ def cloud_greediness(
     consumer = ConsumerMode(consumer)
     c = _check(interval, mode == EndowmentMode.flavor)
     g = check_gamma(gamma)
-    n, m = c.use.shape
+    m = c.use.shape[1]
     n_hosts = c.supply.shape[0]
     w = resource_weights(weights, m, c.cols)
 
@@ -218,32 +218,13 @@ def cloud_greediness(
         check_shape("share", s, (m,), "one amount per resource")
         check_amounts("share", s, None, c.cols, positive=True)
 
-    if consumer == ConsumerMode.vm:
-        consumer_of = np.arange(n, dtype=np.intp)
-        consumer_host, consumer_customer = c.host_of, c.customer_of
-        use = c.use
-    else:
-        stride = max(c.n_customers, 1)
-        key = c.host_of.astype(np.int64) * stride + c.customer_of
-        uniq, consumer_of = np.unique(key, return_inverse=True)
-        consumer_of = consumer_of.astype(np.intp).ravel()
-        consumer_host = (uniq // stride).astype(np.intp)
-        consumer_customer = (uniq % stride).astype(np.intp)
-        use = segment_sum(c.use, consumer_of, uniq.size)
-    k = use.shape[0]
-
+    consumer_of, consumer_host, consumer_customer, use = _consumers(c, consumer)
     if mode == EndowmentMode.equal:
         per_host = segment_count(consumer_host, n_hosts)
         e = (c.supply / np.maximum(per_host, 1)[:, None]).take(consumer_host, axis=0)
     else:
-        if mode == EndowmentMode.flavor:
-            assert c.configured is not None  # _check asked for it
-            vm_e = flavor_endowment(c.configured, c.supply, c.host_of)
-        else:
-            vm_e = as_float_array("endowment", endowment, 2)
-            check_shape("endowment", vm_e, (n, m), "VMs × resources, as use")
-            check_amounts("endowment", vm_e, Labels("VM", interval.vms, n), c.cols)
-        e = vm_e if consumer == ConsumerMode.vm else segment_sum(vm_e, consumer_of, k)
+        vm_e = _vm_endowments(interval, c, mode, endowment)
+        e = vm_e if consumer == ConsumerMode.vm else segment_sum(vm_e, consumer_of, use.shape[0])
 
     off = pool_offsets(use, e, consumer_host, n_hosts, g)
     terms = normalized_terms(off.offsets, s, w)
@@ -266,3 +247,37 @@ def cloud_greediness(
         customer_greediness=segment_sum(gm, consumer_customer, c.n_customers),
         customer_terms=segment_sum(terms, consumer_customer, c.n_customers),
     )
+
+
+def _consumers(
+    c: _Checked, consumer: ConsumerMode
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Who is judged (:class:`ConsumerMode`): each VM's consumer, each consumer's host and
+    customer, and each consumer's use (a customer's VMs on a host summed)."""
+    if consumer == ConsumerMode.vm:
+        return np.arange(c.use.shape[0], dtype=np.intp), c.host_of, c.customer_of, c.use
+    stride = max(c.n_customers, 1)
+    key = c.host_of.astype(np.int64) * stride + c.customer_of
+    uniq, consumer_of = np.unique(key, return_inverse=True)
+    consumer_of = consumer_of.astype(np.intp).ravel()
+    return (
+        consumer_of,
+        (uniq // stride).astype(np.intp),
+        (uniq % stride).astype(np.intp),
+        segment_sum(c.use, consumer_of, uniq.size),
+    )
+
+
+def _vm_endowments(
+    interval: CloudInterval, c: _Checked, mode: str, endowment: object
+) -> np.ndarray:
+    """Each VM's endowment: its flavor's share of its host (``flavor``), or as given (VMs ×
+    resources, checked)."""
+    n, m = c.use.shape
+    if mode == EndowmentMode.flavor:
+        assert c.configured is not None  # _check asked for it
+        return flavor_endowment(c.configured, c.supply, c.host_of)
+    vm_e = as_float_array("endowment", endowment, 2)
+    check_shape("endowment", vm_e, (n, m), "VMs × resources, as use")
+    check_amounts("endowment", vm_e, Labels("VM", interval.vms, n), c.cols)
+    return vm_e

@@ -11,7 +11,8 @@ from gmd.sim.command import DEFAULT_POLICIES, SimulateOptions, pooled_text, run_
 from gmd.sim.policies import policy_names
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The command line: its length is its options, each with its help text."""
     parser = argparse.ArgumentParser(prog="python -m gmd.sim", description=__doc__)
     parser.add_argument("--trace", help="an .swf or .swf.gz job log (required but with --pool)")
     parser.add_argument("--window", type=int, default=DAY_S, help="sample length [s]")
@@ -65,7 +66,13 @@ def main(argv: list[str] | None = None) -> int:
         help="repeatable: no simulation; --bootstrap's orderings over the samples of these "
         "runs' --format json output together (e.g. several traces)",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m gmd.sim``: exit 0 with the table (or CSV, JSON) on stdout, 2 with one line
+    on stderr for a bad option or trace."""
+    args = _parser().parse_args(argv)
     try:
         if args.pool:
             seed = args.seed

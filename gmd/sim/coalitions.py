@@ -103,6 +103,12 @@ class _Engine:
         self.preds = rand_preds
 
     def run(self) -> CoalitionRun:
+        """Replay the workload once for every coalition at the same time.
+
+        Longer than the rule on purpose: one loop over the events with all its state in local
+        variables and arrays, because it runs for every event of every coalition's replay, and
+        a helper per step would pay a call and attribute look-ups per event.
+        """
         w, k = self.w, self.k
         n = w.n_jobs
         size = 1 << k

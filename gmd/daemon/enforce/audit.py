@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Engine, insert, or_, select
+from sqlalchemy import Connection, Engine, insert, or_, select
 
 from gmd.common.timespec import iso_as_sent
 from gmd.daemon.enforce.plans import recent_window, running_vms
@@ -61,18 +61,7 @@ def record_host_report(
     at = datetime.fromtimestamp(at_s, UTC)
     with writer(engine).begin() as conn:
         host_id = conn.execute(select(_hosts.c.id).where(_hosts.c.name == host)).scalar()
-        owners: dict[str, int] = {}
-        if host_id is not None and results:
-            window = recent_window(conn, contention_intervals)
-            running = running_vms(window, host_id).subquery()
-            owners = dict(
-                conn.execute(
-                    select(_vms.c.uuid, _vms.c.customer_id).where(
-                        _vms.c.uuid.in_([r["uuid"] for r in results]),
-                        or_(_vms.c.host_id == host_id, _vms.c.id.in_(select(running.c.vm_id))),
-                    )
-                ).all()
-            )
+        owners = _owners_on(conn, host_id, results, contention_intervals)
         ignored = sorted({r["uuid"] for r in results if r["uuid"] not in owners})
         if ignored:
             log.warning(
@@ -83,29 +72,11 @@ def record_host_report(
                 ", ".join(ignored[:10]) + (" …" if len(ignored) > 10 else ""),
             )
         source = RESTORE_ALL if restore_all else f"plan of {iso_as_sent(generated_s)}"
-        rows = []
-        for r in results:
-            if r["uuid"] not in owners:
-                continue
-            dry = r["action"].startswith("would_")
-            verb = r["action"].removeprefix("would_")
-            kind = ActionKind.host_apply if verb == "apply" else ActionKind.host_restore
-            if not r["ok"]:
-                log.warning("host %s could not %s VM %s: %s", host, verb, r["uuid"], r["error"])
-            rows.append(
-                {
-                    "at": at,
-                    "customer_id": owners[r["uuid"]],
-                    "host_id": host_id,
-                    "kind": kind.value,
-                    "status": (ActionStatus.ok if r["ok"] else ActionStatus.failed).value,
-                    "dry_run": dry,
-                    "before": json.dumps({"vm": r["uuid"], **r["before"]}),
-                    "after": json.dumps({"vm": r["uuid"], **r["after"]}),
-                    "reason": (r["error"] or _lacking(r)) + f" ({source}, reported by host {host})",
-                    "knobs": knobs_column(r.get("knobs") or []),
-                }
-            )
+        rows = [
+            _vm_row(r, owners[r["uuid"]], host, host_id, at, source)
+            for r in results
+            if r["uuid"] in owners
+        ]
         if restore_all:
             rows.append(
                 {
@@ -125,6 +96,47 @@ def record_host_report(
         if rows:
             conn.execute(insert(_actions), rows)
     return Recorded(len(rows), ignored)
+
+
+def _owners_on(
+    conn: Connection, host_id: int | None, results: Sequence[dict[str, Any]], intervals: int
+) -> dict[str, int]:
+    """VM uuid → its customer id, of the reported VMs the ledger has on the host (or saw running
+    there in the last ``intervals`` intervals): a host reports only on its own VMs."""
+    if host_id is None or not results:
+        return {}
+    running = running_vms(recent_window(conn, intervals), host_id).subquery()
+    return dict(
+        conn.execute(
+            select(_vms.c.uuid, _vms.c.customer_id).where(
+                _vms.c.uuid.in_([r["uuid"] for r in results]),
+                or_(_vms.c.host_id == host_id, _vms.c.id.in_(select(running.c.vm_id))),
+            )
+        ).all()
+    )
+
+
+def _vm_row(
+    r: dict[str, Any], customer_id: int, host: str, host_id: int | None, at: datetime, source: str
+) -> dict[str, Any]:
+    """The action row of one VM's result (logged when it failed: a customer is then not
+    throttled as decided)."""
+    verb = r["action"].removeprefix("would_")
+    kind = ActionKind.host_apply if verb == "apply" else ActionKind.host_restore
+    if not r["ok"]:
+        log.warning("host %s could not %s VM %s: %s", host, verb, r["uuid"], r["error"])
+    return {
+        "at": at,
+        "customer_id": customer_id,
+        "host_id": host_id,
+        "kind": kind.value,
+        "status": (ActionStatus.ok if r["ok"] else ActionStatus.failed).value,
+        "dry_run": r["action"].startswith("would_"),
+        "before": json.dumps({"vm": r["uuid"], **r["before"]}),
+        "after": json.dumps({"vm": r["uuid"], **r["after"]}),
+        "reason": (r["error"] or _lacking(r)) + f" ({source}, reported by host {host})",
+        "knobs": knobs_column(r.get("knobs") or []),
+    }
 
 
 def knobs_column(knobs: Sequence[dict[str, Any]]) -> str | None:

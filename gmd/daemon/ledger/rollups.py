@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
@@ -123,18 +124,36 @@ def _insert(conn: Connection, table: Any, rows: list[dict[str, Any]]) -> None:
 
 
 def roll_hour(conn: Connection, hour_s: int) -> None:
-    """Write the rollups of the hour starting at ``hour_s`` from its intervals' rows."""
+    """Write the rollups of the hour starting at ``hour_s`` from its intervals' rows: the
+    period's row, then customers' and hosts' (with what their samples used), resources' and
+    organizations'."""
     lo, hi = hour_s, hour_s + HOUR_S
     _clear(conn, HOUR_S, hour_s)
+    hour = _hour_period(conn, hour_s)
+    if hour is None:
+        return
+    end_id, base = hour
+    customers = _hour_customers(conn, lo, hi, end_id, base)
+    hosts = _host_rows(conn, lo, hi, base)
+    _add_samples(conn, lo, hi, customers, hosts)
+    _insert(conn, _customer_rollups, list(customers.values()))
+    _insert(conn, _host_rollups, list(hosts.values()))
+    _insert(conn, _resource_rollups, _resource_rows(conn, lo, hi, base))
+    _insert(conn, _org_rollups, _organization_rows(conn, lo, hi, end_id, hosts.values(), base))
+
+
+def _hour_period(conn: Connection, hour_s: int) -> tuple[int | None, dict[str, int]] | None:
+    """Write the hour's period row from its accounted intervals: the last of them with rows
+    (None: none had) and the rows' period columns; None when no interval of it is accounted."""
     ivs = conn.execute(
         select(_intervals.c.id, _intervals.c.length_s, _intervals.c.ledger_rows).where(
-            _intervals.c.id >= lo,
-            _intervals.c.id < hi,
+            _intervals.c.id >= hour_s,
+            _intervals.c.id < hour_s + HOUR_S,
             _intervals.c.state == IntervalState.accounted,
         )
     ).all()
     if not ivs:
-        return
+        return None
     with_rows = [int(r.id) for r in ivs if (r.ledger_rows or 0) > 0]
     end_id = max(with_rows) if with_rows else None
     base = {"period_s": HOUR_S, "start_s": hour_s}
@@ -151,6 +170,14 @@ def roll_hour(conn: Connection, hour_s: int) -> None:
             }
         ],
     )
+    return end_id, base
+
+
+def _hour_customers(
+    conn: Connection, lo: int, hi: int, end_id: int | None, base: dict[str, int]
+) -> dict[int, dict[str, Any]]:
+    """Each customer's row of the hour [lo, hi) from its ledger rows, with its standing after
+    the interval ``end_id``; what its samples used is added by :func:`_add_samples`."""
     in_hour = and_(_ledger.c.interval_id >= lo, _ledger.c.interval_id < hi)
     customers: dict[int, dict[str, Any]] = {}
     for r in conn.execute(
@@ -191,7 +218,17 @@ def roll_hour(conn: Connection, hour_s: int) -> None:
                     utility_end=float(r.utility),
                     priority_end=float(r.priority),
                 )
-    hosts = _host_rows(conn, lo, hi, base)
+    return customers
+
+
+def _add_samples(
+    conn: Connection,
+    lo: int,
+    hi: int,
+    customers: dict[int, dict[str, Any]],
+    hosts: dict[int, dict[str, Any]],
+) -> None:
+    """Add what the on-time samples of [lo, hi) used to their customers' and hosts' rows."""
     s = _samples.c
     for r in conn.execute(
         select(
@@ -218,10 +255,6 @@ def roll_hour(conn: Connection, hour_s: int) -> None:
             host["samples"] += int(r.n)
             for k, v in used.items():
                 host[k] += v
-    _insert(conn, _customer_rollups, list(customers.values()))
-    _insert(conn, _host_rollups, list(hosts.values()))
-    _insert(conn, _resource_rollups, _resource_rows(conn, lo, hi, base))
-    _insert(conn, _org_rollups, _organization_rows(conn, lo, hi, end_id, hosts.values(), base))
 
 
 def _host_rows(
@@ -355,9 +388,38 @@ def served_peaks(conn: Connection, lo: int, hi: int) -> list[tuple[int, int]]:
 
 
 def roll_day(conn: Connection, day_s: int) -> None:
-    """Write the rollups of the UTC day starting at ``day_s`` from its hours' rollups."""
-    lo, hi = day_s, day_s + DAY_S
+    """Write the rollups of the UTC day starting at ``day_s`` from its hours' rollups: the
+    period's row, then each table's (customers, their resources, hosts, organizations)."""
     _clear(conn, DAY_S, day_s)
+    day = _day_period(conn, day_s)
+    if day is None:
+        return
+    _day_customers(conn, day)
+    _day_resources(conn, day)
+    _day_hosts(conn, day)
+    _day_organizations(conn, day)
+
+
+@dataclass(frozen=True)
+class _Day:
+    """A UTC day being rolled up from its hours."""
+
+    start_s: int
+    last_hour: int | None
+    """the start of the hour of the day's last interval with rows (None: no interval had)"""
+
+    @property
+    def base(self) -> dict[str, int]:
+        return {"period_s": DAY_S, "start_s": self.start_s}
+
+    def hours_of(self, table: Any) -> Any:
+        """The day's hourly rows of ``table``."""
+        lo, hi = self.start_s, self.start_s + DAY_S
+        return and_(table.c.period_s == HOUR_S, table.c.start_s >= lo, table.c.start_s < hi)
+
+
+def _day_period(conn: Connection, day_s: int) -> _Day | None:
+    """Write the day's period row from its hours'; None when no hour of it was rolled up."""
     p = _periods.c
     period = conn.execute(
         select(
@@ -366,18 +428,18 @@ def roll_day(conn: Connection, day_s: int) -> None:
             func.sum(p.with_rows).label("with_rows"),
             func.sum(p.seconds).label("seconds"),
             func.max(p.end_interval_id).label("end_id"),
-        ).where(p.period_s == HOUR_S, p.start_s >= lo, p.start_s < hi)
+        ).where(p.period_s == HOUR_S, p.start_s >= day_s, p.start_s < day_s + DAY_S)
     ).one()
     if not period.hours:
-        return
+        return None
     end_id = None if period.end_id is None else int(period.end_id)
-    base = {"period_s": DAY_S, "start_s": day_s}
+    day = _Day(day_s, None if end_id is None else end_id - end_id % HOUR_S)
     _insert(
         conn,
         _periods,
         [
             {
-                **base,
+                **day.base,
                 "intervals": int(period.intervals),
                 "with_rows": int(period.with_rows),
                 "seconds": int(period.seconds),
@@ -385,11 +447,11 @@ def roll_day(conn: Connection, day_s: int) -> None:
             }
         ],
     )
-    last_hour = None if end_id is None else end_id - end_id % HOUR_S
+    return day
 
-    def hours_of(table: Any) -> Any:
-        return and_(table.c.period_s == HOUR_S, table.c.start_s >= lo, table.c.start_s < hi)
 
+def _day_customers(conn: Connection, day: _Day) -> None:
+    base, hours_of, last_hour = day.base, day.hours_of, day.last_hour
     c = _customer_rollups.c
     customers = {
         int(r.customer_id): {
@@ -420,6 +482,9 @@ def roll_day(conn: Connection, day_s: int) -> None:
     _end_of_day(conn, _customer_rollups, "customer_id", CUSTOMER_ENDS, last_hour, customers)
     _insert(conn, _customer_rollups, list(customers.values()))
 
+
+def _day_resources(conn: Connection, day: _Day) -> None:
+    base, hours_of = day.base, day.hours_of
     t = _resource_rollups.c
     _insert(
         conn,
@@ -441,6 +506,9 @@ def roll_day(conn: Connection, day_s: int) -> None:
         ],
     )
 
+
+def _day_hosts(conn: Connection, day: _Day) -> None:
+    base, hours_of = day.base, day.hours_of
     h = _host_rollups.c
     hosts: dict[int, dict[str, Any]] = {}
     for r in conn.execute(select(_host_rollups).where(hours_of(_host_rollups)).order_by(h.start_s)):
@@ -454,6 +522,9 @@ def roll_day(conn: Connection, day_s: int) -> None:
             host[k] += float(getattr(r, k))
     _insert(conn, _host_rollups, list(hosts.values()))
 
+
+def _day_organizations(conn: Connection, day: _Day) -> None:
+    base, hours_of, last_hour = day.base, day.hours_of, day.last_hour
     o = _org_rollups.c
     orgs = {
         int(r.organization_id): {
