@@ -43,7 +43,7 @@ test: lint
 		export GMD_TEST_OPENSTACK=$$cloud GMD_TEST_POSTGRES_URL=$$url \
 		GMD_TEST_POSTGRES_REPLICA_URL=$$replica GMD_TEST_ZOOKEEPER=$$zookeeper; \
 		$(BIN)/pytest -n auto --dist loadgroup -m "not realvm and not soak" --durations=15 && \
-		$(BIN)/pytest -m "realvm or soak"; \
+		$(BIN)/pytest -m "realvm or soak" --durations=10; \
 		status=$$?; bash tests/scripts/openstack.sh stop; bash tests/scripts/nova_cloud.sh stop; \
 		bash tests/scripts/zookeeper.sh stop; \
 		exit $$status
