@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
+from gmd import GmdError
 from gmd.common.config import ConfigError, Reader
 from gmd.common.options import Option
 
@@ -31,7 +32,7 @@ _PARTS = "gmd.parts"
 _SUBTABLE = "gmd.subtable"
 
 
-class RuleRefusal(Exception):
+class RuleRefusal(GmdError):
     """A rule over several keys refuses the file: the key it names and why. The reader adds
     the file and the table (``gmd.toml: agent.tick_s: 90 is longer than interval_s = 60``)."""
 
