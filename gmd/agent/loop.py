@@ -46,7 +46,7 @@ from gmd.agent.collect.aggregate import (
     load_state,
 )
 from gmd.agent.collect.base import Collector, HostReading
-from gmd.agent.collect.capacity import SYS_CLASS_NET, Bandwidth, Capacity
+from gmd.agent.collect.capacity import SYS_CLASS_NET, Bandwidth, HostCapacity
 from gmd.agent.config import AgentConfig
 from gmd.agent.metrics import AgentMetrics, ApplyFailure, BatchFate, FetchOutcome
 from gmd.agent.sender import Sender
@@ -150,12 +150,12 @@ class AgentLoop:
         self._bandwidth = Bandwidth.of(
             config.disk_bytes_per_s, config.network_bytes_per_s, self._sys_class_net
         )
-        self.capacity: Capacity | None = None
+        self.capacity: HostCapacity | None = None
         self.finished: tuple[float, TickReport] | None = None
         """when the latest tick ended (``time.monotonic()``) and its report"""
         self._capacity_interval: int | None = None
 
-    def _refresh_capacity(self, now_s: float) -> Capacity | None:
+    def _refresh_capacity(self, now_s: float) -> HostCapacity | None:
         """Cores and RAM from libvirt once per interval (a host can gain memory), the rest
         from the configuration."""
         interval = int(now_s // self.config.interval_s)

@@ -3,12 +3,11 @@ capacity, the ledger's columns and accounting must all agree with it, field for 
 
 from __future__ import annotations
 
-import dataclasses
 import typing
 
 import numpy as np
 
-from gmd.agent.collect.capacity import Capacity as AgentCapacity
+from gmd.agent.collect.capacity import HostCapacity
 from gmd.agent.collect.counters import UsageAmounts
 from gmd.daemon.config import AccountingConfig
 from gmd.daemon.ledger.interval_samples import supply_and_flavor, use_amounts
@@ -42,7 +41,9 @@ def test_the_models_carry_exactly_the_resources_fields() -> None:
 
 def test_the_agent_and_the_ledger_use_the_same_fields_in_the_same_order() -> None:
     assert tuple(UsageAmounts.of(**dict.fromkeys(USAGE_FIELDS, 1.0)).as_wire()) == USAGE_FIELDS
-    assert tuple(f.name for f in dataclasses.fields(AgentCapacity)) == CAPACITY_FIELDS
+    assert (
+        tuple(HostCapacity.of(**dict.fromkeys(CAPACITY_FIELDS, 1.0)).as_wire()) == CAPACITY_FIELDS
+    )
     assert USE_COLUMNS == USAGE_FIELDS
     assert {*USE_COLUMNS, *FLAVOR_COLUMNS} <= set(samples.c.keys())
     assert set(CAPACITY_FIELDS) <= set(host_intervals.c.keys())

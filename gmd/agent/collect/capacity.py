@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from gmd.agent.collect.amounts import FieldAmounts
 from gmd.agent.collect.base import HostResources
 from gmd.wire import CAPACITY_FIELDS
 
@@ -22,15 +23,12 @@ FALLBACK_NETWORK_BYTES_PER_S = 1e9 / 8
 """1 Gbit/s, used when neither the configuration nor any physical link gives a speed."""
 
 
-@dataclass(frozen=True, slots=True)
-class Capacity:
-    cpu_cores: float
-    memory_bytes: float
-    disk_bytes_per_s: float
-    network_bytes_per_s: float
+class HostCapacity(FieldAmounts):
+    """What the host offers per second: one amount per :data:`gmd.wire.CAPACITY_FIELDS`
+    (:class:`~gmd.agent.collect.amounts.FieldAmounts`)."""
 
-    def as_wire(self) -> dict[str, float]:
-        return {f: float(getattr(self, f)) for f in CAPACITY_FIELDS}
+    FIELDS = CAPACITY_FIELDS
+    __slots__ = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,12 +50,12 @@ class Bandwidth:
         network, source = network_bytes_per_s(configured_network, sys_class_net)
         return cls(disk_bytes_per_s, network, source)
 
-    def capacity(self, resources: HostResources) -> Capacity:
-        return Capacity(
-            resources.cpu_cores,
-            resources.memory_bytes,
-            self.disk_bytes_per_s,
-            self.network_bytes_per_s,
+    def capacity(self, resources: HostResources) -> HostCapacity:
+        return HostCapacity.of(
+            cpu_cores=resources.cpu_cores,
+            memory_bytes=resources.memory_bytes,
+            disk_bytes_per_s=self.disk_bytes_per_s,
+            network_bytes_per_s=self.network_bytes_per_s,
         )
 
 

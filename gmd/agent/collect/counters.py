@@ -12,63 +12,26 @@ import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from gmd.agent.collect.amounts import FieldAmounts
 from gmd.agent.collect.base import Ownership, VmReading
 from gmd.wire import USAGE_FIELDS
 
 
-class UsageAmounts:
+class UsageAmounts(FieldAmounts):
     """Amounts used over a span, in the batch format's units: one per
-    :data:`gmd.wire.USAGE_FIELDS`, in that order, made from the contract's list so that a
-    resource added there needs no change here (only a collector that measures it). Given by
-    position (all or none: none is nothing used) or by name (:meth:`of`, every field); each
-    read by its field's name (``usage.cpu_s``)."""
+    :data:`gmd.wire.USAGE_FIELDS` (:class:`~gmd.agent.collect.amounts.FieldAmounts`)."""
 
-    __slots__ = ("values",)
-
-    def __init__(self, *values: float) -> None:
-        if values and len(values) != len(USAGE_FIELDS):
-            raise ValueError(f"{len(values)} amounts for {len(USAGE_FIELDS)} fields")
-        self.values: tuple[float, ...] = tuple(map(float, values)) if values else _NOTHING
-
-    @classmethod
-    def of(cls, **amounts: float) -> UsageAmounts:
-        """The amounts by field name: every one of :data:`~gmd.wire.USAGE_FIELDS` and no
-        other, so that a collector that leaves a resource out fails at once, not in a batch."""
-        if amounts.keys() != _AT.keys():
-            missing, extra = sorted(_AT.keys() - amounts), sorted(amounts.keys() - _AT)
-            raise ValueError(f"usage amounts: missing {missing}, unknown {extra}")
-        return cls(*(amounts[f] for f in USAGE_FIELDS))
-
-    def __getattr__(self, name: str) -> float:
-        at = _AT.get(name)
-        if at is None:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        return self.values[at]
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, UsageAmounts) and self.values == other.values
-
-    def __hash__(self) -> int:
-        return hash(self.values)
-
-    def __repr__(self) -> str:
-        return f"UsageAmounts({self.as_wire()})"
+    FIELDS = USAGE_FIELDS
+    __slots__ = ()
 
     def amounts(self) -> tuple[float, ...]:
         return self.values
-
-    def as_wire(self) -> dict[str, float]:
-        return dict(zip(USAGE_FIELDS, self.values, strict=True))
 
     def scaled(self, factor: float) -> UsageAmounts:
         return UsageAmounts(*[v * factor for v in self.values])
 
     def plus(self, other: UsageAmounts) -> UsageAmounts:
         return UsageAmounts(*map(operator.add, self.values, other.values))
-
-
-_AT = {f: i for i, f in enumerate(USAGE_FIELDS)}
-_NOTHING = (0.0,) * len(USAGE_FIELDS)
 
 
 @dataclass(frozen=True, slots=True)
