@@ -68,7 +68,8 @@ def create_app(
         on_busy=services.metrics.read_busy.inc,
     )
     app.add_middleware(SecurityHeaders)
-    # First of the app's own routes: every agent's batch is matched against it first.
+    # Before the app's own routers (after only FastAPI's /openapi.json and /docs, whose four
+    # patterns cost nothing measurable: 41 µs per request either way).
     app.router.routes.append(intake_route(services))
     for router in ROUTERS:
         app.include_router(router)
