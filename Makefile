@@ -19,34 +19,18 @@ setup-demo:
 	@GMD_EXTRAS=daemon,admin bash tests/scripts/bootstrap.sh
 
 lint: setup
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
-	$(BIN)/mypy gmd
+	@bash tests/scripts/lint.sh
 
-# The tests use a real PostgreSQL (tests/scripts/postgres.sh starts a private cluster and prints its
-# URL) and a streaming replica of it (tests/scripts/postgres.sh replica; a replica that does not
-# start fails the tests that need it, which start it again themselves and say why), a real libvirtd
-# with QEMU (tests/scripts/libvirt.sh installs and starts them) and real Keystone, Nova and
-# Placement from PyPI (tests/scripts/openstack.sh; its venv and seed under var/), a three-node
-# ZooKeeper ensemble from Debian (tests/scripts/zookeeper.sh). Every core runs
-# the tests but those on real VMs and the short soak, which follow alone: they measure what a
-# guest gets of the machine's CPU, and whether batches arrive within an interval's grace.
+# Everything, with everything (tests/scripts/test.sh says what and in which order): every Debian
+# package and server the tests use, installed where missing and started — a private PostgreSQL
+# and a streaming replica of it, libvirtd with QEMU, real Keystone, Nova and Placement from PyPI,
+# a three-node ZooKeeper ensemble from Debian, and the whole small cloud whose Nova boots real
+# guests — then the lint, then the suite in two tiers: every test but those on real VMs on every
+# core (the soaks beside them, in a pytest of their own: they wait on intervals, little CPU), then
+# the tests on real VMs alone (they measure what a guest gets of the CPU). Stops what it started.
 # Tests of the one real cloud, or of the one replica, run on one worker (xdist_group).
-test: lint
-	@GMD_WITH_POSTGRES=1 bash tests/scripts/bootstrap.sh
-	@bash tests/scripts/reachable.sh
-	@bash tests/scripts/libvirt.sh >/dev/null
-	@bash tests/scripts/prometheus.sh >/dev/null
-	@cloud=$$(bash tests/scripts/openstack.sh) || cloud=; url=$$(bash tests/scripts/postgres.sh) && \
-		{ replica=$$(bash tests/scripts/postgres.sh replica) || replica=; } && \
-		{ zookeeper=$$(bash tests/scripts/zookeeper.sh) || zookeeper=; } && \
-		export GMD_TEST_OPENSTACK=$$cloud GMD_TEST_POSTGRES_URL=$$url \
-		GMD_TEST_POSTGRES_REPLICA_URL=$$replica GMD_TEST_ZOOKEEPER=$$zookeeper; \
-		$(BIN)/pytest -n auto --dist loadgroup -m "not realvm and not soak" --durations=15 && \
-		$(BIN)/pytest -m "realvm or soak" --durations=10; \
-		status=$$?; bash tests/scripts/openstack.sh stop; bash tests/scripts/nova_cloud.sh stop; \
-		bash tests/scripts/zookeeper.sh stop; \
-		exit $$status
+test: setup
+	@bash tests/scripts/test.sh
 
 # The quick loop while editing (under three minutes from a fresh clone on 2 cores, docs/
 # benchmarks.md): every extra but gmd[agent] (libvirt-python is built against Debian's

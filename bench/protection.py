@@ -3,6 +3,8 @@
     python bench/protection.py                 # every phase below, once (~17 min)
     python bench/protection.py --rounds 2      # the sequence twice, figures pooled
     python bench/protection.py --phases baseline,off,on --on-s 120
+    python bench/protection.py --phases baseline,off,on,idle-off --weight-factors 0.1,0.1,0.1 \
+        --protected-jobs 5 --on-max-s 400    # what tests/realvm/test_protection_realvm.py runs
 
 As root (the real libvirtd of tests/scripts/libvirt.sh). One host, overcommitted as a flat-rate
 cloud is: a greedy project whose ``--greedy-vms`` guests spin every vCPU, and ``--moderates``
@@ -26,7 +28,8 @@ Phases, in this order, on the same guests:
 
 Figures, as JSON on the last line: per phase the moderate jobs' completion time over the
 baseline's median (median and p90; by the greedy project's level when each job started; and
-``top_level``: the jobs started while it stood at the highest level it reached), each
+``top_level``: the jobs started while it stood at the highest level it reached; ``protected``:
+those started while it stood at level 1 or above and had for an interval), each
 project's CPU share of the host against its fair share (an equal share of the projects
 running), the seconds from the greedy load's start to gmd's first change of a greedy guest,
 to its first CPU cap and to the moderate jobs' recovery (the end of the first job from which
@@ -78,7 +81,12 @@ def phase_of(name: str, args: argparse.Namespace) -> Phase:
         return Phase(name, args.contended_s, greedy=True, mode=PlanMode(name))
     if name in ("on", "weights", "caps"):
         return Phase(
-            name, args.on_s, greedy=True, knobs=Knobs.both if name == "on" else Knobs(name)
+            name,
+            args.on_s,
+            greedy=True,
+            knobs=Knobs.both if name == "on" else Knobs(name),
+            protected_jobs=args.protected_jobs,
+            max_seconds=max(args.on_s, args.on_max_s),
         )
     if name == "idle-off":
         return Phase(name, args.idle_s, greedy=True, moderate=False, mode=PlanMode.off)
@@ -107,6 +115,7 @@ def figures(results: list[PhaseResult], baseline_s: float, host_cores: int) -> d
         by_name.setdefault(r.phase.name, []).append(r)
     for name, runs in by_name.items():
         ratios = [x for r in runs for x in r.ratios(baseline_s)]
+        protected = [x for r in runs if r.max_level > 0 for x in r.ratios(baseline_s, 1)]
         top = [
             job.seconds / baseline_s
             for r in runs
@@ -139,6 +148,8 @@ def figures(results: list[PhaseResult], baseline_s: float, host_cores: int) -> d
                 str(level): _r(statistics.median(v)) for level, v in sorted(by_level.items())
             },
             "jobs_by_level": {str(level): len(v) for level, v in sorted(by_level.items())},
+            "protected_jobs": len(protected),
+            "protected_ratio_median": _r(quantile(protected, 0.5)),
             "top_level_jobs": len(top),
             "top_level_ratio_median": _r(quantile(top, 0.5)),
             "top_level_ratio_p90": _r(quantile(top, 0.9)),
@@ -200,7 +211,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--contended-s", type=float, default=90.0)
     parser.add_argument("--on-s", type=float, default=150.0)
     parser.add_argument("--idle-s", type=float, default=60.0)
+    parser.add_argument(
+        "--weight-factors",
+        default=None,
+        help="comma-separated, one per level from 1: the level table's weight factors for the"
+        " phases with gmd's weights (not caps, whose factors are 1; default: etc/gmd.toml's)",
+    )
+    parser.add_argument(
+        "--protected-jobs",
+        type=int,
+        default=0,
+        help="on, weights, caps: go on past --on-s until this many moderate jobs started while"
+        " the greedy project stood at level 1 or above, up to --on-max-s",
+    )
+    parser.add_argument("--on-max-s", type=float, default=0.0)
     args = parser.parse_args(argv)
+    overrides: dict[str, Any] = {}
+    if args.weight_factors:
+        try:
+            overrides["weight_factors"] = [float(x) for x in args.weight_factors.split(",")]
+        except ValueError:
+            parser.error(f"--weight-factors: {args.weight_factors!r} is not numbers and commas")
     names = [n.strip() for n in args.phases.split(",") if n.strip()]
     unknown = sorted(set(names) - set(PHASES))
     if unknown:
@@ -228,7 +259,9 @@ def main(argv: list[str] | None = None) -> int:
                 for name in names:
                     phase = phase_of(name, args)
                     began = time.monotonic()
-                    r = run_phase(workdir / f"round{k}", host, phase, console)
+                    # caps keeps weight factors 1: its point is the caps alone
+                    mine = {} if phase.knobs is Knobs.caps else overrides
+                    r = run_phase(workdir / f"round{k}", host, phase, console, mine)
                     results.append(r)
                     done = [round(j.seconds, 2) for j in r.jobs]
                     print(
@@ -260,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
             "job_loops": args.job_loops,
             "job_pause_s": args.job_pause_s,
             "rounds": args.rounds,
-            "enforcement": enforcement(PlanMode.on),
+            "enforcement": enforcement(PlanMode.on, **overrides),
         },
         "baseline_job_s": {
             "median": round(baseline_s, 3),

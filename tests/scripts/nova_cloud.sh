@@ -17,7 +17,6 @@ VENV="$STATE/venv"
 # inet columns and Placement's allocation writes. A change rebuilds the venv and the seed.
 PACKAGES=(nova==34.0.0 keystone==30.0.0 openstack-placement==16.0.0 glance==33.0.0
     gunicorn==27.0.1 psycopg2-binary libvirt-python openstacksdk)
-STAMP="${PACKAGES[*]}"
 DEBS=(rabbitmq-server qemu-utils)
 
 die() {
@@ -61,13 +60,15 @@ if [ ${#missing[@]} -gt 0 ]; then
     install_debs || install_debs || die "could not install ${missing[*]}; see $STATE/apt.log"
 fi
 
-if [ "$(cat "$VENV/.gmd-stamp" 2>/dev/null)" != "$STAMP" ]; then
-    echo "gmd test nova: installing ${PACKAGES[*]} into $VENV (a few minutes, once)" >&2
-    rm -rf "$VENV" "$STATE/seed"
-    python3 -m venv "$VENV" || die "could not create $VENV"
-    "$VENV/bin/pip" install -q --disable-pip-version-check "${PACKAGES[@]}" \
-        >"$STATE/pip.log" 2>&1 || die "pip install failed; see $STATE/pip.log"
-    echo "$STAMP" >"$VENV/.gmd-stamp"
-fi
+# The venv lives in a cache outside the checkout (tests/scripts/cached_venv.sh); a new one makes
+# the seed anew.
+. tests/scripts/cached_venv.sh
+venv_made=0
+cached_venv nova "$VENV" "${PACKAGES[@]}" || venv_made=$?
+case $venv_made in
+0) ;;
+10) rm -rf "$STATE/seed" ;;
+*) die "no venv for the cloud (above)" ;;
+esac
 bash tests/scripts/libvirt.sh >/dev/null 8>&- 9>&- || die "libvirtd is not available (tests/scripts/libvirt.sh)"
 exec "$VENV/bin/python" tests/scripts/nova_cloud.py --state "$STATE" "${@:-start}"

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# `make test` after its set-up (.venv): installs what the tests use where it is missing, starts
+# their servers, runs the lint and the suite, and stops what it started.
+#
+# The servers (each script's header says what it starts and where): a private PostgreSQL and a
+# streaming replica of it (postgres.sh; a replica that does not start fails the tests that need
+# it, which start it again themselves and say why), libvirtd with QEMU (libvirt.sh), Prometheus's
+# promtool (prometheus.sh), real Keystone, Nova and Placement from PyPI (openstack.sh), a
+# three-node ZooKeeper ensemble (zookeeper.sh) and the whole small cloud whose Nova boots real
+# guests (nova_cloud.sh). The two clouds take minutes on a first run and a minute after: they
+# start in the background, beside the lint and PostgreSQL, once every Debian package they or the
+# others install is in (apt allows one install at a time). A cloud that cannot start leaves its
+# variable empty: its tests then fail saying why (the Nova cloud's fixture tries once more itself).
+#
+# The suite runs in two tiers. First, on every core and one worker more (the tests of the one Nova
+# cloud, on one worker, wait on it more than they compute): every test but those on real VMs; and
+# beside them, in a pytest of their own, the soaks (marker soak: gmd's processes under faults
+# drawn from fixed seeds, each on its own world), which wait on wall-clock intervals and use
+# little CPU (a soak's processes took 13 s of CPU over its 267 s, measured). Then, alone, the
+# tests on real VMs (marker realvm): they measure what a guest gets of the machine's CPU.
+#
+# Exit status: 0 when every tier passed; otherwise the first failure's (a set-up step's, the
+# lint's, or pytest's: 1 tests failed, 2 interrupted, ... as pytest documents).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+BIN=${VENV:-.venv}/bin
+LOGS=var/test-logs
+mkdir -p "$LOGS"
+
+say() {
+    echo "gmd test: $*" >&2
+}
+
+background=()
+stop_all() {
+    local pid
+    for pid in "${background[@]}"; do
+        kill "$pid" 2>/dev/null
+    done
+    bash tests/scripts/openstack.sh stop
+    bash tests/scripts/nova_cloud.sh stop
+    bash tests/scripts/zookeeper.sh stop
+}
+trap stop_all EXIT
+
+# Every Debian package first, one install at a time.
+GMD_WITH_POSTGRES=1 bash tests/scripts/bootstrap.sh || exit
+bash tests/scripts/reachable.sh
+bash tests/scripts/libvirt.sh >/dev/null || exit
+bash tests/scripts/prometheus.sh >/dev/null || exit
+bash tests/scripts/zookeeper.sh install || exit
+
+# The clouds in the background (nova_cloud.sh installs RabbitMQ and qemu-utils: the only apt now).
+bash tests/scripts/openstack.sh >"$LOGS/openstack.out" 2>"$LOGS/openstack.err" &
+openstack_pid=$!
+bash tests/scripts/nova_cloud.sh >"$LOGS/nova.out" 2>"$LOGS/nova.err" &
+nova_pid=$!
+background=("$openstack_pid" "$nova_pid")
+
+bash tests/scripts/lint.sh || exit
+url=$(bash tests/scripts/postgres.sh) || exit
+replica=$(bash tests/scripts/postgres.sh replica) || replica=
+zookeeper=$(bash tests/scripts/zookeeper.sh) || zookeeper=
+
+# cloud_file RC OUT ERR NAME: the cloud's description file, or nothing (its error said).
+cloud_file() {
+    if [ "$1" -eq 0 ]; then
+        tail -n 1 "$2"
+    else
+        say "$4 did not start (its tests will fail saying so):"
+        tail -n 20 "$3" >&2
+    fi
+}
+wait "$openstack_pid"
+openstack_rc=$?
+wait "$nova_pid"
+nova_rc=$?
+cloud=$(cloud_file "$openstack_rc" "$LOGS/openstack.out" "$LOGS/openstack.err" OpenStack)
+nova=$(cloud_file "$nova_rc" "$LOGS/nova.out" "$LOGS/nova.err" "the Nova cloud")
+background=()
+say "set up, linted and serving after ${SECONDS} s"
+export GMD_TEST_OPENSTACK=$cloud GMD_TEST_NOVA=$nova GMD_TEST_POSTGRES_URL=$url \
+    GMD_TEST_POSTGRES_REPLICA_URL=$replica GMD_TEST_ZOOKEEPER=$zookeeper
+
+soak_tmp=$(mktemp -d /tmp/gmd-soak-tests.XXXXXX)
+"$BIN/pytest" -p no:cacheprovider -n 3 -m soak --basetemp "$soak_tmp" --durations=5 \
+    >"$LOGS/soak.log" 2>&1 &
+soak_pid=$!
+background=("$soak_pid")
+workers=$(($(nproc) + 1))
+"$BIN/pytest" -n "$workers" --dist loadgroup -m "not realvm and not soak" --durations=15
+status=$?
+wait "$soak_pid"
+soaked=$?
+background=()
+say "the soaks, run beside the tier above ($LOGS/soak.log; ${SECONDS} s in all so far):"
+cat "$LOGS/soak.log"
+rm -rf "$soak_tmp"
+[ "$status" -eq 0 ] && status=$soaked
+[ "$status" -eq 0 ] || exit "$status"
+"$BIN/pytest" -m realvm --durations=10
+status=$?
+say "${SECONDS} s in all"
+exit "$status"
