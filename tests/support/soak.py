@@ -786,8 +786,13 @@ def _build(
     customers = [f"customer-{c}" for c in range(5)]
     names = [f"soak-{h}" for h in range(hosts)]
     tokens = {n: secrets.token_urlsafe(24) for n in names}
+    # A VM's uuid comes from its trace directory's name (the replay collector's vm_uuid): one of
+    # this run's own, so that two soaks allocating in one Placement (make test runs them side by
+    # side) never write the same consumer: the second's allocation would move the first's VM to
+    # its own host, and its teardown delete it (the first's batches quarantined, its samples lost).
+    traces_dir = f"traces-{secrets.token_hex(4)}"
     vms = {
-        name: traced_vms(name, h, root / name / "traces", vms_per_host, customers)
+        name: traced_vms(name, h, root / name / traces_dir, vms_per_host, customers)
         for h, name in enumerate(names)
     }
     world.placement, placement_table = start_placement(root, vms)
@@ -844,7 +849,7 @@ def _build(
     rows = (end - start) // 300 + 2
     made: list[Host] = []
     for name in names:
-        traces = root / name / "traces"
+        traces = root / name / traces_dir
         traces.mkdir(parents=True, exist_ok=True)
         for k, vm in enumerate(vms[name], start=1):
             write_trace(traces / f"{k}.csv", vm, rows)
@@ -861,7 +866,7 @@ def _build(
                 "token_file": "agent.token",
                 "host": name,
                 "collector": "replay",
-                "replay_dir": "traces",
+                "replay_dir": traces_dir,
                 "replay_vms": list(range(1, vms_per_host + 1)),
                 "replay_customers": [vm.customer for vm in vms[name]],
                 "replay_start": start,
