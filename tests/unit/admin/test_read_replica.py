@@ -69,30 +69,41 @@ def _on_database(server_url: str, name: str) -> str:
     return server_url.rsplit("/", 1)[0] + f"/{name}"
 
 
-@pytest.fixture(scope="session")
-def replica_server_url(postgres_server_url: str) -> str:
-    """The streaming replica `make test` started, else one started here; never skipped: a
-    replica that cannot be started fails the tests that need it, with the script's reason."""
+@pytest.fixture(scope="module")
+def replica_server_url(postgres_server_url: str) -> Iterator[str]:
+    """The streaming replica named by GMD_TEST_POSTGRES_REPLICA_URL, else one started here and
+    stopped after this module (a standby replays all the primary writes: every other test's
+    databases, made and dropped, for as long as it runs); never skipped: a replica that cannot
+    be started fails the tests that need it, with the script's reason."""
     url = os.environ.get(REPLICA_ENV)
-    if not url:
-        done = subprocess.run(
-            ["bash", str(REPO / "tests" / "scripts" / "postgres.sh"), "replica"],
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
+    started = not url
+    if started:
+        done = _postgres_sh("replica")
         if done.returncode != 0 or not done.stdout.strip():
             pytest.fail(
                 f"bash tests/scripts/postgres.sh replica failed ({done.returncode}):"
                 f" {done.stderr.strip() or 'no URL printed'}"
             )
         url = done.stdout.strip().splitlines()[-1]
-    system = "SELECT system_identifier FROM pg_control_system()"
-    if not _scalar(url, "SELECT pg_is_in_recovery()"):
-        pytest.fail(f"{url} is not a standby (pg_is_in_recovery() is false)")
-    if _scalar(url, system) != _scalar(postgres_server_url, system):
-        pytest.fail(f"{url} is not a replica of GMD_TEST_POSTGRES_URL {postgres_server_url}")
-    return url
+    try:
+        system = "SELECT system_identifier FROM pg_control_system()"
+        if not _scalar(url, "SELECT pg_is_in_recovery()"):
+            pytest.fail(f"{url} is not a standby (pg_is_in_recovery() is false)")
+        if _scalar(url, system) != _scalar(postgres_server_url, system):
+            pytest.fail(f"{url} is not a replica of GMD_TEST_POSTGRES_URL {postgres_server_url}")
+        yield url
+    finally:
+        if started:
+            _postgres_sh("stop-replica")
+
+
+def _postgres_sh(command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(REPO / "tests" / "scripts" / "postgres.sh"), command],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
 
 
 def wait_for_replay(primary_server_url: str, replica_server_url: str) -> None:
