@@ -12,10 +12,13 @@ the host's block layer and the cgroup's count must equal QEMU's, byte for byte.
 from __future__ import annotations
 
 import contextlib
+import logging
 import statistics
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import pytest
 
 if TYPE_CHECKING:
     from gmd.agent.collect.base import HostReading
@@ -234,8 +237,12 @@ def test_a_guest_started_during_a_tick_is_read_once_its_event_arrives(
         conn.close()
 
 
+SHUTDOWN_ATTEMPTS = 3
+"""Guests powered off in turn until the collector's read at SHUTDOWN beats libvirt's kill"""
+
+
 def test_a_guest_that_shuts_down_between_ticks_keeps_its_last_seconds(
-    real_guests: RealGuests, tmp_path: Path
+    real_guests: RealGuests, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A spinning guest powers itself off seconds after a tick. Its cgroup is gone before
     libvirt says it stopped, so without the reading taken at its SHUTDOWN event those seconds
@@ -244,7 +251,35 @@ def test_a_guest_that_shuts_down_between_ticks_keeps_its_last_seconds(
 
     Which tick carries it depends on when libvirt's events reach the collector (on a busy
     machine the tick that still lists the guest may already find it gone and send it), so the
-    test folds every tick until the guest is no longer listed and looks in all of them."""
+    test folds every tick until the guest is no longer listed and looks in all of them.
+
+    The read at SHUTDOWN races libvirt, which kills QEMU right after sending the event (and
+    removes its cgroup): a collector whose event thread is late finds the files gone (CI saw
+    it once in many runs, with this test's own thread reading the cgroup every millisecond
+    beside it). What the product promises then is to say so ("too late to read", the tick's
+    seconds lost as for a destroyed domain: gmd/agent/collect/kernel.py): a guest whose end
+    was not read must have that line, and another guest is powered off, up to
+    :data:`SHUTDOWN_ATTEMPTS`; one of them must be read at its end."""
+    caplog.set_level(logging.INFO, logger="gmd.agent.collect.kernel")
+    for attempt in range(SHUTDOWN_ATTEMPTS):
+        caplog.clear()
+        ended = _power_off_between_ticks(real_guests, tmp_path / f"try{attempt}", 901 + attempt)
+        if ended is not None:
+            break
+        assert "too late to read" in caplog.text, (
+            "no reading at the guest's end, and the collector did not say it came too late:\n"
+            + caplog.text[-3000:]
+        )
+    else:
+        pytest.fail(f"the read at SHUTDOWN lost the race with libvirt {SHUTDOWN_ATTEMPTS} times")
+    print(f"read at its end on attempt {attempt + 1}: {ended}")
+
+
+def _power_off_between_ticks(real_guests: RealGuests, tmp_path: Path, index: int) -> str | None:
+    """One guest spins, is read at a tick, then powers itself off; every tick until it is no
+    longer listed is folded. ``None`` when no tick carries a reading of its end (the event's
+    read came too late); otherwise the checks of the reading at its end hold, and what was
+    kept is said."""
     import os
     import threading
 
@@ -256,8 +291,9 @@ def test_a_guest_that_shuts_down_between_ticks_keeps_its_last_seconds(
     from tests.support.guest_image import build_guest_image
     from tests.support.realvm import _new_guest, _remove_domain, _wait_ready, domain_xml
 
+    tmp_path.mkdir(parents=True, exist_ok=True)
     image = build_guest_image()
-    guest = _new_guest("spin", os.getpid(), tmp_path, index=901)
+    guest = _new_guest("spin", os.getpid(), tmp_path, index=index)
     conn = real_guests.connect()
     collector = KernelCollector(real_guests.uri)
     seen: list[int] = []
@@ -313,7 +349,10 @@ def test_a_guest_that_shuts_down_between_ticks_keeps_its_last_seconds(
 
     # The test read nothing between the guest's first tick and its end: every later reading
     # of it is the one taken at its SHUTDOWN event, sent once.
-    (end,) = [v for tick in ticks for v in tick.vms if v.uuid == guest.uuid]
+    ends = [v for tick in ticks for v in tick.vms if v.uuid == guest.uuid]
+    if not ends:
+        return None
+    (end,) = ends
     carried = next(t for t in ticks if end in t.vms)
     assert start.taken_s < end.taken_s < carried.taken_s and end.run_id == start.run_id
     assert seen and seen[-1] - start.cpu_time_ns > 250_000_000, (len(seen), seen[-1:])
@@ -328,7 +367,7 @@ def test_a_guest_that_shuts_down_between_ticks_keeps_its_last_seconds(
     assert span.usage.cpu_s == (end.cpu_time_ns - start.cpu_time_ns) / 1e9
     assert guest.uuid not in state.baselines
     last_seen_s = (seen[-1] - start.cpu_time_ns) / 1e9
-    print(
+    return (
         f"last seconds: {end.taken_s - start.taken_s:.2f} s after the tick, "
         f"{span.usage.cpu_s:.3f} s of CPU kept (the test last saw {last_seen_s:.3f})"
     )

@@ -26,7 +26,9 @@ of being lost with its process. A domain destroyed outright (``virsh destroy``, 
 a running server) gives no such moment: libvirt removes its cgroups before it says it
 stopped, so its use since the last tick (at most one tick's) is lost, as with the libvirt
 collector. Its disks' bytes since the last tick are lost in both cases: QEMU's block stats are
-not asked at an event.
+not asked at an event. The read at SHUTDOWN races libvirt, which kills QEMU right after sending
+the event: an agent whose event thread comes late finds the files gone, loses that tick's use
+as for a destroyed domain, and logs "too late to read" (INFO) for the domain.
 
 A VM whose files cannot be read is read through libvirt for the tick (the reading's
 ``fallbacks`` names it; the agent counts them; logged once per VM). Its disks are QEMU's block
@@ -500,7 +502,9 @@ class KernelCollector:
             return  # never read from the kernel (or outside the domain filter)
         with self._lock:
             if self._descriptions.get(uuid) is not d or d.run_id != dom.ID():
-                return  # a tick let go of it meanwhile (it stopped): too late
+                # a tick let go of it meanwhile (it stopped)
+                log.info("domain %s (%s) %s: too late to read: gone", uuid, d.name, kind.name)
+                return
             taken_s = self._clock()
             try:
                 c = d.files.counters(self._net(), self._page_size)
