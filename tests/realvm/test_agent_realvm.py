@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -123,9 +122,10 @@ def test_a_guest_within_its_flavor_is_charged_at_most_its_flavor(
 def _accounted_cpu_s() -> tuple[float, float, int]:
     """(monotonic seconds, every column of ``/proc/stat``'s ``cpu`` line in seconds, the CPUs
     online): how much CPU time the kernel accounted to any state, busy or idle, by now."""
+    from gmd.agent.collect.host import PROC_STAT, parse_proc_stat_ticks
+
     now = time.monotonic()
-    lines = [line.split() for line in Path("/proc/stat").read_text().splitlines()]
-    assert lines[0][0] == "cpu"
+    text = PROC_STAT.read_text()
+    lines = [line.split() for line in text.splitlines()]
     online = sum(1 for f in lines if f and f[0].startswith("cpu") and f[0][3:].isdigit())
-    # guest and guest_nice (columns 9-10) are inside user and nice already.
-    return now, sum(int(v) for v in lines[0][1:9]) / os.sysconf("SC_CLK_TCK"), online
+    return now, sum(parse_proc_stat_ticks(text).values()) / os.sysconf("SC_CLK_TCK"), online

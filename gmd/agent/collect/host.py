@@ -33,23 +33,28 @@ PROC_STAT = Path("/proc/stat")
 BUSY_FIELDS = ("user", "nice", "system", "irq", "softirq", "steal")
 """The states of ``/proc/stat``'s ``cpu`` line that count as busy (see the module docstring)."""
 _FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
-_BUSY_AT = tuple(_FIELDS.index(f) for f in BUSY_FIELDS)
 
 
-def parse_proc_stat_busy(text: str, ticks_per_s: float) -> float:
-    """The busy CPU seconds since boot, summed over every CPU, from ``/proc/stat``'s text.
-
-    A kernel older than the ``steal`` column (2.6.11) lacks it; the fields it has are summed.
-    ``ValueError`` when there is no ``cpu`` line of numbers.
-    """
+def parse_proc_stat_ticks(text: str) -> dict[str, int]:
+    """The ticks since boot in each state of ``/proc/stat``'s ``cpu`` line (every CPU summed),
+    by name (``user`` … ``steal``; ``guest`` and ``guest_nice`` are inside ``user`` and ``nice``
+    already). A kernel older than the ``steal`` column (2.6.11) lacks it: the states it has.
+    ``ValueError`` when there is no ``cpu`` line of numbers."""
     for line in text.splitlines():
         fields = line.split()
         if fields and fields[0] == "cpu":
             values = [int(v) for v in fields[1 : 1 + len(_FIELDS)]]
             if len(values) < 4:
                 raise ValueError(f"the cpu line has {len(values)} fields, at least 4 expected")
-            return sum(values[i] for i in _BUSY_AT if i < len(values)) / ticks_per_s
+            return dict(zip(_FIELDS, values, strict=False))
     raise ValueError("no cpu line")
+
+
+def parse_proc_stat_busy(text: str, ticks_per_s: float) -> float:
+    """The busy CPU seconds since boot (:data:`BUSY_FIELDS`), summed over every CPU, from
+    ``/proc/stat``'s text; ``ValueError`` as :func:`parse_proc_stat_ticks`."""
+    ticks = parse_proc_stat_ticks(text)
+    return sum(ticks.get(f, 0) for f in BUSY_FIELDS) / ticks_per_s
 
 
 def local_hypervisor(uri: str) -> bool:

@@ -19,7 +19,12 @@ from gmd.agent.collect.aggregate import (
     load_state,
 )
 from gmd.agent.collect.base import HostReading
-from gmd.agent.collect.host import HostCpu, local_hypervisor, parse_proc_stat_busy
+from gmd.agent.collect.host import (
+    HostCpu,
+    local_hypervisor,
+    parse_proc_stat_busy,
+    parse_proc_stat_ticks,
+)
 from gmd.agent.collect.libvirt import LibvirtCollector
 from gmd.agent.collect.replay import ReplayCollector, plan_clock, replay_vms
 from gmd.agent.replay_run import tick_times
@@ -59,6 +64,24 @@ def test_busy_is_every_state_but_idle_and_iowait_and_guest_is_not_added_twice() 
     for bad in ("", "intr 1 2\n", "cpu 1 2\n", "cpu a b c d\n"):
         with pytest.raises(ValueError):
             parse_proc_stat_busy(bad, 100)
+
+
+def test_every_state_is_named_and_guest_time_is_left_inside_user_and_nice() -> None:
+    ticks = parse_proc_stat_ticks(PROC_STAT)
+    assert ticks == {
+        "user": 10132153,
+        "nice": 290696,
+        "system": 3084719,
+        "idle": 46828483,
+        "iowait": 16683,
+        "irq": 0,
+        "softirq": 25195,
+        "steal": 175,
+    }
+    older = ("user", "nice", "system", "idle", "iowait", "irq", "softirq")  # no steal
+    assert parse_proc_stat_ticks("cpu 1 2 3 4 5 6 7\n") == dict(
+        zip(older, range(1, 8), strict=True)
+    )
 
 
 def test_the_real_proc_stat_is_read_and_grows_with_work() -> None:
