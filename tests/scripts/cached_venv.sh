@@ -2,17 +2,17 @@
 # outside the checkout so that a second clone on the same machine (CI's fresh clone, a developer's
 # worktree) reuses it instead of installing ~500 MB again (70-90 s of pip with its cache warm).
 #
-#   cached_venv NAME LINK PACKAGE...
+#   cached_venv NAME LINK SEED PACKAGE...
 #
 # makes LINK (the checkout's var/NAME/venv) a symlink to $GMD_TEST_CACHE/NAME-venv-HASH, where
 # HASH is of the packages and the Python that runs them, building that venv first when it is
 # missing or half-built (the stamp is written last). The cache is ${XDG_CACHE_HOME:-~/.cache}/
 # gmd-tests unless GMD_TEST_CACHE names another; one build at a time (a lock in the cache).
-# Returns 0 when LINK already pointed at that venv, 10 when it points there anew (the caller's
-# seed, made by another venv, is stale), and 1 with one line on stderr when it cannot be built.
+# When LINK points there anew, the caller's SEED (a directory made with another venv) is removed.
+# Returns 0, or 1 with one line on stderr when the venv cannot be built.
 cached_venv() {
-    local name=$1 link=$2
-    shift 2
+    local name=$1 link=$2 seed=$3
+    shift 3
     local cache=${GMD_TEST_CACHE:-${XDG_CACHE_HOME:-${HOME:-/root}/.cache}/gmd-tests}
     local stamp hash target
     stamp="$* $(python3 -c 'import sys; print(sys.version.split()[0])')"
@@ -39,7 +39,6 @@ cached_venv() {
         }
     fi
     [ "$(readlink "$link" 2>/dev/null)" = "$target" ] && return 0
-    rm -rf "$link"
+    rm -rf "$link" "$seed"
     ln -s "$target" "$link"
-    return 10
 }

@@ -63,12 +63,6 @@ fi
 # The venv lives in a cache outside the checkout (tests/scripts/cached_venv.sh); a new one makes
 # the seed anew.
 . tests/scripts/cached_venv.sh
-venv_made=0
-cached_venv nova "$VENV" "${PACKAGES[@]}" || venv_made=$?
-case $venv_made in
-0) ;;
-10) rm -rf "$STATE/seed" ;;
-*) die "no venv for the cloud (above)" ;;
-esac
+cached_venv nova "$VENV" "$STATE/seed" "${PACKAGES[@]}" || die "no venv for the cloud (above)"
 bash tests/scripts/libvirt.sh >/dev/null 8>&- 9>&- || die "libvirtd is not available (tests/scripts/libvirt.sh)"
 exec "$VENV/bin/python" tests/scripts/nova_cloud.py --state "$STATE" "${@:-start}"

@@ -25,11 +25,5 @@ mkdir -p "$STATE"
 # The venv lives in a cache outside the checkout (tests/scripts/cached_venv.sh); a new one makes
 # the seed anew.
 . tests/scripts/cached_venv.sh
-venv_made=0
-cached_venv openstack "$VENV" "${PACKAGES[@]}" || venv_made=$?
-case $venv_made in
-0) ;;
-10) rm -rf "$STATE/seed" ;;
-*) die "no venv for the cloud (above)" ;;
-esac
+cached_venv openstack "$VENV" "$STATE/seed" "${PACKAGES[@]}" || die "no venv for the cloud (above)"
 exec "$VENV/bin/python" tests/scripts/openstack_cloud.py --state "$STATE" "${@:-start}"
