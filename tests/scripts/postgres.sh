@@ -135,12 +135,20 @@ as_pg "'$bindir/pg_basebackup' -h 127.0.0.1 -p $PGPORT -U postgres -D '$REPLICA'
 # The copy brings the primary's log and its socket's lock file, which are not the replica's.
 rm -f "$REPLICA/server.log" "$REPLICA"/.s.PGSQL.*
 RPORT=${GMD_TEST_REPLICA_PGPORT:-$((PGPORT + 1))}
-RPORT=$(next_free "$RPORT")
-port_free "$RPORT" || die "no free port for the replica near $((PGPORT + 1))"
-opts="-c listen_addresses=127.0.0.1 -p $RPORT -k $REPLICA -c fsync=off -c hot_standby=on"
-opts="$opts -c shared_buffers=32MB"
-# Without 9>&- the server would inherit the lock, and hold it for as long as it runs.
-as_pg "'$bindir/pg_ctl' -D '$REPLICA' -w -t 60 -l '$REPLICA/server.log' -o '$opts' start" \
-    >/dev/null 9>&- || die "the replica did not start; see $REPLICA/server.log"
+# A port found free can be taken before the server binds it: started while tests run, the
+# replica met a connection's ephemeral source port on 54330 (that range includes it). Then the
+# next free port, a few times.
+for attempt in 1 2 3 4 5; do
+    RPORT=$(next_free "$RPORT")
+    port_free "$RPORT" || die "no free port for the replica near $((PGPORT + 1))"
+    opts="-c listen_addresses=127.0.0.1 -p $RPORT -k $REPLICA -c fsync=off -c hot_standby=on"
+    opts="$opts -c shared_buffers=32MB"
+    # Without 9>&- the server would inherit the lock, and hold it for as long as it runs.
+    as_pg "'$bindir/pg_ctl' -D '$REPLICA' -w -t 60 -l '$REPLICA/server.log' -o '$opts' start" \
+        >/dev/null 9>&- && break
+    grep -q "Address already in use" "$REPLICA/server.log" && [ "$attempt" -lt 5 ] ||
+        die "the replica did not start; see $REPLICA/server.log"
+    RPORT=$((RPORT + 1))
+done
 streams "$RPORT" 300 || die "the replica on $RPORT does not stream from the primary; see $REPLICA/server.log"
 echo "postgresql+psycopg://postgres@127.0.0.1:$RPORT/postgres"
