@@ -19,8 +19,8 @@
 # faults drawn from fixed seeds, each on its own world), which wait on wall-clock intervals and
 # use little CPU (a soak's processes took 13 s of CPU over its 267 s, measured). Then, alone, the
 # tests on real VMs (marker realvm: they measure what a guest gets of the machine's CPU) and those
-# marked alone: the federation's soak, whose brokers hold 2 s ZooKeeper sessions (beside the
-# tier above, in one run of four, two requests ran twice that no drawn fault explains).
+# marked alone: the federation's soak and the broker fault tests, whose brokers hold 2 s
+# ZooKeeper sessions (beside the tier above, requests ran twice that no drawn fault explains).
 #
 # Exit status: 0 when every tier passed; otherwise the first failure's (a set-up step's, the
 # lint's, or pytest's: 1 tests failed, 2 interrupted, ... as pytest documents).
@@ -105,7 +105,12 @@ soaked=$?
 background=()
 say "the soaks, run beside the tier above ($LOGS/soak.log; ${SECONDS} s in all so far):"
 cat "$LOGS/soak.log"
-rm -rf "$soak_tmp"
+# A failed soak's files (its processes' logs) are kept: the only trace of what went wrong.
+if [ "$soaked" -eq 0 ]; then
+    rm -rf "$soak_tmp"
+else
+    say "the soaks' files are kept in $soak_tmp"
+fi
 [ "$status" -eq 0 ] && status=$soaked
 [ "$status" -eq 0 ] || exit "$status"
 "$BIN/pytest" -m "realvm or alone" --durations=10
