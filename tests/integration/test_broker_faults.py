@@ -32,8 +32,9 @@ from tests.support.zookeeper import Ensemble, private_ensemble
 GMD_BROKER = str(Path(sys.executable).with_name("gmd-broker"))
 # 2 s sessions: on a machine at 2.0 of 2 cores (make test's tier on every core) a starved broker
 # or ZooKeeper node loses its session unprovoked, and a request runs again (once in seven runs):
-# make test runs these alone, after that tier (the marker's meaning: pyproject.toml).
-pytestmark = pytest.mark.alone
+# make test runs these beside that tier, which yields the CPU to them (the marker's meaning:
+# pyproject.toml).
+pytestmark = pytest.mark.deadline
 
 SESSION_S = 2.0
 wait_until = functools.partial(poll, timeout_s=90.0)

@@ -40,7 +40,7 @@ SECONDS = 150.0
 
 
 @pytest.mark.soak
-@pytest.mark.alone  # 2 s sessions: beside the busy tier, runs repeated that no fault explains
+@pytest.mark.deadline  # 2 s sessions: starved by the busy tier, runs repeated no fault explains
 def test_every_federation_request_is_counted_once_under_drawn_faults(tmp_path: Path) -> None:
     drawn = draw(SEED, SECONDS, site_names(3))
     kinds = Counter(f.kind for f in drawn)
