@@ -32,16 +32,8 @@ from gmd.daemon.ledger import partitions
 from gmd.daemon.ledger.accounting import account_next, compute_rows, write_rows
 from gmd.daemon.ledger.sample_store import write_batches
 from gmd.ledger_schema import migrate
-from gmd.ledger_schema.models import (
-    Batch,
-    Customer,
-    Host,
-    HostInterval,
-    Interval,
-    IntervalState,
-    Organization,
-    Vm,
-)
+from gmd.ledger_schema.kinds import IntervalState
+from gmd.ledger_schema.models import Batch, Customer, Host, HostInterval, Interval, Organization, Vm
 
 REPO = Path(__file__).resolve().parents[1]
 # Ten minutes into an hour: an interval that does not end an hour, so what is timed is the

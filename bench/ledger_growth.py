@@ -89,7 +89,8 @@ from gmd.daemon.reports.explain import explain
 from gmd.daemon.reports.series import collect
 from gmd.daemon.reports.usage import report
 from gmd.ledger_schema import migrate
-from gmd.ledger_schema.models import USE_COLUMNS, Base, BatchState, IntervalState, NameSource
+from gmd.ledger_schema.kinds import BatchState, IntervalState, NameSource
+from gmd.ledger_schema.models import USE_COLUMNS, Base
 from gmd.ledger_schema.tables import (
     actions as _actions,
     batches as _batches,

@@ -40,7 +40,7 @@ from gmd.daemon.ledger.accounting import account_due
 from gmd.daemon.ledger.interval_samples import read_raw_interval, read_samples
 from gmd.daemon.reports.whatif import indicators, replay, with_overrides
 from gmd.ledger_schema import migrate
-from gmd.ledger_schema.models import IntervalState
+from gmd.ledger_schema.kinds import IntervalState
 from gmd.ledger_schema.tables import intervals as _intervals
 
 

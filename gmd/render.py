@@ -20,7 +20,6 @@ from collections.abc import Mapping, Sequence
 from enum import Enum
 from typing import Any
 
-import yaml
 from rich import box
 from rich.console import Console
 from rich.table import Table
@@ -157,4 +156,6 @@ def json_text(document: object, *, indent: bool = True) -> str:
 
 
 def yaml_text(document: object) -> str:
+    import yaml  # only for -f yaml: every gmd-admin process imports this module
+
     return yaml.safe_dump(clean(document), sort_keys=False, allow_unicode=True)

@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import Connection, select
 
 from gmd.common.timespec import iso
-from gmd.ledger_schema.models import BatchState
+from gmd.ledger_schema.kinds import BatchState
 from gmd.ledger_schema.tables import batches as _batches, hosts as _hosts, intervals as _intervals
 from gmd.render import Column
 

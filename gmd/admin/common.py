@@ -14,18 +14,22 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from sqlalchemy import event
-from sqlalchemy.engine import Engine
-from sqlalchemy.exc import SQLAlchemyError
 
 from gmd.common.cli import ExitCode, fail
 from gmd.common.config import DEFAULT_PATH, ConfigError
 from gmd.common.timespec import NotATime, parse_time
-from gmd.daemon.config import Config, load as load_config_file
-from gmd.ledger_schema import migrate
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+    from gmd.daemon.config import Config
+
+# The daemon's configuration, SQLAlchemy and Alembic are imported by the functions that open
+# the ledger, not here: every gmd-admin process imports this module to build its command line
+# (a --help or a mistyped option, the calculator), and they are most of its 0.6 s start.
 
 NAMED = "project uuid or project name"
 """How every command that takes a customer says it may be named: the ledger's lookup
@@ -47,6 +51,8 @@ def options(ctx: typer.Context) -> Options:
 
 
 def load_config(ctx: typer.Context) -> Config:
+    from gmd.daemon.config import load as load_config_file
+
     try:
         return load_config_file(options(ctx).config)
     except ConfigError as exc:
@@ -61,6 +67,10 @@ def shown_url(url: str) -> str:
 def _engine(ctx: typer.Context, *, replica: bool = False) -> Engine:
     """The ledger's engine: the primary's ([database] url), or with ``replica`` the read
     replica's (read_url); a bad URL names the key it came from."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from gmd.ledger_schema import migrate
+
     config = load_config(ctx)
     key, url = ("read_url", config.read_url) if replica else ("url", config.database_url)
     assert url is not None, "replica only when read_url is set"
@@ -81,6 +91,7 @@ def _read_only(engine: Engine) -> Engine:
     if engine.dialect.name == "postgresql":
         return engine.execution_options(postgresql_readonly=True)
     if engine.dialect.name == "sqlite":
+        from sqlalchemy import event
 
         @event.listens_for(engine, "connect")
         def _query_only(dbapi_conn: Any, _record: Any) -> None:
@@ -97,6 +108,8 @@ def _db_error(engine: Engine, exc: Exception, hint: str = "") -> typer.Exit:
 def database(ctx: typer.Context, *, replica: bool = False) -> Iterator[Engine]:
     """The ledger for one command: a database that cannot be reached or read ends the command
     with exit 1 and its URL (password masked), and the engine is disposed whatever happens."""
+    from sqlalchemy.exc import SQLAlchemyError
+
     engine = _engine(ctx, replica=replica)
     # The replica is a second thing that can be down: say how to go on without it.
     hint = " (the read replica, [database] read_url; --primary reads url)" if replica else ""
@@ -148,6 +161,8 @@ def sqlite_file(url: str) -> Path | None:
 
 
 def _check_schema(engine: Engine) -> None:
+    from gmd.ledger_schema import migrate
+
     revision = migrate.current(engine)
     if revision == migrate.head():
         return

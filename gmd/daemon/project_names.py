@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, ClassVar
 
 from sqlalchemy import Engine, select, update
 
+from gmd.ledger_schema.kinds import NameSource
 from gmd.ledger_schema.migrate import writer
-from gmd.ledger_schema.models import NameSource
 from gmd.ledger_schema.tables import customers as _customers
 from gmd.openstack.client import (
     MalformedAnswer,

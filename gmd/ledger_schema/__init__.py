@@ -1,6 +1,7 @@
 """The ledger's schema and how a database is brought to it: the tables (:mod:`.models`, with
-their typed Core views in :mod:`.tables`), the Alembic runner that creates and upgrades them
-from ``migrations/`` and the engine that opens the ledger (:mod:`.migrate`).
+their typed Core views in :mod:`.tables` and their kinds in :mod:`.kinds`), the Alembic runner
+that creates and upgrades them from ``migrations/`` and the engine that opens the ledger
+(:mod:`.migrate`).
 
 gmd-daemon accounts in the ledger and gmd-broker files the federation's history in the same
 database (``federation_events``, ``federation_standings``); both check its schema at start

@@ -9,7 +9,6 @@ from, so that a balance can be explained from the rows alone.
 
 from __future__ import annotations
 
-import enum
 from datetime import UTC, datetime
 from typing import Any
 
@@ -37,6 +36,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from gmd.common.units import DAY_S
+from gmd.ledger_schema.kinds import BatchState, IntervalState
 from gmd.wire import FLAVOR_FIELDS, USAGE_FIELDS
 
 NAMING = {
@@ -91,58 +91,6 @@ PARTITION_PARENT = {"samples": "sample_batches"}
 """The table that holds a partition, where it is not the one the partition is named after:
 the samples of a day are ``gmd_partitions.samples_<day>``, a partition of ``sample_batches``
 (migration 0013)."""
-
-
-class IntervalState(enum.StrEnum):
-    open = "open"
-    closed = "closed"
-    accounted = "accounted"
-
-
-class BatchState(enum.StrEnum):
-    """What became of a batch. ``quarantined``: accounting failed with it and went on without
-    it (its samples wait in ``quarantined_samples``); the operator then ``released`` it (its
-    samples are back as late ones, which no accounted interval is recomputed from) or
-    ``dropped`` it (its samples are deleted; the row stays, so a retry is still a duplicate)."""
-
-    accepted = "accepted"
-    quarantined = "quarantined"
-    released = "released"
-    dropped = "dropped"
-
-
-class ActionKind(enum.StrEnum):
-    """What an ``enforcement_actions`` row records. Stored as its value; the names are the
-    values so that any driver's adaptation of an enum gives the same text."""
-
-    level = "level"
-    host_apply = "host_apply"
-    host_restore = "host_restore"
-    quota_lower = "quota_lower"
-    quota_restore = "quota_restore"
-    reset = "reset"
-    batch_quarantine = "batch_quarantine"
-    batch_release = "batch_release"
-    batch_drop = "batch_drop"
-
-
-class ActionStatus(enum.StrEnum):
-    """How an enforcement action ended; ``would`` is a dry-run decision, nothing changed."""
-
-    ok = "ok"
-    would = "would"
-    failed = "failed"
-    decided = "decided"
-    """a level the accountant decided (``dry_run`` says whether it is applied)"""
-
-
-class NameSource(enum.StrEnum):
-    """Where a customer's project name was read (``customers.display_source``). Keystone is
-    the authority; the Nova metadata an agent read from a domain only fills in until it
-    speaks."""
-
-    keystone = "keystone"
-    nova = "nova"
 
 
 class Organization(Base):

@@ -35,7 +35,8 @@ from gmd.common.units import DAY_S
 from gmd.render import FORMATS, Column, csv_text, json_text, table_text
 from gmd.sim.bootstrap import DEFAULT_CONFIDENCE, Ordering, Statistic, orderings
 from gmd.sim.experiment import ExperimentConfig, ExperimentResult, run_experiment
-from gmd.sim.placement import FalbInputs, FalbScenario, PolicyResult
+from gmd.sim.placement import FalbInputs, PolicyResult
+from gmd.sim.placement_kinds import FalbScenario
 from gmd.sim.policies import parse_policy
 from gmd.sim.workload import PROCESSOR_MODES, read_assignment
 

@@ -44,6 +44,7 @@ from gmd.fairness.placement import (
     rrdf_charge,
     scores,
 )
+from gmd.sim.placement_kinds import Arrival, FalbScenario, Tie
 
 FALB_NODES: tuple[tuple[str, float, float], ...] = (
     ("node1", 16, 36),
@@ -143,15 +144,6 @@ class FalbRun:
         return float(np.mean(finite)) if finite else math.inf
 
 
-class Tie(enum.StrEnum):
-    """Which of several equally scored nodes gets the application."""
-
-    lowest = "lowest"
-    """the first in the nodes' order (Table 1's numbering)"""
-    random = "random"
-    """one of them at random (a scheduler that walks its nodes in no fixed order)"""
-
-
 def simulate_placement(
     capacity: Sequence[Sequence[float]],
     apps: Sequence[App],
@@ -231,25 +223,6 @@ def _next(waiting: list[int], apps: Sequence[App], rrdf: list[float], order: Ord
     return min(
         (k for k in waiting if apps[k].tenant == tenant), key=lambda k: (apps[k].submit_s, k)
     )
-
-
-class FalbScenario(enum.StrEnum):
-    """How the applications arrive (the paper's two scenarios)."""
-
-    batch = "batch"
-    """all submitted at once, before scheduling starts"""
-    stream = "stream"
-    """one after another, ``gap_s`` apart (in the :class:`Arrival` order)"""
-
-
-class Arrival(enum.StrEnum):
-    """In what order the stream's applications arrive: the paper says only that tenants
-    submit "sequentially", which reads either way."""
-
-    interleaved = "interleaved"
-    """the tenants' applications shuffled together at random"""
-    sequential = "sequential"
-    """tenant after tenant, in Table 3's order: user1's fifty, then user2's, …"""
 
 
 def falb_apps(

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from gmd.common.units import DAY_S
-from gmd.sim.placement import FALB_POLICIES, Arrival, FalbInputs, FalbScenario, Tie
+from gmd.sim.placement import FALB_POLICIES, FalbInputs
+from gmd.sim.placement_kinds import Arrival, FalbScenario, Tie
 from gmd.sim.workload import Deal
 
 SHIPPED = "shipped:"

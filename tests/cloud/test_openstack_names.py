@@ -12,7 +12,7 @@ import pytest
 
 from gmd.daemon.ledger.accounting import account_due
 from gmd.daemon.project_names import NameRefresher, ProjectNames, store_names
-from gmd.ledger_schema.models import NameSource
+from gmd.ledger_schema.kinds import NameSource
 from tests.support.daemon_support import (
     HostSpec,
     aligned_past,

@@ -31,7 +31,7 @@ from gmd.common.config import ConfigError
 from gmd.daemon.api.services import Services
 from gmd.daemon.placement.settings import PlacementConfig
 from gmd.daemon.placement.view import INVENTORY_EVERY, PlacementView
-from gmd.ledger_schema.models import BatchState, IntervalState
+from gmd.ledger_schema.kinds import BatchState, IntervalState
 from gmd.ledger_schema.tables import (
     actions,
     batches,

@@ -11,7 +11,8 @@ from gmd.agent.collect.capacity import HostCapacity
 from gmd.agent.collect.counters import UsageAmounts
 from gmd.daemon.config import AccountingConfig
 from gmd.daemon.ledger.interval_samples import supply_and_flavor, use_amounts
-from gmd.ledger_schema.models import FLAVOR_COLUMNS, USE_COLUMNS, ActionKind
+from gmd.ledger_schema.kinds import ActionKind
+from gmd.ledger_schema.models import FLAVOR_COLUMNS, USE_COLUMNS
 from gmd.ledger_schema.tables import host_intervals, samples
 from gmd.wire import (
     CAPACITY_FIELDS,

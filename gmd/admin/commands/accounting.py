@@ -17,9 +17,11 @@ from gmd.admin.common import NAMED, load_config, reading, times
 from gmd.admin.output import Format, Listing, Output, View, emit, output_options
 from gmd.common.cli import ExitCode, choice, fail, notice
 from gmd.common.timespec import NotATime, iso as iso_time, parse_time
-from gmd.daemon.ledger.lookup import UnknownCustomer
-from gmd.daemon.reports.standings import COLUMNS as STANDINGS_COLUMNS, SortKey, standings
+from gmd.daemon.reports.standings_columns import COLUMNS as STANDINGS_COLUMNS, SortKey
 from gmd.render import json_text, yaml_text
+
+# What reads the ledger (SQLAlchemy, the reports) is imported by the command that runs: every
+# gmd-admin process imports this module to build its command line (gmd.admin.common says why).
 
 
 @output_options
@@ -57,6 +59,8 @@ def standings_command(
     Exit codes: 0 shown, 1 database unavailable, 2 bad configuration or option, 3 a customer
     asked for has no standing (the others are shown).
     """
+    from gmd.daemon.reports.standings import standings
+
     config = load_config(ctx)
     wanted = list(dict.fromkeys(customer or ()))
     with reading(ctx) as engine, engine.connect() as conn:
@@ -174,6 +178,7 @@ def report_command(
     """
     from contextlib import nullcontext
 
+    from gmd.daemon.ledger.lookup import UnknownCustomer
     from gmd.daemon.reports.usage import GROUPS, report as usage_report
 
     if group_by not in GROUPS:
@@ -290,6 +295,7 @@ def explain_command(
     to explain.
     """
     from gmd.admin.explain_text import render_summary, render_text
+    from gmd.daemon.ledger.lookup import UnknownCustomer
     from gmd.daemon.reports.explain import NothingToExplain, explain
 
     if fmt in (Format.csv, Format.value):
@@ -375,6 +381,7 @@ def plot_command(
     For the reader, not --help (Click and Typer stop at the form feed): this function's length
     is its option declarations, each with its help text; what it does is the lines below.
     """
+    from gmd.daemon.ledger.lookup import UnknownCustomer
     from gmd.daemon.reports import plot as plotting
     from gmd.daemon.reports.series import EmptyRange, collect
 

@@ -13,8 +13,7 @@ from gmd.admin.common import database, reading, times
 from gmd.admin.output import Listing, Output, View, emit, output_options
 from gmd.common.cli import ExitCode, choice, fail
 from gmd.common.timespec import iso as iso_time
-from gmd.ledger_schema import migrate
-from gmd.ledger_schema.models import BatchState
+from gmd.ledger_schema.kinds import BatchState
 
 batches_app = typer.Typer(rich_markup_mode=None)
 
@@ -88,6 +87,7 @@ def _decide(ctx: typer.Context, key: str, reason: str, by: str | None, release: 
     import getpass
 
     from gmd.daemon.ledger import quarantine
+    from gmd.ledger_schema import migrate
 
     if not reason.strip():
         raise fail("--reason must say why (it is kept in the enforcement log)")

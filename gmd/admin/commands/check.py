@@ -11,16 +11,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from sqlalchemy import text
-from sqlalchemy.exc import SQLAlchemyError
 
 from gmd.admin.common import options, shown_url, sqlite_file
 from gmd.common.cli import ExitCode, fail
 from gmd.common.config import ConfigError, read_document
-from gmd.daemon.config import Config, parse
+
+if TYPE_CHECKING:
+    from gmd.daemon.config import Config
+
+# What reads the configuration and the ledger is imported by the check that runs
+# (gmd.admin.common says why).
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,9 @@ class Finding:
 
 
 def _database(what: str, url: str, schema: bool) -> Finding:
+    from sqlalchemy import text
+    from sqlalchemy.exc import SQLAlchemyError
+
     from gmd.ledger_schema import migrate
 
     file = sqlite_file(url)
@@ -162,6 +168,8 @@ def check_command(
     Exit codes: 0 everything ok, 1 something named cannot be reached or used, 2 the
     configuration itself is refused (one line on stderr says where, as gmd-daemon would).
     """
+    from gmd.daemon.config import parse
+
     where = options(ctx).config
     try:
         document, source, path = read_document(where)

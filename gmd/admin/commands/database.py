@@ -16,7 +16,6 @@ import typer
 from gmd.admin.common import database, load_config, reading, shown_url, sqlite_file
 from gmd.admin.output import Listing, Output, View, emit, output_options
 from gmd.common.cli import ExitCode, fail
-from gmd.ledger_schema import migrate
 
 db_app = typer.Typer(
     help="The ledger database: create it and upgrade its schema.",
@@ -31,6 +30,8 @@ def db_upgrade(
     revision: Annotated[str, typer.Option(help="Target schema revision.")] = "head",
 ) -> None:
     """Create the ledger or bring its schema up to date (safe to run again)."""
+    from gmd.ledger_schema import migrate
+
     with database(ctx) as engine:
         before = migrate.current(engine)
         migrate.upgrade(engine, revision)
@@ -76,6 +77,7 @@ def db_purge(
 
     from gmd.common.timespec import iso
     from gmd.daemon.ledger.retention import purge
+    from gmd.ledger_schema import migrate
 
     config = load_config(ctx)
     retention = config.retention
@@ -163,6 +165,8 @@ def db_current(ctx: typer.Context) -> None:
     read (an empty one included), 1 when it cannot be reached or a SQLite ledger file is not
     there, 2 bad configuration.
     """
+    from gmd.ledger_schema import migrate
+
     with reading(ctx, schema=False) as engine:
         rev = migrate.current(engine)
         head = migrate.head()

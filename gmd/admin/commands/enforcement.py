@@ -14,20 +14,8 @@ from gmd.admin.common import NAMED, database, load_config, reading, times
 from gmd.admin.output import Listing, Output, View, emit, output_options
 from gmd.common.cli import ExitCode, fail, notice
 from gmd.common.timespec import iso as iso_time
-from gmd.daemon.ledger.lookup import UnknownCustomer
-from gmd.daemon.reports.actions import (
-    COLUMNS as ACTION_COLUMNS,
-    actions as list_actions,
-    knobs_words,
-)
-from gmd.daemon.reports.enforcement import (
-    CAPS_COLUMNS,
-    LEVEL_COLUMNS,
-    PLAN_COLUMNS,
-    levels as enforcement_levels,
-    plans as enforcement_plans,
-)
-from gmd.wire import PlanMode
+
+# What reads the ledger is imported by the command that runs (gmd.admin.common says why).
 
 
 @output_options
@@ -59,7 +47,12 @@ def actions_command(
     Exit codes: 0 shown (also when none), 1 database unavailable, 2 bad option, 3 unknown
     customer.
     """
-    from gmd.daemon.ledger.lookup import customer_uuid
+    from gmd.daemon.ledger.lookup import UnknownCustomer, customer_uuid
+    from gmd.daemon.reports.actions import (
+        COLUMNS as ACTION_COLUMNS,
+        actions as list_actions,
+        knobs_words,
+    )
 
     from_s, to_s = times(from_, to)
     try:
@@ -111,6 +104,14 @@ def enforce_command(
     Exit codes: 0 shown, 1 database unavailable, 2 bad option, 3 unknown host.
     """
     from gmd.daemon.ledger.lookup import UnknownHost
+    from gmd.daemon.reports.enforcement import (
+        CAPS_COLUMNS,
+        LEVEL_COLUMNS,
+        PLAN_COLUMNS,
+        levels as enforcement_levels,
+        plans as enforcement_plans,
+    )
+    from gmd.wire import PlanMode
 
     del plan  # accepted for compatibility: the plan is what enforce shows
     config = load_config(ctx)
@@ -188,6 +189,7 @@ def reset_command(
     """
     import getpass
 
+    from gmd.daemon.ledger.lookup import UnknownCustomer
     from gmd.daemon.ledger.resets import reset_balance
 
     if not reason.strip():

@@ -9,12 +9,8 @@ import typer
 
 from gmd.admin.common import reading, times
 from gmd.admin.output import Listing, Output, View, emit, output_options
-from gmd.daemon.reports.federation import (
-    EVENT_COLUMNS,
-    STANDING_COLUMNS,
-    events as federation_events,
-    standings as federation_standings,
-)
+
+# What reads the ledger is imported by the command that runs (gmd.admin.common says why).
 
 federation_app = typer.Typer(rich_markup_mode=None, no_args_is_help=True)
 
@@ -29,6 +25,11 @@ def standings_command(ctx: typer.Context, *, out: Output) -> None:
 
     Exit codes: 0 shown (also when none), 1 database unavailable, 2 bad option.
     """
+    from gmd.daemon.reports.federation import (
+        STANDING_COLUMNS,
+        standings as federation_standings,
+    )
+
     with reading(ctx) as engine, engine.connect() as conn:
         document = federation_standings(conn)
     rows = document["organizations"]
@@ -65,6 +66,8 @@ def log_command(
 
     Exit codes: 0 shown (also when none), 1 database unavailable, 2 bad option.
     """
+    from gmd.daemon.reports.federation import EVENT_COLUMNS, events as federation_events
+
     from_s, to_s = times(from_, to)
     with reading(ctx) as engine, engine.connect() as conn:
         rows = federation_events(conn, from_s=from_s, to_s=to_s, org=org, limit=limit)

@@ -9,7 +9,8 @@ import typer
 from gmd.admin.common import reading
 from gmd.admin.output import Listing, Output, View, emit, output_options
 from gmd.common.cli import ExitCode, fail
-from gmd.daemon.reports.host_knobs import HOST_COLUMNS, hosts
+
+# What reads the ledger is imported by the command that runs (gmd.admin.common says why).
 
 
 @output_options
@@ -31,6 +32,8 @@ def hosts_command(
     Exit codes: 0 shown (also when none), 1 database unavailable, 2 bad option, 3 no such
     host.
     """
+    from gmd.daemon.reports.host_knobs import HOST_COLUMNS, hosts
+
     with reading(ctx) as engine, engine.connect() as conn:
         rows = hosts(conn, host)
     if host is not None and not rows:

@@ -11,19 +11,12 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from gmd.admin.calculator import (
-    Situation,
-    judge,
-    parse_amounts,
-    situation_from_csv,
-    situation_from_options,
-)
 from gmd.admin.common import load_config, reading, times
 from gmd.admin.output import Listing, Output, View, emit, output_options
 from gmd.common.cli import ExitCode, choice, fail
 from gmd.common.units import DAY_S
 from gmd.fairness.scenarios import SCENARIOS
-from gmd.sim.placement import Arrival, FalbScenario, Tie
+from gmd.sim.placement_kinds import Arrival, FalbScenario, Tie
 
 if TYPE_CHECKING:
     from gmd.sim.command import Shown
@@ -99,6 +92,14 @@ def gm_command(
     For the reader, not --help (Click and Typer stop at the form feed): this function's length
     is its option declarations, each with its help text; what it does is the lines below.
     """
+    from gmd.admin.calculator import (
+        Situation,
+        judge,
+        parse_amounts,
+        situation_from_csv,
+        situation_from_options,
+    )
+
     sources = sum(x is not None for x in (scenario, csv_file)) + bool(use)
     if sources != 1:
         raise fail("give exactly one of --scenario, --csv or --use (with --supply)")

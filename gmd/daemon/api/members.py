@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, select
 
-from gmd.ledger_schema.models import ActionKind, ActionStatus
+from gmd.ledger_schema.kinds import ActionKind, ActionStatus
 from gmd.ledger_schema.tables import hosts as _hosts
 from gmd.wire import KnobOutcome, knob_words
 

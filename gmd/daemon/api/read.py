@@ -33,7 +33,8 @@ from gmd.daemon.api.errors import Refused
 from gmd.daemon.api.members import for_member
 from gmd.daemon.api.services import Services
 from gmd.daemon.ledger.lookup import UnknownCustomer, customer_uuid
-from gmd.daemon.reports.standings import SortKey, standings
+from gmd.daemon.reports.standings import standings
+from gmd.daemon.reports.standings_columns import SortKey
 from gmd.wire import PlanMode, Problem, canonical_customer
 
 log = logging.getLogger(__name__)

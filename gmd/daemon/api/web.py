@@ -30,9 +30,9 @@ from gmd.daemon.api import read
 from gmd.daemon.api.access import ReadCaller
 from gmd.daemon.api.deps import ServicesDep
 from gmd.daemon.api.errors import Refused
-from gmd.daemon.reports.standings import SortKey
+from gmd.daemon.reports.standings_columns import SortKey
 from gmd.fairness.policy import LevelEffect, ThrottlePolicy
-from gmd.ledger_schema.models import ActionStatus
+from gmd.ledger_schema.kinds import ActionStatus
 from gmd.wire import PlanMode
 
 router = APIRouter(prefix="/ui", include_in_schema=False)

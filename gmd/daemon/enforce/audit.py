@@ -20,8 +20,8 @@ from sqlalchemy import Connection, Engine, insert, or_, select
 
 from gmd.common.timespec import iso_as_sent
 from gmd.daemon.enforce.plans import recent_window, running_vms
+from gmd.ledger_schema.kinds import ActionKind, ActionStatus
 from gmd.ledger_schema.migrate import writer
-from gmd.ledger_schema.models import ActionKind, ActionStatus
 from gmd.ledger_schema.tables import (
     actions as _actions,
     hosts as _hosts,

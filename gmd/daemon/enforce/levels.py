@@ -25,7 +25,7 @@ from gmd.fairness.ledger_step import (
     LevelHeld,
     decide_next_levels,
 )
-from gmd.ledger_schema.models import ActionKind, ActionStatus
+from gmd.ledger_schema.kinds import ActionKind, ActionStatus
 from gmd.ledger_schema.tables import (
     actions as _actions,
     levels as _levels,

@@ -39,7 +39,7 @@ from gmd.fairness.policy import (
     weight_as_disk_limit,
     weights_for,
 )
-from gmd.ledger_schema.models import BatchState, IntervalState
+from gmd.ledger_schema.kinds import BatchState, IntervalState
 from gmd.ledger_schema.tables import (
     batches as _batches,
     customers as _customers,

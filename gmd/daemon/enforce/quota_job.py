@@ -34,8 +34,8 @@ from gmd.daemon.enforce.quotas import (
     lowered,
 )
 from gmd.daemon.enforce.settings import EnforcementConfig
+from gmd.ledger_schema.kinds import ActionKind, ActionStatus
 from gmd.ledger_schema.migrate import writer
-from gmd.ledger_schema.models import ActionKind, ActionStatus
 from gmd.ledger_schema.tables import (
     actions as _actions,
     customers as _customers,

@@ -54,7 +54,8 @@ from gmd.daemon.ingest.record import (
 )
 from gmd.daemon.ledger import sample_store
 from gmd.daemon.ledger.quarantine import quarantine
-from gmd.ledger_schema.models import ID64, IntervalState
+from gmd.ledger_schema.kinds import IntervalState
+from gmd.ledger_schema.models import ID64
 from gmd.ledger_schema.tables import (
     batches as _batches,
     dialect_insert,

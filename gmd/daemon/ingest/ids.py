@@ -40,7 +40,8 @@ from sqlalchemy.dialects import postgresql
 
 from gmd.daemon.ingest.record import Admit, BatchRecord
 from gmd.daemon.ledger import sample_store
-from gmd.ledger_schema.models import SEEN_PERIOD_S, NameSource
+from gmd.ledger_schema.kinds import NameSource
+from gmd.ledger_schema.models import SEEN_PERIOD_S
 from gmd.ledger_schema.tables import (
     customers as _customers,
     hosts as _hosts,

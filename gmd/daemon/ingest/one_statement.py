@@ -43,7 +43,8 @@ from gmd.daemon.ingest.ids import LedgerIds, mark_period
 from gmd.daemon.ingest.record import Admit, BatchRecord, IngestResult
 from gmd.daemon.ledger import sample_store
 from gmd.daemon.ledger.sample_store import BATCH_COLUMNS
-from gmd.ledger_schema.models import PER_VM, SAMPLE_IDS, IntervalState, sample_batches
+from gmd.ledger_schema.kinds import IntervalState
+from gmd.ledger_schema.models import PER_VM, SAMPLE_IDS, sample_batches
 from gmd.ledger_schema.tables import batches, host_intervals, hosts, intervals
 from gmd.wire import CAPACITY_FIELDS
 

@@ -34,8 +34,8 @@ from gmd.daemon.ledger import rollups, sample_store
 from gmd.daemon.ledger.quarantine import Quarantined, bad_data, isolate
 from gmd.daemon.ledger.step_input import read_interval
 from gmd.fairness.ledger_step import IntervalStep
+from gmd.ledger_schema.kinds import BatchState, IntervalState
 from gmd.ledger_schema.migrate import writer
-from gmd.ledger_schema.models import BatchState, IntervalState
 from gmd.ledger_schema.tables import (
     batches as _batches,
     customer_ledger as _customer_ledger,

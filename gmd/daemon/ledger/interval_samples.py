@@ -20,7 +20,8 @@ from gmd.daemon.ledger import sample_store
 from gmd.daemon.ledger.binary_copy import binary_rows
 from gmd.fairness.directcontr import Utility
 from gmd.fairness.ledger_step import SampledInterval
-from gmd.ledger_schema.models import FLAVOR_COLUMNS, USE_COLUMNS, BatchState
+from gmd.ledger_schema.kinds import BatchState
+from gmd.ledger_schema.models import FLAVOR_COLUMNS, USE_COLUMNS
 from gmd.ledger_schema.tables import (
     batches as _batches,
     host_intervals as _host_intervals,

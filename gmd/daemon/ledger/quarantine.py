@@ -27,7 +27,7 @@ from sqlalchemy.exc import DataError, IntegrityError
 from gmd import GmdError
 from gmd.daemon.ledger import sample_store
 from gmd.daemon.ledger.sample_store import SAMPLE_COLUMNS
-from gmd.ledger_schema.models import ActionKind, ActionStatus, BatchState
+from gmd.ledger_schema.kinds import ActionKind, ActionStatus, BatchState
 from gmd.ledger_schema.tables import (
     actions as _actions,
     batches as _batches,

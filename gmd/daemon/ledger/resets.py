@@ -21,12 +21,8 @@ from sqlalchemy import Connection, Engine, func, insert, select, text
 
 from gmd.daemon.ledger import lookup
 from gmd.daemon.ledger.accounting import ACCOUNTING_LOCK
+from gmd.ledger_schema.kinds import ActionKind, ActionStatus, IntervalState
 from gmd.ledger_schema.migrate import writer
-from gmd.ledger_schema.models import (
-    ActionKind,
-    ActionStatus,
-    IntervalState,
-)
 from gmd.ledger_schema.tables import (
     actions as _actions,
     balance_resets as _resets,

@@ -42,8 +42,9 @@ from sqlalchemy import Column, Connection, Engine, Table, delete, exists, func, 
 from gmd.daemon.config import RetentionConfig
 from gmd.daemon.ledger import partitions, sample_store
 from gmd.daemon.ledger.rollups import ROLLUP_TABLES
+from gmd.ledger_schema.kinds import IntervalState
 from gmd.ledger_schema.migrate import writer
-from gmd.ledger_schema.models import SEEN_PERIOD_S, IntervalState
+from gmd.ledger_schema.models import SEEN_PERIOD_S
 from gmd.ledger_schema.tables import (
     actions,
     balance_resets,

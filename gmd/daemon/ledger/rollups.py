@@ -51,8 +51,8 @@ from sqlalchemy import (
 )
 
 from gmd.common.units import DAY_S, HOUR_S
+from gmd.ledger_schema.kinds import BatchState, IntervalState
 from gmd.ledger_schema.migrate import writer
-from gmd.ledger_schema.models import BatchState, IntervalState
 from gmd.ledger_schema.tables import (
     batches as _batches,
     customer_ledger as _ledger,

@@ -32,7 +32,7 @@ from gmd.fairness.ledger_step import (
     step_interval,
 )
 from gmd.fairness.policy import ThrottlePolicy
-from gmd.ledger_schema.models import IntervalState
+from gmd.ledger_schema.kinds import IntervalState
 from gmd.ledger_schema.tables import (
     customer_ledger as _customer_ledger,
     intervals as _intervals,

@@ -19,8 +19,9 @@ from sqlalchemy import Engine, func, select, update
 
 from gmd.daemon.ledger.quarantine import quarantine
 from gmd.daemon.placement.view import Disagreement, PlacementView, Refusal
+from gmd.ledger_schema.kinds import BatchState
 from gmd.ledger_schema.migrate import writer
-from gmd.ledger_schema.models import FLAVOR_COLUMNS, BatchState
+from gmd.ledger_schema.models import FLAVOR_COLUMNS
 from gmd.ledger_schema.tables import (
     batches as _batches,
     customers as _customers,

@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, Connection, CursorResult, and_, or_, select
 
 from gmd.columns import Column
-from gmd.ledger_schema.models import ActionKind
+from gmd.ledger_schema.kinds import ActionKind
 from gmd.ledger_schema.tables import (
     actions as _actions,
     customers as _customers,

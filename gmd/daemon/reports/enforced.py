@@ -36,7 +36,7 @@ from sqlalchemy import Connection, and_, or_, select
 
 from gmd.daemon.enforce.plans import recent_window, running_vms
 from gmd.daemon.reports.actions import level_changes
-from gmd.ledger_schema.models import ActionKind, ActionStatus
+from gmd.ledger_schema.kinds import ActionKind, ActionStatus
 from gmd.ledger_schema.tables import (
     actions as _actions,
     levels as _levels,

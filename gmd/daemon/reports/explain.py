@@ -42,11 +42,7 @@ from gmd.fairness.decay import decay_factor
 from gmd.fairness.policy import (
     for_customer,
 )
-from gmd.ledger_schema.models import (
-    ActionKind,
-    BatchState,
-    IntervalState,
-)
+from gmd.ledger_schema.kinds import ActionKind, BatchState, IntervalState
 from gmd.ledger_schema.tables import (
     actions as _actions,
     batches as _batches,

@@ -23,7 +23,7 @@ from sqlalchemy import Connection, func, select
 
 from gmd.daemon.ledger.lookup import UnknownCustomer, customer_id
 from gmd.fairness.policy import ThrottlePolicy
-from gmd.ledger_schema.models import IntervalState
+from gmd.ledger_schema.kinds import IntervalState
 from gmd.ledger_schema.tables import (
     host_intervals as _host_intervals,
     hosts as _hosts,

@@ -43,9 +43,7 @@ from gmd.daemon.ledger.lookup import customer_ids, display_names
 from gmd.daemon.reports.actions import level_changes
 from gmd.daemon.reports.coverage import Coverage, coverage
 from gmd.daemon.reports.enforced import Enforced, Throttling, level_runs, throttling
-from gmd.ledger_schema.models import (
-    IntervalState,
-)
+from gmd.ledger_schema.kinds import IntervalState
 from gmd.ledger_schema.tables import (
     customer_ledger as _ledger,
     customer_rollups as _customer_rollups,

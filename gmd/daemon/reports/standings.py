@@ -9,16 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 
 from sqlalchemy import Connection, func, or_, select
 
-from gmd.columns import PROJECT, Column
 from gmd.common.timespec import iso
 from gmd.daemon.enforce.settings import EnforcementConfig
 from gmd.daemon.ledger import reset_window
 from gmd.daemon.reports.enforced import enforced_now
-from gmd.ledger_schema.models import IntervalState
+from gmd.daemon.reports.standings_columns import SORT_KEYS
+from gmd.ledger_schema.kinds import IntervalState
 from gmd.ledger_schema.tables import (
     customer_ledger as _ledger,
     customers as _customers,
@@ -26,35 +25,6 @@ from gmd.ledger_schema.tables import (
     levels as _levels,
 )
 from gmd.wire import PlanMode
-
-COLUMNS = (
-    Column("customer", "Customer", None, "left"),
-    PROJECT,
-    Column("balance", "Balance", 4),
-    Column("greediness", "GM (last)", 4),
-    Column("utility", "Utility", 4),
-    Column("priority", "Priority", 4),
-    Column("vms", "VMs", None),
-    Column("level", "Level", None),
-    Column("enforced", "Enforced", None, "left"),
-    Column("enforced_why", "Why", None, "left"),
-)
-SORT_KEYS: tuple[str, ...] = tuple(
-    c.key for c in COLUMNS if c.key not in ("enforced", "enforced_why")
-)
-
-
-class SortKey(StrEnum):
-    """What the standings sort by: numbers greatest first, names A→Z (:data:`SORT_KEYS`)."""
-
-    balance = "balance"
-    greediness = "greediness"
-    utility = "utility"
-    priority = "priority"
-    vms = "vms"
-    level = "level"
-    customer = "customer"
-    name = "name"
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ from gmd.fairness.ledger_step import (
     LevelHeld,
     finite_balances,
 )
-from gmd.ledger_schema.models import ActionKind, IntervalState
+from gmd.ledger_schema.kinds import ActionKind, IntervalState
 from gmd.ledger_schema.tables import (
     actions as _actions,
     customer_ledger as _ledger,

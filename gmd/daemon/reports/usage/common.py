@@ -22,7 +22,7 @@ from gmd.columns import Column
 from gmd.common.timespec import iso
 from gmd.daemon.reports.coverage import Coverage, coverage
 from gmd.daemon.reports.enforced import Throttling, level_runs, throttling
-from gmd.ledger_schema.models import IntervalState
+from gmd.ledger_schema.kinds import IntervalState
 from gmd.ledger_schema.tables import (
     customers as _customers,
     intervals as _intervals,

@@ -32,7 +32,7 @@ from gmd.daemon.reports.usage.common import (
     throttled_in,
     utc_datetime,
 )
-from gmd.ledger_schema.models import ActionKind, ActionStatus
+from gmd.ledger_schema.kinds import ActionKind, ActionStatus
 from gmd.ledger_schema.tables import (
     actions as _actions,
     customer_ledger as _ledger,

@@ -22,7 +22,7 @@ from gmd.daemon.reports.usage.common import (
     raw_and_rolled,
     sql_float,
 )
-from gmd.ledger_schema.models import BatchState
+from gmd.ledger_schema.kinds import BatchState
 from gmd.ledger_schema.tables import (
     batches as _batches,
     host_intervals as _host_intervals,
