@@ -25,10 +25,10 @@ lint: setup
 # package and server the tests use, installed where missing and started (a private PostgreSQL,
 # libvirtd with QEMU, real Keystone, Nova and Placement from PyPI, a three-node ZooKeeper ensemble
 # from Debian, the whole small cloud whose Nova boots real guests), then the lint, then the suite
-# in two tiers: every test but those on real VMs on every core (the ledger's soaks beside them, in
-# a pytest of their own: they wait on intervals and use little CPU), then alone the tests on real
-# VMs (they measure what a guest gets of the CPU) and the federation's soak (2 s ZooKeeper
-# sessions). Stops what it started. Tests of the one real cloud, or of the one streaming replica
+# in two tiers: every test but those on real VMs on every core at nice 10 (beside them, at the
+# machine's priority, the soaks and the tests held to 2 s ZooKeeper sessions: they wait on
+# intervals, use little CPU and miss deadlines when starved), then alone the tests on real VMs
+# (they measure what a guest gets of the CPU). Stops what it started. Tests of the one real cloud, or of the one streaming replica
 # (started by its tests' fixture), run on one worker (xdist_group).
 test: setup
 	@bash tests/scripts/test.sh

@@ -92,12 +92,15 @@ export GMD_TEST_OPENSTACK=$cloud GMD_TEST_NOVA=$nova GMD_TEST_POSTGRES_URL=$url 
     GMD_TEST_ZOOKEEPER=$zookeeper
 
 # Only the files that mark soaks or deadlines are collected there (a collection of the whole
-# suite costs each of its processes 10 s of CPU); the tier leaves out the markers, wherever they are.
+# suite costs each of its processes 10 s of CPU); the tier leaves out the markers, wherever they
+# are. One test at a time to a worker: queued two to a worker, two soaks ran one after the other
+# (423 s where the longest takes 271 s) while another worker idled.
 mapfile -t soak_files < <(grep -rlE --include='test_*.py' 'mark\.(soak|deadline)\b' tests)
 soak_tmp=$(mktemp -d /tmp/gmd-soak-tests.XXXXXX)
 if [ ${#soak_files[@]} -gt 0 ]; then
-    "$BIN/pytest" -p no:cacheprovider -n 3 -m "(soak or deadline) and not realvm" \
-        --basetemp "$soak_tmp" --durations=8 "${soak_files[@]}" >"$LOGS/soak.log" 2>&1 &
+    "$BIN/pytest" -p no:cacheprovider -n 3 --maxschedchunk 1 \
+        -m "(soak or deadline) and not realvm" --basetemp "$soak_tmp" --durations=8 \
+        "${soak_files[@]}" >"$LOGS/soak.log" 2>&1 &
 else
     echo "no test file marks a soak" >"$LOGS/soak.log" &
 fi
@@ -110,7 +113,7 @@ status=$?
 wait "$soak_pid"
 soaked=$?
 background=()
-say "the soaks and deadlines, run beside the tier above ($LOGS/soak.log; ${SECONDS} s in all so far):"
+say "the soaks and deadlines, run beside the tier ($LOGS/soak.log; ${SECONDS} s in all so far):"
 cat "$LOGS/soak.log"
 # A failed soak's files (its processes' logs) are kept: the only trace of what went wrong.
 if [ "$soaked" -eq 0 ]; then
