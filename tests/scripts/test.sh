@@ -93,12 +93,13 @@ export GMD_TEST_OPENSTACK=$cloud GMD_TEST_NOVA=$nova GMD_TEST_POSTGRES_URL=$url 
 
 # Only the files that mark soaks or deadlines are collected there (a collection of the whole
 # suite costs each of its processes 10 s of CPU); the tier leaves out the markers, wherever they
-# are. One test at a time to a worker: queued two to a worker, two soaks ran one after the other
-# (423 s where the longest takes 271 s) while another worker idled.
+# are. Workers steal queued tests from each other: xdist's load distribution queued the first two
+# tests to one worker, which ran two soaks one after the other (417 s where the longest takes
+# 264 s) while the others had finished.
 mapfile -t soak_files < <(grep -rlE --include='test_*.py' 'mark\.(soak|deadline)\b' tests)
 soak_tmp=$(mktemp -d /tmp/gmd-soak-tests.XXXXXX)
 if [ ${#soak_files[@]} -gt 0 ]; then
-    "$BIN/pytest" -p no:cacheprovider -n 3 --maxschedchunk 1 \
+    "$BIN/pytest" -p no:cacheprovider -n 3 --dist worksteal \
         -m "(soak or deadline) and not realvm" --basetemp "$soak_tmp" --durations=8 \
         "${soak_files[@]}" >"$LOGS/soak.log" 2>&1 &
 else
