@@ -7,6 +7,8 @@
 #                                                (var/pgtest-replica, the next free port); prints its
 #                                                URL
 #   bash tests/scripts/postgres.sh stop-replica  stops that replica; the primary keeps running
+#   bash tests/scripts/postgres.sh stop          stops the replica and the primary (make test's
+#                                                end); the data stays for the next start
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -18,8 +20,8 @@ die() {
     exit 1
 }
 case "${1:-}" in
-"" | replica | stop-replica) ;;
-*) die "unknown command '$1': give none (the primary), replica or stop-replica" ;;
+"" | replica | stop-replica | stop) ;;
+*) die "unknown command '$1': give none (the primary), replica, stop-replica or stop" ;;
 esac
 
 bindir=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
@@ -34,13 +36,24 @@ as_pg() {
     fi
 }
 
-if [ "${1:-}" = stop-replica ]; then
-    if as_pg "'$bindir/pg_ctl' -D '$REPLICA' status" >/dev/null 2>&1; then
-        as_pg "'$bindir/pg_ctl' -D '$REPLICA' -m fast -w -t 60 stop" >/dev/null ||
-            die "the replica did not stop; see $REPLICA/server.log"
+# stop_cluster DIR NAME: a fast shutdown of the cluster in DIR, if it runs.
+stop_cluster() {
+    if as_pg "'$bindir/pg_ctl' -D '$1' status" >/dev/null 2>&1; then
+        as_pg "'$bindir/pg_ctl' -D '$1' -m fast -w -t 60 stop" >/dev/null ||
+            die "$2 did not stop; see $1/server.log"
     fi
+}
+case "${1:-}" in
+stop-replica)
+    stop_cluster "$REPLICA" "the replica"
     exit 0
-fi
+    ;;
+stop)
+    stop_cluster "$REPLICA" "the replica"
+    stop_cluster "$DATA" "the primary"
+    exit 0
+    ;;
+esac
 
 mkdir -p "$DATA"
 [ "$(id -u)" -eq 0 ] && chown postgres: "$DATA"

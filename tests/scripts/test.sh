@@ -50,6 +50,7 @@ stop_all() {
     bash tests/scripts/openstack.sh stop
     bash tests/scripts/nova_cloud.sh stop
     bash tests/scripts/zookeeper.sh stop
+    bash tests/scripts/postgres.sh stop
 }
 trap stop_all EXIT
 
