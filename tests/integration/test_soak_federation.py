@@ -88,6 +88,7 @@ def test_the_oracle_names_each_violation_and_allows_what_a_lost_site_allows(
         ("lend-1", "q7", "start"),  # line 7: no fault explains the second start
         ("lend-2", "q7", "start"), ("lend-2", "q7", "end"),
         ("lend-1", "q8", "start"), ("lend-1", "q8", "end"),
+        ("lend-2", "q8", "start"),  # line 12: no fault drawn, but lend-2 requeued it
     ]  # fmt: skip
     fed.journal.write_text("".join(" ".join(line) + "\n" for line in journal))
     fed.windows = [
@@ -107,6 +108,7 @@ def test_the_oracle_names_each_violation_and_allows_what_a_lost_site_allows(
             ("completed", "q2", t + 13, 2, True),
             ("completed", "q7", t + 14, 3, False),
             ("completed", "q8", t + 15, 4, None),
+            ("requeued", "q7", t + 14.5, None, None),  # its own: says nothing of a lost site
         ],
         "lend-2": [
             ("completed", "q2", t + 13, 1, True),
@@ -116,6 +118,7 @@ def test_the_oracle_names_each_violation_and_allows_what_a_lost_site_allows(
             ("completed", "q6", t + 16, 2, True),
             ("completed", "q7", t + 17, 3, True),
             ("completed", "q9", t + 18, 4, True),
+            ("requeued", "q8", t + 19, None, None),  # ZooKeeper lost lend-1: the rule moved it
         ],
     }  # fmt: skip
     for name, events in rows.items():
@@ -137,7 +140,10 @@ def test_the_oracle_names_each_violation_and_allows_what_a_lost_site_allows(
     assert [d.split(":")[0] for d in found.doubled] == ["q2", "q6"]
     assert found.removed_allowed == ["q10", "q4"]  # published before home was lost
     assert [x.split(":")[0] for x in found.lost] == ["q3", "q5", "q8"]
-    assert found.runs_repeated_allowed == 1
+    assert found.runs_repeated_allowed == 2
+    assert found.runs_repeated_lost_undrawn == [
+        "q8: at lend-1 (journal line 10), requeued by lend-2, then at lend-2 (line 12)"
+    ]
     assert [x.split(":")[0] for x in found.runs_repeated_unexplained] == ["q7"]
     assert found.unsettled == ["lend-1 #4 q8"]
     assert found.counted_unrun == ["q2: counted by lend-2", "q9: counted by lend-2"]

@@ -94,9 +94,9 @@ export GMD_TEST_OPENSTACK=$cloud GMD_TEST_NOVA=$nova GMD_TEST_POSTGRES_URL=$url 
 
 # Only the files that mark soaks or deadlines are collected there (a collection of the whole
 # suite costs each of its processes 10 s of CPU); the tier leaves out the markers, wherever they
-# are. Workers steal queued tests from each other: xdist's load distribution queued the first two
-# tests to one worker, which ran two soaks one after the other (417 s where the longest takes
-# 264 s) while the others had finished.
+# are. Two soaks can still run one after the other on one worker (xdist hands a worker its next
+# test before it ends the one it runs, and work stealing takes only the rest): 417-425 s where
+# the longest takes 271 s, measured, which ends minutes before the tier beside it does.
 mapfile -t soak_files < <(grep -rlE --include='test_*.py' 'mark\.(soak|deadline)\b' tests)
 soak_tmp=$(mktemp -d /tmp/gmd-soak-tests.XXXXXX)
 if [ ${#soak_files[@]} -gt 0 ]; then

@@ -28,7 +28,14 @@ request not counted is lost unless docs/federation.md's site-lost rule removed i
 submitted by the lost site are removed", and nothing republishes them): a ledger files its
 ``removed`` row, and home was lost (killed, or paused past its session) after it published the
 request. A request started twice is allowed only when the site that ran it first was lost
-meanwhile (its work is requeued and runs again elsewhere; the stale copy is not counted).
+meanwhile (its work is requeued and runs again elsewhere; the stale copy is not counted): by a
+drawn fault (killed, or paused past :data:`LOST_PAUSE_S`), or as ZooKeeper says it was lost,
+which is the rule's own condition: another site's ledger files the request ``requeued``, which
+a broker does only for a lost site's running work, once ZooKeeper has removed that site's member
+node at its session's end. A site can lose its session with no fault drawn (a pause just short of
+:data:`LOST_PAUSE_S`, or a broker or ensemble node starved on a busy machine, outlasts the 2 s
+session); the figures count such reruns apart (``runs_repeated_lost_undrawn``), and a rerun
+nothing explains stays a violation.
 
 **ZooKeeper's own promise** is watched too (:class:`Canary`): a session of the harness's
 creates a sequential node every half second, and a number at or below one already acknowledged
@@ -242,6 +249,9 @@ class FedFindings:
     removed_allowed: list[str] = field(default_factory=list)
     """removed by the site-lost rule after home was lost, having published it before"""
     runs_repeated_allowed: int = 0
+    runs_repeated_lost_undrawn: list[str] = field(default_factory=list)
+    """allowed: ZooKeeper lost the first site (another site requeued the request) though no
+    drawn fault made it lose its session"""
     runs_repeated_unexplained: list[str] = field(default_factory=list)
     unsettled: list[str] = field(default_factory=list)
     """completions a ledger still holds unsettled (neither counted nor refused) at the end"""
@@ -626,7 +636,8 @@ class Federation:
             else:
                 found.lost.append(f"{rid}: submitted at {sub.started - self.began:.1f} s")
 
-        self._repeats(journal, found)
+        requeued_by = Counter((r["request"], r["site"]) for r in rows if r["choice"] == "requeued")
+        self._repeats(journal, requeued_by, found)
         if self.canary is not None:
             found.zookeeper_rolled_back = list(self.canary.rollbacks)
         return found
@@ -649,24 +660,40 @@ class Federation:
             for w in self.windows
         )
 
-    def _repeats(self, journal: list[tuple[str, str, str]], found: FedFindings) -> None:
+    def _repeats(
+        self,
+        journal: list[tuple[str, str, str]],
+        requeued_by: Counter[tuple[str, str]],
+        found: FedFindings,
+    ) -> None:
         """A request started more than once: allowed when the site of the run before was lost
-        (:meth:`Window.loses_site`) from before the next start until after that run began."""
+        from before the next start until after that run began, by a drawn fault
+        (:meth:`Window.loses_site`) or as ZooKeeper says (another site requeued it: each such
+        requeue explains one rerun)."""
         starts: dict[str, list[tuple[int, str]]] = {}
         for line, (site, rid, what) in enumerate(journal):
             if what == "start":
                 starts.setdefault(rid, []).append((line, site))
         for rid, runs in sorted(starts.items()):
+            by_others = Counter({site: n for (r, site), n in requeued_by.items() if r == rid})
             for (line, site), (next_line, next_site) in itertools.pairwise(runs):
-                explained = any(
+                drawn = any(
                     w.target == site
                     and w.loses_site()
                     and w.began_line <= next_line
                     and (w.ended_line is None or w.ended_line >= line)
                     for w in self.windows
                 )
-                if explained:
+                survivors = [s for s in by_others if s != site and by_others[s] > 0]
+                if drawn:
                     found.runs_repeated_allowed += 1
+                elif survivors:
+                    by_others[survivors[0]] -= 1
+                    found.runs_repeated_allowed += 1
+                    found.runs_repeated_lost_undrawn.append(
+                        f"{rid}: at {site} (journal line {line}), requeued by {survivors[0]},"
+                        f" then at {next_site} (line {next_line})"
+                    )
                 else:
                     found.runs_repeated_unexplained.append(
                         f"{rid}: at {site} (journal line {line}), then at {next_site}"
@@ -825,6 +852,7 @@ def figures(run: FedRun, found: FedFindings) -> dict[str, Any]:
         "doubled": len(found.doubled),
         "lost": len(found.lost),
         "runs_repeated_allowed": found.runs_repeated_allowed,
+        "runs_repeated_lost_undrawn": len(found.runs_repeated_lost_undrawn),
         "runs_repeated_unexplained": len(found.runs_repeated_unexplained),
         "unsettled": len(found.unsettled),
         "counted_unrun": len(found.counted_unrun),
