@@ -102,6 +102,11 @@ def enforce_command(
     by an empty line; JSON and YAML hold them as "levels", "plans" and "caps".
 
     Exit codes: 0 shown, 1 database unavailable, 2 bad option, 3 unknown host.
+    \f
+    For the reader, not --help (Click and Typer stop at the form feed): this function's length
+    is its option declarations, its --help text and the reports it imports when it runs (the
+    command line is built without them: gmd/admin/common.py says why); what it does is the
+    three tables below.
     """
     from gmd.daemon.ledger.lookup import UnknownHost
     from gmd.daemon.reports.enforcement import (
