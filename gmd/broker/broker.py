@@ -52,6 +52,7 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from gmd.broker.coordination import (
     ROOT,
     Completion,
+    Contended,
     Federation,
     FederationError,
     Request,
@@ -389,6 +390,9 @@ class Broker:
                     type(exc).__name__,
                 )
                 return
+            except Contended as exc:  # kept: the next tick tries again (its row refiled)
+                LOG.warning("%s: %s", self.settings.site, exc)
+                return
             except FederationError:
                 LOG.exception("%s: completing %s", self.settings.site, done.name)
                 completed = None
@@ -400,13 +404,14 @@ class Broker:
             if self.history is not None and filed:
                 try:
                     self.history.settle(filed[-1].seq, completed is not None)
-                except SQLAlchemyError as exc:  # settled when the broker next reconciles
+                except SQLAlchemyError as exc:
                     LOG.warning(
-                        "%s: settling %s: the ledger: %s",
+                        "%s: settling %s: the ledger: %s: settled from ZooKeeper's record later",
                         self.settings.site,
                         done.name,
                         type(exc).__name__,
                     )
+                    self._unsure = True  # _settle reconciles the ledger at the next tick
             self._events.put((Event.resource_ready, done.name))
 
     def _requeue_failed(self) -> None:

@@ -60,12 +60,20 @@ from gmd.fairness.federation import Summary, choice_order
 ROOT = "/gmd/federation"
 CALL_TIMEOUT_S = 10.0
 """The longest any one ZooKeeper call is waited for."""
+COMPLETE_TRIES = 20
+"""How often one completion is tried against other sites' concurrent writes before the
+broker puts it off to its next tick."""
 MAX_DATA_BYTES = 64 * 1024
 """The largest node a broker accepts to read (ZooKeeper's own limit is 1 MB)."""
 
 
 class FederationError(GmdError):
     """What a broker cannot do in the federation's state, said in one line."""
+
+
+class Contended(FederationError):
+    """A transaction lost every try to other sites' writes of the same nodes (the summaries
+    every completion adds to): nothing was made, and the same call later may succeed."""
 
 
 @dataclass(frozen=True)
@@ -463,9 +471,15 @@ class Federation:
         longer this site's to complete (requeued as a lost site's); retried on a concurrent
         summary update. A completion made whose answer was lost (the connection dropped after
         the transaction) is this site's last one: asked again, it is returned, not refused,
-        and ``before`` is not called (the ledger's row is settled from the site's record)."""
+        and ``before`` is not called (the ledger's row is settled from the site's record).
+        Raises :class:`Contended` when every try lost to other sites' writes.
+
+        A try lost to another site's write reads again only after a sync: ZooKeeper serves a
+        session's reads from its own server, which may not have applied the write that beat
+        it yet (a follower starved on a busy machine lags for seconds), and reading that
+        server again would read the same stale version and lose again, every try."""
         path = self.path("running", name)
-        for _ in range(20):
+        for _ in range(COMPLETE_TRIES):
             try:
                 data, stat = self._wait(self.zk.get_async(path))
             except NoNodeError:
@@ -489,7 +503,10 @@ class Federation:
             self._write_site_record(tx, completion, record.version)
             if not _failed(self._wait(tx.commit_async())):
                 return completion
-        raise FederationError(f"completing {name}: the summaries kept changing (20 tries)")
+            self.sync()
+        raise Contended(
+            f"completing {name}: other sites' writes won all {COMPLETE_TRIES} tries: later"
+        )
 
     def site_record(self) -> SiteRecord:
         """This site's completion count and last completion, as ZooKeeper keeps them."""

@@ -175,6 +175,54 @@ def test_a_completion_whose_answer_was_lost_is_counted_once_and_said_completed(
     assert record.seq == 1 and record.last is not None and record.last.request.id == "r"
 
 
+def test_a_completion_that_lost_to_other_writes_is_made_at_a_later_tick_counted_once(
+    federation: Any, zookeeper_hosts: str, tmp_path: Any
+) -> None:
+    """Another session rewrites the running node between the reads and the commit of each of
+    the completion's tries (a busy federation, or a follower serving stale reads, did the same
+    to the summaries on CI): ``Contended``. The broker keeps the completion and makes it at a
+    later tick, counted once in ZooKeeper and the ledger. Before, it was logged ``not-counted``
+    and dropped while ZooKeeper still had the request running there: no site ever completed it
+    or took it again, and test_history's three brokers waited for their fourth completion in
+    vain."""
+    lender = federation("lender", 1, ledger=True)
+    rival = client(zookeeper_hosts)
+    real = lender.federation.complete
+    calls: list[str] = []
+
+    def first_call_contended(name: str, used_s: float, before: Any = None) -> Any:
+        calls.append(name)
+        if len(calls) > 1:
+            return real(name, used_s, before)
+        path = lender.federation.path("running", name)
+
+        def rewritten(completion: Any) -> None:
+            if before is not None:
+                before(completion)
+            rival.set(path, rival.get(path)[0])  # same bytes, a new version
+
+        return real(name, used_s, rewritten)
+
+    lender.federation.complete = first_call_contended
+    try:
+        home = federation("home", 0)
+        home.submit(Request("r", "org-home", "home", 1.0, 0.2, 1.0))
+        wait_until(
+            "the completion decided",
+            lambda: any(
+                d.choice in (Choice.completed, Choice.not_counted) for d in lender.decisions
+            ),
+        )
+    finally:
+        rival.stop()
+        rival.close()
+    assert len(calls) >= 2  # contended once, then made
+    assert [d.choice for d in lender.decisions] == [Choice.took, Choice.completed]
+    ledger = f"sqlite:///{tmp_path / 'lender' / 'ledger.db'}"
+    wait_until("the ledger's row settled", lambda: counted_completions([ledger]) == {"r": 1})
+    assert lender.federation.running() == {} and lender.federation.site_record().seq == 1
+
+
 def test_a_publish_whose_answer_was_lost_is_not_made_again_once_the_request_ran_elsewhere(
     federation: Any,
 ) -> None:

@@ -14,6 +14,8 @@ import pytest
 from kazoo.client import KazooClient
 
 from gmd.broker.coordination import (
+    COMPLETE_TRIES,
+    Contended,
     Federation,
     FederationError,
     Moved,
@@ -170,6 +172,51 @@ def test_completion_sums_what_one_organisation_lent_and_the_other_used(brokers: 
     own_done = home.complete(own, 10.0)
     assert own_done is not None and (own_done.seq, own_done.core_seconds) == (1, 0.0)
     assert home.summaries()["org-home"].used == 100.0
+
+
+def test_a_completion_that_loses_to_other_writes_reads_again_and_then_says_later(
+    brokers: Any,
+) -> None:
+    """A completion's transaction is fenced by the versions of what it read; another session
+    writes one of them between the reads and the commit of every try (the running node, which
+    a third site rewrites from its own session, through whichever server it has). Once the
+    writes stop, the completion is made and counted once; while they go on, ``Contended`` says
+    "later" after ``COMPLETE_TRIES`` tries and nothing was made: the request still runs at the
+    lender, uncounted. Before, the broker took that for a completion that would never be made."""
+    home, lender, rival = brokers("home", "org-home"), brokers("lender"), brokers("rival")
+    tries: list[int] = []
+
+    def lend(rid: str) -> str:
+        name = home.publish(Request(rid, "org-home", "home", 2.0, 100.0, 1.0))
+        claim = lender.claim(name)
+        assert claim is not None and lender.consume(claim) is not None
+        return name
+
+    def rewritten_by_rival(name: str, writes: int) -> Any:
+        path = lender.path("running", name)
+        tries.clear()
+
+        def before(completion: Any) -> None:
+            tries.append(completion.seq)
+            if len(tries) <= writes:
+                rival.zk.set(path, rival.zk.get(path)[0])  # same bytes, a new version
+
+        return before
+
+    busy = lend("busy")
+    with pytest.raises(Contended, match="later"):
+        lender.complete(busy, 50.0, rewritten_by_rival(busy, writes=COMPLETE_TRIES))
+    assert tries == [1] * COMPLETE_TRIES
+    running = lender.running()
+    assert set(running) == {busy} and running[busy][0].site == "lender"
+    assert lender.site_record().seq == 0
+    assert all(s.contributed == s.used == 0.0 for s in lender.summaries().values())
+    # The writes stop after three tries: the fourth is made, once.
+    done = lender.complete(busy, 50.0, rewritten_by_rival(busy, writes=3))
+    assert done is not None and (done.seq, done.core_seconds) == (1, 100.0)
+    assert tries == [1, 1, 1, 1]
+    assert lender.running() == {} and lender.site_record().seq == 1
+    assert lender.summaries()["org-lender"].contributed == 100.0
 
 
 def test_a_lost_sites_foreign_work_is_requeued_and_its_queue_removed(brokers: Any) -> None:

@@ -202,7 +202,11 @@ def test_three_brokers_file_each_completion_once_and_the_standings_reach_the_rea
 
     # At least four, then exactly which: a completion filed twice fails below by its name
     # (waiting for exactly four would only have timed out, as it once did, saying neither).
-    wait_until("four completions filed", lambda: sum(completed().values()) >= 4)
+    def seen() -> object:
+        decided = {b.settings.site: [(d.choice, d.request) for d in b.decisions] for b in everyone}
+        return decided, sorted(a.federation.running()), completed()
+
+    wait_until("four completions filed", lambda: sum(completed().values()) >= 4, seen=seen)
     published = {d.request for d in a.decisions if d.choice == Choice.published}
     assert completed() == Counter(dict.fromkeys(published, 1)), (completed(), published)
     # The ledgers' sums are ZooKeeper's.
