@@ -31,14 +31,9 @@ import time
 
 import numpy as np
 
-from gmd.fairness import (
-    CloudInterval,
-    DirectContrBalances,
-    cloud_greediness,
-    decayed_balance,
-    directcontr_update,
-    normalized_work,
-)
+from gmd.fairness.cloud import CloudInterval, cloud_greediness
+from gmd.fairness.decay import decayed_balance
+from gmd.fairness.directcontr import DirectContrBalances, directcontr_update, normalized_work
 
 INTERVAL_S = 60.0
 GIB = 2.0**30

@@ -16,15 +16,15 @@ from pathlib import Path
 import numpy as np
 
 from gmd import OptionError
-from gmd.fairness import (
+from gmd.fairness.baselines import (
     dominant_share,
     drf_key,
-    greediness_detail,
     price,
     price_cap_scarcity,
     price_scarcity,
-    ranks,
 )
+from gmd.fairness.greediness import greediness_detail
+from gmd.fairness.ranking import ranks
 from gmd.fairness.scenarios import Scenario
 from gmd.render import Column
 

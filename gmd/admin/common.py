@@ -164,13 +164,13 @@ def _check_schema(engine: Engine) -> None:
     from gmd.ledger_schema import migrate
 
     revision = migrate.current(engine)
-    if revision == migrate.head():
+    if revision == migrate.SCHEMA:
         return
     url = shown_url(str(engine.url))
     if revision is None:
         raise fail(f"no ledger schema in {url}: run `gmd-admin db upgrade`", ExitCode.UNAVAILABLE)
     raise fail(
-        f"the ledger in {url} is at schema {revision}, this gmd reads {migrate.head()}: run"
+        f"the ledger in {url} is at schema {revision}, this gmd reads {migrate.SCHEMA}: run"
         " `gmd-admin db upgrade` (or, if the ledger is newer, upgrade gmd)",
         ExitCode.UNAVAILABLE,
     )

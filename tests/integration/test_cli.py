@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gmd.common.cli import ExitCode
-from gmd.fairness import greediness
+from gmd.fairness.greediness import greediness
 from tests.support.standings_ledger import ledger_config  # noqa: F401 - the fixture
 
 BIN = Path(sys.executable).parent

@@ -54,7 +54,7 @@ def _database(what: str, url: str, schema: bool) -> Finding:
             conn.execute(text("SELECT 1"))
         if not schema:
             return Finding(what, None, shown_url(url))
-        revision, head = migrate.current(engine), migrate.head()
+        revision, head = migrate.current(engine), migrate.SCHEMA
     except (SQLAlchemyError, OSError) as exc:
         return Finding(what, f"{shown_url(url)}: {getattr(exc, 'orig', None) or exc}")
     finally:

@@ -85,10 +85,10 @@ def db_purge(
         retention = dataclasses.replace(retention, max_run_s=max_run_s)
     with database(ctx) as engine:
         revision = migrate.current(engine)
-        if revision != migrate.head():
+        if revision != migrate.SCHEMA:
             raise fail(
                 f"{shown_url(str(engine.url))} is at schema {revision or 'none'}, this gmd"
-                f" needs {migrate.head()}: run `gmd-admin db upgrade`",
+                f" needs {migrate.SCHEMA}: run `gmd-admin db upgrade`",
                 ExitCode.UNAVAILABLE,
             )
         runs = 0
@@ -169,7 +169,7 @@ def db_current(ctx: typer.Context) -> None:
 
     with reading(ctx, schema=False) as engine:
         rev = migrate.current(engine)
-        head = migrate.head()
+        head = migrate.SCHEMA
     if rev == head:
         typer.echo(f"{rev} (head)")
     elif rev is None:

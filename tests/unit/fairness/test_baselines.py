@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gmd.fairness import (
+from gmd.fairness.baselines import (
     dominant_share,
     drf_key,
     price,
     price_cap_scarcity,
     price_scarcity,
-    ranks,
 )
+from gmd.fairness.ranking import ranks
 from tests.support.paper_tables import T5, T5_SUPPLY, q3
 
 

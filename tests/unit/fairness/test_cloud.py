@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gmd.fairness import CloudInterval, cloud_greediness, flavor_endowment, greediness
+from gmd.fairness.cloud import CloudInterval, cloud_greediness, flavor_endowment
+from gmd.fairness.greediness import greediness
 
 
 def two_hosts(**overrides) -> CloudInterval:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gmd.fairness import flavor_endowment
 from gmd.fairness._validate import Labels, as_index_array, check_amounts
+from gmd.fairness.cloud import flavor_endowment
 from gmd.fairness.greediness import pool_offsets, resource_sum
 from gmd.fairness.segments import segment_count, segment_sum
 

@@ -7,13 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from gmd.fairness import (
-    DirectContrBalances,
-    decay_factor,
-    decayed_balance,
-    directcontr_update,
-    normalized_work,
-)
+from gmd.fairness.decay import decay_factor, decayed_balance
+from gmd.fairness.directcontr import DirectContrBalances, directcontr_update, normalized_work
 
 # Accounts: 0 = org "ops" (owns host 0), 1 = org "lab" (owns host 1, also runs VMs),
 # 2 = customer "alice" (no hosts).

@@ -8,7 +8,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from gmd.fairness import equalizing_tasks, progressive_filling
+from gmd.fairness.drf import equalizing_tasks, progressive_filling
 
 
 def frac(text: str) -> float:

@@ -9,7 +9,8 @@ from fractions import Fraction as F
 import numpy as np
 import pytest
 
-from gmd.fairness import greediness, ranks, spread
+from gmd.fairness.greediness import greediness
+from gmd.fairness.ranking import ranks, spread
 from gmd.fairness.scenarios import SCENARIOS
 from tests.support.paper_tables import Q1, Q1_SUPPLY, Q3, T5, T5_SUPPLY, q3, table6_formula
 

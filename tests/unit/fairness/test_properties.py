@@ -6,7 +6,8 @@ import numpy as np
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra.numpy import arrays
 
-from gmd.fairness import CloudInterval, cloud_greediness, greediness, greediness_detail
+from gmd.fairness.cloud import CloudInterval, cloud_greediness
+from gmd.fairness.greediness import greediness, greediness_detail
 
 amount = st.floats(min_value=0.0, max_value=1e3, allow_nan=False, allow_infinity=False)
 gammas = st.floats(min_value=0.0, max_value=1.0)

@@ -6,7 +6,9 @@ import math
 
 import pytest
 
-from gmd.fairness import greediness, price, ranks, spread
+from gmd.fairness.baselines import price
+from gmd.fairness.greediness import greediness
+from gmd.fairness.ranking import ranks, spread
 
 USE = [[3.0, 0.0], [0.0, 6.0], [3.0, 6.0]]
 NAMES = {"consumers": ["c1", "c2", "c3"], "resources": ["cpu", "ram"]}

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from alembic.runtime.migration import MigrationContext
 
 from gmd.ledger_schema import migrate
 from gmd.ledger_schema.models import stored_metadata
@@ -21,18 +22,44 @@ def stored(engine: sa.Engine) -> set[str]:
     return set(stored_metadata(engine.dialect.name).tables)
 
 
+def alembic_reads(engine: sa.Engine) -> str | None:
+    """The revision as Alembic itself reads it (what migrate.current reads without it)."""
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def test_the_schema_this_gmd_reads_is_where_its_migrations_end() -> None:
+    """A new migration moves ``migrate.SCHEMA`` too: until it does, this fails."""
+    assert migrate.head() == migrate.SCHEMA
+
+
 def test_upgrade_downgrade_upgrade(database_url: str) -> None:
     engine = migrate.engine_for(database_url)
     try:
         assert migrate.current(engine) is None
         migrate.upgrade(engine)
-        assert migrate.current(engine) == migrate.head()
+        assert migrate.current(engine) == migrate.SCHEMA == alembic_reads(engine)
         assert tables(engine) == stored(engine)
+        migrate.downgrade(engine, "0014")
+        assert migrate.current(engine) == "0014" == alembic_reads(engine)
         migrate.downgrade(engine, "base")
         assert migrate.current(engine) is None
+        assert alembic_reads(engine) is None
         assert tables(engine) == set()
         migrate.upgrade(engine)
         assert tables(engine) == stored(engine)
+    finally:
+        engine.dispose()
+
+
+def test_a_version_table_of_several_revisions_is_no_schema_gmd_made(tmp_path: Path) -> None:
+    engine = migrate.engine_for(f"sqlite:///{tmp_path / 'ledger.db'}")
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("CREATE TABLE alembic_version (version_num VARCHAR(32))"))
+            conn.execute(sa.text("INSERT INTO alembic_version VALUES ('0014'), ('0015')"))
+        with pytest.raises(migrate.SchemaMismatch, match="several schema revisions"):
+            migrate.current(engine)
     finally:
         engine.dispose()
 
@@ -61,7 +88,7 @@ def test_daemons_started_together_on_an_empty_postgresql_make_the_schema_once(
         for t in threads:
             t.join(60)
         assert failures == []
-        assert migrate.current(engines[0]) == migrate.head()
+        assert migrate.current(engines[0]) == migrate.SCHEMA
         assert tables(engines[0]) == stored(engines[0])
     finally:
         for e in engines:
