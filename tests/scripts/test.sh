@@ -10,8 +10,11 @@
 # three-node ZooKeeper ensemble (zookeeper.sh) and the whole small cloud whose Nova boots real
 # guests (nova_cloud.sh). The two clouds take minutes on a first run and a minute after: they
 # start in the background, beside the lint and PostgreSQL, once every Debian package they or the
-# others install is in (apt allows one install at a time). A cloud that cannot start leaves its
-# variable empty: its tests then fail saying why (the Nova cloud's fixture tries once more itself).
+# others install is in (apt allows one install at a time). The suite waits for OpenStack's; the
+# Nova cloud's start goes on beside the suite's first tests (its own services take about a
+# minute to answer, the critical path of the set-up), and its tests, on one worker, wait for it.
+# A cloud that cannot start leaves its tests failing saying why (the Nova cloud's fixture tries
+# once more itself).
 #
 # The suite runs in two tiers. First, on every core and one worker more (the tests of the one Nova
 # cloud, on one worker, wait on it more than they compute), every test but those on real VMs, at
@@ -64,7 +67,11 @@ bash tests/scripts/zookeeper.sh install || exit
 # The clouds in the background (nova_cloud.sh installs RabbitMQ and qemu-utils: the only apt now).
 bash tests/scripts/openstack.sh >"$LOGS/openstack.out" 2>"$LOGS/openstack.err" &
 openstack_pid=$!
-bash tests/scripts/nova_cloud.sh >"$LOGS/nova.out" 2>"$LOGS/nova.err" &
+rm -f "$LOGS/nova.rc"
+{
+    bash tests/scripts/nova_cloud.sh >"$LOGS/nova.out" 2>"$LOGS/nova.err"
+    echo $? >"$LOGS/nova.rc"
+} &
 nova_pid=$!
 background=("$openstack_pid" "$nova_pid")
 
@@ -83,13 +90,11 @@ cloud_file() {
 }
 wait "$openstack_pid"
 openstack_rc=$?
-wait "$nova_pid"
-nova_rc=$?
 cloud=$(cloud_file "$openstack_rc" "$LOGS/openstack.out" "$LOGS/openstack.err" OpenStack)
-nova=$(cloud_file "$nova_rc" "$LOGS/nova.out" "$LOGS/nova.err" "the Nova cloud")
-background=()
-say "set up, linted and serving after ${SECONDS} s"
-export GMD_TEST_OPENSTACK=$cloud GMD_TEST_NOVA=$nova GMD_TEST_POSTGRES_URL=$url \
+background=("$nova_pid")
+say "set up, linted and serving after ${SECONDS} s (the Nova cloud still starting)"
+# The Nova cloud's tests wait for it (GMD_TEST_NOVA_STARTING: tests/support/nova_support.py).
+export GMD_TEST_OPENSTACK=$cloud GMD_TEST_NOVA_STARTING=$PWD/$LOGS GMD_TEST_POSTGRES_URL=$url \
     GMD_TEST_ZOOKEEPER=$zookeeper
 
 # Only the files that mark soaks or deadlines are collected there (a collection of the whole
@@ -107,14 +112,17 @@ else
     echo "no test file marks a soak" >"$LOGS/soak.log" &
 fi
 soak_pid=$!
-background=("$soak_pid")
+background=("$nova_pid" "$soak_pid")
 workers=$(($(nproc) + 1))
 nice -n 10 "$BIN/pytest" -n "$workers" --dist loadgroup \
     -m "not realvm and not soak and not deadline" --durations=15
 status=$?
 wait "$soak_pid"
 soaked=$?
+wait "$nova_pid"
 background=()
+[ "$(cat "$LOGS/nova.rc" 2>/dev/null)" = 0 ] ||
+    say "the Nova cloud did not start ($LOGS/nova.err): its tests started it themselves or failed"
 say "the soaks and deadlines, run beside the tier ($LOGS/soak.log; ${SECONDS} s in all so far):"
 cat "$LOGS/soak.log"
 # A failed soak's files (its processes' logs) are kept: the only trace of what went wrong.

@@ -1,12 +1,13 @@
 """The whole small cloud of tests/scripts/nova_cloud.sh (real Nova, real QEMU guests), as tests
 use it.
 
-``nova_cloud`` (session) starts it through the script, or uses the one ``GMD_TEST_NOVA`` names
-(the path of its ``cloud.json``); a cloud it started itself it stops at the session's end, so a
-run leaves no process and no guest behind. ``nova`` (per test) is the same cloud, with the
-services' logs attached to a failing test's report. A test that cannot have the cloud fails: it
-is never skipped. Tests boot servers as a project's member through the Nova API and delete them
-through it, as a tenant would; the domain Nova defines for a server is found by its uuid.
+``nova_cloud`` (session) starts it through the script, uses the one ``GMD_TEST_NOVA`` names (the
+path of its ``cloud.json``), or waits for the one make test is starting
+(``GMD_TEST_NOVA_STARTING``); a cloud it started itself it stops at the session's end, so a run
+leaves no process and no guest behind. ``nova`` (per test) is the same cloud, with the services'
+logs attached to a failing test's report. A test that cannot have the cloud fails: it is never
+skipped. Tests boot servers as a project's member through the Nova API and delete them through
+it, as a tenant would; the domain Nova defines for a server is found by its uuid.
 """
 
 from __future__ import annotations
@@ -28,6 +29,13 @@ from tests.support.openstack_support import ServiceLogs, limits_of
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tests" / "scripts" / "nova_cloud.sh"
 ENV = "GMD_TEST_NOVA"
+STARTING = "GMD_TEST_NOVA_STARTING"
+"""Set by make test, which starts the cloud beside the suite's first tests rather than before
+them (about a minute of its start is waiting on its own services): the directory where
+tests/scripts/test.sh puts the script's ``nova.out`` and ``nova.err`` and, once it ended, its
+exit status in ``nova.rc``."""
+STARTING_TIMEOUT_S = 900.0
+"""The longest the script may take (its lock waits as long for another run)."""
 LOCK = REPO / "var" / "nova" / "session.lock"
 """Held by the test session that started the cloud, until it has stopped it
 (tests/scripts/nova_cloud.sh waits for it too, except when called by that session:
@@ -243,8 +251,28 @@ def start() -> tuple[dict[str, Any], bool]:
     return json.loads(Path(path).read_text()), started
 
 
+def started_beside(logs: Path) -> str | None:
+    """The cloud.json of the cloud make test is starting beside the suite, once it is up; None
+    when its start failed (the fixture then tries once more itself, and fails saying why)."""
+    rc = logs / "nova.rc"
+    deadline = time.monotonic() + STARTING_TIMEOUT_S
+    while not rc.exists() or not rc.read_text().strip():
+        if time.monotonic() > deadline:
+            pytest.fail(f"make test's Nova cloud did not finish starting in {STARTING_TIMEOUT_S} s")
+        time.sleep(1.0)
+    if rc.read_text().strip() != "0":
+        return None
+    lines = (logs / "nova.out").read_text().strip().splitlines()
+    return lines[-1] if lines else None
+
+
 @pytest.fixture(scope="session")
 def nova_cloud() -> Iterator[NovaCloud]:
+    starting = os.environ.get(STARTING)
+    if starting and not os.environ.get(ENV):
+        path = started_beside(Path(starting))
+        if path is not None:
+            os.environ[ENV] = path
     if os.environ.get(ENV):
         info, _ = start()
         yield NovaCloud(info, Path(info["clouds_yaml"]))
