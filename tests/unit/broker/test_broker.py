@@ -14,6 +14,7 @@ from kazoo.exceptions import ConnectionLoss
 from gmd.broker.broker import Broker, BrokerSettings, Choice
 from gmd.broker.coordination import Federation, Request
 from gmd.broker.handlers import LocalProcesses
+from gmd.fairness.federation import Summary
 from tests.support.broker_support import counted_completions, journal_lines
 from tests.support.polling import wait_until
 from tests.support.zookeeper_fixtures import client
@@ -38,20 +39,29 @@ def test_work_that_does_not_fit_is_published_run_elsewhere_and_completed_once(
     lines = journal_lines(federation.journal)
     starts = Counter(rid for _, rid, what in lines if what == "start")
     assert starts == Counter({r.id: 1 for r in requests})  # each started once
+    # What fitted at a when a handled it ran there; the rest was published. How many fitted
+    # depends on how fast a's first requests ended (on a busy machine, four of six did): the
+    # first always fits, and each request is one or the other.
+    local = [d.request for d in a.decisions if d.choice == Choice.ran_locally]
+    published = [d.request for d in a.decisions if d.choice == Choice.published]
+    assert sorted(local + published) == sorted(r.id for r in requests) and "job0" in local
     wait_until(
         "the completions",
-        lambda: sum(1 for d in b.decisions + c.decisions if d.choice == Choice.completed) == 4,
+        lambda: (
+            sum(1 for d in b.decisions + c.decisions if d.choice == Choice.completed)
+            >= len(published)
+        ),
     )
+    completions = [d.request for d in b.decisions + c.decisions if d.choice == Choice.completed]
+    assert sorted(completions) == sorted(published)
     ran_at = {rid: site for site, rid, what in lines if what == "start"}
-    assert sum(1 for site in ran_at.values() if site == "a") == 2  # what fitted at a
-    published = [d.request for d in a.decisions if d.choice == Choice.published]
-    assert len(published) == 4
+    assert {ran_at[r] for r in local} == {"a"}
     assert {ran_at[r] for r in published} <= {"b", "c"}
     a.federation.sync()  # b and c completed through their own sessions
     sums = a.federation.summaries()
-    lent = sums["org-b"].contributed + sums["org-c"].contributed
-    assert sums["org-a"].used == pytest.approx(lent)
-    assert lent >= 4 * 0.6  # four requests of one core for 0.6 s at least
+    lent = sum(sums[o].contributed for o in ("org-b", "org-c") if o in sums)
+    assert sums.get("org-a", Summary("org-a")).used == pytest.approx(lent)
+    assert lent >= len(published) * 0.6  # each a request of one core for 0.6 s at least
     assert a.federation.running() == {} and a.federation.queued() == []
 
 

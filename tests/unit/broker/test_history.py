@@ -186,10 +186,14 @@ def test_a_ledger_behind_zookeeper_is_marked_once(sites: Any, database_url: str)
 def test_three_brokers_file_each_completion_once_and_the_standings_reach_the_readers(
     federation: Any, tmp_path: Path
 ) -> None:
-    a = federation("a", 2, threshold=0.0, ledger=True)
+    """a has no core of its own: it publishes every request (with cores, how many it ran itself
+    depended on how fast its requests ended: on a busy CI machine it ran four of six, published
+    two, and the test, waiting for four completions, timed out). b and c lend."""
+    a = federation("a", 0, threshold=0.0, ledger=True)
     b, c = federation("b", 2, ledger=True), federation("c", 2, ledger=True)
-    for k in range(6):
-        a.submit(Request(f"job{k}", "org-a", "a", 1.0, 0.5, float(k)))
+    jobs = [f"job{k}" for k in range(6)]
+    for k, job in enumerate(jobs):
+        a.submit(Request(job, "org-a", "a", 1.0, 0.5, float(k)))
     everyone = (a, b, c)
 
     def completed() -> Counter[str]:
@@ -200,15 +204,15 @@ def test_three_brokers_file_each_completion_once_and_the_standings_reach_the_rea
             if r["choice"] == Choice.completed and r["counted"]
         )
 
-    # At least four, then exactly which: a completion filed twice fails below by its name
-    # (waiting for exactly four would only have timed out, as it once did, saying neither).
     def seen() -> object:
         decided = {b.settings.site: [(d.choice, d.request) for d in b.decisions] for b in everyone}
         return decided, sorted(a.federation.running()), completed()
 
-    wait_until("four completions filed", lambda: sum(completed().values()) >= 4, seen=seen)
-    published = {d.request for d in a.decisions if d.choice == Choice.published}
-    assert completed() == Counter(dict.fromkeys(published, 1)), (completed(), published)
+    # At least six, then exactly which: a completion filed twice fails below by its name.
+    wait_until("six completions filed", lambda: sum(completed().values()) >= 6, seen=seen)
+    published = [d.request for d in a.decisions if d.choice == Choice.published]
+    assert sorted(published) == jobs
+    assert completed() == Counter(dict.fromkeys(jobs, 1)), seen()
     # The ledgers' sums are ZooKeeper's.
     lent = {
         broker.settings.org: broker.history.counted()[1]  # type: ignore[union-attr]
@@ -216,7 +220,11 @@ def test_three_brokers_file_each_completion_once_and_the_standings_reach_the_rea
     }
     a.federation.sync()
     sums = a.federation.summaries()
-    assert lent["org-b"] == sums["org-b"].contributed and lent["org-c"] == sums["org-c"].contributed
+
+    def contributed(org: str) -> float:
+        return sums[org].contributed if org in sums else 0.0
+
+    assert lent["org-b"] == contributed("org-b") and lent["org-c"] == contributed("org-c")
     assert lent["org-b"] + lent["org-c"] == pytest.approx(sums["org-a"].used)
     assert lent["org-a"] == 0.0
     # Each broker's ledger has its own decisions only.
@@ -224,24 +232,25 @@ def test_three_brokers_file_each_completion_once_and_the_standings_reach_the_rea
         assert {r["site"] for r in rows(broker.history.engine)} == {  # type: ignore[union-attr]
             broker.settings.site
         }
-    assert [r["choice"] for r in rows(a.history.engine)].count("published") == 4  # type: ignore[union-attr]
+    assert [r["choice"] for r in rows(a.history.engine)].count("published") == 6  # type: ignore[union-attr]
+    # The readers read the ledger of the lender that completed more (at least three of six).
+    reader = max((b, c), key=lambda lender: lent[lender.settings.org])
 
     def standings(broker: Broker) -> dict[str, dict[str, Any]]:
         with broker.history.engine.connect() as conn:  # type: ignore[union-attr]
             return {r.org: dict(r._mapping) for r in conn.execute(select(federation_standings))}
 
     def settled() -> bool:
-        filed = standings(c)
+        filed = standings(reader)
         return set(filed) == {"org-a", "org-b", "org-c"} and all(
-            filed[o]["contributed"] == sums[o].contributed and filed[o]["running"] == 0
-            for o in filed
+            filed[o]["contributed"] == contributed(o) and filed[o]["running"] == 0 for o in filed
         )
 
-    wait_until("c's ledger to hold the standings", settled)
+    wait_until("the reader's ledger to hold the standings", settled)
     for broker in everyone:  # what the readers compare stays put
         broker.stop()
-    # gmd-admin and the read API show c's ledger's standings, the same document.
-    url = f"sqlite:///{tmp_path / 'c' / 'ledger.db'}"
+    # gmd-admin and the read API show the reader's ledger's standings, the same document.
+    url = f"sqlite:///{tmp_path / reader.settings.site / 'ledger.db'}"
     config_file = tmp_path / "admin.toml"
     config_file.write_text(f'[database]\nurl = "{url}"\n')
     shown = gmd_admin(config_file, "federation", "standings")
@@ -250,7 +259,7 @@ def test_three_brokers_file_each_completion_once_and_the_standings_reach_the_rea
     assert shown["organizations"][-1]["priority"] == pytest.approx(-sums["org-a"].used)
     log = gmd_admin(config_file, "federation", "log")["events"]
     assert {e["choice"] for e in log} >= {"took", "completed"}
-    assert all(e["site"] == "c" for e in log)
+    assert all(e["site"] == reader.settings.site for e in log)
     config = make_config(url, {}, daemon={"bind": "127.0.0.1"}, read_api={"auth": "local"})
     with serving(config) as d:
         served = httpx.get(f"{d.url}/v1/federation", timeout=60).json()
