@@ -476,7 +476,7 @@ class Federation:
 
         A try lost to another site's write reads again only after a sync: ZooKeeper serves a
         session's reads from its own server, which may not have applied the write that beat
-        it yet (a follower starved on a busy machine lags for seconds), and reading that
+        it yet (a follower starved on a busy machine can lag), and reading that
         server again would read the same stale version and lose again, every try."""
         path = self.path("running", name)
         for _ in range(COMPLETE_TRIES):
