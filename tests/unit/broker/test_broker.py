@@ -189,12 +189,11 @@ def test_a_completion_that_lost_to_other_writes_is_made_at_a_later_tick_counted_
     federation: Any, zookeeper_hosts: str, tmp_path: Any
 ) -> None:
     """Another session rewrites the running node between the reads and the commit of each of
-    the completion's tries (a busy federation, or a follower serving stale reads, did the same
-    to the summaries on CI): ``Contended``. The broker keeps the completion and makes it at a
-    later tick, counted once in ZooKeeper and the ledger. Before, it was logged ``not-counted``
-    and dropped while ZooKeeper still had the request running there: no site ever completed it
-    or took it again, and test_history's three brokers waited for their fourth completion in
-    vain."""
+    the completion's tries (as a busy federation, or a follower serving stale reads, can do to
+    the summaries): ``Contended``. The broker keeps the completion and makes it at a later tick,
+    counted once in ZooKeeper and the ledger. Before, it was logged ``not-counted`` and dropped
+    while ZooKeeper still had the request running there: no site ever completed it or took it
+    again."""
     lender = federation("lender", 1, ledger=True)
     rival = client(zookeeper_hosts)
     real = lender.federation.complete

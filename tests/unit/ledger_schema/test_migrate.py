@@ -15,7 +15,7 @@ from gmd.ledger_schema.models import stored_metadata
 
 
 def tables(engine: sa.Engine) -> set[str]:
-    return set(sa.inspect(engine).get_table_names()) - {"alembic_version"}
+    return set(sa.inspect(engine).get_table_names()) - {migrate.VERSION_TABLE}
 
 
 def stored(engine: sa.Engine) -> set[str]:
